@@ -1,0 +1,50 @@
+"""Entry point: `python -m bench NAME [--quick] [--json PATH]`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+from pathlib import Path
+
+import bench
+from bench.report import Progress
+
+
+def available() -> list[str]:
+    """Names of the benchmark modules (every module in `bench/` with a `run` function)."""
+    names = []
+    for info in pkgutil.iter_modules(bench.__path__):
+        if info.name in {"report", "__main__"} or info.name.startswith("_"):
+            continue
+        names.append(info.name)
+    return sorted(names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("name", choices=available(), help="which benchmark to run")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    args, extra = parser.parse_known_args(argv)
+    module = importlib.import_module(f"bench.{args.name}")
+    kwargs = {}
+    if hasattr(module, "parse_args"):
+        kwargs = module.parse_args(extra)
+    elif extra:
+        parser.error(f"unrecognised arguments for {args.name}: {' '.join(extra)}")
+    progress = Progress()
+    figures = module.run(quick=args.quick, progress=progress, **kwargs)
+    progress.done()
+    result = {args.name: figures}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

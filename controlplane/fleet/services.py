@@ -1,0 +1,48 @@
+"""Writes on instances. Every state change goes through `instance_transition`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.fleet.models import Instance, InstanceEvent
+from controlplane.fleet.states import InstanceState, check_transition
+
+_STAMP_FIELD = {
+    InstanceState.RUNNING: "running_at",
+    InstanceState.NOTICE: "notice_at",
+    InstanceState.PREEMPTED: "ended_at",
+    InstanceState.TERMINATED: "ended_at",
+    InstanceState.FAILED: "ended_at",
+}
+
+
+@transaction.atomic
+def instance_transition(
+    *, instance: Instance, to: str, at: datetime | None = None, detail: dict[str, Any] | None = None
+) -> Instance:
+    """Move `instance` to state `to` (raising IllegalTransition if the state machine forbids it),
+    stamp the matching timestamp and append an InstanceEvent. Locks the row, so two concurrent
+    callers serialise and the second sees the first's result."""
+    at = at or timezone.now()
+    locked = Instance.objects.select_for_update().get(pk=instance.pk)
+    check_transition(locked.state, to)
+    previous = locked.state
+    locked.state = to
+    locked.state_changed_at = at
+    fields = ["state", "state_changed_at", "updated_at"]
+    stamp = _STAMP_FIELD.get(InstanceState(to))
+    if stamp and getattr(locked, stamp) is None:
+        setattr(locked, stamp, at)
+        fields.append(stamp)
+    locked.save(update_fields=fields)
+    InstanceEvent.objects.create(
+        instance=locked, kind="state", from_state=previous, to_state=to, at=at, detail=detail or {}
+    )
+    # Keep the caller's object in step with the database.
+    for field in fields:
+        setattr(instance, field, getattr(locked, field))
+    return instance

@@ -1,0 +1,187 @@
+"""Training jobs, their generations (membership + layout epochs), reconfigurations, metrics and
+timeline events."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from controlplane.common.models import TimeStampedModel
+
+
+class Strategy(models.TextChoices):
+    AUTO = "auto", "Automatic"
+    CHECKPOINT = "checkpoint", "Checkpoint-restart"
+    BAMBOO = "bamboo", "Bamboo (redundant computation)"
+    RECYCLE = "recycle", "ReCycle (re-route micro-batches)"
+    OOBLECK = "oobleck", "Oobleck (pipeline templates)"
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PROVISIONING = "provisioning", "Provisioning"
+    RUNNING = "running", "Running"
+    RECOVERING = "recovering", "Recovering"
+    FINISHED = "finished", "Finished"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE_JOB_STATUSES = frozenset(
+    {JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING}
+)
+
+
+class TrainingJob(TimeStampedModel):
+    """A training job submitted by a team, with a deadline and/or a budget."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="jobs")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    name = models.CharField(max_length=120)
+    model_spec = models.JSONField(help_text="Model and batch: layers, d_model, heads, seq_len, global_batch...")
+    strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.AUTO)
+    target_steps = models.PositiveIntegerField()
+    deadline = models.DateTimeField(null=True, blank=True)
+    budget_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.PENDING)
+    status_message = models.CharField(max_length=300, blank=True)
+    plan = models.JSONField(default=dict, blank=True)
+    current_generation = models.PositiveIntegerField(default=0)
+    steps_done = models.PositiveIntegerField(default=0)
+    samples_done = models.BigIntegerField(default=0)
+    initial_loss = models.FloatField(null=True, blank=True)
+    last_loss = models.FloatField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "status"], name="job_team_status_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(deadline__isnull=False) | models.Q(budget_usd__isnull=False),
+                name="job_has_deadline_or_budget",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(budget_usd__isnull=True) | models.Q(budget_usd__gt=0),
+                name="job_budget_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+
+class JobGeneration(models.Model):
+    """One epoch of a job's membership and layout. Agents switch generation at an iteration
+    boundary; numbers only grow."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="generations")
+    number = models.PositiveIntegerField()
+    membership = models.JSONField(
+        default=list, help_text="[{instance: id, rank, pipeline, stage}] for every worker of the generation."
+    )
+    layout = models.JSONField(default=dict, help_text="{dp, pp, stage_layers, micro_batches, reroutes...}")
+    reason = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="generation_job_number_unique")]
+        ordering = ["job", "number"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} gen {self.number}"
+
+
+class ReconfigurationTrigger(models.TextChoices):
+    NOTICE = "notice", "Interruption notice"
+    DEATH = "death", "Node died without notice"
+    JOIN = "join", "Replacement joined"
+    MANUAL = "manual", "Manual"
+
+
+class ReconfigurationStatus(models.TextChoices):
+    DECIDED = "decided", "Decided"
+    APPLIED = "applied", "Applied"
+    FAILED = "failed", "Failed"
+
+
+class Reconfiguration(models.Model):
+    """A decision to change a job's generation, with what triggered it and the decision's input.
+
+    `trigger_key` makes the decision idempotent: a replayed notice or a task that runs twice finds
+    the existing row instead of reconfiguring again."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="reconfigurations")
+    trigger = models.CharField(max_length=20, choices=ReconfigurationTrigger.choices)
+    trigger_key = models.CharField(max_length=200)
+    strategy = models.CharField(max_length=20, choices=Strategy.choices)
+    decision = models.CharField(max_length=40, blank=True, help_text="reroute, takeover, reinstantiate, restart")
+    decision_input = models.JSONField(default=dict)
+    instance = models.ForeignKey(
+        "fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="reconfigurations"
+    )
+    notice = models.ForeignKey(
+        "fleet.InterruptionNotice", null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="reconfigurations",
+    )
+    from_generation = models.PositiveIntegerField(null=True, blank=True)
+    to_generation = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(
+        max_length=20, choices=ReconfigurationStatus.choices, default=ReconfigurationStatus.DECIDED
+    )
+    lost_seconds = models.FloatField(default=0, help_text="Training time lost to this event.")
+    decided_at = models.DateTimeField()
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "trigger_key"], name="reconfiguration_trigger_unique")
+        ]
+        ordering = ["decided_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.trigger} -> {self.decision}"
+
+
+class MetricSample(models.Model):
+    """One training step's metrics as a worker reported it. Millions of rows: indexed by
+    (job, step) for progress and (job, at) for time-series charts."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metrics")
+    generation = models.PositiveIntegerField(default=0)
+    instance = models.ForeignKey(
+        "fleet.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="metrics"
+    )
+    step = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    loss = models.FloatField(null=True, blank=True)
+    samples_per_s = models.FloatField(null=True, blank=True)
+    stage_times = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["job", "step"], name="metric_job_step_idx"),
+            models.Index(fields=["job", "at"], name="metric_job_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} step {self.step}"
+
+
+class JobEvent(models.Model):
+    """The job's timeline: submitted, node acquired, notice, preempted, re-routed, joined, finished."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=40)
+    message = models.CharField(max_length=300)
+    data = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job", "at"], name="jobevent_job_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind}: {self.message}"
