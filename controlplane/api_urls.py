@@ -1,4 +1,12 @@
-"""Routes of /api/v1/. Each app contributes its own router in `<app>/api/urls.py`."""
+"""Routes of /api/v1/. Each app contributes its own routes in `<app>/api/urls.py`."""
 
+from django.urls import include, path
 
-urlpatterns: list = []
+urlpatterns = [
+    path("", include("controlplane.accounts.api.urls")),
+    path("", include("controlplane.market.api.urls")),
+    path("", include("controlplane.fleet.api.urls")),
+    path("", include("controlplane.jobs.api.urls")),
+    path("", include("controlplane.billing.api.urls")),
+    path("webhooks/", include("controlplane.webhooks.api.urls")),
+]

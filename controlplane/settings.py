@@ -11,6 +11,8 @@ from pathlib import Path
 
 import environ
 
+from controlplane.beat import BEAT_SCHEDULE
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -55,6 +57,7 @@ INSTALLED_APPS = [
     "controlplane.fleet",
     "controlplane.jobs",
     "controlplane.billing",
+    "controlplane.webhooks",
 ]
 
 MIDDLEWARE = [
@@ -171,6 +174,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Without this Celery's Django fixup reconnects to the database for every task (MEASURED.md).
 CELERY_DB_REUSE_MAX = 1000
