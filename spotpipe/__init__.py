@@ -1,0 +1,1 @@
+"""spotpipe command-line tools."""
