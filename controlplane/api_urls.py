@@ -8,5 +8,7 @@ urlpatterns = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.jobs.api.urls")),
     path("", include("controlplane.billing.api.urls")),
+    path("", include("controlplane.orchestration.api.urls")),
+    path("", include("controlplane.planning.api.urls")),
     path("webhooks/", include("controlplane.webhooks.api.urls")),
 ]

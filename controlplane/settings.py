@@ -58,6 +58,8 @@ INSTALLED_APPS = [
     "controlplane.jobs",
     "controlplane.billing",
     "controlplane.webhooks",
+    "controlplane.orchestration",
+    "controlplane.planning",
 ]
 
 MIDDLEWARE = [
