@@ -1,0 +1,1 @@
+"""spotpipe training runtime: models, layouts, schedules, executor, strategies and failure handling."""

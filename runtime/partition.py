@@ -1,0 +1,70 @@
+"""Split a model's layers into contiguous stages balanced by (measured or estimated) cost."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from runtime.config import LayoutError, ModelSpec
+from runtime.model import build_layer, microbatch_data
+
+
+def estimate_layer_costs(spec: ModelSpec) -> list[float]:
+    """Relative forward+backward cost per layer from multiply-adds (used when nothing was profiled)."""
+    c, t, v = spec.n_embd, spec.seq_len, spec.vocab_size
+    if spec.kind == "gpt":
+        block = 12 * c * c * t + 2 * t * t * c
+        return [float(c * t)] + [float(block)] * spec.n_layer + [float(c * v * t)]
+    return [float(spec.in_features * c)] + [float(c * c)] * spec.n_layer + [float(c * v)]
+
+
+def profile_layer_costs(spec: ModelSpec, *, batch: int, seed: int = 0, repeats: int = 3) -> list[float]:
+    """Measured forward+backward seconds per layer on this machine for one micro-batch."""
+    x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=batch)
+    costs = []
+    for i in range(spec.num_layers):
+        layer = build_layer(spec, i, seed)
+        inp = x if i == 0 else x.detach().requires_grad_()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = layer(inp)
+            out.float().sum().backward()
+            best = min(best, time.perf_counter() - start)
+        costs.append(best)
+        with torch.no_grad():
+            x = layer(inp).detach()
+    return costs
+
+
+def partition_layers(costs: list[float], parts: int) -> list[tuple[int, int]]:
+    """Contiguous `[lo, hi)` layer ranges, one per stage, minimising the most expensive stage.
+
+    Exact dynamic programme over split points (layers are few), ties broken towards earlier cuts.
+    """
+    n = len(costs)
+    if parts < 1:
+        raise LayoutError(f"cannot split into {parts} stages; expected at least 1")
+    if parts > n:
+        raise LayoutError(f"cannot split {n} layers into {parts} stages; expected at most {n} stages")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[k][i]: minimal max-stage cost of the first i layers in k stages; cut[k][i]: last cut.
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i] - 1e-12:
+                    best[k][i], cut[k][i] = value, j
+    bounds, i = [], n
+    for k in range(parts, 0, -1):
+        j = cut[k][i]
+        bounds.append((j, i))
+        i = j
+    return bounds[::-1]

@@ -1,0 +1,405 @@
+"""Schedules as data: a pure function from a layout to per-node action lists.
+
+`build_schedule(layout)` returns `{node: [Action, ...]}`. The executor runs these lists; the
+simulator replays the very same lists with per-action durations (`simulate`). Nothing here starts a
+process or touches torch.distributed.
+
+How lists are made: every micro-batch contributes, per hop of its route, a forward (F) and either a
+fused backward (B, schedule `1f1b`) or a backward-input (I) on the critical path plus a deferrable
+backward-weight (W, schedule `fiw`). A list scheduler replays the layout in (estimated) time: each
+node, whenever idle, starts the ready task with the best priority (backward-input, then forward,
+then weight, then bamboo's redundant forward), never holding more micro-batches in flight than its
+1F1B warm-up allows. Because the per-node orders come from one consistent timeline, executing them
+with blocking receives and non-blocking sends cannot deadlock; `validate_schedule` re-checks that by
+replaying the lists. Communication actions are inserted around the compute they feed, gradient
+all-reduces right after a node's last backward touching the layers, optimizer steps at the end (so a
+node never blocks on a peer while it still has work others wait for).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runtime.config import LayoutError
+from runtime.layout import Layout
+
+FORWARD = "F"
+BACKWARD = "B"  # fused backward: input and weight gradients
+BACKWARD_INPUT = "I"
+BACKWARD_WEIGHT = "W"
+REDUNDANT_FORWARD = "RF"  # bamboo: forward of a replicated successor stage, in a bubble
+SEND_ACT = "SEND_F"
+RECV_ACT = "RECV_F"
+SEND_GRAD = "SEND_B"
+RECV_GRAD = "RECV_B"
+ALL_REDUCE = "ALLREDUCE"
+OPTIMIZER = "OPT"
+
+COMPUTE = frozenset({FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, REDUNDANT_FORWARD})
+SENDS = frozenset({SEND_ACT, SEND_GRAD})
+RECVS = frozenset({RECV_ACT, RECV_GRAD})
+
+
+class ScheduleError(ValueError):
+    """A schedule that is incomplete, inconsistent or would deadlock."""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one node's list. Fields that do not apply are -1 / empty."""
+
+    kind: str
+    """F, B, I, W, RF, SEND_F, RECV_F, SEND_B, RECV_B, ALLREDUCE or OPT."""
+    stage: int = -1
+    """Stage id (layout.stages) the action computes, sends from or receives into."""
+    microbatch: int = -1
+    """Global micro-batch index."""
+    peer: int = -1
+    """The other node of a send or receive."""
+    pipeline: int = -1
+    """Pipeline of the micro-batch (printing and statistics)."""
+    layers: tuple[int, int] = (0, 0)
+    """ALLREDUCE/OPT: the `[lo, hi)` layer run whose gradients are reduced / stepped."""
+    group: tuple[int, ...] = ()
+    """ALLREDUCE/OPT: the nodes holding that layer run (the all-reduce members)."""
+
+    def __str__(self) -> str:
+        if self.kind in (ALL_REDUCE, OPTIMIZER):
+            return f"{self.kind}[{self.layers[0]}:{self.layers[1]}]"
+        peer = f"@{self.peer}" if self.peer >= 0 else ""
+        return f"{self.kind}{self.microbatch}s{self.stage}{peer}"
+
+
+Durations = dict[int, tuple[float, float, float]]
+"""Stage id -> (forward, backward-input, backward-weight) duration of one micro-batch."""
+
+
+def stage_durations(layout: Layout, layer_costs: list[tuple[float, float, float]] | None = None) -> Durations:
+    """Per-stage (F, I, W) durations from per-layer costs (default: every layer costs 1, 1, 1)."""
+    costs = layer_costs or [(1.0, 1.0, 1.0)] * layout.num_layers
+    out = {}
+    for stage, (lo, hi) in enumerate(layout.stages):
+        out[stage] = tuple(sum(c[k] for c in costs[lo:hi]) for k in range(3))  # type: ignore[assignment]
+    return out
+
+
+@dataclass(slots=True)
+class _Task:
+    kind: str
+    mb: int
+    hop: int
+    node: int
+    deps: list[tuple[int, int, str]]  # (mb, hop, kind) that must finish first
+    priority: int
+    duration: float
+    first_on_node: bool  # F of the first hop of this micro-batch on this node (counts as in flight)
+    releases: bool  # this backward ends the micro-batch's stay on the node
+
+
+def _make_tasks(layout: Layout, kind: str, durations: Durations) -> dict[tuple[int, int, str], _Task]:
+    split = kind == "fiw"
+    prio = {BACKWARD_INPUT: 0, BACKWARD: 0, FORWARD: 1, BACKWARD_WEIGHT: 2, REDUNDANT_FORWARD: 3}
+    replicas = defaultdict(set)
+    for stage, node in layout.replicas:
+        replicas[node].add(stage)
+    tasks: dict[tuple[int, int, str], _Task] = {}
+    for m, route in enumerate(layout.routes):
+        last = len(route) - 1
+        first_hop_on = {}
+        for h, (_, node) in enumerate(route):
+            first_hop_on.setdefault(node, h)
+        for h, (stage, node) in enumerate(route):
+            f, i, w = durations[stage]
+            fdeps = [(m, h - 1, FORWARD)] if h else []
+            first = first_hop_on[node] == h
+            tasks[(m, h, FORWARD)] = _Task(FORWARD, m, h, node, fdeps, prio[FORWARD], f, first, False)
+            bdeps = [(m, h, FORWARD)]
+            if h < last:
+                bdeps.append((m, h + 1, BACKWARD_INPUT if split else BACKWARD))
+            if split and h > 0:
+                tasks[(m, h, BACKWARD_INPUT)] = _Task(
+                    BACKWARD_INPUT, m, h, node, bdeps, prio[BACKWARD_INPUT], i, False, first
+                )
+                tasks[(m, h, BACKWARD_WEIGHT)] = _Task(
+                    BACKWARD_WEIGHT,
+                    m,
+                    h,
+                    node,
+                    [(m, h, BACKWARD_INPUT)],
+                    prio[BACKWARD_WEIGHT],
+                    w,
+                    False,
+                    False,
+                )
+            else:
+                # The first hop has no input gradient to hurry, so it always runs fused.
+                tasks[(m, h, BACKWARD)] = _Task(
+                    BACKWARD, m, h, node, bdeps, prio[BACKWARD], i + w, False, first
+                )
+            # bamboo: the node holding the next hop's stage as a replica runs its forward eagerly.
+            succ_stage = route[(h + 1) % len(route)][0]
+            if len(route) > 1 and succ_stage in replicas[node] and route[(h + 1) % len(route)][1] != node:
+                rdeps = [(m, h, FORWARD)] if h < last else []
+                tasks[(m, h, REDUNDANT_FORWARD)] = _Task(
+                    REDUNDANT_FORWARD,
+                    m,
+                    h,
+                    node,
+                    rdeps,
+                    prio[REDUNDANT_FORWARD],
+                    durations[succ_stage][0],
+                    False,
+                    False,
+                )
+    return tasks
+
+
+def _in_flight_caps(layout: Layout) -> dict[int, int]:
+    """1F1B memory bound per node: micro-batches it may hold (route length - first hop index)."""
+    caps: dict[int, int] = defaultdict(int)
+    for route in layout.routes:
+        seen = set()
+        for h, (_, node) in enumerate(route):
+            if node not in seen:
+                seen.add(node)
+                caps[node] = max(caps[node], len(route) - h)
+    return caps
+
+
+def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int, list[tuple[float, _Task]]]:
+    tasks = _make_tasks(layout, kind, durations)
+    caps = _in_flight_caps(layout)
+    finish: dict[tuple[int, int, str], float] = {}
+    free: dict[int, float] = defaultdict(float)
+    in_flight: dict[int, int] = defaultdict(int)
+    pending: dict[int, list[tuple[tuple[int, int, str], _Task]]] = defaultdict(list)
+    for key, task in tasks.items():
+        pending[task.node].append((key, task))
+    order: dict[int, list[tuple[float, _Task]]] = defaultdict(list)
+    remaining = len(tasks)
+    while remaining:
+        best = None
+        for node, items in pending.items():
+            for key, task in items:
+                if task.first_on_node and task.kind == FORWARD and in_flight[node] >= caps[node]:
+                    continue
+                if any(d not in finish for d in task.deps):
+                    continue
+                ready = max([finish[d] for d in task.deps], default=0.0)
+                start = max(ready, free[node])
+                rank = (start, task.priority, task.mb, task.hop, node)
+                if best is None or rank < best[0]:
+                    best = (rank, node, key, task)
+        if best is None:
+            raise ScheduleError(
+                "no task can start: the layout's routes form a cycle or a node's memory cap is 0"
+            )
+        (start, *_), node, key, task = best
+        pending[node].remove((key, task))
+        finish[key] = start + task.duration
+        free[node] = finish[key]
+        if task.first_on_node:
+            in_flight[node] += 1
+        if task.releases:
+            in_flight[node] -= 1
+        order[node].append((start, task))
+        remaining -= 1
+    return order
+
+
+def build_schedule(
+    layout: Layout, kind: str = "1f1b", durations: Durations | None = None
+) -> dict[int, list[Action]]:
+    """Per-node action lists for one training step of `layout`.
+
+    `kind` is `1f1b` (fused backward) or `fiw` (backward-input on the critical path, backward-weight
+    deferred into bubbles). `durations` (stage -> F, I, W) steer the order; default unit costs per layer.
+    """
+    if kind not in ("1f1b", "fiw"):
+        raise LayoutError(f"schedule {kind!r} is unknown; expected '1f1b' or 'fiw'")
+    layout.validate()
+    durations = durations or stage_durations(layout)
+    order = _list_schedule(layout, kind, durations)
+    runs = [(lo, hi, owners) for lo, hi, owners in layout.owner_runs() if owners]
+    out: dict[int, list[Action]] = {}
+    for node in layout.nodes():
+        acts: list[Action] = []
+        grad_touch: dict[int, int] = {}  # run index -> position after the node's last backward touching it
+        for _, task in order.get(node, []):
+            route = layout.routes[task.mb]
+            stage = route[task.hop][0]
+            pipe = layout.pipeline_of[task.mb]
+            prev_node = route[task.hop - 1][1] if task.hop else -1
+            next_node = route[task.hop + 1][1] if task.hop + 1 < len(route) else -1
+            if task.kind == FORWARD:
+                if task.hop and prev_node != node:
+                    acts.append(Action(RECV_ACT, stage, task.mb, prev_node, pipe))
+                acts.append(Action(FORWARD, stage, task.mb, -1, pipe))
+                if next_node >= 0 and next_node != node:
+                    acts.append(Action(SEND_ACT, stage, task.mb, next_node, pipe))
+            elif task.kind in (BACKWARD, BACKWARD_INPUT):
+                if next_node >= 0 and next_node != node:
+                    acts.append(Action(RECV_GRAD, stage, task.mb, next_node, pipe))
+                acts.append(Action(task.kind, stage, task.mb, -1, pipe))
+                if task.hop and prev_node != node:
+                    acts.append(Action(SEND_GRAD, stage, task.mb, prev_node, pipe))
+            elif task.kind == REDUNDANT_FORWARD:
+                succ_stage = route[(task.hop + 1) % len(route)][0]
+                acts.append(Action(REDUNDANT_FORWARD, succ_stage, task.mb, -1, pipe))
+            else:
+                acts.append(Action(task.kind, stage, task.mb, -1, pipe))
+            if task.kind in (BACKWARD, BACKWARD_WEIGHT):
+                lo, hi = layout.stages[stage]
+                for r, (rlo, rhi, owners) in enumerate(runs):
+                    if node in owners and rlo < hi and lo < rhi:
+                        grad_touch[r] = len(acts)
+        # Insert all-reduces after the last backward touching each run (replica-only runs: at the end).
+        inserts: dict[int, list[Action]] = defaultdict(list)
+        issued = []
+        for r, (lo, hi, owners) in enumerate(runs):
+            if node in owners:
+                at = grad_touch.get(r, len(acts))
+                inserts[at].append(Action(ALL_REDUCE, layers=(lo, hi), group=owners))
+                issued.append((at, r))
+        merged: list[Action] = []
+        for pos in range(len(acts) + 1):
+            merged.extend(inserts.get(pos, []))
+            if pos < len(acts):
+                merged.append(acts[pos])
+        for _, r in sorted(issued):
+            lo, hi, owners = runs[r]
+            merged.append(Action(OPTIMIZER, layers=(lo, hi), group=owners))
+        out[node] = merged
+    return out
+
+
+def action_duration(layout: Layout, durations: Durations | None = None) -> Callable[[Action], float]:
+    """Duration of each action from per-stage (F, I, W) durations; communication counts as 0."""
+    durations = durations or stage_durations(layout)
+
+    def duration(act: Action) -> float:
+        if act.kind not in COMPUTE:
+            return 0.0
+        f, i, w = durations[act.stage]
+        return {FORWARD: f, REDUNDANT_FORWARD: f, BACKWARD_INPUT: i, BACKWARD_WEIGHT: w, BACKWARD: i + w}[
+            act.kind
+        ]
+
+    return duration
+
+
+def simulate(
+    schedule: dict[int, list[Action]],
+    duration: Callable[[Action], float] = lambda a: 1.0 if a.kind in COMPUTE else 0.0,
+    *,
+    allreduce_time: float = 0.0,
+) -> dict[int, list[tuple[float, float, Action]]]:
+    """Replay the lists: blocking receives, non-blocking sends, all-reduce completes when its last
+    member issues it, OPT waits for its all-reduce. Returns per node (start, end, action).
+
+    Raises `ScheduleError` on a deadlock or an unmatched send/receive. This is the reference
+    semantics the executor implements and the simulator scales up.
+    """
+    pos = dict.fromkeys(schedule, 0)
+    clock = dict.fromkeys(schedule, 0.0)
+    timeline: dict[int, list[tuple[float, float, Action]]] = {n: [] for n in schedule}
+    sent: dict[tuple, deque[float]] = defaultdict(deque)
+    issued: dict[tuple, dict[int, float]] = defaultdict(dict)
+    # Min-heap on each node's clock keeps the replay causal.
+    progress = True
+    while progress:
+        progress = False
+        heap = [(clock[n], n) for n in schedule if pos[n] < len(schedule[n])]
+        heapq.heapify(heap)
+        while heap:
+            _, node = heapq.heappop(heap)
+            while pos[node] < len(schedule[node]):
+                act = schedule[node][pos[node]]
+                start = clock[node]
+                if act.kind in SENDS:
+                    direction = "f" if act.kind == SEND_ACT else "b"
+                    sent[(direction, act.microbatch, node, act.peer)].append(start)
+                elif act.kind in RECVS:
+                    direction = "f" if act.kind == RECV_ACT else "b"
+                    queue = sent.get((direction, act.microbatch, act.peer, node))
+                    if not queue:
+                        break
+                    start = max(start, queue.popleft())
+                elif act.kind == ALL_REDUCE:
+                    issued[(act.layers, act.group)][node] = start
+                elif act.kind == OPTIMIZER:
+                    members = issued.get((act.layers, act.group), {})
+                    if len(members) < len(act.group):
+                        break
+                    start = max(start, max(members.values()) + allreduce_time)
+                end = start + duration(act)
+                timeline[node].append((start, end, act))
+                clock[node] = end
+                pos[node] += 1
+                progress = True
+    stuck = {n: str(schedule[n][pos[n]]) for n in schedule if pos[n] < len(schedule[n])}
+    if stuck:
+        raise ScheduleError(f"schedule deadlocks; blocked nodes and their next action: {stuck}")
+    leftovers = {k: len(v) for k, v in sent.items() if v}
+    if leftovers:
+        raise ScheduleError(f"sends without a matching receive (direction, mb, src, dst): {leftovers}")
+    return timeline
+
+
+def validate_schedule(layout: Layout, schedule: dict[int, list[Action]], kind: str = "1f1b") -> None:
+    """Check that every (micro-batch, hop) is computed exactly once by the right node and that the
+    lists replay without deadlock. Raises `ScheduleError` naming what is wrong."""
+    expected: dict[tuple[str, int, int], int] = {}
+    for m, route in enumerate(layout.routes):
+        for h, (stage, node) in enumerate(route):
+            expected[(FORWARD, m, stage)] = node
+            if kind == "fiw" and h > 0:
+                expected[(BACKWARD_INPUT, m, stage)] = node
+                expected[(BACKWARD_WEIGHT, m, stage)] = node
+            else:
+                expected[(BACKWARD, m, stage)] = node
+    seen: dict[tuple[str, int, int], int] = {}
+    for node, acts in schedule.items():
+        for act in acts:
+            if act.kind in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT):
+                key = (act.kind, act.microbatch, act.stage)
+                if key in seen:
+                    raise ScheduleError(f"{act} appears twice (nodes {seen[key]} and {node})")
+                if expected.get(key) != node:
+                    raise ScheduleError(f"{act} runs on node {node}; expected node {expected.get(key)}")
+                seen[key] = node
+    missing = sorted(set(expected) - set(seen))
+    if missing:
+        raise ScheduleError(f"{len(missing)} actions missing, e.g. {missing[:3]} (kind, micro-batch, stage)")
+    simulate(schedule)
+
+
+def format_grid(
+    schedule: dict[int, list[Action]],
+    duration: Callable[[Action], float] = lambda a: 1.0 if a.kind in COMPUTE else 0.0,
+    *,
+    cell: float | None = None,
+) -> str:
+    """The schedule as a text grid: one row per node, one column per time unit, `.` = idle."""
+    timeline = simulate(schedule, duration)
+    spans = [(s, e, a) for row in timeline.values() for s, e, a in row if a.kind in COMPUTE and e > s]
+    if not spans:
+        return "(empty schedule)"
+    unit = cell or min(e - s for s, e, _ in spans)
+    end = max(e for _, e, _ in spans)
+    width = round(end / unit)
+    labels = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "I", BACKWARD_WEIGHT: "W", REDUNDANT_FORWARD: "r"}
+    lines = ["node | " + " ".join(f"{t:<4}" for t in range(width))]
+    for node in sorted(timeline):
+        cells = ["."] * width
+        for s, e, a in timeline[node]:
+            if a.kind not in COMPUTE:
+                continue
+            for t in range(round(s / unit), max(round(e / unit), round(s / unit) + 1)):
+                if t < width:
+                    cells[t] = f"{labels[a.kind]}{a.microbatch}"
+        lines.append(f"{node:>4} | " + " ".join(f"{c:<4}" for c in cells))
+    return "\n".join(lines)
