@@ -4,4 +4,11 @@ One entry per periodic task; each app adds its own line here."""
 
 from __future__ import annotations
 
+import os
+
 BEAT_SCHEDULE: dict[str, dict] = {}
+
+# Market: pull live spot prices from AWS every 10 minutes. Off unless SPOTPIPE_PULL_SPOT_PRICES is
+# set (to anything but 0/false/no), so a fresh clone with no AWS account does not try to call AWS.
+if os.environ.get("SPOTPIPE_PULL_SPOT_PRICES", "").strip().lower() not in {"", "0", "false", "no", "off"}:
+    BEAT_SCHEDULE["market.pull_spot_prices"] = {"task": "market.tasks.pull_spot_prices", "schedule": 600.0}

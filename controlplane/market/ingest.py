@@ -1,0 +1,326 @@
+"""Spot price history files: parsing and the bulk, idempotent loader.
+
+A price file carries the fields of boto3 `describe_spot_price_history`: zone (ID such as
+`use1-az4`, or name such as `us-east-1a`), instance type, product description, price (USD/hour)
+and an ISO 8601 timestamp. Tab- or comma-separated, with or without a header line, plain or
+gzipped. Without a header the columns are in that order; with one they are found by name.
+
+Loading is `INSERT ... ON CONFLICT DO NOTHING` in multi-row statements against the pool-time
+unique constraint, so loading the same history twice adds nothing and the database counts what
+was new. A file with bad rows is rejected whole unless the caller asks to skip them."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import TextIO
+
+from django.db import connections, transaction
+
+from controlplane.common.errors import DomainError
+from controlplane.market.models import SpotPrice
+from controlplane.market.services import instance_types_ensure, zones_ensure
+
+COLUMNS = ("zone", "instance_type", "product", "price", "timestamp")
+# Header names accepted for each column (lower-cased, without `_`), boto3's first.
+_HEADER_NAMES = {
+    "zone": ("availabilityzoneid", "zoneid", "availabilityzone", "zone", "az"),
+    "instance_type": ("instancetype", "type"),
+    "product": ("productdescription", "product", "os"),
+    "price": ("spotprice", "price"),
+    "timestamp": ("timestamp", "time", "date"),
+}
+MAX_PRICE = Decimal("999999.999999")  # what the column (12 digits, 6 decimals) holds
+_LONG_FRACTION = re.compile(r"(\.\d{6})\d+")
+ProgressCallback = Callable[[int, float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PriceRow:
+    """One validated price change."""
+
+    zone: str
+    instance_type: str
+    product: str
+    price: Decimal
+    timestamp: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A line that could not be read, with its 1-based line number in the file."""
+
+    line: int
+    reason: str
+
+
+@dataclass(slots=True)
+class ParseInfo:
+    """What the parser found out about the file's layout."""
+
+    header: bool = False
+    delimiter: str = ""
+
+
+@dataclass(slots=True)
+class LoadCounts:
+    """Rows handed to the loader, how many were new and how many were already stored."""
+
+    rows: int = 0
+    inserted: int = 0
+    already_present: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(slots=True)
+class IngestReport:
+    """What happened to one file. `written` is False when the file was rejected."""
+
+    path: str
+    good_rows: int = 0
+    bad_rows: list[BadRow] = field(default_factory=list)
+    header: bool = False
+    written: bool = False
+    counts: LoadCounts = field(default_factory=LoadCounts)
+
+
+class PriceFileRejected(DomainError):
+    """The file has bad rows and skipping them was not asked for; nothing of it was written."""
+
+    def __init__(self, report: IngestReport) -> None:
+        lines = ", ".join(str(b.line) for b in report.bad_rows[:20])
+        more = f" and {len(report.bad_rows) - 20} more" if len(report.bad_rows) > 20 else ""
+        super().__init__(
+            f"{report.path}: {len(report.bad_rows)} bad row(s) at line(s) {lines}{more}; nothing loaded",
+            field="path",
+        )
+        self.report = report
+
+
+# --- Parsing ------------------------------------------------------------------------------------
+
+def open_price_file(path: str | Path) -> TextIO:
+    """Open a price file as text, decompressing it when it is gzipped (by content, not name)."""
+    path = Path(path)
+    with path.open("rb") as raw:
+        magic = raw.read(2)
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return path.open("r", encoding="utf-8", newline="")
+
+
+def parse_price(text: str) -> Decimal:
+    """A price in USD/hour; raises ValueError naming what is wrong."""
+    try:
+        price = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"price {text!r} is not a number") from None
+    if not price.is_finite():
+        raise ValueError(f"price {text!r} is not a finite number")
+    if price < 0:
+        raise ValueError(f"price {text!r} is negative")
+    if price > MAX_PRICE:
+        raise ValueError(f"price {text!r} is above {MAX_PRICE}")
+    return price.quantize(Decimal("0.000001"))
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An ISO 8601 timestamp as an aware UTC datetime. A timestamp without offset is taken as
+    UTC (the cloud APIs report UTC); fractions beyond microseconds are truncated."""
+    value = _LONG_FRACTION.sub(r"\1", text.strip())
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"timestamp {text!r} is not ISO 8601") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def normalise_product(text: str) -> str:
+    """`Linux/UNIX (Amazon VPC)` and `Linux/UNIX` are the same product for pricing."""
+    return text.strip().removesuffix(" (Amazon VPC)")
+
+
+def _header_columns(cells: list[str]) -> dict[str, int] | None:
+    """Column positions when `cells` is a header line, else None."""
+    names = [c.strip().lower().replace("_", "").replace(" ", "") for c in cells]
+    positions: dict[str, int] = {}
+    for column, accepted in _HEADER_NAMES.items():
+        for candidate in accepted:  # the first accepted name present wins (zone ID over zone name)
+            if candidate in names:
+                positions[column] = names.index(candidate)
+                break
+    return positions if len(positions) == len(COLUMNS) else None
+
+
+def iter_price_rows(lines: Iterable[str], *, info: ParseInfo | None = None) -> Iterator[PriceRow | BadRow]:
+    """Parse price lines into PriceRow or BadRow (with its line number). Blank lines are skipped.
+    The delimiter (tab or comma) and the header are detected on the first non-blank line and
+    recorded in `info` when given."""
+    info = info if info is not None else ParseInfo()
+    positions = {name: i for i, name in enumerate(COLUMNS)}
+    width = len(COLUMNS)
+    lines = iter(lines)
+    line_no = 0
+    for first in lines:
+        line_no += 1
+        if first.strip():
+            break
+    else:
+        return
+    delimiter = "\t" if "\t" in first else ","
+    info.delimiter = delimiter
+    first_cells = next(csv.reader([first], delimiter=delimiter))
+    header = _header_columns(first_cells)
+    if header is not None:
+        positions, width = header, len(first_cells)
+        info.header = True
+        rest: Iterable[tuple[int, list[str]]] = ()
+    else:
+        rest = ((line_no, first_cells),)
+    reader = csv.reader(lines, delimiter=delimiter)
+
+    def numbered() -> Iterator[tuple[int, list[str]]]:
+        yield from rest
+        for cells in reader:
+            # csv counts physical lines; a quoted field spanning lines is not expected here.
+            yield line_no + reader.line_num, cells
+
+    for number, cells in numbered():
+        if not cells or (len(cells) == 1 and not cells[0].strip()):
+            continue
+        if len(cells) != width:
+            yield BadRow(line=number, reason=f"expected {width} columns, got {len(cells)}")
+            continue
+        try:
+            zone = cells[positions["zone"]].strip()
+            itype = cells[positions["instance_type"]].strip()
+            product = normalise_product(cells[positions["product"]])
+            if not zone or not itype or not product:
+                raise ValueError("zone, instance type and product must not be empty")
+            price = parse_price(cells[positions["price"]])
+            timestamp = parse_timestamp(cells[positions["timestamp"]])
+        except ValueError as exc:
+            yield BadRow(line=number, reason=str(exc))
+            continue
+        yield PriceRow(zone=zone, instance_type=itype, product=product, price=price, timestamp=timestamp)
+
+
+# --- Loading ------------------------------------------------------------------------------------
+
+def _rows_per_statement(using: str, batch_size: int) -> int:
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        import sqlite3
+
+        # SQLite >= 3.32 accepts 32766 parameters per statement (999 before).
+        limit = 32766 if sqlite3.sqlite_version_info >= (3, 32) else 999
+        return max(1, min(batch_size, limit // len(COLUMNS)))
+    return max(1, min(batch_size, 65535 // len(COLUMNS)))
+
+
+def _insert_batch(using: str, batch: list[tuple[int, int, str, Decimal, datetime]]) -> int:
+    """Insert one batch, ignoring rows already stored; returns how many were new."""
+    connection = connections[using]
+    ops = connection.ops
+    table = ops.quote_name(SpotPrice._meta.db_table)
+    columns = ", ".join(ops.quote_name(c) for c in ("instance_type_id", "zone_id", "product", "price", "timestamp"))
+    params: list[object] = []
+    for itype_id, zone_id, product, price, ts in batch:
+        params += [itype_id, zone_id, product, ops.adapt_decimalfield_value(price, 12, 6),
+                   ops.adapt_datetimefield_value(ts)]
+    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(batch))
+    sql = f"INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return max(cursor.rowcount, 0)
+
+
+def spot_prices_load(
+    *,
+    rows: Iterable[PriceRow],
+    batch_size: int = 2000,
+    using: str = "default",
+    progress: ProgressCallback | None = None,
+) -> LoadCounts:
+    """Store price rows idempotently, creating unknown zones and instance types on the way.
+
+    Runs in one transaction: either every row is stored (or found already stored) or none."""
+    counts = LoadCounts()
+    started = time.perf_counter()
+    per_statement = _rows_per_statement(using, batch_size)
+    zone_ids: dict[str, int] = {}
+    itype_ids: dict[str, int] = {}
+
+    def flush(chunk: list[PriceRow]) -> None:
+        new_zones = {r.zone for r in chunk} - zone_ids.keys()
+        if new_zones:
+            zone_ids.update(zones_ensure(values=new_zones, using=using))
+        new_types = {r.instance_type for r in chunk} - itype_ids.keys()
+        if new_types:
+            itype_ids.update(instance_types_ensure(names=new_types, using=using))
+        prepared = [(itype_ids[r.instance_type], zone_ids[r.zone], r.product, r.price, r.timestamp) for r in chunk]
+        for i in range(0, len(prepared), per_statement):
+            part = prepared[i : i + per_statement]
+            inserted = _insert_batch(using, part)
+            counts.rows += len(part)
+            counts.inserted += inserted
+            counts.already_present += len(part) - inserted
+        if progress is not None:
+            progress(counts.rows, time.perf_counter() - started)
+
+    with transaction.atomic(using=using):
+        chunk: list[PriceRow] = []
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) >= batch_size:
+                flush(chunk)
+                chunk = []
+        if chunk:
+            flush(chunk)
+    counts.seconds = time.perf_counter() - started
+    return counts
+
+
+def spot_prices_ingest_file(
+    *,
+    path: str | Path,
+    skip_bad: bool = False,
+    batch_size: int = 2000,
+    using: str = "default",
+    progress: ProgressCallback | None = None,
+) -> IngestReport:
+    """Validate then load one price file.
+
+    The file is read twice: a first pass finds every bad row, so that a file with bad rows is
+    rejected (PriceFileRejected, nothing written) before any write unless `skip_bad` is set, in
+    which case the good rows are loaded and the bad ones reported. Memory stays flat for any size."""
+    report = IngestReport(path=str(path))
+    info = ParseInfo()
+    with open_price_file(path) as handle:
+        for item in iter_price_rows(handle, info=info):
+            if isinstance(item, BadRow):
+                report.bad_rows.append(item)
+            else:
+                report.good_rows += 1
+    report.header = info.header
+    if report.bad_rows and not skip_bad:
+        raise PriceFileRejected(report)
+    with open_price_file(path) as handle:
+        good = (item for item in iter_price_rows(handle) if isinstance(item, PriceRow))
+        report.counts = spot_prices_load(rows=good, batch_size=batch_size, using=using, progress=progress)
+    report.written = True
+    return report
