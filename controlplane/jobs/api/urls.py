@@ -1,3 +1,10 @@
 """API routes of this app, mounted under /api/v1/."""
 
-urlpatterns: list = []
+from rest_framework.routers import SimpleRouter
+
+from controlplane.jobs.api.views import JobViewSet
+
+router = SimpleRouter()
+router.register("jobs", JobViewSet, basename="job")
+
+urlpatterns = router.urls

@@ -1,0 +1,67 @@
+"""Serializers of the accounts API."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from rest_framework import serializers
+
+from controlplane.accounts.models import ApiToken, Role, Team, TokenKind
+from controlplane.common.api import QueryFilterSerializer
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    my_role = serializers.ChoiceField(choices=Role.choices, read_only=True, allow_null=True,
+                                      help_text="The requester's role in the team.")
+    member_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Team
+        fields = ["id", "name", "slug", "my_role", "member_count", "created_at"]
+        read_only_fields = fields
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "team", "kind", "name", "prefix", "user", "username", "instance",
+                  "created_at", "last_used_at", "expires_at", "revoked_at"]
+        read_only_fields = fields
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    key = serializers.CharField(read_only=True, help_text="The secret key. Shown once, never stored.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "key"]
+        read_only_fields = fields
+
+
+class ApiTokenCreateSerializer(serializers.Serializer):
+    """Input of `POST /tokens/`. `team` may be left out when the requester has exactly one team."""
+
+    team = serializers.IntegerField(required=False, min_value=1)
+    kind = serializers.ChoiceField(choices=TokenKind.choices, default=TokenKind.USER)
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    instance = serializers.IntegerField(required=False, min_value=1, help_text="Required for agent tokens.")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class ApiTokenFilter(QueryFilterSerializer):
+    team = serializers.IntegerField(required=False, min_value=1)
+    kind = serializers.ChoiceField(choices=TokenKind.choices, required=False)
+    active = serializers.BooleanField(required=False, help_text="true: neither revoked nor expired; false: the rest.")
+    lookups = {"team": "team_id"}
+    search_fields = ("name", "prefix")
+    ordering_fields = ("created_at", "last_used_at", "name")
+
+    def filter_active(self, queryset: QuerySet, value: bool) -> QuerySet:
+        live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+        return queryset.filter(live) if value else queryset.exclude(live)
+
+
+class TeamFilter(QueryFilterSerializer):
+    search_fields = ("name", "slug")
+    ordering_fields = ("name", "created_at")

@@ -1,0 +1,117 @@
+"""Writes on teams, memberships and API tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from controlplane.accounts.authentication import generate_key, hash_key
+from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
+from controlplane.common.errors import Conflict, DomainError
+
+
+@transaction.atomic
+def team_create(*, name: str, slug: str | None = None, admin: Any | None = None) -> Team:
+    """Create a team (slug from the name unless given); `admin`, when given, becomes its admin."""
+    name = name.strip()
+    if not name:
+        raise DomainError("team name must not be empty", field="name")
+    slug = slugify(slug or name)
+    if not slug:
+        raise DomainError(f"cannot derive a slug from {name!r}; give one", field="slug")
+    if Team.objects.filter(slug=slug).exists():
+        raise Conflict(f"a team with slug {slug!r} already exists", field="slug")
+    team = Team.objects.create(name=name, slug=slug)
+    if admin is not None:
+        Membership.objects.create(team=team, user=admin, role=Role.ADMIN)
+    return team
+
+
+@transaction.atomic
+def membership_add(*, team: Team, user: Any, role: str = Role.MEMBER) -> Membership:
+    """Add `user` to `team` with `role`, or change the role of an existing membership."""
+    if role not in Role.values:
+        raise DomainError(f"unknown role {role!r}; expected one of {', '.join(Role.values)}", field="role")
+    membership, created = Membership.objects.select_for_update().get_or_create(
+        team=team, user=user, defaults={"role": role}
+    )
+    if not created and membership.role != role:
+        membership.role = role
+        membership.save(update_fields=["role", "updated_at"])
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, team: Team, user: Any) -> None:
+    """Remove `user` from `team` and revoke the user's tokens of that team (a user who left keeps
+    no access). Refuses to remove the team's last admin."""
+    membership = Membership.objects.select_for_update().filter(team=team, user=user).first()
+    if membership is None:
+        raise DomainError(f"{user} is not a member of {team}", field="user")
+    if membership.role == Role.ADMIN:
+        admins = Membership.objects.filter(team=team, role=Role.ADMIN).exclude(pk=membership.pk)
+        if not admins.exists():
+            raise Conflict(f"{user} is the last admin of {team}; add another admin first", field="user")
+    membership.delete()
+    ApiToken.objects.filter(team=team, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+@transaction.atomic
+def api_token_create(
+    *,
+    team: Team,
+    kind: str = TokenKind.USER,
+    name: str = "",
+    user: Any | None = None,
+    instance: Any | None = None,
+    expires_at: datetime | None = None,
+) -> tuple[ApiToken, str]:
+    """Create a token and return it with its plaintext key, which is never stored and cannot be
+    shown again. User tokens need a `user` who is a member of `team`; agent tokens need an
+    `instance` of `team`."""
+    if kind == TokenKind.USER:
+        if user is None:
+            raise DomainError("a user token needs a user", field="user")
+        if instance is not None:
+            raise DomainError("a user token cannot be bound to an instance", field="instance")
+        if not Membership.objects.filter(team=team, user=user).exists():
+            raise DomainError(f"{user} is not a member of team {team}", field="user")
+    elif kind == TokenKind.AGENT:
+        if instance is None:
+            raise DomainError("an agent token needs an instance", field="instance")
+        if user is not None:
+            raise DomainError("an agent token cannot act as a user", field="user")
+        if instance.team_id != team.pk:
+            raise DomainError(f"instance {instance.pk} does not belong to team {team}", field="instance")
+    else:
+        raise DomainError(f"unknown token kind {kind!r}; expected one of {', '.join(TokenKind.values)}", field="kind")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise DomainError("expires_at must be in the future", field="expires_at")
+    # A collision of 256-bit random keys would be a broken RNG; retry once rather than fail.
+    for _ in range(2):
+        key = generate_key()
+        try:
+            with transaction.atomic():
+                token = ApiToken.objects.create(
+                    team=team, user=user, instance=instance, kind=kind, name=name,
+                    prefix=key[:12], key_hash=hash_key(key), expires_at=expires_at,
+                )
+            return token, key
+        except IntegrityError:
+            continue
+    raise RuntimeError("could not generate a unique API key")
+
+
+@transaction.atomic
+def api_token_revoke(*, token: ApiToken, at: datetime | None = None) -> ApiToken:
+    """Revoke `token` now. Revoking twice keeps the first revocation time."""
+    locked = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if locked.revoked_at is None:
+        locked.revoked_at = at or timezone.now()
+        locked.save(update_fields=["revoked_at", "updated_at"])
+    token.revoked_at = locked.revoked_at
+    return token

@@ -1,0 +1,231 @@
+"""Shared API building blocks: team-scoped viewsets, validated query-parameter filters, agent
+access rules and error flattening.
+
+Every API object belongs to one team. `TeamScopedViewSetMixin.get_queryset` filters by the teams
+the request may see, so another team's object is simply not found (404), never forbidden (403).
+Node agents (`AgentPrincipal`) pass `IsAuthenticated` too, so each view lists the actions an agent
+may call (`agent_actions`) and narrows the queryset to the agent's own instance (`agent_scope`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db.models import Q, QuerySet
+from drf_spectacular.extensions import OpenApiFilterExtension
+from drf_spectacular.plumbing import build_parameter_type
+from rest_framework import exceptions, serializers
+from rest_framework.filters import BaseFilterBackend
+from rest_framework.generics import get_object_or_404
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from controlplane.accounts.models import ApiToken, Team
+from controlplane.accounts.scoping import is_agent, request_token, team_ids_for_request
+
+
+def flatten_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """Turn DRF's nested error structure into `{"samples[3].loss": ["..."]}` so every message
+    names the exact field, however deep it sits."""
+    flat: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if isinstance(key, int):  # DRF reports a ListSerializer's errors by item index
+                name = f"{prefix}[{key}]"
+            elif not prefix:
+                name = str(key)
+            else:
+                name = prefix if key == "non_field_errors" else f"{prefix}.{key}"
+            for sub, messages in flatten_errors(value, name).items():
+                flat.setdefault(sub, []).extend(messages)
+    elif isinstance(detail, list):
+        if all(not isinstance(item, dict | list) for item in detail):
+            if detail:
+                flat[prefix or "non_field_errors"] = [str(item) for item in detail]
+        else:
+            for index, item in enumerate(detail):
+                for sub, messages in flatten_errors(item, f"{prefix}[{index}]").items():
+                    flat.setdefault(sub, []).extend(messages)
+    else:
+        flat[prefix or "non_field_errors"] = [str(detail)]
+    return flat
+
+
+def validate_or_400(serializer: serializers.BaseSerializer) -> Any:
+    """Validate and return `validated_data`, raising a 400 whose field names are flattened paths."""
+    if not serializer.is_valid():
+        raise exceptions.ValidationError(flatten_errors(serializer.errors))
+    return serializer.validated_data
+
+
+# --- Agents ----------------------------------------------------------------------------------------
+
+
+class AgentActionsOnly(BasePermission):
+    """Agents may call only the view actions listed in `view.agent_actions`; users pass through.
+
+    What an allowed agent then sees is narrowed by the view's `agent_scope`, so another
+    instance's objects still answer 404."""
+
+    message = "node agent tokens may not use this endpoint"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not is_agent(request):
+            return True
+        return getattr(view, "action", None) in getattr(view, "agent_actions", frozenset())
+
+
+class UsersOnly(BasePermission):
+    """Refuses node agents outright (for views with no agent use at all)."""
+
+    message = "node agent tokens may not use this endpoint"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return not is_agent(request)
+
+
+def agent_token(request: Request) -> ApiToken | None:
+    """The agent token of the request, or None for users."""
+    return request_token(request) if is_agent(request) else None
+
+
+def resolve_team(request: Request, team_id: int | None, *, field: str = "team") -> Team:
+    """The team a write goes to: `team_id` if the request may see it, else the request's only
+    team. An unknown team and another team's id answer the same 400, so ids leak nothing."""
+    visible = team_ids_for_request(request)
+    if team_id is None:
+        if len(visible) == 1:
+            return Team.objects.get(pk=visible[0])
+        raise exceptions.ValidationError({field: ["required: you belong to several teams (or none); name one"]})
+    if team_id not in visible:
+        raise exceptions.ValidationError({field: [f"no team {team_id} among your teams"]})
+    return Team.objects.get(pk=team_id)
+
+
+class TeamScopedViewSetMixin:
+    """Base of every team-owned viewset. Subclasses implement `scoped_queryset(team_ids)` (usually
+    a selector with its select/prefetch_related); the mixin passes the request's teams, filters
+    by `team_lookup` once more as a guard, and narrows agents through `agent_scope`."""
+
+    team_lookup: ClassVar[str] = "team_id"
+    agent_actions: ClassVar[frozenset[str]] = frozenset()
+
+    def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
+        raise NotImplementedError
+
+    def get_queryset(self) -> QuerySet:
+        request = self.request  # type: ignore[attr-defined]
+        team_ids = team_ids_for_request(request)
+        queryset = self.scoped_queryset(team_ids).filter(**{f"{self.team_lookup}__in": team_ids})
+        token = agent_token(request)
+        if token is not None:
+            queryset = self.agent_scope(queryset, token)
+        return queryset
+
+    def agent_scope(self, queryset: QuerySet, token: ApiToken) -> QuerySet:
+        """What an agent may see among its team's objects: nothing unless a view says otherwise."""
+        return queryset.none()
+
+    def get_object(self) -> Any:
+        """The scoped object named by the URL, or 404. Unlike DRF's, it does not run the filter
+        backends: on nested lists (`/jobs/{id}/metrics/?since_step=`) they filter the children."""
+        obj = get_object_or_404(self.get_queryset(), pk=self.kwargs["pk"])  # type: ignore[attr-defined]
+        self.check_object_permissions(self.request, obj)  # type: ignore[attr-defined]
+        return obj
+
+    def paginated_response(self, queryset: QuerySet, serializer_class: type[serializers.BaseSerializer]) -> Any:
+        """A paginated list of `queryset` (for nested lists such as /jobs/{id}/events/)."""
+        page = self.paginate_queryset(queryset)  # type: ignore[attr-defined]
+        return self.get_paginated_response(serializer_class(page, many=True).data)  # type: ignore[attr-defined]
+
+
+# --- Validated query-parameter filters --------------------------------------------------------------
+
+
+class QueryFilterSerializer(serializers.Serializer):
+    """Base for a view's `filter_serializer_class`: one field per query parameter.
+
+    `lookups` maps a parameter to the ORM lookup it filters (default: the parameter's name).
+    `search_fields` are matched with `icontains` by `?search=`; `ordering_fields` are the values
+    `?ordering=` accepts (prefix `-` for descending). A method `filter_<param>(queryset, value)`
+    replaces the plain lookup for parameters that need more than one."""
+
+    lookups: ClassVar[dict[str, str]] = {}
+    search_fields: ClassVar[tuple[str, ...]] = ()
+    ordering_fields: ClassVar[tuple[str, ...]] = ()
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        if self.search_fields:
+            fields["search"] = serializers.CharField(
+                required=False, max_length=100, help_text=f"Case-insensitive match on {', '.join(self.search_fields)}."
+            )
+        if self.ordering_fields:
+            choices = [name for field in self.ordering_fields for name in (field, f"-{field}")]
+            fields["ordering"] = serializers.ChoiceField(
+                choices=choices, required=False, help_text="Sort key; prefix '-' for descending."
+            )
+        return fields
+
+
+def filter_serializer_for(view: Any) -> type[QueryFilterSerializer] | None:
+    """The view's filter serializer for its current action: `filter_serializer_classes[action]`,
+    else `filter_serializer_class` for the plain list action."""
+    action = getattr(view, "action", None)
+    per_action = getattr(view, "filter_serializer_classes", {})
+    if action in per_action:
+        return per_action[action]
+    return getattr(view, "filter_serializer_class", None) if action in (None, "list") else None
+
+
+class ValidatedQueryFilter(BaseFilterBackend):
+    """Applies the view's filter serializer to the query string. An unknown value (for instance
+    `?status=bogus`) answers 400 naming the parameter, never a silently empty list."""
+
+    def filter_queryset(self, request: Request, queryset: QuerySet, view: Any) -> QuerySet:
+        serializer_class = filter_serializer_for(view)
+        if serializer_class is None:
+            return queryset
+        serializer = serializer_class(data=_single_values(request.query_params, serializer_class))
+        params = validate_or_400(serializer)
+        lookups = serializer_class.lookups
+        for name, value in params.items():
+            if name == "search":
+                query = Q()
+                for field in serializer_class.search_fields:
+                    query |= Q(**{f"{field}__icontains": value})
+                queryset = queryset.filter(query)
+            elif hasattr(serializer, f"filter_{name}"):
+                queryset = getattr(serializer, f"filter_{name}")(queryset, value)
+            elif name == "ordering":
+                queryset = queryset.order_by(value, "-id" if value.startswith("-") else "id")
+            else:
+                queryset = queryset.filter(**{lookups.get(name, name): value})
+        return queryset
+
+
+def _single_values(query_params: Any, serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
+    """Only the parameters the serializer knows (page, page_size and format belong to others)."""
+    known = set(serializer_class().fields)
+    return {key: query_params.get(key) for key in query_params if key in known}
+
+
+class ValidatedQueryFilterExtension(OpenApiFilterExtension):
+    """Documents each filter parameter in the OpenAPI schema with its type and allowed values."""
+
+    target_class = "controlplane.common.api.ValidatedQueryFilter"
+
+    def get_schema_operation_parameters(self, auto_schema: Any, *args: Any, **kwargs: Any) -> list[dict]:
+        serializer_class = filter_serializer_for(auto_schema.view)
+        if serializer_class is None:
+            return []
+        parameters = []
+        for name, field in serializer_class().fields.items():
+            schema = auto_schema._map_serializer_field(field, "request")
+            parameters.append(
+                build_parameter_type(
+                    name=name, schema=schema, location="query",
+                    description=str(field.help_text) if field.help_text else None,
+                )
+            )
+        return parameters

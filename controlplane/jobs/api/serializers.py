@@ -1,0 +1,138 @@
+"""Serializers of the jobs API: read shapes, write inputs and query filters."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from controlplane.common.api import QueryFilterSerializer
+from controlplane.jobs.models import (
+    JobEvent,
+    JobGeneration,
+    JobStatus,
+    MetricSample,
+    Reconfiguration,
+    Strategy,
+    TrainingJob,
+)
+from controlplane.jobs.services import MAX_METRIC_BATCH
+
+
+class JobSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
+    live_instance_count = serializers.IntegerField(read_only=True, help_text="Instances requested or running.")
+    progress = serializers.SerializerMethodField(help_text="steps_done / target_steps, 0..1.")
+
+    class Meta:
+        model = TrainingJob
+        fields = [
+            "id", "team", "name", "created_by", "model_spec", "strategy", "target_steps", "deadline",
+            "budget_usd", "status", "status_message", "plan", "current_generation", "steps_done",
+            "samples_done", "progress", "initial_loss", "last_loss", "live_instance_count",
+            "created_at", "started_at", "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_progress(self, job: TrainingJob) -> float:
+        return min(1.0, job.steps_done / job.target_steps) if job.target_steps else 0.0
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """Input of `POST /jobs/`. The model spec is checked in depth by `job_submit`."""
+
+    team = serializers.IntegerField(required=False, min_value=1, help_text="Needed if you belong to several teams.")
+    name = serializers.CharField(max_length=120)
+    model_spec = serializers.JSONField(
+        help_text="{kind: gpt|mlp, layers, d_model, heads, seq_len, vocab, global_batch, micro_batches}"
+    )
+    strategy = serializers.ChoiceField(choices=Strategy.choices, default=Strategy.AUTO)
+    target_steps = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
+    deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    budget_usd = serializers.DecimalField(
+        max_digits=12, decimal_places=2, required=False, allow_null=True, default=None, min_value=Decimal("0.01")
+    )
+
+
+class JobGenerationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobGeneration
+        fields = ["number", "membership", "layout", "reason", "created_at"]
+        read_only_fields = fields
+
+
+class ReconfigurationSerializer(serializers.ModelSerializer):
+    provider_instance_id = serializers.CharField(
+        source="instance.provider_instance_id", read_only=True, allow_null=True, default=None
+    )
+
+    class Meta:
+        model = Reconfiguration
+        fields = [
+            "id", "trigger", "trigger_key", "strategy", "decision", "decision_input", "instance",
+            "provider_instance_id", "notice", "from_generation", "to_generation", "status",
+            "lost_seconds", "decided_at", "applied_at",
+        ]
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["id", "kind", "message", "data", "at"]
+        read_only_fields = fields
+
+
+class MetricSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MetricSample
+        fields = ["step", "generation", "instance", "at", "loss", "samples_per_s", "stage_times"]
+        read_only_fields = fields
+
+
+class MetricSampleInSerializer(serializers.Serializer):
+    step = serializers.IntegerField(min_value=0, max_value=2**31 - 1)
+    loss = serializers.FloatField(required=False, allow_null=True)
+    samples_per_s = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    at = serializers.DateTimeField(required=False, help_text="Defaults to the time of the request.")
+    generation = serializers.IntegerField(required=False, min_value=0, help_text="Defaults to the job's current one.")
+    stage_times = serializers.DictField(child=serializers.FloatField(min_value=0), required=False,
+                                        help_text="{stage: seconds} of this step.")
+    instance = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                        help_text="Defaults to the reporting agent's instance.")
+
+
+class MetricBatchSerializer(serializers.Serializer):
+    """Input of `POST /jobs/{id}/metrics/`: `{"samples": [...]}` (a bare list is accepted too)."""
+
+    samples = MetricSampleInSerializer(many=True, allow_empty=False, max_length=MAX_METRIC_BATCH)
+
+
+class MetricBatchResultSerializer(serializers.Serializer):
+    stored = serializers.IntegerField()
+    steps_done = serializers.IntegerField()
+    samples_done = serializers.IntegerField()
+    last_loss = serializers.FloatField(allow_null=True)
+
+
+class JobFilter(QueryFilterSerializer):
+    status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
+    strategy = serializers.ChoiceField(choices=Strategy.choices, required=False)
+    team = serializers.IntegerField(required=False, min_value=1)
+    lookups = {"team": "team_id"}
+    search_fields = ("name",)
+    ordering_fields = ("created_at", "name", "status", "deadline", "steps_done")
+
+
+class MetricFilter(QueryFilterSerializer):
+    since_step = serializers.IntegerField(required=False, min_value=0, help_text="Samples with step >= this.")
+    until_step = serializers.IntegerField(required=False, min_value=0, help_text="Samples with step <= this.")
+    generation = serializers.IntegerField(required=False, min_value=0)
+    instance = serializers.IntegerField(required=False, min_value=1)
+    lookups = {"since_step": "step__gte", "until_step": "step__lte", "instance": "instance_id"}
+
+
+class JobEventFilter(QueryFilterSerializer):
+    kind = serializers.CharField(required=False, max_length=40)
+    since = serializers.DateTimeField(required=False, help_text="Events at or after this time.")
+    lookups = {"since": "at__gte"}

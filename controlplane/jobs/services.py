@@ -1,0 +1,368 @@
+"""Writes on training jobs. One function per state change, each recording the JobEvent that the
+job's timeline shows (Zulip's `do_*` pattern)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.common.errors import Conflict
+from controlplane.fleet.models import Instance
+from controlplane.jobs.models import (
+    ACTIVE_JOB_STATUSES,
+    JobEvent,
+    JobGeneration,
+    JobStatus,
+    MetricSample,
+    Strategy,
+    TrainingJob,
+)
+
+MODEL_KINDS = ("gpt", "mlp")
+# Fields every kind needs, and those only a transformer needs.
+_COMMON_SPEC_FIELDS = ("layers", "d_model", "global_batch", "micro_batches")
+_GPT_SPEC_FIELDS = ("heads", "seq_len", "vocab")
+MAX_BUDGET_USD = Decimal("9999999999.99")  # what budget_usd (12 digits, 2 decimals) can hold
+MAX_METRIC_BATCH = 1000
+
+CANCELLABLE = frozenset(ACTIVE_JOB_STATUSES)
+RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+# --- Validation ------------------------------------------------------------------------------------
+
+
+def _is_positive_int(value: Any) -> bool:
+    # bool is an int in Python, but `"layers": true` is a mistake, not 1 layer.
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def model_spec_errors(spec: Any) -> dict[str, list[str]]:
+    """Every problem of a model spec, keyed by `model_spec.<field>`; empty when the spec is valid."""
+    if not isinstance(spec, dict):
+        return {"model_spec": [f"expected an object, got {type(spec).__name__}"]}
+    errors: dict[str, list[str]] = {}
+    kind = spec.get("kind")
+    if kind not in MODEL_KINDS:
+        errors["model_spec.kind"] = [f"unknown model kind {kind!r}; expected one of {', '.join(MODEL_KINDS)}"]
+    needed = _COMMON_SPEC_FIELDS + (_GPT_SPEC_FIELDS if kind == "gpt" else ())
+    for name in needed + tuple(f for f in _GPT_SPEC_FIELDS if f not in needed and f in spec):
+        value = spec.get(name)
+        if name not in spec:
+            errors[f"model_spec.{name}"] = ["required"]
+        elif not _is_positive_int(value):
+            errors[f"model_spec.{name}"] = [f"must be a positive integer, got {value!r}"]
+    heads_ok = "heads" in spec and not errors.get("model_spec.heads")
+    if heads_ok and not errors.get("model_spec.d_model") and spec["d_model"] % spec["heads"]:
+        errors["model_spec.heads"] = [f"d_model {spec['d_model']} is not divisible by heads {spec['heads']}"]
+    batch_ok = not errors.get("model_spec.global_batch") and not errors.get("model_spec.micro_batches")
+    if batch_ok and spec["global_batch"] % spec["micro_batches"]:
+        errors["model_spec.micro_batches"] = [
+            f"micro_batches {spec['micro_batches']} does not divide global_batch {spec['global_batch']}"
+        ]
+    return errors
+
+
+def _job_input_errors(
+    *, name: Any, model_spec: Any, strategy: Any, target_steps: Any, deadline: Any, budget_usd: Any
+) -> tuple[dict[str, list[str]], Decimal | None]:
+    errors: dict[str, list[str]] = {}
+    if not isinstance(name, str) or not name.strip():
+        errors["name"] = ["must be a non-empty string"]
+    elif len(name) > TrainingJob._meta.get_field("name").max_length:
+        errors["name"] = [f"at most {TrainingJob._meta.get_field('name').max_length} characters"]
+    errors.update(model_spec_errors(model_spec))
+    if strategy not in Strategy.values:
+        errors["strategy"] = [f"unknown strategy {strategy!r}; expected one of {', '.join(Strategy.values)}"]
+    if not _is_positive_int(target_steps):
+        errors["target_steps"] = [f"must be a positive integer, got {target_steps!r}"]
+    elif target_steps > 2**31 - 1:
+        errors["target_steps"] = ["too large"]
+    budget: Decimal | None = None
+    if budget_usd is not None:
+        try:
+            budget = Decimal(str(budget_usd)).quantize(Decimal("0.01"))
+        except (InvalidOperation, ValueError):
+            errors["budget_usd"] = [f"not a number: {budget_usd!r}"]
+        else:
+            if not budget.is_finite() or budget <= 0:
+                errors["budget_usd"] = [f"must be greater than 0, got {budget_usd}"]
+            elif budget > MAX_BUDGET_USD:
+                errors["budget_usd"] = [f"at most {MAX_BUDGET_USD}"]
+    if deadline is not None:
+        if not isinstance(deadline, datetime) or timezone.is_naive(deadline):
+            errors["deadline"] = ["must be an aware datetime"]
+        elif deadline <= timezone.now():
+            errors["deadline"] = [f"must be in the future, got {deadline.isoformat()}"]
+    if deadline is None and budget_usd is None:
+        errors["non_field_errors"] = ["give a deadline, a budget_usd, or both"]
+    return errors, budget
+
+
+# --- Jobs ------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def job_submit(
+    *,
+    team: Any,
+    user: Any | None,
+    name: str,
+    model_spec: dict[str, Any],
+    strategy: str,
+    target_steps: int,
+    deadline: datetime | None = None,
+    budget_usd: Decimal | float | str | None = None,
+) -> TrainingJob:
+    """Validate and store a new job (status pending) and its `submitted` event. Every problem is
+    reported at once, each under the name of its field (`model_spec.heads`, `deadline`, ...)."""
+    errors, budget = _job_input_errors(
+        name=name, model_spec=model_spec, strategy=strategy, target_steps=target_steps,
+        deadline=deadline, budget_usd=budget_usd,
+    )
+    if errors:
+        raise ValidationError(errors)
+    job = TrainingJob.objects.create(
+        team=team, created_by=user, name=name.strip(), model_spec=model_spec, strategy=strategy,
+        target_steps=target_steps, deadline=deadline, budget_usd=budget, status=JobStatus.PENDING,
+    )
+    job_record_event(
+        job=job, kind="submitted", message=f"submitted by {user or 'the system'}",
+        data={"strategy": strategy, "target_steps": target_steps,
+              "deadline": deadline.isoformat() if deadline else None,
+              "budget_usd": str(budget) if budget is not None else None},
+    )
+    return job
+
+
+def _lock(job: TrainingJob) -> TrainingJob:
+    return TrainingJob.objects.select_for_update().get(pk=job.pk)
+
+
+def _sync(job: TrainingJob, locked: TrainingJob, fields: list[str]) -> None:
+    for field in fields:
+        setattr(job, field, getattr(locked, field))
+
+
+@transaction.atomic
+def job_cancel(*, job: TrainingJob, user: Any | None = None, reason: str = "") -> TrainingJob:
+    """Cancel an active job. A finished, failed or already cancelled job answers Conflict (409)."""
+    locked = _lock(job)
+    if locked.status not in CANCELLABLE:
+        raise Conflict(
+            f"job is {locked.status!r}; cancel is allowed only from: {', '.join(sorted(CANCELLABLE))}",
+            field="status",
+        )
+    previous = locked.status
+    now = timezone.now()
+    locked.status = JobStatus.CANCELLED
+    locked.status_message = (reason or f"cancelled by {user or 'the system'}")[:300]
+    locked.finished_at = now
+    fields = ["status", "status_message", "finished_at", "updated_at"]
+    locked.save(update_fields=fields)
+    _sync(job, locked, fields)
+    job_record_event(job=locked, kind="cancelled", message=locked.status_message,
+                     data={"from": previous, "by": getattr(user, "pk", None)}, at=now)
+    return job
+
+
+@transaction.atomic
+def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
+    """Put a failed or cancelled job back to pending, keeping its progress, so the scheduler plans
+    it again. Any other status answers Conflict (409)."""
+    locked = _lock(job)
+    if locked.status not in RESUMABLE:
+        raise Conflict(
+            f"job is {locked.status!r}; resume is allowed only from: {', '.join(sorted(RESUMABLE))}",
+            field="status",
+        )
+    if locked.deadline is not None and locked.deadline <= timezone.now() and locked.budget_usd is None:
+        raise Conflict("the job's deadline has passed and it has no budget; submit a new job", field="deadline")
+    previous = locked.status
+    locked.status = JobStatus.PENDING
+    locked.status_message = f"resumed by {user or 'the system'}"[:300]
+    locked.finished_at = None
+    fields = ["status", "status_message", "finished_at", "updated_at"]
+    locked.save(update_fields=fields)
+    _sync(job, locked, fields)
+    job_record_event(job=locked, kind="resumed", message=locked.status_message,
+                     data={"from": previous, "by": getattr(user, "pk", None), "steps_done": locked.steps_done})
+    return job
+
+
+def job_record_event(
+    *, job: TrainingJob, kind: str, message: str, data: dict[str, Any] | None = None, at: datetime | None = None
+) -> JobEvent:
+    """Append one event to the job's timeline (message cut to the column's 300 characters)."""
+    return JobEvent.objects.create(
+        job=job, kind=kind[:40], message=message[:300], data=data or {}, at=at or timezone.now()
+    )
+
+
+# --- Metrics ---------------------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _sample_errors(index: int, sample: Any, instance_ids: set[int]) -> dict[str, list[str]]:
+    at = f"samples[{index}]"
+    if not isinstance(sample, dict):
+        return {at: ["expected an object"]}
+    errors: dict[str, list[str]] = {}
+    step = sample.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0 or step > 2**31 - 1:
+        errors[f"{at}.step"] = [f"must be a non-negative integer, got {step!r}"]
+    for name in ("loss", "samples_per_s"):
+        value = sample.get(name)
+        if value is not None and not _finite(value):
+            errors[f"{at}.{name}"] = [f"must be a finite number, got {value!r}"]
+    if _finite(sample.get("samples_per_s")) and sample["samples_per_s"] < 0:
+        errors[f"{at}.samples_per_s"] = ["must not be negative"]
+    when = sample.get("at")
+    if when is not None and (not isinstance(when, datetime) or timezone.is_naive(when)):
+        errors[f"{at}.at"] = ["must be an aware datetime"]
+    generation = sample.get("generation")
+    if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool) or generation < 0):
+        errors[f"{at}.generation"] = [f"must be a non-negative integer, got {generation!r}"]
+    stage_times = sample.get("stage_times", {})
+    if not isinstance(stage_times, dict) or not all(
+        isinstance(k, str) and _finite(v) and v >= 0 for k, v in stage_times.items()
+    ):
+        errors[f"{at}.stage_times"] = ["must map stage names to non-negative seconds"]
+    instance = sample.get("instance")
+    if instance is not None and instance not in instance_ids:
+        errors[f"{at}.instance"] = [f"instance {instance!r} is not an instance of this job's team"]
+    unknown = set(sample) - {"step", "loss", "samples_per_s", "at", "generation", "stage_times", "instance"}
+    if unknown:
+        errors[at] = [f"unknown fields: {', '.join(sorted(unknown))}"]
+    return errors
+
+
+@transaction.atomic
+def job_record_metrics(*, job: TrainingJob, samples: list[dict[str, Any]]) -> list[MetricSample]:
+    """Store a batch of metric samples and move the job's progress forward, all or nothing.
+
+    Each sample: `step` (required), `loss`, `samples_per_s`, `at` (default now), `generation`
+    (default the job's current one), `stage_times` ({stage: seconds}), `instance` (id). Progress
+    only grows: a late batch of old steps is stored but does not rewind `steps_done`/`last_loss`.
+    """
+    if not isinstance(samples, list) or not samples:
+        raise ValidationError({"samples": ["expected a non-empty list of samples"]})
+    if len(samples) > MAX_METRIC_BATCH:
+        raise ValidationError({"samples": [f"at most {MAX_METRIC_BATCH} samples per batch, got {len(samples)}"]})
+    named = {s.get("instance") for s in samples if isinstance(s, dict) and s.get("instance") is not None}
+    valid_instances = set(
+        Instance.objects.filter(team_id=job.team_id, pk__in=[i for i in named if isinstance(i, int)])
+        .values_list("pk", flat=True)
+    )
+    errors: dict[str, list[str]] = {}
+    for index, sample in enumerate(samples):
+        errors.update(_sample_errors(index, sample, valid_instances))
+    if errors:
+        raise ValidationError(errors)
+
+    # Lock the job first: concurrent batches of one job then update progress one after another.
+    locked = _lock(job)
+    now = timezone.now()
+    rows = [
+        MetricSample(
+            job_id=locked.pk, step=s["step"], at=s.get("at") or now, loss=s.get("loss"),
+            samples_per_s=s.get("samples_per_s"), stage_times=s.get("stage_times") or {},
+            generation=s["generation"] if s.get("generation") is not None else locked.current_generation,
+            instance_id=s.get("instance"),
+        )
+        for s in samples
+    ]
+    created = MetricSample.objects.bulk_create(rows, batch_size=500)
+
+    fields = ["updated_at"]
+    newest = max(rows, key=lambda r: (r.step, r.at))
+    if newest.step > locked.steps_done:
+        locked.steps_done = newest.step
+        global_batch = (locked.model_spec or {}).get("global_batch") or 0
+        locked.samples_done = max(locked.samples_done, newest.step * int(global_batch))
+        fields += ["steps_done", "samples_done"]
+    with_loss = [r for r in rows if r.loss is not None]
+    if with_loss:
+        latest = max(with_loss, key=lambda r: (r.step, r.at))
+        if latest.step >= locked.steps_done:
+            locked.last_loss = latest.loss
+            fields.append("last_loss")
+        if locked.initial_loss is None:
+            locked.initial_loss = min(with_loss, key=lambda r: (r.step, r.at)).loss
+            fields.append("initial_loss")
+    if locked.started_at is None:
+        locked.started_at = min(r.at for r in rows)
+        fields.append("started_at")
+    locked.save(update_fields=fields)
+    _sync(job, locked, fields)
+    return created
+
+
+# --- Generations -----------------------------------------------------------------------------------
+
+
+def _membership_errors(membership: Any) -> dict[str, list[str]]:
+    if not isinstance(membership, list):
+        return {"membership": ["expected a list of {instance, rank, ...} objects"]}
+    errors: dict[str, list[str]] = {}
+    ranks: set[int] = set()
+    for index, member in enumerate(membership):
+        at = f"membership[{index}]"
+        if not isinstance(member, dict):
+            errors[at] = ["expected an object"]
+            continue
+        for key in ("instance", "rank"):
+            value = member.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "instance" else 0):
+                errors[f"{at}.{key}"] = [f"must be a {'positive' if key == 'instance' else 'non-negative'} integer"]
+        if isinstance(member.get("rank"), int):
+            if member["rank"] in ranks:
+                errors[f"{at}.rank"] = [f"rank {member['rank']} appears twice"]
+            ranks.add(member["rank"])
+    return errors
+
+
+@transaction.atomic
+def job_generation_publish(
+    *, job: TrainingJob, membership: list[dict[str, Any]], layout: dict[str, Any], reason: str = "",
+    at: datetime | None = None,
+) -> JobGeneration:
+    """Publish the job's next generation (membership + layout) and make it current.
+
+    The job row is locked, so concurrent publishers get consecutive numbers; publishing the same
+    membership and layout as the current generation again returns it instead of a new one (a
+    retried task reconfigures once)."""
+    errors = _membership_errors(membership)
+    if not isinstance(layout, dict):
+        errors["layout"] = ["expected an object"]
+    if errors:
+        raise ValidationError(errors)
+    locked = _lock(job)
+    latest = JobGeneration.objects.filter(job_id=locked.pk).order_by("-number").first()
+    if latest is not None and latest.number == locked.current_generation and (
+        latest.membership == membership and latest.layout == layout
+    ):
+        return latest
+    number = max(locked.current_generation, latest.number if latest else 0) + 1
+    at = at or timezone.now()
+    generation = JobGeneration.objects.create(
+        job_id=locked.pk, number=number, membership=membership, layout=layout, reason=reason[:200], created_at=at
+    )
+    locked.current_generation = number
+    locked.save(update_fields=["current_generation", "updated_at"])
+    _sync(job, locked, ["current_generation", "updated_at"])
+    job_record_event(
+        job=locked, kind="generation", message=f"generation {number}: {len(membership)} workers"
+        + (f" ({reason})" if reason else ""),
+        data={"number": number, "workers": len(membership), "reason": reason}, at=at,
+    )
+    return generation
