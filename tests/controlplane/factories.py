@@ -65,3 +65,73 @@ def make_instance(team: Team, **overrides) -> Instance:
               "provider_instance_id": f"i-{next(_seq):017x}"}
     fields.update(overrides)
     return Instance.objects.create(team=team, **fields)
+
+
+# --- webhooks (interruption notices) -----------------------------------------------------------
+
+
+def make_webhook_credential(team: Team, source: str, scheme: str, **kwargs):
+    """A webhook credential and its secret in clear."""
+    from controlplane.webhooks.credentials import credential_create
+
+    return credential_create(team=team, source=source, scheme=scheme, **kwargs)
+
+
+def make_signing_cert(common_name: str = "sns.us-east-1.amazonaws.com"):
+    """A locally generated RSA key and self-signed certificate (PEM bytes), standing in for SNS's."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=30)).sign(key, hashes.SHA256())
+    )
+    return key, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def sns_sign(message: dict, key, *, version: str = "1") -> dict:
+    """Sign an SNS message dict in place the way SNS does (SignatureVersion 1 = SHA1, 2 = SHA256)."""
+    import base64
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    from controlplane.webhooks.sns import string_to_sign
+
+    message["SignatureVersion"] = version
+    digest = hashes.SHA1() if version == "1" else hashes.SHA256()
+    message["Signature"] = base64.b64encode(key.sign(string_to_sign(message), padding.PKCS1v15(), digest)).decode()
+    return message
+
+
+def make_spot_prices(instance_type, zone, changes, product: str = "Linux/UNIX") -> list:
+    """Store spot price changes [(aware datetime, "price"), ...] for one pool."""
+    from controlplane.market.models import SpotPrice
+
+    return SpotPrice.objects.bulk_create(
+        [SpotPrice(instance_type=instance_type, zone=zone, product=product, price=Decimal(str(price)), timestamp=ts)
+         for ts, price in changes]
+    )
+
+
+def make_price_file(path, lines: list[str], *, gz: bool = False):
+    """Write a price file (lines joined with newlines), gzipped when `gz`; returns the path."""
+    import gzip
+    from pathlib import Path
+
+    data = ("\n".join(lines) + "\n").encode()
+    path = Path(path)
+    if gz:
+        with gzip.open(path, "wb") as handle:
+            handle.write(data)
+    else:
+        path.write_bytes(data)
+    return path

@@ -1,0 +1,362 @@
+"""Interruption notices: store first (one idempotent insert), hand stored notices to workers in
+batches (an outbox), and react to each notice once.
+
+Why an outbox: publishing one Celery message per notice costs more CPU than the insert itself
+(docs/MEASURED.md), so the web request only inserts and *kicks*; a per-process kicker coalesces
+kicks into at most one `drain_notices` publish per window, and the drain task claims `received`
+rows in batches. The first notice after a quiet period is published at once (leading edge); those
+that arrive during the window are covered by one trailing publish. A periodic sweep re-kicks
+whatever was stored but never processed (worker or broker down)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.fleet.models import Instance, InterruptionNotice, Lifecycle, NoticeKind, NoticeStatus
+from controlplane.fleet.services import instance_transition
+from controlplane.fleet.states import ALLOWED_TRANSITIONS, InstanceState
+from controlplane.jobs.models import JobEvent, ReconfigurationTrigger
+
+logger = logging.getLogger(__name__)
+
+
+def _setting(name: str, default: Any) -> Any:
+    """A tunable read from Django settings, then the environment, then `default`."""
+    value = getattr(settings, name, None)
+    if value is None:
+        value = os.environ.get(name, default)
+    return type(default)(value) if not isinstance(default, bool) else str(value).lower() in {"1", "true", "yes"}
+
+
+# How stored notices reach workers: "batched" (coalesced kicks, the default), "per_request" (one
+# Celery publish per stored notice: the slow baseline the bench compares with), "none" (only the
+# periodic sweep; for tests that drive the drain by hand).
+HANDOFF_SETTING = "SPOTPIPE_NOTICE_HANDOFF"
+KICK_WINDOW_SETTING = "SPOTPIPE_NOTICE_KICK_WINDOW_S"
+CLAIM_STALE_AFTER = timedelta(seconds=30)
+MAX_ATTEMPTS = 5
+
+# State a notice's kind moves a running instance to (state-change events decide per state).
+_LEAVING_EC2_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
+
+
+@dataclass(kw_only=True, slots=True)
+class NoticeDraft:
+    """A validated notice, not yet stored. `dedup_key` makes the insert idempotent."""
+
+    team_id: int | None
+    source: str
+    kind: str
+    action: str = ""
+    dedup_key: str
+    cloud_event_id: str = ""
+    provider_instance_id: str
+    event_time: datetime | None = None
+    deadline: datetime | None = None
+    payload: dict = field(default_factory=dict)
+
+
+@dataclass(kw_only=True, slots=True)
+class StoreResult:
+    """Which drafts were new (id assigned) and which were already stored (duplicates)."""
+
+    stored: dict[str, int]
+    duplicates: list[str]
+
+
+_INSERT_FIELDS: list | None = None
+
+
+def _insert_fields() -> list:
+    global _INSERT_FIELDS
+    if _INSERT_FIELDS is None:
+        _INSERT_FIELDS = [f for f in InterruptionNotice._meta.concrete_fields if not f.primary_key]
+    return _INSERT_FIELDS
+
+
+def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:
+    """Insert `drafts` with `INSERT ... ON CONFLICT (dedup_key) DO NOTHING RETURNING` (PostgreSQL
+    and SQLite alike) in one statement, and hand the new ones to workers once committed.
+
+    A duplicate (same dedup key) inserts nothing and kicks nothing."""
+    if not drafts:
+        return StoreResult(stored={}, duplicates=[])
+    now = timezone.now()
+    fields = _insert_fields()
+    qn = connection.ops.quote_name
+    rows_sql, params = [], []
+    seen: set[str] = set()
+    for draft in drafts:
+        if draft.dedup_key in seen:  # the same event twice in one body
+            continue
+        seen.add(draft.dedup_key)
+        obj = InterruptionNotice(
+            team_id=draft.team_id, source=draft.source, kind=draft.kind, action=draft.action,
+            dedup_key=draft.dedup_key, cloud_event_id=draft.cloud_event_id,
+            provider_instance_id=draft.provider_instance_id, event_time=draft.event_time,
+            deadline=draft.deadline, received_at=now, payload=draft.payload,
+        )
+        rows_sql.append("(" + ", ".join(["%s"] * len(fields)) + ")")
+        params.extend(f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields)
+    sql = (
+        f"INSERT INTO {qn(InterruptionNotice._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+        f"VALUES {', '.join(rows_sql)} ON CONFLICT ({qn('dedup_key')}) DO NOTHING "
+        f"RETURNING {qn('id')}, {qn('dedup_key')}"
+    )
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            stored = {key: pk for pk, key in cursor.fetchall()}
+        if stored:
+            ids = list(stored.values())
+            transaction.on_commit(lambda: notices_handoff(notice_ids=ids))
+    return StoreResult(stored=stored, duplicates=[key for key in seen if key not in stored])
+
+
+# --- hand-over to workers ---------------------------------------------------------------------
+
+
+def _publish_drain() -> None:
+    """One broker publish asking a worker to drain stored notices."""
+    from controlplane.fleet.tasks import drain_notices
+
+    drain_notices.delay()
+
+
+class _Kicker:
+    """Coalesces kicks into at most one `drain_notices` publish per window, per process, off the
+    request path: a daemon thread publishes at once when idle (leading edge), then sleeps for the
+    window; kicks that arrive meanwhile are covered by the next publish (trailing edge). Every kick
+    is therefore followed by a publish that starts after it, so no committed notice waits for the
+    sweep unless the broker is down."""
+
+    def __init__(self) -> None:
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+        self.publishes = 0
+
+    def kick(self) -> None:
+        self._ensure_thread()
+        self._wake.set()
+
+    def _ensure_thread(self) -> None:
+        # A forked child (gunicorn worker) inherits the object but not the thread.
+        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
+            return
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
+                return
+            self._wake = threading.Event()
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._run, name="notice-kicker", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                _publish_drain()
+                self.publishes += 1
+            except Exception:  # the broker is down: the rows are stored, the sweep will find them
+                logger.exception("could not publish drain_notices; the periodic sweep will retry")
+            time.sleep(_setting(KICK_WINDOW_SETTING, 0.1))
+
+
+_kicker = _Kicker()
+
+
+def notices_handoff(*, notice_ids: list[int]) -> None:
+    """Tell workers that notices were stored (called on commit of the insert)."""
+    mode = _setting(HANDOFF_SETTING, "batched")
+    if mode == "none":
+        return
+    if mode == "per_request":
+        from controlplane.fleet.tasks import process_notice
+
+        for notice_id in notice_ids:
+            try:
+                process_notice.delay(notice_id)
+            except Exception:
+                logger.exception("could not publish process_notice(%s); the sweep will retry", notice_id)
+        return
+    _kicker.kick()
+
+
+# --- claiming and processing -------------------------------------------------------------------
+
+
+def notices_claim(*, limit: int) -> list[int]:
+    """Claim up to `limit` received notices, oldest first, for this worker: mark them enqueued and
+    count the attempt. On PostgreSQL concurrent drains skip each other's locked rows; on SQLite the
+    immediate transaction serialises them."""
+    with transaction.atomic():
+        qs = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).order_by("received_at", "id")
+        if connection.features.has_select_for_update_skip_locked:
+            qs = qs.select_for_update(skip_locked=True)
+        ids = list(qs.values_list("id", flat=True)[:limit])
+        if ids:
+            InterruptionNotice.objects.filter(id__in=ids).update(
+                status=NoticeStatus.ENQUEUED, enqueued_at=timezone.now(), attempts=F("attempts") + 1
+            )
+    return ids
+
+
+def _instance_keys(notice: InterruptionNotice) -> list[str]:
+    keys = [notice.provider_instance_id]
+    name = (notice.payload or {}).get("meta", {}).get("instance_name")
+    if name:
+        keys.append(name)
+    return keys
+
+
+def _target_state(notice: InterruptionNotice, instance: Instance) -> str | None:
+    if notice.kind == NoticeKind.INTERRUPTION:
+        return InstanceState.NOTICE
+    if notice.kind == NoticeKind.PREEMPTED:
+        return InstanceState.PREEMPTED
+    if notice.kind == NoticeKind.STATE_CHANGE and notice.action in _LEAVING_EC2_STATES:
+        return InstanceState.PREEMPTED if instance.lifecycle == Lifecycle.SPOT else InstanceState.TERMINATED
+    return None
+
+
+def _describe(notice: InterruptionNotice) -> str:
+    label = dict(NoticeKind.choices).get(notice.kind, notice.kind)
+    text = f"{label} for {notice.provider_instance_id} via {notice.source}"
+    if notice.action:
+        text += f" ({notice.action})"
+    if notice.deadline:
+        text += f", expected to go at {notice.deadline.isoformat()}"
+    return text[:300]
+
+
+def _react(notice: InterruptionNotice) -> None:
+    """Move the instance, record the event on the job's timeline, and ask for a reconfiguration."""
+    from controlplane.jobs.reconfiguration import reconfiguration_decide
+
+    qs = Instance.objects.select_related("job").filter(provider_instance_id__in=_instance_keys(notice))
+    if notice.team_id is not None:
+        qs = qs.filter(team_id=notice.team_id)
+    instance = qs.order_by("id").first()
+    if instance is None:
+        # Kept and flagged: an instance we do not know yet (or another team's) is worth seeing.
+        notice.unknown_instance = True
+        return
+    notice.instance = instance
+    if notice.team_id is None:
+        notice.team_id = instance.team_id
+    target = _target_state(notice, instance)
+    transitioned = False
+    if target and instance.state != target and target in ALLOWED_TRANSITIONS[instance.state]:
+        instance_transition(
+            # Stamped when we learn of it, so the instance's log stays in order; the cloud's own time
+            # is in the detail.
+            instance=instance, to=target,
+            detail={"notice": notice.pk, "source": notice.source, "kind": notice.kind, "action": notice.action,
+                    "event_time": notice.event_time.isoformat() if notice.event_time else None},
+        )
+        transitioned = True
+    job = instance.job
+    if job is None:
+        return
+    JobEvent.objects.create(
+        job=job,
+        kind=f"instance_{notice.kind}",
+        message=_describe(notice),
+        data={
+            "notice": notice.pk, "instance": instance.pk, "source": notice.source, "kind": notice.kind,
+            "action": notice.action, "deadline": notice.deadline.isoformat() if notice.deadline else None,
+            "instance_state": instance.state, "transitioned": transitioned,
+        },
+        at=timezone.now(),
+    )
+    if target is not None:
+        # One reconfiguration per leaving node, whichever notice (warning, state change) comes first.
+        reconfiguration_decide(
+            job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=f"leave:instance:{instance.pk}",
+            instance=instance, notice=notice,
+        )
+
+
+def notice_process(*, notice_id: int) -> InterruptionNotice | None:
+    """React to one notice exactly once: a processed notice is left alone, so a redelivered task or
+    an overlapping drain does nothing the second time."""
+    with transaction.atomic():
+        notice = InterruptionNotice.objects.select_for_update().filter(pk=notice_id).first()
+        if notice is None or notice.status in (NoticeStatus.PROCESSED, NoticeStatus.FAILED):
+            return notice
+        _react(notice)
+        notice.status = NoticeStatus.PROCESSED
+        notice.processed_at = timezone.now()
+        notice.error = ""
+        notice.save(update_fields=["status", "processed_at", "error", "unknown_instance", "instance", "team"])
+    return notice
+
+
+def notice_record_failure(*, notice_id: int, error: str) -> None:
+    """Keep a failed attempt's error; the row stays claimed and the sweep retries it after
+    CLAIM_STALE_AFTER, or gives up after MAX_ATTEMPTS."""
+    InterruptionNotice.objects.filter(pk=notice_id).exclude(status=NoticeStatus.PROCESSED).update(
+        error=error[:2000]
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class DrainResult:
+    processed: int = 0
+    failed: int = 0
+    batches: int = 0
+    more: bool = False
+
+
+def notices_drain(*, batch_size: int = 200, time_budget_s: float = 5.0) -> DrainResult:
+    """Claim and process received notices in batches until none are left or the time budget is
+    spent (then `more` is set so the caller can re-kick rather than hold the worker)."""
+    result = DrainResult()
+    started = time.monotonic()
+    while True:
+        ids = notices_claim(limit=batch_size)
+        if not ids:
+            return result
+        result.batches += 1
+        for notice_id in ids:
+            try:
+                notice_process(notice_id=notice_id)
+                result.processed += 1
+            except Exception as exc:
+                logger.exception("processing notice %s failed", notice_id)
+                notice_record_failure(notice_id=notice_id, error=f"{type(exc).__name__}: {exc}")
+                result.failed += 1
+        if time.monotonic() - started > time_budget_s:
+            result.more = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).exists()
+            return result
+
+
+def notices_requeue_stale(*, older_than: timedelta = CLAIM_STALE_AFTER) -> int:
+    """Put back notices claimed long ago and never processed (the worker died, or processing
+    failed), so the next drain retries them; give up after MAX_ATTEMPTS."""
+    cutoff = timezone.now() - older_than
+    stale = InterruptionNotice.objects.filter(status=NoticeStatus.ENQUEUED, enqueued_at__lt=cutoff)
+    stale.filter(attempts__gte=MAX_ATTEMPTS).update(status=NoticeStatus.FAILED)
+    return stale.filter(attempts__lt=MAX_ATTEMPTS).update(status=NoticeStatus.RECEIVED)
+
+
+def notices_sweep(*, batch_size: int = 200, time_budget_s: float = 5.0) -> DrainResult:
+    """The periodic safety net: requeue stale claims, then drain the backlog."""
+    requeued = notices_requeue_stale()
+    if requeued:
+        logger.warning("requeued %d notices that were claimed but never processed", requeued)
+    return notices_drain(batch_size=batch_size, time_budget_s=time_budget_s)

@@ -1,0 +1,186 @@
+"""Cloud notice formats -> `NoticeDraft`s. Pure functions: no database, no auth. Each raises
+`BadNotice` naming the missing or wrong field."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from controlplane.fleet.models import NoticeKind, NoticeSource
+from controlplane.fleet.notices import NoticeDraft
+
+AWS_SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
+AWS_REBALANCE = "EC2 Instance Rebalance Recommendation"
+AWS_STATE_CHANGE = "EC2 Instance State-change Notification"
+AWS_DETAIL_TYPES = (AWS_SPOT_WARNING, AWS_REBALANCE, AWS_STATE_CHANGE)
+AWS_SPOT_ACTIONS = frozenset({"terminate", "stop", "hibernate"})
+AWS_NOTICE_LEAD = timedelta(minutes=2)
+AZURE_EVENT_TYPES = frozenset({"Preempt", "Terminate"})
+GENERIC_ACTIONS = {
+    "terminate": NoticeKind.INTERRUPTION, "stop": NoticeKind.INTERRUPTION,
+    "hibernate": NoticeKind.INTERRUPTION, "preempt": NoticeKind.INTERRUPTION,
+    "rebalance": NoticeKind.REBALANCE, "preempted": NoticeKind.PREEMPTED,
+}
+
+
+class BadNotice(Exception):
+    """Input that is not a notice we accept; `field` names the offending part."""
+
+    def __init__(self, message: str, *, field: str = "body") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def parse_json(body: bytes, *, field: str = "body") -> Any:
+    """JSON from bytes, or BadNotice saying where it broke."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadNotice(f"malformed JSON: {exc}", field=field) from None
+
+
+def _obj(value: Any, field: str) -> dict:
+    if not isinstance(value, dict):
+        raise BadNotice(f"{field} must be a JSON object", field=field)
+    return value
+
+
+def _str(obj: dict, key: str, field: str | None = None) -> str:
+    field = field or key
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise BadNotice(f"missing or empty string field {field!r}", field=field)
+    return value.strip()
+
+
+def _time(value: Any, field: str) -> datetime:
+    parsed = parse_datetime(value) if isinstance(value, str) else None
+    if parsed is None or parsed.tzinfo is None:
+        raise BadNotice(f"{field} must be an ISO 8601 time with a zone, got {value!r}", field=field)
+    return parsed
+
+
+def eventbridge_drafts(event: Any, *, team_id: int, source: str, meta: dict | None = None) -> list[NoticeDraft]:
+    """One EventBridge EC2 event (spot interruption warning, rebalance recommendation or instance
+    state change) -> one draft, keyed by the event id (so the same event via SNS is the same)."""
+    event = _obj(event, "body")
+    detail_type = _str(event, "detail-type")
+    if detail_type not in AWS_DETAIL_TYPES:
+        raise BadNotice(
+            f"unsupported detail-type {detail_type!r}; expected one of {', '.join(AWS_DETAIL_TYPES)}",
+            field="detail-type",
+        )
+    event_id = _str(event, "id")
+    event_time = _time(event.get("time"), "time")
+    detail = _obj(event.get("detail"), "detail")
+    instance_id = _str(detail, "instance-id", "detail.instance-id")
+    deadline = None
+    if detail_type == AWS_SPOT_WARNING:
+        kind = NoticeKind.INTERRUPTION
+        action = _str(detail, "instance-action", "detail.instance-action")
+        if action not in AWS_SPOT_ACTIONS:
+            raise BadNotice(f"detail.instance-action must be one of terminate, stop, hibernate; got {action!r}",
+                            field="detail.instance-action")
+        deadline = event_time + AWS_NOTICE_LEAD
+    elif detail_type == AWS_REBALANCE:
+        kind, action = NoticeKind.REBALANCE, ""
+    else:
+        kind, action = NoticeKind.STATE_CHANGE, _str(detail, "state", "detail.state")
+        deadline = event_time
+    return [NoticeDraft(
+        team_id=team_id, source=source, kind=kind, action=action,
+        dedup_key=f"{team_id}:aws:{event_id}", cloud_event_id=event_id, provider_instance_id=instance_id,
+        event_time=event_time, deadline=deadline, payload={"event": event, "meta": meta or {}},
+    )]
+
+
+def gcp_push_drafts(body: Any, *, team_id: int) -> list[NoticeDraft]:
+    """A Pub/Sub push envelope whose `message.data` is a base64 audit-log entry for
+    `compute.instances.preempted` -> one draft, keyed by the log entry's insertId."""
+    body = _obj(body, "body")
+    message = _obj(body.get("message"), "message")
+    data = _str(message, "data", "message.data")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadNotice("message.data must be base64", field="message.data") from None
+    entry = _obj(parse_json(raw, field="message.data"), "message.data")
+    payload = _obj(entry.get("protoPayload"), "protoPayload")
+    method = payload.get("methodName")
+    if method != "compute.instances.preempted":
+        raise BadNotice(f"unsupported protoPayload.methodName {method!r}; expected 'compute.instances.preempted'",
+                        field="protoPayload.methodName")
+    labels = _obj(_obj(entry.get("resource"), "resource").get("labels"), "resource.labels")
+    instance_id = _str(labels, "instance_id", "resource.labels.instance_id")
+    insert_id = _str(entry, "insertId")
+    event_time = _time(entry.get("timestamp"), "timestamp")
+    name = str(payload.get("resourceName", "")).rsplit("/", 1)[-1]
+    meta = {"instance_name": name, "message_id": message.get("messageId", ""),
+            "subscription": body.get("subscription", ""), "zone": labels.get("zone", "")}
+    return [NoticeDraft(
+        team_id=team_id, source=NoticeSource.GCP, kind=NoticeKind.PREEMPTED, action="preempted",
+        dedup_key=f"{team_id}:gcp:{insert_id}", cloud_event_id=insert_id, provider_instance_id=instance_id,
+        event_time=event_time, deadline=event_time, payload={"event": entry, "meta": meta},
+    )]
+
+
+def azure_drafts(body: Any, *, team_id: int) -> list[NoticeDraft]:
+    """An Azure scheduled-events document (as an agent or tool forwards it) -> one draft per
+    resource of each Preempt/Terminate event, keyed by EventId + resource."""
+    body = _obj(body, "body")
+    events = body.get("Events")
+    if not isinstance(events, list) or not events:
+        raise BadNotice("Events must be a non-empty list", field="Events")
+    drafts = []
+    for i, event in enumerate(events):
+        event = _obj(event, f"Events[{i}]")
+        event_type = _str(event, "EventType", f"Events[{i}].EventType")
+        if event_type not in AZURE_EVENT_TYPES:
+            continue  # Freeze, Reboot, Redeploy: not an interruption
+        event_id = _str(event, "EventId", f"Events[{i}].EventId")
+        resources = event.get("Resources")
+        if not isinstance(resources, list) or not resources or not all(isinstance(r, str) for r in resources):
+            raise BadNotice(f"Events[{i}].Resources must be a non-empty list of VM names",
+                            field=f"Events[{i}].Resources")
+        deadline = None
+        if event.get("NotBefore"):
+            try:
+                deadline = parsedate_to_datetime(event["NotBefore"])
+            except (TypeError, ValueError):
+                raise BadNotice(f"Events[{i}].NotBefore must be an RFC 1123 date",
+                                field=f"Events[{i}].NotBefore") from None
+        for resource in resources:
+            drafts.append(NoticeDraft(
+                team_id=team_id, source=NoticeSource.AZURE, kind=NoticeKind.INTERRUPTION,
+                action=event_type.lower(), dedup_key=f"{team_id}:azure:{event_id}:{resource}",
+                cloud_event_id=event_id, provider_instance_id=resource, deadline=deadline,
+                payload={"event": event, "meta": {"DocumentIncarnation": body.get("DocumentIncarnation")}},
+            ))
+    if not drafts:
+        raise BadNotice(f"no Preempt or Terminate event among {len(events)} events", field="Events")
+    return drafts
+
+
+def generic_drafts(body: Any, *, team_id: int, msg_id: str) -> list[NoticeDraft]:
+    """A generic notice {instance_id, action, time?, deadline?, source?} keyed by its
+    Standard Webhooks `webhook-id`."""
+    body = _obj(body, "body")
+    instance_id = _str(body, "instance_id")
+    action = _str(body, "action")
+    if action not in GENERIC_ACTIONS:
+        raise BadNotice(f"action must be one of {', '.join(GENERIC_ACTIONS)}; got {action!r}", field="action")
+    event_time = _time(body["time"], "time") if body.get("time") is not None else None
+    deadline = _time(body["deadline"], "deadline") if body.get("deadline") is not None else None
+    source = NoticeSource.AGENT if body.get("source") == "agent" else NoticeSource.GENERIC
+    return [NoticeDraft(
+        team_id=team_id, source=source, kind=GENERIC_ACTIONS[action], action=action,
+        dedup_key=f"{team_id}:generic:{msg_id}", cloud_event_id=msg_id, provider_instance_id=instance_id,
+        event_time=event_time, deadline=deadline, payload={"event": body, "meta": {}},
+    )]
