@@ -1,0 +1,199 @@
+"""A job's cost report: what it cost, against on-demand, and what preemptions cost.
+
+Formulas (money in Decimal throughout, rounded only when presented):
+- segment cost = price_per_hour x hours(end - start); an open segment ends at `as_of`.
+- total = sum of segment costs; billed hours = sum of segment hours.
+- on-demand equivalent = sum of on_demand_price_per_hour x hours over the same segments (the same
+  capacity for the same time bought on demand).
+- savings = on-demand equivalent - total; savings % = savings / on-demand equivalent x 100.
+- preemption loss = sum over the job's reconfigurations of lost_seconds / 3600 x the job's spend
+  rate at the reconfiguration's `decided_at`, where the spend rate is the sum of price_per_hour of
+  the job's segments in force at that moment (start <= t < end). The work lost while the job stalls
+  or redoes steps was paid for by every instance still running: that is what is lost.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from django.utils import timezone
+
+from controlplane.billing.models import BillingSegment
+from controlplane.jobs.models import Reconfiguration, TrainingJob
+
+CENTS = Decimal("0.01")
+MICRO = Decimal("0.000001")
+HOURS_Q = Decimal("0.0001")
+SECONDS_PER_HOUR = Decimal(3600)
+
+
+def exact_hours(delta: timedelta) -> Decimal:
+    """A duration in hours, exactly (no float on the way)."""
+    micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return Decimal(max(micros, 0)) / Decimal(1_000_000) / SECONDS_PER_HOUR
+
+
+def _usd(value: Decimal) -> str:
+    return str(value.quantize(CENTS, rounding=ROUND_HALF_UP))
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentCost:
+    """One billing segment with its exact cost."""
+
+    segment_id: int
+    instance_id: int
+    provider_instance_id: str
+    instance_type: str
+    zone: str
+    lifecycle: str
+    start: datetime
+    end: datetime | None
+    hours: Decimal
+    price_per_hour: Decimal
+    price_source: str
+    cost: Decimal
+    on_demand_cost: Decimal
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "segment_id": self.segment_id, "instance_id": self.instance_id,
+            "provider_instance_id": self.provider_instance_id, "instance_type": self.instance_type,
+            "zone": self.zone, "lifecycle": self.lifecycle, "start": self.start.isoformat(),
+            "end": self.end.isoformat() if self.end else None, "hours": str(self.hours.quantize(HOURS_Q)),
+            "price_per_hour": str(self.price_per_hour), "price_source": self.price_source,
+            "cost_usd": str(self.cost.quantize(MICRO, rounding=ROUND_HALF_UP)),
+            "on_demand_cost_usd": str(self.on_demand_cost.quantize(MICRO, rounding=ROUND_HALF_UP)),
+        }
+
+
+@dataclass(slots=True)
+class Breakdown:
+    """Totals of one instance type or zone."""
+
+    key: str
+    segments: int = 0
+    hours: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+    on_demand_cost: Decimal = Decimal(0)
+
+    def to_dict(self, name: str) -> dict[str, Any]:
+        return {name: self.key, "segments": self.segments, "hours": str(self.hours.quantize(HOURS_Q)),
+                "cost_usd": _usd(self.cost), "on_demand_cost_usd": _usd(self.on_demand_cost)}
+
+
+@dataclass(slots=True)
+class CostReport:
+    """What a job cost. Amounts are exact Decimals; `to_dict`/`to_csv` round them for display."""
+
+    job_id: int
+    job_name: str
+    as_of: datetime
+    total: Decimal = Decimal(0)
+    billed_hours: Decimal = Decimal(0)
+    on_demand_equivalent: Decimal = Decimal(0)
+    preemption_lost_seconds: float = 0.0
+    preemption_loss: Decimal = Decimal(0)
+    preemption_events: int = 0
+    by_instance_type: dict[str, Breakdown] = field(default_factory=dict)
+    by_zone: dict[str, Breakdown] = field(default_factory=dict)
+    segments: list[SegmentCost] = field(default_factory=list)
+
+    @property
+    def savings(self) -> Decimal:
+        return self.on_demand_equivalent - self.total
+
+    @property
+    def savings_pct(self) -> Decimal | None:
+        if not self.on_demand_equivalent:
+            return None
+        return self.savings / self.on_demand_equivalent * 100
+
+    def to_dict(self) -> dict[str, Any]:
+        pct = self.savings_pct
+        return {
+            "job": self.job_id,
+            "job_name": self.job_name,
+            "as_of": self.as_of.isoformat(),
+            "currency": "USD",
+            "total_usd": _usd(self.total),
+            "billed_hours": str(self.billed_hours.quantize(HOURS_Q)),
+            "on_demand_equivalent_usd": _usd(self.on_demand_equivalent),
+            "savings_usd": _usd(self.savings),
+            "savings_pct": None if pct is None else str(pct.quantize(CENTS, rounding=ROUND_HALF_UP)),
+            "preemption_events": self.preemption_events,
+            "preemption_lost_seconds": round(self.preemption_lost_seconds, 3),
+            "preemption_loss_usd": _usd(self.preemption_loss),
+            "by_instance_type": [b.to_dict("instance_type") for b in self.by_instance_type.values()],
+            "by_zone": [b.to_dict("zone") for b in self.by_zone.values()],
+            "segments": [s.to_dict() for s in self.segments],
+        }
+
+    CSV_COLUMNS = ("segment_id", "instance_id", "provider_instance_id", "instance_type", "zone", "lifecycle",
+                   "start", "end", "hours", "price_per_hour", "price_source", "cost_usd", "on_demand_cost_usd")
+
+    def to_csv(self) -> str:
+        """One line per segment, then a TOTAL line (cost and on-demand cost rounded to cents)."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(self.CSV_COLUMNS)
+        for segment in self.segments:
+            row = segment.to_dict()
+            writer.writerow(["" if row[c] is None else row[c] for c in self.CSV_COLUMNS])
+        writer.writerow(["TOTAL", "", "", "", "", "", "", self.as_of.isoformat(),
+                         str(self.billed_hours.quantize(HOURS_Q)), "", "", _usd(self.total),
+                         _usd(self.on_demand_equivalent)])
+        return out.getvalue()
+
+
+def job_cost_report(*, job: TrainingJob, as_of: datetime | None = None) -> CostReport:
+    """Build the cost report of `job` from its billing segments and reconfigurations."""
+    as_of = as_of or timezone.now()
+    report = CostReport(job_id=job.pk, job_name=job.name, as_of=as_of)
+    segments = list(
+        BillingSegment.objects.filter(job=job).select_related("instance__instance_type", "instance__zone")
+        .order_by("start", "instance_id", "id")
+    )
+    for seg in segments:
+        end = seg.end if seg.end is not None else max(as_of, seg.start)
+        hours = exact_hours(end - seg.start)
+        cost = seg.price_per_hour * hours
+        on_demand_cost = seg.on_demand_price_per_hour * hours
+        instance = seg.instance
+        zone = (instance.zone.zone_id or instance.zone.code) if instance.zone else ""
+        report.segments.append(SegmentCost(
+            segment_id=seg.pk, instance_id=instance.pk, provider_instance_id=instance.provider_instance_id or "",
+            instance_type=instance.instance_type.name, zone=zone, lifecycle=instance.lifecycle, start=seg.start,
+            end=seg.end, hours=hours, price_per_hour=seg.price_per_hour, price_source=seg.price_source,
+            cost=cost, on_demand_cost=on_demand_cost,
+        ))
+        report.total += cost
+        report.billed_hours += hours
+        report.on_demand_equivalent += on_demand_cost
+        for table, key in ((report.by_instance_type, instance.instance_type.name), (report.by_zone, zone)):
+            entry = table.setdefault(key, Breakdown(key=key))
+            entry.segments += 1
+            entry.hours += hours
+            entry.cost += cost
+            entry.on_demand_cost += on_demand_cost
+    report.by_instance_type = dict(sorted(report.by_instance_type.items()))
+    report.by_zone = dict(sorted(report.by_zone.items()))
+
+    # Spend rate at each reconfiguration, from the segments already in memory.
+    rate_cache: dict[datetime, Decimal] = {}
+    for reconf in Reconfiguration.objects.filter(job=job, lost_seconds__gt=0, decided_at__lte=as_of):
+        t = reconf.decided_at
+        if t not in rate_cache:
+            rate_cache[t] = sum(
+                (s.price_per_hour for s in segments if s.start <= t and (s.end is None or s.end > t)), Decimal(0)
+            )
+        lost = Decimal(repr(reconf.lost_seconds))
+        report.preemption_lost_seconds += reconf.lost_seconds
+        report.preemption_loss += lost / SECONDS_PER_HOUR * rate_cache[t]
+        report.preemption_events += 1
+    return report
