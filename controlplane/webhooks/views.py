@@ -90,17 +90,17 @@ def _read_body(request: HttpRequest, *, content_types: frozenset[str]) -> bytes:
             raise WebhookError(400, f"bad Content-Length {length[:20]!r}", field="Content-Length") from None
         if declared > MAX_BODY_BYTES:
             raise WebhookError(413, f"body of {declared} bytes is over the {MAX_BODY_BYTES}-byte limit")
+    body = request.read(MAX_BODY_BYTES + 1)  # also bounds a chunked body with no Content-Length
+    if len(body) > MAX_BODY_BYTES:
+        raise WebhookError(413, f"body is over the {MAX_BODY_BYTES}-byte limit")
+    if not body:
+        raise WebhookError(400, "empty body; expected a JSON object")
     ctype = (request.META.get("CONTENT_TYPE") or "").split(";", 1)[0].strip().lower()
     if ctype not in content_types:
         raise WebhookError(
             415, f"content type {ctype or 'none'!r} not accepted; send {' or '.join(sorted(content_types))}",
             field="Content-Type",
         )
-    body = request.read(MAX_BODY_BYTES + 1)  # also bounds a chunked body with no Content-Length
-    if len(body) > MAX_BODY_BYTES:
-        raise WebhookError(413, f"body is over the {MAX_BODY_BYTES}-byte limit")
-    if not body:
-        raise WebhookError(400, "empty body; expected a JSON object")
     return body
 
 

@@ -1,0 +1,198 @@
+"""From a stored notice to its reaction: claiming in batches, processing exactly once, the sweep
+that re-queues what was never processed, the coalescing kicker, and the reconfiguration input."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.fleet import notices
+from controlplane.fleet.models import InterruptionNotice, NoticeKind, NoticeSource, NoticeStatus
+from controlplane.fleet.notices import (
+    MAX_ATTEMPTS,
+    NoticeDraft,
+    notice_process,
+    notices_claim,
+    notices_drain,
+    notices_store,
+    notices_sweep,
+)
+from controlplane.fleet.services import instance_transition
+from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration
+from controlplane.jobs.reconfiguration import reconfiguration_decide
+from tests.controlplane.factories import make_instance, make_job, make_team
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _no_handoff(settings):
+    settings.SPOTPIPE_NOTICE_HANDOFF = "none"
+
+
+def draft(team, instance_id: str, key: str, kind=NoticeKind.INTERRUPTION, **kw) -> NoticeDraft:
+    return NoticeDraft(team_id=team.pk, source=NoticeSource.GENERIC, kind=kind, action=kw.pop("action", "terminate"),
+                       dedup_key=f"{team.pk}:test:{key}", provider_instance_id=instance_id, **kw)
+
+
+def running(team, **kw):
+    instance = make_instance(team, **kw)
+    for state in ("pending", "running"):
+        instance_transition(instance=instance, to=state)
+    return instance
+
+
+def test_store_is_idempotent_within_and_across_calls():
+    team = make_team()
+    first = notices_store(drafts=[draft(team, "i-1", "a"), draft(team, "i-1", "a"), draft(team, "i-2", "b")])
+    assert sorted(first.stored) == [f"{team.pk}:test:a", f"{team.pk}:test:b"]
+    second = notices_store(drafts=[draft(team, "i-1", "a"), draft(team, "i-3", "c")])
+    assert list(second.stored) == [f"{team.pk}:test:c"]
+    assert second.duplicates == [f"{team.pk}:test:a"]
+    assert InterruptionNotice.objects.count() == 3
+
+
+def test_claim_takes_batches_oldest_first_and_counts_attempts():
+    team = make_team()
+    notices_store(drafts=[draft(team, f"i-{n}", str(n)) for n in range(5)])
+    first = notices_claim(limit=3)
+    second = notices_claim(limit=3)
+    assert len(first) == 3 and len(second) == 2 and not set(first) & set(second)
+    assert notices_claim(limit=3) == []
+    assert set(InterruptionNotice.objects.values_list("status", "attempts")) == {(NoticeStatus.ENQUEUED, 1)}
+
+
+def test_processing_twice_acts_once():
+    team = make_team()
+    job = make_job(team)
+    instance = running(team, job=job)
+    stored = notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
+    notice_id = next(iter(stored.stored.values()))
+    notice_process(notice_id=notice_id)
+    notice_process(notice_id=notice_id)  # a redelivered task
+    assert JobEvent.objects.filter(job=job).count() == 1
+    assert instance.events.filter(to_state="notice").count() == 1
+    assert Reconfiguration.objects.filter(job=job).count() == 1
+    assert InterruptionNotice.objects.get().status == NoticeStatus.PROCESSED
+
+
+def test_two_notices_for_the_same_node_reconfigure_once_and_state_only_moves_forward():
+    team = make_team()
+    job = make_job(team)
+    instance = running(team, job=job)
+    notices_store(drafts=[
+        draft(team, instance.provider_instance_id, "warn"),
+        draft(team, instance.provider_instance_id, "gone", kind=NoticeKind.PREEMPTED, action="preempted"),
+        draft(team, instance.provider_instance_id, "late-warn"),  # a late duplicate from another channel
+    ])
+    assert notices_drain().processed == 3
+    instance.refresh_from_db()
+    assert instance.state == "preempted"
+    assert Reconfiguration.objects.filter(job=job).count() == 1
+    assert JobEvent.objects.filter(job=job).count() == 3
+    assert [e.data["transitioned"] for e in JobEvent.objects.filter(job=job)] == [True, True, False]
+
+
+def test_reconfiguration_records_the_decision_input():
+    team = make_team()
+    job = make_job(team, strategy="bamboo", current_generation=2)
+    leaving = running(team, job=job)
+    peer = running(team, job=job)
+    JobGeneration.objects.create(job=job, number=2, created_at=timezone.now(), membership=[
+        {"instance": leaving.pk, "rank": 0, "pipeline": 0, "stage": 0},
+        {"instance": peer.pk, "rank": 1, "pipeline": 0, "stage": 1},
+    ])
+    deadline = timezone.now() + timedelta(seconds=120)
+    notices_store(drafts=[draft(team, leaving.provider_instance_id, "a", deadline=deadline)])
+    notices_drain()
+    reconf = Reconfiguration.objects.get(job=job)
+    data = reconf.decision_input
+    assert (reconf.strategy, reconf.from_generation, reconf.trigger) == ("bamboo", 2, "notice")
+    assert data["leaving_instance"]["member"] == {"instance": leaving.pk, "rank": 0, "pipeline": 0, "stage": 0}
+    assert data["survivors"] == 1
+    assert len(data["membership"]) == 2
+    assert 100 < data["lead_time_s"] <= 120
+    again = reconfiguration_decide(job=job, trigger="notice", trigger_key=reconf.trigger_key, instance=leaving)
+    assert again.pk == reconf.pk
+
+
+def test_rebalance_records_the_event_without_moving_or_reconfiguring():
+    team = make_team()
+    job = make_job(team)
+    instance = running(team, job=job)
+    notices_store(drafts=[draft(team, instance.provider_instance_id, "r", kind=NoticeKind.REBALANCE, action="")])
+    notices_drain()
+    instance.refresh_from_db()
+    assert instance.state == "running"
+    assert JobEvent.objects.get(job=job).kind == "instance_rebalance"
+    assert not Reconfiguration.objects.exists()
+
+
+def test_failed_processing_is_retried_by_the_sweep_then_given_up(monkeypatch):
+    team = make_team()
+    instance = running(team, job=make_job(team))
+    notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
+    real_react = notices._react
+
+    def broken(notice):
+        raise RuntimeError("database hiccup")
+
+    monkeypatch.setattr(notices, "_react", broken)
+    result = notices_drain()
+    assert (result.processed, result.failed) == (0, 1)
+    notice = InterruptionNotice.objects.get()
+    assert notice.status == NoticeStatus.ENQUEUED and "database hiccup" in notice.error
+    # Not yet stale: the sweep leaves it alone.
+    assert notices_sweep().processed == 0
+    InterruptionNotice.objects.update(enqueued_at=timezone.now() - timedelta(minutes=5))
+    monkeypatch.setattr(notices, "_react", real_react)
+    assert notices_sweep().processed == 1
+    notice.refresh_from_db()
+    assert (notice.status, notice.attempts, notice.error) == (NoticeStatus.PROCESSED, 2, "")
+    # A notice that keeps failing stops after MAX_ATTEMPTS.
+    notices_store(drafts=[draft(team, "i-x", "b")])
+    InterruptionNotice.objects.filter(dedup_key__endswith=":b").update(
+        status=NoticeStatus.ENQUEUED, attempts=MAX_ATTEMPTS, enqueued_at=timezone.now() - timedelta(minutes=5)
+    )
+    notices_sweep()
+    assert InterruptionNotice.objects.get(dedup_key__endswith=":b").status == NoticeStatus.FAILED
+
+
+def test_kicker_publishes_at_once_then_coalesces(monkeypatch, settings):
+    """100 kicks in a burst: the first is published at once, the rest fold into one trailing
+    publish that starts after the last kick."""
+    settings.SPOTPIPE_NOTICE_KICK_WINDOW_S = 0.3
+    published: list[float] = []
+    first = threading.Event()
+    trailing = threading.Event()
+
+    def publish():
+        published.append(1)
+        (first if len(published) == 1 else trailing).set()
+
+    monkeypatch.setattr(notices, "_publish_drain", publish)
+    kicker = notices._Kicker()
+    kicker.kick()
+    assert first.wait(5), "the first kick after a quiet period must publish at once"
+    for _ in range(99):
+        kicker.kick()
+    assert trailing.wait(5), "kicks during the window must be covered by a trailing publish"
+    assert len(published) == 2
+
+
+def test_handoff_modes(monkeypatch, settings):
+    calls = []
+    monkeypatch.setattr(notices._kicker, "kick", lambda: calls.append("kick"))
+    from controlplane.fleet import tasks
+
+    monkeypatch.setattr(tasks.process_notice, "delay", lambda notice_id: calls.append(notice_id))
+    settings.SPOTPIPE_NOTICE_HANDOFF = "batched"
+    notices.notices_handoff(notice_ids=[1, 2])
+    settings.SPOTPIPE_NOTICE_HANDOFF = "per_request"
+    notices.notices_handoff(notice_ids=[1, 2])
+    settings.SPOTPIPE_NOTICE_HANDOFF = "none"
+    notices.notices_handoff(notice_ids=[1, 2])
+    assert calls == ["kick", 1, 2]
