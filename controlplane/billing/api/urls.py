@@ -1,3 +1,10 @@
 """API routes of this app, mounted under /api/v1/."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from controlplane.billing.api import views
+
+urlpatterns = [
+    path("billing/segments/", views.BillingSegmentList.as_view(), name="billing-segment-list"),
+    path("jobs/<int:pk>/cost-report/", views.JobCostReport.as_view(), name="job-cost-report"),
+]

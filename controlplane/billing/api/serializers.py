@@ -1,0 +1,84 @@
+"""Serializers of the billing API."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.billing.models import BillingSegment
+
+
+class BillingSegmentSerializer(serializers.ModelSerializer):
+    instance_type = serializers.CharField(source="instance.instance_type.name", read_only=True)
+    zone = serializers.SerializerMethodField()
+
+    class Meta:
+        model = BillingSegment
+        fields = ["id", "instance", "job", "team", "instance_type", "zone", "start", "end", "price_per_hour",
+                  "on_demand_price_per_hour", "price_source"]
+
+    def get_zone(self, obj: BillingSegment) -> str | None:
+        zone = obj.instance.zone
+        return (zone.zone_id or zone.code) if zone else None
+
+
+class SegmentFilter(serializers.Serializer):
+    job = serializers.IntegerField(required=False, min_value=1, help_text="Only this job's segments.")
+    instance = serializers.IntegerField(required=False, min_value=1, help_text="Only this instance's segments.")
+
+
+class CostReportQuery(serializers.Serializer):
+    as_of = serializers.DateTimeField(required=False, help_text="Open segments are costed until this moment.")
+
+
+class _BreakdownSerializer(serializers.Serializer):
+    segments = serializers.IntegerField()
+    hours = serializers.DecimalField(max_digits=14, decimal_places=4)
+    cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    on_demand_cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
+class TypeBreakdownSerializer(_BreakdownSerializer):
+    instance_type = serializers.CharField()
+
+
+class ZoneBreakdownSerializer(_BreakdownSerializer):
+    zone = serializers.CharField()
+
+
+class SegmentCostSerializer(serializers.Serializer):
+    segment_id = serializers.IntegerField()
+    instance_id = serializers.IntegerField()
+    provider_instance_id = serializers.CharField()
+    instance_type = serializers.CharField()
+    zone = serializers.CharField()
+    lifecycle = serializers.CharField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField(allow_null=True)
+    hours = serializers.DecimalField(max_digits=14, decimal_places=4)
+    price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6)
+    price_source = serializers.CharField()
+    cost_usd = serializers.DecimalField(max_digits=16, decimal_places=6)
+    on_demand_cost_usd = serializers.DecimalField(max_digits=16, decimal_places=6)
+
+
+class CostReportSerializer(serializers.Serializer):
+    """Schema of `CostReport.to_dict()` (amounts as decimal strings)."""
+
+    job = serializers.IntegerField()
+    job_name = serializers.CharField()
+    as_of = serializers.DateTimeField()
+    currency = serializers.CharField()
+    total_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    billed_hours = serializers.DecimalField(max_digits=14, decimal_places=4)
+    on_demand_equivalent_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    savings_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    savings_pct = serializers.DecimalField(max_digits=6, decimal_places=2, allow_null=True)
+    preemption_events = serializers.IntegerField()
+    preemption_lost_seconds = serializers.FloatField()
+    preemption_loss_usd = serializers.DecimalField(
+        max_digits=14, decimal_places=2,
+        help_text="Sum of lost_seconds/3600 x the job's spend rate (USD/h) at each reconfiguration.",
+    )
+    by_instance_type = TypeBreakdownSerializer(many=True)
+    by_zone = ZoneBreakdownSerializer(many=True)
+    segments = SegmentCostSerializer(many=True)

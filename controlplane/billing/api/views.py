@@ -1,0 +1,72 @@
+"""Billing API: segments and a job's cost report, scoped to the requester's teams (another team's
+job answers 404). Node agents have no use for costs and are refused."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import generics
+from rest_framework.generics import get_object_or_404
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from controlplane.accounts.scoping import team_ids_for_request
+from controlplane.billing import selectors
+from controlplane.billing.api.renderers import CSVRenderer
+from controlplane.billing.api.serializers import (
+    BillingSegmentSerializer,
+    CostReportQuery,
+    CostReportSerializer,
+    SegmentFilter,
+)
+from controlplane.billing.reports import job_cost_report
+from controlplane.common.api import UsersOnly, validate_or_400
+from controlplane.jobs.models import TrainingJob
+
+
+def _query(serializer_class, request: Request) -> dict:
+    known = set(serializer_class().fields)
+    return validate_or_400(serializer_class(data={k: request.query_params.get(k) for k in request.query_params
+                                                  if k in known}))
+
+
+@extend_schema(parameters=[SegmentFilter])
+class BillingSegmentList(generics.ListAPIView):
+    """Billing segments of the requester's teams, oldest first."""
+
+    serializer_class = BillingSegmentSerializer
+    permission_classes = [IsAuthenticated, UsersOnly]
+
+    def get_queryset(self):
+        params = _query(SegmentFilter, self.request)
+        return selectors.segment_list(
+            team_ids=team_ids_for_request(self.request), job_id=params.get("job"), instance_id=params.get("instance")
+        )
+
+
+class JobCostReport(APIView):
+    """What a job cost: total, per instance type and zone, against on-demand, and the cost of work
+    lost to preemptions. JSON, or CSV (one line per segment and a TOTAL line) with `?format=csv`
+    or `Accept: text/csv`."""
+
+    permission_classes = [IsAuthenticated, UsersOnly]
+    renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, CSVRenderer]
+
+    @extend_schema(
+        parameters=[CostReportQuery],
+        responses={
+            (200, "application/json"): CostReportSerializer,
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="Segments and a TOTAL line."),
+        },
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        params = _query(CostReportQuery, request)
+        job = get_object_or_404(TrainingJob.objects.filter(team_id__in=team_ids_for_request(request)), pk=pk)
+        report = job_cost_report(job=job, as_of=params.get("as_of"))
+        if getattr(request.accepted_renderer, "format", None) == "csv":
+            return Response(report.to_csv(), content_type="text/csv; charset=utf-8",
+                            headers={"Content-Disposition": f'attachment; filename="job-{job.pk}-cost.csv"'})
+        return Response(report.to_dict())

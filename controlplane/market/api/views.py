@@ -1,0 +1,95 @@
+"""Market API: the catalogue and spot prices. Market data is global: any authenticated caller
+may read it (there is nothing team-owned here)."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, generics
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.common.api import validate_or_400
+from controlplane.market import selectors
+from controlplane.market.api.serializers import (
+    CheapestQuery,
+    InstanceTypeFilter,
+    InstanceTypeSerializer,
+    PoolSerializer,
+    SpotPriceHistorySerializer,
+    SpotPriceQuery,
+    ZoneFilter,
+    ZoneSerializer,
+)
+from controlplane.market.models import InstanceType
+
+# Without a bucket, a history answer is capped so a chart cannot ask for millions of rows.
+MAX_RAW_POINTS = 10_000
+
+
+def _query(serializer_class, request: Request) -> dict:
+    known = set(serializer_class().fields)
+    return validate_or_400(serializer_class(data={k: request.query_params.get(k) for k in request.query_params
+                                                  if k in known}))
+
+
+@extend_schema(parameters=[InstanceTypeFilter])
+class InstanceTypeList(generics.ListAPIView):
+    """Instance types with specs and on-demand price (USD/hour; null when unknown)."""
+
+    serializer_class = InstanceTypeSerializer
+
+    def get_queryset(self):
+        params = _query(InstanceTypeFilter, self.request)
+        return selectors.instance_type_list(cloud=params.get("cloud"), accelerated=params.get("accelerated"))
+
+
+@extend_schema(parameters=[ZoneFilter])
+class ZoneList(generics.ListAPIView):
+    """Availability zones with their region and cloud."""
+
+    serializer_class = ZoneSerializer
+
+    def get_queryset(self):
+        params = _query(ZoneFilter, self.request)
+        return selectors.zone_list(cloud=params.get("cloud"), region=params.get("region"))
+
+
+class SpotPriceHistory(APIView):
+    """Price changes of one pool, raw or downsampled by the database into time buckets."""
+
+    @extend_schema(parameters=[SpotPriceQuery], responses={200: SpotPriceHistorySerializer})
+    def get(self, request: Request) -> Response:
+        params = _query(SpotPriceQuery, request)
+        itype = InstanceType.objects.filter(name=params["instance_type"]).order_by("id").first()
+        if itype is None:
+            raise exceptions.ValidationError({"instance_type": [f"no instance type named {params['instance_type']!r}"]})
+        zone = selectors.zone_get(value=params["zone"])
+        if zone is None:
+            raise exceptions.ValidationError({"zone": [f"no zone with ID or name {params['zone']!r}"]})
+        bucket = params.get("bucket")
+        points = selectors.spot_price_history(
+            instance_type=itype, zone=zone, start=params.get("start"), end=params.get("end"),
+            bucket_seconds=bucket, product=params["product"], limit=MAX_RAW_POINTS + 1,
+        )
+        if len(points) > MAX_RAW_POINTS:
+            raise exceptions.ValidationError({"bucket": [
+                f"more than {MAX_RAW_POINTS} points in this range; narrow start/end or pass a (larger) bucket"
+            ]})
+        data = {"instance_type": itype.name, "zone": zone.zone_id or zone.code, "product": params["product"],
+                "bucket_seconds": bucket, "points": points}
+        return Response(SpotPriceHistorySerializer(data).data)
+
+
+class CheapestPools(APIView):
+    """The cheapest spot pools by the price in force at a moment (default now)."""
+
+    @extend_schema(parameters=[CheapestQuery], responses={200: PoolSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        params = _query(CheapestQuery, request)
+        pools = selectors.cheapest_pools(
+            at=params.get("at") or timezone.now(), instance_types=params.get("instance_type"),
+            limit=params["limit"], product=params["product"], per_accelerator=params["per_accelerator"],
+        )
+        return Response(PoolSerializer(pools, many=True).data)
