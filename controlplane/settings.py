@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "controlplane.webhooks",
     "controlplane.orchestration",
     "controlplane.planning",
+    "frontend",
 ]
 
 MIDDLEWARE = [

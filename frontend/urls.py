@@ -1,0 +1,33 @@
+"""Dashboard routes, mounted at the site root. Each page has a data endpoint under /data/."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from frontend import data, views
+
+app_name = "frontend"
+
+urlpatterns = [
+    path("accounts/login/", auth_views.LoginView.as_view(template_name="frontend/login.html",
+                                                         redirect_authenticated_user=True), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="frontend:login"), name="logout"),
+    path("", views.overview, name="overview"),
+    path("prices/", views.prices, name="prices"),
+    path("fleet/", views.fleet, name="fleet"),
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/new/", views.job_new, name="job-new"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job-cancel"),
+    path("jobs/<int:job_id>/resume/", views.job_resume_view, name="job-resume"),
+    path("jobs/<int:job_id>/cost/", views.job_cost, name="job-cost"),
+    path("jobs/<int:job_id>/cost.csv", data.job_cost_csv, name="job-cost-csv"),
+    path("jobs/<int:job_id>/cost.json", data.job_cost_json_download, name="job-cost-json"),
+    path("notices/", views.notices, name="notices"),
+    path("data/overview.json", data.overview_data, name="overview-data"),
+    path("data/prices.json", data.prices_data, name="prices-data"),
+    path("data/fleet.json", data.fleet_data, name="fleet-data"),
+    path("data/jobs.json", data.jobs_data, name="jobs-data"),
+    path("data/jobs/<int:job_id>.json", data.job_data, name="job-data"),
+    path("data/jobs/<int:job_id>/cost.json", data.job_cost_data, name="job-cost-data"),
+    path("data/notices.json", data.notices_data, name="notices-data"),
+]

@@ -1,0 +1,276 @@
+"""Dashboard pages and data endpoints through Django's test client: every page renders, every
+endpoint returns its series, a job with no data renders its empty states, another team's job is a
+404 everywhere, and the cost report's CSV, JSON and page agree."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+from django.utils import timezone
+
+from controlplane.accounts.models import Role
+from controlplane.jobs.models import JobStatus, TrainingJob
+from frontend import demo_data
+from tests.controlplane.factories import make_job, make_team, make_user
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["overview", "prices", "fleet", "jobs", "notices", "job-new"]
+ENDPOINTS = ["overview-data", "prices-data", "fleet-data", "jobs-data", "notices-data"]
+JOB_URLS = ["job-detail", "job-cost", "job-data", "job-cost-data", "job-cost-csv", "job-cost-json"]
+
+
+@pytest.fixture(scope="module")
+def world(django_db_setup, django_db_blocker):
+    """Two teams with the same demo history, and a small price history. Seeded once for the
+    module (each test still runs in its own rolled-back transaction) and flushed afterwards."""
+    with django_db_blocker.unblock():
+        seeded = _seed()
+        yield seeded
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _seed() -> dict:
+    now = timezone.now()
+    pools = demo_data.ensure_market(pools=4)
+    demo_data.load_prices(demo_data.price_rows(pools=pools, start=now - timedelta(days=20), end=now,
+                                               changes_per_pool=300))
+    team_a, team_b = make_team("alpha"), make_team("beta")
+    user_a = make_user(team_a, role=Role.ADMIN, username="alice")
+    user_b = make_user(team_b, username="bob")
+    jobs_a = demo_data.seed_team_activity(team=team_a, user=user_a, pools=pools, now=now, metric_steps=400)
+    jobs_b = demo_data.seed_team_activity(team=team_b, user=user_b, pools=pools, now=now, metric_steps=400,
+                                          prefix="b-")
+    return {"now": now, "pools": pools, "a": (team_a, user_a, jobs_a), "b": (team_b, user_b, jobs_b)}
+
+
+@pytest.fixture
+def client_a(client, world):
+    client.force_login(world["a"][1])
+    return client
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_pages_render_for_a_member(client_a, name):
+    response = client_a.get(reverse(f"frontend:{name}"))
+    assert response.status_code == 200
+    assert b"plotly.min.js" in response.content or name == "job-new"
+
+
+@pytest.mark.parametrize("name", PAGES + ENDPOINTS)
+def test_anonymous_users_are_sent_to_login_or_refused(client, name):
+    response = client.get(reverse(f"frontend:{name}"))
+    if name.endswith("-data"):
+        assert response.status_code == 401
+        assert "log in" in response.json()["detail"]
+    else:
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+
+
+def test_overview_data_has_series_scoped_to_the_team(client_a, world):
+    data = client_a.get(reverse("frontend:overview-data")).json()
+    # 11 + 1 replacement running and 1 preempted in the running job, 4 terminated in the finished one: team A only.
+    assert data["nodes_by_state"]["running"] == 12
+    assert data["nodes_by_state"]["preempted"] == 1
+    assert data["nodes_by_state"]["terminated"] == 4
+    assert {j["name"] for j in data["running_jobs"]} == {"gpt-350m-recycle", "mlp-smoke-test"}
+    assert Decimal(data["spend_rate_per_hour"]) > 0
+    assert Decimal(data["month"]["savings"]) > 0
+    assert len(data["daily"]["x"]) == len(data["daily"]["cost"]) == world["now"].day
+
+
+def test_prices_data_downsamples_and_compares_pools(client_a, world):
+    pools = world["pools"]
+    keys = [f"{p.instance_type.pk}-{p.zone.pk}" for p in pools[:2]]
+    data = client_a.get(reverse("frontend:prices-data"), {"pool": keys, "days": "7"}).json()
+    assert data["selected"] == keys
+    assert [s["key"] for s in data["series"]] == keys
+    # 7 days under 400 points: 30-minute buckets; 300 changes over 20 days -> about 105 in 7 days.
+    assert data["bucket_seconds"] == 1800
+    for series in data["series"]:
+        assert 0 < len(series["x"]) <= 402
+        assert len(series["x"]) == len(series["y"]) == len(series["min"]) == len(series["max"])
+        assert all(lo <= y <= hi for lo, y, hi in zip(series["min"], series["y"], series["max"], strict=True))
+    assert {o["instance_type"] for o in data["on_demand"]} == {p.instance_type.name for p in pools[:2]}
+    cheapest = [Decimal(p["price"]) for p in data["cheapest"]]
+    assert cheapest == sorted(cheapest) and len(cheapest) == 4
+    # The team's own preempted node shows up as an observed interruption in its pool.
+    observed = [p["interruption"] for p in data["cheapest"] if p["interruption"]]
+    assert any(o["interrupted"] >= 1 for o in observed)
+
+
+@pytest.mark.parametrize(("params", "field"), [({"days": "abc"}, "days"), ({"days": "0"}, "days"),
+                                               ({"pool": "999-999"}, "pool")])
+def test_prices_data_rejects_bad_parameters_naming_them(client_a, params, field):
+    response = client_a.get(reverse("frontend:prices-data"), params)
+    assert response.status_code == 400
+    assert field in response.json()["errors"]
+
+
+def test_fleet_data_groups_instances_and_draws_the_timeline(client_a):
+    data = client_a.get(reverse("frontend:fleet-data")).json()
+    assert dict(zip(data["by_state"]["x"], data["by_state"]["y"], strict=True)) == {
+        "running": 12, "preempted": 1, "terminated": 4}
+    assert sum(sum(s["y"]) for s in data["by_zone"]["series"]) == 17
+    names = {t["name"] for t in data["timeline"]}
+    assert {"notice: interruption", "notice: rebalance", "preempted"} <= names
+    assert len(data["live_instances"]) == 12
+
+
+def test_jobs_data_lists_progress_throughput_and_cost(client_a, world):
+    data = client_a.get(reverse("frontend:jobs-data")).json()
+    rows = {j["name"]: j for j in data["jobs"]}
+    assert set(rows) == {"gpt-350m-recycle", "gpt-125m-checkpoint", "mlp-smoke-test"}
+    running = rows["gpt-350m-recycle"]
+    assert running["throughput"] > 0 and 0 < running["progress"] < 1
+    assert Decimal(running["cost_so_far"]) > 0
+    assert rows["mlp-smoke-test"]["throughput"] is None and rows["mlp-smoke-test"]["cost_so_far"] == "0.0000"
+
+
+def test_job_data_has_curves_layouts_reconfigurations_and_prediction(client_a, world):
+    job = world["a"][2]["running"]
+    data = client_a.get(reverse("frontend:job-data", args=[job.pk])).json()
+    assert data["curves"]["step"][:3] == [0, 1, 2] and len(data["curves"]["loss"]) == 400
+    assert [g["number"] for g in data["layouts"]] == [1, 2, 3]
+    gen1 = data["layouts"][0]
+    assert sum(c["left"] for c in gen1["cells"]) == 1
+    assert next(c for c in gen1["cells"] if c["failed"])["state"] == "preempted"
+    assert len(data["layouts"][1]["reroutes"]) == 2
+    assert [r["trigger"] for r in data["reconfigurations"]] == ["notice", "join"]
+    assert data["prediction"]["steps_per_hour"] > 0 and data["prediction"]["predicted_finish"]
+    assert data["cost"]["budget"] == 150.0 and data["cost"]["spent"][-1] > 0
+
+
+def test_long_metric_histories_are_bucketed_in_the_database(client_a, world, monkeypatch):
+    from frontend import selectors
+
+    job = world["a"][2]["running"]
+    curves = selectors.job_metric_curves(job=job, max_points=50)
+    assert curves["bucket_steps"] == 8
+    assert len(curves["step"]) == 50 and curves["step"][-1] == 399
+
+
+def test_a_job_with_no_data_renders_everywhere(client_a, world):
+    team, _user, _ = world["a"]
+    empty = make_job(team, name="fresh")
+    for name in JOB_URLS:
+        assert client_a.get(reverse(f"frontend:{name}", args=[empty.pk])).status_code == 200, name
+    data = client_a.get(reverse("frontend:job-data", args=[empty.pk])).json()
+    assert data["curves"]["step"] == [] and data["layouts"] == [] and data["prediction"]["predicted_finish"] is None
+    page = client_a.get(reverse("frontend:job-cost", args=[empty.pk])).content.decode()
+    assert "No billed capacity yet" in page
+
+
+def test_a_new_user_with_no_team_sees_what_to_do(client, world):
+    client.force_login(make_user(None, username="lonely"))
+    assert "not a member of any team" in client.get(reverse("frontend:overview")).content.decode()
+    assert client.get(reverse("frontend:jobs-data")).json()["jobs"] == []
+
+
+@pytest.mark.parametrize("name", JOB_URLS)
+def test_another_teams_job_is_not_found_on_every_job_url(client_a, world, name):
+    for job in world["b"][2].values():
+        response = client_a.get(reverse(f"frontend:{name}", args=[job.pk]))
+        assert response.status_code == 404, (name, job.name)
+
+
+@pytest.mark.parametrize("name", ["job-cancel", "job-resume"])
+def test_another_teams_job_cannot_be_cancelled_or_resumed(client_a, world, name):
+    job = world["b"][2]["running"]
+    assert client_a.post(reverse(f"frontend:{name}", args=[job.pk])).status_code == 404
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+
+
+@pytest.mark.parametrize("name", ENDPOINTS)
+def test_team_endpoints_show_nothing_of_another_team(client_a, world, name):
+    body = client_a.get(reverse(f"frontend:{name}")).content.decode()
+    for job in world["b"][2].values():
+        assert job.name not in body
+    for instance in world["b"][2]["running"].instances.all():
+        assert instance.provider_instance_id not in body
+
+
+def test_cost_report_csv_json_and_page_agree(client_a, world):
+    job = world["a"][2]["finished"]
+    report = client_a.get(reverse("frontend:job-cost-data", args=[job.pk])).json()
+    totals = report["totals"]
+    # 4 nodes x 4 h at 30-36% (+10% in the second half) of on-demand, all segments closed.
+    assert Decimal(totals["instance_hours"]) == Decimal("16.000")
+    assert Decimal(totals["cost"]) < Decimal(totals["on_demand_equivalent"])
+    assert Decimal(totals["savings"]) == Decimal(totals["on_demand_equivalent"]) - Decimal(totals["cost"])
+    # Lines and totals are each rounded to 1/100 cent from the exact sums.
+    assert abs(sum(Decimal(line["cost"]) for line in report["by_pool"]) - Decimal(totals["cost"])) <= Decimal(
+        "0.0001") * len(report["by_pool"])
+    csv_response = client_a.get(reverse("frontend:job-cost-csv", args=[job.pk]))
+    assert csv_response["Content-Disposition"].endswith('cost.csv"')
+    rows = list(csv.DictReader(io.StringIO(csv_response.content.decode())))
+    total = next(r for r in rows if r["section"] == "total")
+    assert total["cost_usd"] == totals["cost"] and total["on_demand_equivalent_usd"] == totals["on_demand_equivalent"]
+    download = json.loads(client_a.get(reverse("frontend:job-cost-json", args=[job.pk])).content)
+    assert download["totals"] == totals
+    page = client_a.get(reverse("frontend:job-cost", args=[job.pk])).content.decode()
+    assert f"${totals['cost']}" in page
+
+
+def test_cost_of_work_lost_to_preemptions(client_a, world):
+    job = world["a"][2]["running"]
+    report = client_a.get(reverse("frontend:job-cost-data", args=[job.pk])).json()
+    losses = report["preemption_losses"]
+    assert [loss["lost_seconds"] for loss in losses] == [38.5, 12.0]
+    notice_loss = losses[0]
+    # At the notice 12 nodes were billed (the replacement had not arrived).
+    expected = Decimal("38.5") / 3600 * Decimal(notice_loss["burn_rate_per_hour"])
+    assert abs(Decimal(notice_loss["cost"]) - expected) < Decimal("0.0001")
+    assert Decimal(report["totals"]["lost_to_preemptions"]) > 0
+
+
+def test_submit_a_job_from_the_dashboard(client_a, world):
+    team = world["a"][0]
+    deadline = (timezone.now() + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
+    form = {"team": team.pk, "name": "from-the-form", "kind": "gpt", "layers": 4, "d_model": 64, "heads": 4,
+            "seq_len": 32, "vocab": 128, "global_batch": 16, "micro_batches": 4, "strategy": "recycle",
+            "target_steps": 50, "deadline": deadline, "budget_usd": "12.50"}
+    response = client_a.post(reverse("frontend:job-new"), form)
+    job = TrainingJob.objects.get(name="from-the-form")
+    assert response.status_code == 302 and response["Location"] == reverse("frontend:job-detail", args=[job.pk])
+    assert job.team == team and job.status == JobStatus.PENDING and job.budget_usd == Decimal("12.50")
+
+
+def test_submit_errors_name_the_field_and_write_nothing(client_a, world):
+    team = world["a"][0]
+    form = {"team": team.pk, "name": "bad", "kind": "gpt", "layers": 4, "d_model": 65, "heads": 4, "seq_len": 32,
+            "vocab": 128, "global_batch": 16, "micro_batches": 4, "strategy": "recycle", "target_steps": 50,
+            "budget_usd": "5"}
+    response = client_a.post(reverse("frontend:job-new"), form)
+    assert response.status_code == 400
+    assert "heads" in response.context["form"].errors
+    assert not TrainingJob.objects.filter(name="bad").exists()
+
+
+def test_submit_cannot_target_another_team(client_a, world):
+    form = {"team": world["b"][0].pk, "name": "sneaky", "kind": "mlp", "layers": 2, "d_model": 8,
+            "global_batch": 4, "micro_batches": 2, "strategy": "auto", "target_steps": 5, "budget_usd": "1"}
+    response = client_a.post(reverse("frontend:job-new"), form)
+    assert response.status_code == 400 and "team" in response.context["form"].errors
+    assert not TrainingJob.objects.filter(name="sneaky").exists()
+
+
+def test_cancel_then_resume_from_the_dashboard(client_a, world):
+    job = world["a"][2]["running"]
+    client_a.post(reverse("frontend:job-cancel", args=[job.pk]))
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    again = client_a.post(reverse("frontend:job-cancel", args=[job.pk]), follow=True)
+    assert "cancel is allowed only from" in again.content.decode()
+    client_a.post(reverse("frontend:job-resume", args=[job.pk]))
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING
