@@ -192,12 +192,7 @@ def pipelines_layout(
 
 
 def initial_layout(config: JobConfig) -> Layout:
-    """The full DP x PP layout: pipeline p, stage s runs on node p * pp + s."""
-    config.validate()
-    pipes = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]
-    layout = pipelines_layout(config, pipes)
-    if config.strategy == "bamboo":
-        from runtime.strategies.bamboo import with_successor_replicas
+    """The failure-free layout of a job under its strategy (see `runtime.strategies`)."""
+    from runtime.strategies import initial_layout as for_strategy
 
-        layout = with_successor_replicas(layout)
-    return layout
+    return for_strategy(config)

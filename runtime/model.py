@@ -34,7 +34,9 @@ class Block(nn.Module):
         super().__init__()
         self.n_head = spec.n_head
         self.ln_1 = nn.LayerNorm(spec.n_embd)
-        self.c_attn = nn.Linear(spec.n_embd, 3 * spec.n_embd)
+        # No bias: the key bias has an exactly-zero gradient (softmax is shift-invariant), and Adam
+        # turns the float noise of that zero into large updates that differ between summation orders.
+        self.c_attn = nn.Linear(spec.n_embd, 3 * spec.n_embd, bias=False)
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd)
         self.ln_2 = nn.LayerNorm(spec.n_embd)
         self.mlp_fc = nn.Linear(spec.n_embd, 4 * spec.n_embd)

@@ -172,41 +172,45 @@ def _in_flight_caps(layout: Layout) -> dict[int, int]:
 def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int, list[tuple[float, _Task]]]:
     tasks = _make_tasks(layout, kind, durations)
     caps = _in_flight_caps(layout)
+    waiting = {key: len(task.deps) for key, task in tasks.items()}
+    dependents: dict[tuple[int, int, str], list[tuple[int, int, str]]] = defaultdict(list)
+    for key, task in tasks.items():
+        for dep in task.deps:
+            dependents[dep].append(key)
     finish: dict[tuple[int, int, str], float] = {}
     free: dict[int, float] = defaultdict(float)
     in_flight: dict[int, int] = defaultdict(int)
-    pending: dict[int, list[tuple[tuple[int, int, str], _Task]]] = defaultdict(list)
+    ready: dict[int, set[tuple[int, int, str]]] = defaultdict(set)
     for key, task in tasks.items():
-        pending[task.node].append((key, task))
+        if not task.deps:
+            ready[task.node].add(key)
     order: dict[int, list[tuple[float, _Task]]] = defaultdict(list)
-    remaining = len(tasks)
-    while remaining:
+    for _ in range(len(tasks)):
         best = None
-        for node, items in pending.items():
-            for key, task in items:
+        for node, keys in ready.items():
+            for key in keys:
+                task = tasks[key]
                 if task.first_on_node and task.kind == FORWARD and in_flight[node] >= caps[node]:
                     continue
-                if any(d not in finish for d in task.deps):
-                    continue
-                ready = max([finish[d] for d in task.deps], default=0.0)
-                start = max(ready, free[node])
+                start = max([finish[d] for d in task.deps] + [free[node]])
                 rank = (start, task.priority, task.mb, task.hop, node)
                 if best is None or rank < best[0]:
-                    best = (rank, node, key, task)
+                    best = (rank, node, key)
         if best is None:
             raise ScheduleError(
                 "no task can start: the layout's routes form a cycle or a node's memory cap is 0"
             )
-        (start, *_), node, key, task = best
-        pending[node].remove((key, task))
+        (start, *_), node, key = best
+        task = tasks[key]
+        ready[node].discard(key)
         finish[key] = start + task.duration
         free[node] = finish[key]
-        if task.first_on_node:
-            in_flight[node] += 1
-        if task.releases:
-            in_flight[node] -= 1
+        in_flight[node] += int(task.first_on_node) - int(task.releases)
         order[node].append((start, task))
-        remaining -= 1
+        for child in dependents[key]:
+            waiting[child] -= 1
+            if not waiting[child]:
+                ready[tasks[child].node].add(child)
     return order
 
 

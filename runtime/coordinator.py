@@ -1,0 +1,175 @@
+"""The store protocol between workers and whoever supervises them (the node agent or the launcher).
+
+All keys live under `<job>/` on a TCPStore hosted outside the workers (a worker's death must not take
+the store with it):
+
+- `hb/<node>`: wall-clock time of the node's last heartbeat (a thread, every heartbeat_timeout / 5).
+- `dead/<node>`: set by a supervisor that saw the process exit; faster than a stale heartbeat.
+- `notice/<node>`: a preemption notice for the node; it finishes its step, hands over, leaves.
+- `joins`, `join/<i>`: replacements asking to join; `joined/<node>`: the generation that took it.
+- `gen/<g>/alive/<node>`: a member's record for forming generation g; `gen/<g>/plan`: the plan.
+- `gen/<g>/...`: prefixes of generation g's process groups.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch.distributed as dist
+
+
+def connect(address: str, *, timeout_s: float = 30.0) -> dist.TCPStore:
+    """A client connection to the job's TCPStore at `host:port`."""
+    host, _, port = address.rpartition(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def serve(port: int = 0, *, timeout_s: float = 60.0) -> dist.TCPStore:
+    """Host a TCPStore in this process (the launcher or agent); port 0 picks a free one."""
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+class Coordinator:
+    """Typed access to the job's keys; used by workers, the launcher and the agent alike."""
+
+    def __init__(self, store: dist.Store, job: str) -> None:
+        self.store = dist.PrefixStore(job, store)
+
+    # -- supervisor side ----------------------------------------------------------------------
+    def notify(self, node: int) -> None:
+        """Deliver a preemption notice to `node` (it leaves after its current step)."""
+        self.store.set(f"notice/{node}", "1")
+
+    def mark_dead(self, node: int) -> None:
+        """Tell survivors at once that `node`'s process is gone."""
+        self.store.set(f"dead/{node}", "1")
+
+    def request_join(self, node: int) -> None:
+        """Register a replacement; the job takes it at its next step boundary."""
+        self.store.set(f"joinreq/{node}", "1")
+        index = self.store.add("joins", 1)
+        self.store.set(f"join/{index}", str(node))
+
+    def latest_generation(self) -> int:
+        """The newest generation with a published plan (-1 before the job started)."""
+        return self.store.add("generation", 0) - 1
+
+    # -- worker side --------------------------------------------------------------------------
+    def notice_pending(self, node: int) -> bool:
+        """True once a notice for `node` was delivered."""
+        return self.store.check([f"notice/{node}"])
+
+    def join_count(self) -> int:
+        """Replacements registered so far."""
+        return self.store.add("joins", 0)
+
+    def joiners(self, start: int, end: int) -> list[int]:
+        """Node ids of join requests start+1..end."""
+        keys = [f"join/{i}" for i in range(start + 1, end + 1)]
+        if keys:
+            self.store.wait(keys)
+        return [int(self.store.get(k)) for k in keys]
+
+    def wait_joined(self, node: int, timeout_s: float) -> int:
+        """Block until a generation includes replacement `node`; returns that generation."""
+        self.store.wait([f"joined/{node}"], datetime.timedelta(seconds=timeout_s))
+        return int(self.store.get(f"joined/{node}"))
+
+    def write_alive(self, generation: int, node: int, record: dict[str, Any]) -> None:
+        """A member's record for forming `generation`."""
+        self.store.set(f"gen/{generation}/alive/{node}", json.dumps(record))
+
+    def is_gone(self, node: int, heartbeat_timeout_s: float) -> bool:
+        """Marked dead by a supervisor, or no heartbeat for longer than the timeout."""
+        if self.store.check([f"dead/{node}"]):
+            return True
+        if not self.store.check([f"hb/{node}"]):
+            return False
+        return time.time() - float(self.store.get(f"hb/{node}")) > heartbeat_timeout_s
+
+    def read_plan(self, generation: int) -> dict[str, Any] | None:
+        """The published plan of `generation`, if any."""
+        key = f"gen/{generation}/plan"
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
+    def publish_plan(self, generation: int, plan: dict[str, Any]) -> dict[str, Any]:
+        """Publish `plan` unless another member already did; returns the plan that won."""
+        payload = json.dumps(plan)
+        won = self.store.compare_set(f"gen/{generation}/plan", "", payload)
+        result = json.loads(won)
+        if won == payload.encode():
+            self.store.add("generation", 1)
+            for node in plan.get("joined", []):
+                self.store.set(f"joined/{node}", str(generation))
+        return result
+
+    def form_generation(
+        self,
+        generation: int,
+        *,
+        node: int,
+        record: dict[str, Any],
+        expected: Iterable[int],
+        decide: Callable[[dict[int, dict[str, Any]]], dict[str, Any]],
+        heartbeat_timeout_s: float,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """Rendezvous of `generation`: write our record, wait until every expected member has answered
+        or is gone, then publish `decide(records)` (first writer wins) and return the winning plan."""
+        self.write_alive(generation, node, record)
+        expected = sorted(set(expected))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            plan = self.read_plan(generation)
+            if plan is not None:
+                return plan
+            answered = [n for n in expected if self.store.check([f"gen/{generation}/alive/{n}"])]
+            missing = [n for n in expected if n not in answered]
+            missing = [n for n in missing if not self.is_gone(n, heartbeat_timeout_s)]
+            if not missing:
+                records = {n: json.loads(self.store.get(f"gen/{generation}/alive/{n}")) for n in answered}
+                return self.publish_plan(generation, decide(records))
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"generation {generation} did not form within {timeout_s}s; missing {missing}"
+                )
+            time.sleep(0.002)
+
+
+class Heartbeat:
+    """Writes `hb/<node>` from a daemon thread over its own store connection."""
+
+    def __init__(self, address: str, job: str, node: int, interval_s: float) -> None:
+        self._store = dist.PrefixStore(job, connect(address))
+        self._node = node
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{node}", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        """Write one heartbeat now."""
+        self._store.set(f"hb/{self._node}", repr(time.time()))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.beat()
+            except Exception:  # the store is gone: the job is over; the worker's own calls will time out
+                return
+
+    def stop(self) -> None:
+        """Stop beating (on a clean exit)."""
+        self._stop.set()

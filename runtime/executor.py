@@ -1,0 +1,250 @@
+"""Runs one node's action list for one step over a generation's process groups.
+
+Every compute action can be padded to an emulated device time (see `DeviceTime`) so that, on a
+laptop, stages that sleep overlap like devices would. Gradients are scaled by 1/num_microbatches,
+so the all-reduced sum is the global-batch mean whatever the routes are: the math does not depend
+on which node ran which micro-batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from runtime import _pipelining
+from runtime.comm import Comm
+from runtime.config import JobConfig
+from runtime.layout import Layout
+from runtime.model import activation_shape, loss_fn, microbatch_data
+from runtime.optim import LayerState
+from runtime.schedule import (
+    ALL_REDUCE,
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    OPTIMIZER,
+    RECV_ACT,
+    RECV_GRAD,
+    REDUNDANT_FORWARD,
+    SEND_ACT,
+    SEND_GRAD,
+    Action,
+)
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one node measured in one step."""
+
+    loss_sum: float = 0.0
+    """Sum of the per-micro-batch mean losses this node computed (last hops only)."""
+    loss_count: int = 0
+    """Micro-batches whose loss this node computed."""
+    stage_time_s: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    """Busy (compute) seconds per stage id."""
+
+
+class Executor:
+    """Executes action lists of one layout on one node; holds nothing across generations."""
+
+    def __init__(
+        self, config: JobConfig, layout: Layout, node: int, held: dict[int, LayerState], comm: Comm | None
+    ) -> None:
+        self.config = config
+        self.layout = layout
+        self.node = node
+        self.held = held
+        self.comm = comm
+        self.num_mb = layout.num_microbatches
+        self.hop_of = {
+            (stage, m): h for m, route in enumerate(layout.routes) for h, (stage, _) in enumerate(route)
+        }
+        self.act_shape = activation_shape(config.model, layout.microbatch_size)
+        self.device = config.device_time
+        self.snapshot = config.strategy != "none"
+        self.hook: Callable[[int, int], None] | None = None
+        """Called with (action index, number of actions) before each action (fault injection)."""
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _layers(self, stage: int) -> list[nn.Module]:
+        lo, hi = self.layout.stages[stage]
+        return [self.held[i].module for i in range(lo, hi)]
+
+    def _params(self, stage: int) -> list[nn.Parameter]:
+        lo, hi = self.layout.stages[stage]
+        return [p for i in range(lo, hi) for p in self.held[i].params]
+
+    def _tag(self, mb: int, boundary: int, backward: bool) -> int:
+        return (mb * (self.layout.num_layers + 1) + boundary) * 2 + int(backward)
+
+    def _pad(self, act: Action, started: float) -> None:
+        """Sleep until the action has taken its emulated device time."""
+        if self.device is None:
+            return
+        lo, hi = self.layout.stages[act.stage]
+        per_layer = {
+            FORWARD: self.device.forward_ms,
+            REDUNDANT_FORWARD: self.device.forward_ms,
+            BACKWARD_INPUT: self.device.backward_input_ms,
+            BACKWARD_WEIGHT: self.device.backward_weight_ms,
+            BACKWARD: self.device.backward_input_ms + self.device.backward_weight_ms,
+        }[act.kind]
+        left = per_layer * (hi - lo) / 1000.0 - (time.perf_counter() - started)
+        if left > 0:
+            time.sleep(left)
+
+    def _data(self, step: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return microbatch_data(
+            self.config.model, seed=self.config.seed, step=step, index=mb, size=self.layout.microbatch_size
+        )
+
+    # -- the step -----------------------------------------------------------------------------
+    def run_step(self, step: int, actions: list[Action]) -> StepResult:
+        """Run `actions` for `step`: compute, communicate, all-reduce and apply the optimizer."""
+        result = StepResult()
+        inputs: dict[tuple[int, int], torch.Tensor] = {}
+        outputs: dict[tuple[int, int], torch.Tensor] = {}
+        out_grads: dict[tuple[int, int], torch.Tensor] = {}
+        param_groups: dict[tuple[int, int], _pipelining.ParamGroups] = {}
+        rf_inputs: dict[tuple[int, int], torch.Tensor] = {}
+        keep_alive: list[torch.Tensor] = []
+        reduces: dict[tuple[tuple[int, int], tuple[int, ...]], tuple[torch.Tensor, object]] = {}
+        comm = self.comm
+        for index, act in enumerate(actions):
+            if self.hook is not None:
+                self.hook(index, len(actions))
+            key = (act.stage, act.microbatch)
+            started = time.perf_counter()
+            if act.kind == RECV_ACT:
+                buf = torch.empty(self.act_shape)
+                comm.recv(buf, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][0], False))
+                inputs[key] = buf.requires_grad_()
+            elif act.kind == SEND_ACT:
+                out = outputs[key].detach()
+                keep_alive.append(out)
+                comm.send(out, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][1], False))
+            elif act.kind == RECV_GRAD:
+                buf = torch.empty(self.act_shape)
+                comm.recv(buf, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][1], True))
+                out_grads[key] = buf
+            elif act.kind == SEND_GRAD:
+                grad = inputs.pop(key).grad
+                keep_alive.append(grad)
+                comm.send(grad, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][0], True))
+            elif act.kind == FORWARD:
+                self._forward(step, act, inputs, outputs, rf_inputs, result)
+            elif act.kind in (BACKWARD, BACKWARD_INPUT):
+                self._backward(act, inputs, outputs, out_grads, param_groups)
+            elif act.kind == BACKWARD_WEIGHT:
+                _pipelining.backward_weight(self._params(act.stage), param_groups.pop(key))
+            elif act.kind == REDUNDANT_FORWARD:
+                self._redundant_forward(step, act, rf_inputs)
+            elif act.kind == ALL_REDUCE:
+                reduces[(act.layers, act.group)] = self._start_allreduce(act)
+            elif act.kind == OPTIMIZER:
+                flat, work = reduces.pop((act.layers, act.group))
+                self._optimizer_step(act, flat, work)
+            else:
+                raise ValueError(f"unknown action kind {act.kind!r}")
+            if act.stage >= 0 and act.kind in (
+                FORWARD,
+                BACKWARD,
+                BACKWARD_INPUT,
+                BACKWARD_WEIGHT,
+                REDUNDANT_FORWARD,
+            ):
+                self._pad(act, started)
+                result.stage_time_s[act.stage] += time.perf_counter() - started
+        if comm is not None:
+            comm.wait_sends()
+        del keep_alive
+        return result
+
+    def _forward(self, step, act, inputs, outputs, rf_inputs, result) -> None:
+        key = (act.stage, act.microbatch)
+        route = self.layout.routes[act.microbatch]
+        hop = self.hop_of[key]
+        if hop == 0:
+            x = self._data(step, act.microbatch)[0]
+            inputs[key] = x
+        x = inputs[key]
+        out = x
+        for layer in self._layers(act.stage):
+            out = layer(out)
+        if hop == len(route) - 1:
+            loss = loss_fn(out, self._data(step, act.microbatch)[1])
+            result.loss_sum += loss.item()
+            result.loss_count += 1
+            outputs[key] = loss / self.num_mb
+        else:
+            outputs[key] = out
+            nxt_stage, nxt_node = route[hop + 1]
+            if nxt_node == self.node:  # consecutive stages on this node: hand over locally
+                inputs[(nxt_stage, act.microbatch)] = out.detach().requires_grad_()
+        # bamboo: keep what the replicated successor's redundant forward will consume
+        nxt_stage = route[(hop + 1) % len(route)][0]
+        if hop < len(route) - 1 and any(s == nxt_stage and n == self.node for s, n in self.layout.replicas):
+            rf_inputs[(nxt_stage, act.microbatch)] = out.detach()
+
+    def _redundant_forward(self, step, act, rf_inputs) -> None:
+        if self.hop_of[(act.stage, act.microbatch)] == 0:  # replica of the first stage: input is the data
+            x = self._data(step, act.microbatch)[0]
+        else:
+            x = rf_inputs.pop((act.stage, act.microbatch))
+        with torch.no_grad():
+            for layer in self._layers(act.stage):
+                x = layer(x)
+
+    def _backward(self, act, inputs, outputs, out_grads, param_groups) -> None:
+        key = (act.stage, act.microbatch)
+        route = self.layout.routes[act.microbatch]
+        hop = self.hop_of[key]
+        out = outputs.pop(key)
+        grad = None
+        if hop < len(route) - 1:
+            grad = out_grads.pop(key, None)
+            if grad is None:  # produced locally by the next stage on this node
+                grad = inputs.pop((route[hop + 1][0], act.microbatch)).grad
+        x = inputs[key]
+        if act.kind == BACKWARD:
+            torch.autograd.backward(out, grad)
+        else:
+            dx, groups = _pipelining.backward_input(out, grad, x, self._params(act.stage))
+            x.grad = dx
+            param_groups[key] = groups
+        if hop == 0:
+            inputs.pop(key)
+        # Otherwise x (now holding its gradient) stays in `inputs`: SEND_GRAD pops it, or, when the
+        # previous stage runs on this node too, that stage's backward reads it.
+
+    def _start_allreduce(self, act: Action) -> tuple[torch.Tensor, object]:
+        lo, hi = act.layers
+        grads = []
+        for i in range(lo, hi):
+            for p in self.held[i].params:
+                grads.append((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1))
+        flat = torch.cat(grads)
+        work = self.comm.allreduce(flat, act.group) if self.comm is not None else None
+        return flat, work
+
+    def _optimizer_step(self, act: Action, flat: torch.Tensor, work) -> None:
+        if work is not None:
+            work.wait(self.comm.timeout)
+        lo, hi = act.layers
+        offset = 0
+        for i in range(lo, hi):
+            state = self.held[i]
+            grads = []
+            for p in state.params:
+                grads.append(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+            state.step(
+                grads, lr=self.config.lr, weight_decay=self.config.weight_decay, snapshot=self.snapshot
+            )
+            state.zero_grad()

@@ -1,0 +1,272 @@
+"""A local launcher for tests and benchmarks: it plays the node agent and the control plane.
+
+It hosts the job's TCPStore, starts one real process per node (forkserver with the runtime
+preloaded, so a worker is up in milliseconds rather than seconds of `import torch`), marks exited
+processes dead in the store (as an agent would), injects failures (SIGKILL, SIGSTOP, notices, at a
+step or at a time, or from a trace file), starts replacements, and returns the final parameters.
+Every process it started is killed when it returns, whatever happens (no orphans; workers also
+die with their parent via PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.config import JobConfig
+from runtime.coordinator import Coordinator, serve
+from runtime.strategies import initial_layout
+
+
+@dataclass(kw_only=True, slots=True)
+class Fault:
+    """A failure to inject into `node`."""
+
+    node: int
+    """Victim node id."""
+    kind: str
+    """`kill` (SIGKILL), `stop` (SIGSTOP: a hung node) or `notice` (graceful leave)."""
+    step: int | None = None
+    """Inject inside this step (the worker does it itself at action `at`; -1 = mid-step)."""
+    at: int = -1
+    """Action index within the step (with `step`)."""
+    time_s: float | None = None
+    """Or: inject from outside this many seconds after the job started."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Join:
+    """Start a replacement worker."""
+
+    node: int
+    """Its (new) node id."""
+    after_step: int | None = None
+    """Start it once any node has committed this step."""
+    time_s: float | None = None
+    """Or: this many seconds after the job started."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunResult:
+    """What a local run produced."""
+
+    params: dict[str, torch.Tensor]
+    """Final parameters by name (`layer{i}.{param}`), from the nodes that finished."""
+    replicas: dict[str, list[torch.Tensor]]
+    """Every finished node's copy of every parameter (to check replicas agree)."""
+    records: list[dict[str, Any]]
+    """All metrics and events of all nodes, sorted by time."""
+    exit_codes: dict[int, int | None]
+    """Per node: 0 = clean, negative = killed by that signal."""
+    started: float
+    """Wall-clock time the job was started."""
+    wall_s: float
+    """Seconds from start to the last worker's exit."""
+    injected: list[dict[str, Any]] = field(default_factory=list)
+    """External injections the launcher made (kind, node, time)."""
+
+    def steps(self) -> list[dict[str, Any]]:
+        """Per-step metrics records."""
+        return [r for r in self.records if "step" in r and "event" not in r]
+
+
+def faults_from_trace(
+    path: str | Path, *, nodes: int, time_scale: float, limit: int | None = None
+) -> tuple[list[Fault], list[Join]]:
+    """Turn a Bamboo-format trace (`t_ms,add|remove,nodeK`) into timed kills and joins.
+
+    The first `nodes` names the trace adds are our nodes 0..nodes-1 (the job starts with them); a
+    later `remove` of one of ours is a SIGKILL, a later `add` is a replacement with a new id.
+    Trace time starts at the first removal and is multiplied by `time_scale` (e.g. 1e-3).
+    """
+    events = []
+    for line in Path(path).read_text().splitlines():
+        parts = line.strip().split(",")
+        if len(parts) == 3 and parts[0].isdigit():
+            events.append((float(parts[0]) / 1000.0, parts[1], parts[2]))
+    names: dict[str, int] = {}
+    faults: list[Fault] = []
+    joins: list[Join] = []
+    origin = None
+    next_id = nodes
+    for t, op, name in events:
+        if op == "add" and len(names) < nodes and origin is None:
+            names[name] = len(names)
+            continue
+        if origin is None and op == "remove" and name in names:
+            origin = t
+        if origin is None:
+            continue
+        at = (t - origin) * time_scale
+        if op == "remove" and name in names:
+            faults.append(Fault(node=names.pop(name), kind="kill", time_s=at))
+        elif op == "add" and faults:
+            names[name] = next_id
+            joins.append(Join(node=next_id, time_s=at))
+            next_id += 1
+        if limit is not None and len(faults) >= limit:
+            break
+    return faults, joins
+
+
+def _child(spec: dict[str, Any]) -> None:
+    from runtime.worker import WorkerSpec, _die_with_parent, run_worker
+
+    _die_with_parent()
+    run_worker(WorkerSpec(**spec))
+
+
+def _context() -> mp.context.BaseContext:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["runtime.worker"])
+    return ctx
+
+
+def run_local(
+    config: JobConfig,
+    *,
+    faults: list[Fault] = (),  # type: ignore[assignment]
+    joins: list[Join] = (),  # type: ignore[assignment]
+    timeout_s: float = 120.0,
+    out_dir: str | Path | None = None,
+) -> RunResult:
+    """Run `config` on dp*pp local processes over gloo with the given faults; returns final state.
+
+    Validates the layout before anything starts (an impossible layout raises `LayoutError`).
+    """
+    initial_layout(config)  # raises before any process starts
+    ctx = _context()
+    store = serve(0)
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    coord = Coordinator(store, job)
+    address = f"127.0.0.1:{store.port}"
+    tmp = tempfile.TemporaryDirectory(prefix="spotpipe-") if out_dir is None else None
+    out = Path(out_dir or tmp.name)  # type: ignore[union-attr]
+    out.mkdir(parents=True, exist_ok=True)
+    procs: dict[int, mp.process.BaseProcess] = {}
+    stopped: set[int] = set()
+    reported: set[int] = set()
+    injected: list[dict[str, Any]] = []
+
+    def start(node: int, joining: bool) -> None:
+        own = [
+            {"kind": f.kind, "step": f.step, "at": f.at}
+            for f in faults
+            if f.node == node and f.step is not None
+        ]
+        spec = {
+            "job_id": job,
+            "node": node,
+            "rendezvous": address,
+            "config": config.to_dict(),
+            "joining": joining,
+            "out_dir": str(out),
+            "faults": own,
+        }
+        proc = ctx.Process(target=_child, args=(spec,), name=f"spotpipe-node-{node}", daemon=True)
+        proc.start()
+        procs[node] = proc
+
+    started = time.time()
+    try:
+        for node in range(config.num_nodes):
+            start(node, False)
+        timed = sorted((f for f in faults if f.time_s is not None), key=lambda f: f.time_s)  # type: ignore[arg-type]
+        pending_joins = list(joins)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = time.time() - started
+            for node, proc in procs.items():
+                if proc.exitcode is not None and node not in reported:
+                    reported.add(node)
+                    if proc.exitcode != 0:
+                        coord.mark_dead(node)  # what the node agent does when its worker dies
+            while timed and now >= timed[0].time_s:  # type: ignore[operator]
+                fault = timed.pop(0)
+                _inject(fault, procs, coord, stopped)
+                injected.append({"kind": fault.kind, "node": fault.node, "time": time.time()})
+            for join in list(pending_joins):
+                due = join.time_s is not None and now >= join.time_s
+                if join.after_step is not None and not due:
+                    due = _max_committed(out) >= join.after_step
+                if due:
+                    pending_joins.remove(join)
+                    injected.append({"kind": "join", "node": join.node, "time": time.time()})
+                    start(join.node, True)
+            running = [n for n, p in procs.items() if p.exitcode is None and n not in stopped]
+            if not running and not pending_joins:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job did not finish within {timeout_s}s; still running: {running}")
+            time.sleep(0.005)
+        wall = time.time() - started
+        return _collect(out, procs, started, wall, injected)
+    finally:
+        for proc in procs.values():
+            if proc.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        for proc in procs.values():
+            proc.join(timeout=5)
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _inject(fault: Fault, procs: dict[int, Any], coord: Coordinator, stopped: set[int]) -> None:
+    proc = procs.get(fault.node)
+    if proc is None or proc.exitcode is not None:
+        return
+    if fault.kind == "kill":
+        os.kill(proc.pid, signal.SIGKILL)
+    elif fault.kind == "stop":
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped.add(fault.node)
+    elif fault.kind == "notice":
+        coord.notify(fault.node)
+    else:
+        raise ValueError(f"fault kind {fault.kind!r} is unknown; expected kill, stop or notice")
+
+
+def _max_committed(out: Path) -> int:
+    best = -1
+    for path in out.glob("metrics-*.jsonl"):
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                if '"step_time_s"' in line:
+                    best = max(best, json.loads(line)["step"] + 1)
+    return best
+
+
+def _collect(out: Path, procs: dict[int, Any], started: float, wall: float, injected: list) -> RunResult:
+    records: list[dict[str, Any]] = []
+    for path in out.glob("metrics-*.jsonl"):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+    records.sort(key=lambda r: r["time"])
+    params: dict[str, torch.Tensor] = {}
+    replicas: dict[str, list[torch.Tensor]] = {}
+    for path in sorted(out.glob("node-*.pt")):
+        saved = torch.load(path, weights_only=True)
+        for name, tensor in saved["params"].items():
+            params.setdefault(name, tensor)
+            replicas.setdefault(name, []).append(tensor)
+    codes = {node: proc.exitcode for node, proc in procs.items()}
+    return RunResult(
+        params=params,
+        replicas=replicas,
+        records=records,
+        exit_codes=codes,
+        started=started,
+        wall_s=wall,
+        injected=injected,
+    )

@@ -1,0 +1,110 @@
+"""The plan of a generation: a pure function of who is alive, what they hold and the strategy.
+
+One survivor (whoever gets there first) computes the plan and publishes it with an atomic
+compare-and-set on the store; everyone else reads that same plan, so all members agree on the
+layout, the step to resume from and which layer states move where.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.config import JobConfig, LayoutError
+from runtime.strategies import get_strategy
+from runtime.strategies.base import Slots, fill_slots, full_slots
+
+Plan = dict[str, Any]
+
+
+def initial_plan(config: JobConfig) -> Plan:
+    """Generation 0: the full layout, step 0, every node builds its layers from the seed."""
+    slots = full_slots(config)
+    layout = get_strategy(config.strategy).layout_for(config, slots)
+    return {
+        "generation": 0,
+        "slots": slots,
+        "layout": layout.to_dict(),
+        "members": list(layout.nodes()),
+        "start_step": 0,
+        "restore_step": None,
+        "transfers": [],
+        "leaving": [],
+        "joins_consumed": 0,
+        "lost": [],
+        "joined": [],
+        "reason": "start",
+    }
+
+
+def make_plan(
+    config: JobConfig,
+    *,
+    generation: int,
+    previous: Plan,
+    alive: dict[int, dict[str, Any]],
+    joiners: list[int],
+    checkpoint_step: int | None,
+    reason: str,
+) -> Plan:
+    """The next generation's plan.
+
+    `alive` maps each responding old member to its record: `committed` (steps it knows committed),
+    `versions` (layer -> optimizer steps applied) and `leaving` (it got a notice).
+    """
+    from runtime.layout import Layout  # local: keeps this module importable in isolation
+
+    strategy = get_strategy(config.strategy)
+    leaving = sorted(n for n, rec in alive.items() if rec.get("leaving"))
+    staying = {n for n in alive if n not in leaving}
+    lost = sorted(set(previous["members"]) - set(alive))
+    slots: Slots = [[n if n in staying else None for n in row] for row in previous["slots"]]
+    slots, extra = fill_slots(slots, joiners)
+    base: Plan = {
+        "generation": generation,
+        "slots": slots,
+        "leaving": leaving,
+        "lost": lost,
+        "joined": [n for n in joiners if n not in extra],
+        "joins_consumed": previous["joins_consumed"] + len(joiners),
+        "reason": reason,
+    }
+    try:
+        if not alive:
+            raise LayoutError("no member survived")
+        layout = strategy.layout_for(config, slots)
+    except LayoutError as exc:
+        return {**base, "error": str(exc)}
+    start = max(int(rec["committed"]) for rec in alive.values())
+    transfers: list[list[int]] = []
+    restore = None
+    if strategy.restarts_from_checkpoint:
+        restore = checkpoint_step or 0
+        start = restore
+    elif start > 0:
+        holders: dict[int, list[int]] = {}
+        # Staying nodes first so a leaving node is used as a source only when it holds the last copy.
+        for n in sorted(alive, key=lambda n: (n in leaving, n)):
+            for layer, version in alive[n]["versions"].items():
+                if int(version) in (start, start + 1):
+                    holders.setdefault(int(layer), []).append(n)
+        lay = Layout.from_dict(layout.to_dict())
+        for node in lay.nodes():
+            for layer in sorted(lay.layers_of(node)):
+                sources = holders.get(layer, [])
+                if node in sources:
+                    continue
+                if not sources:
+                    return {
+                        **base,
+                        "error": f"layer {layer} has no surviving copy at step {start}; expected a replica",
+                    }
+                transfers.append([layer, sources[0], node])
+    return {
+        **base,
+        "layout": layout.to_dict(),
+        "members": list(layout.nodes()),
+        "spare": extra,
+        "start_step": start,
+        "restore_step": restore,
+        "transfers": transfers,
+    }

@@ -1,0 +1,48 @@
+"""The one interface every fault-tolerance strategy implements.
+
+Membership is a grid of *slots*: `slots[p][s]` is the node currently filling stage s of pipeline p of
+the full DP x PP layout, or None when that node is gone. A strategy is a pure function from the
+slots to the next generation's layout, plus two flags telling the worker how to recover state.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from runtime.config import JobConfig
+from runtime.layout import Layout
+
+Slots = list[list[int | None]]
+
+
+class Strategy(Protocol):
+    """How a job reshapes itself when nodes leave or join."""
+
+    name: str
+    restarts_from_checkpoint: bool
+    """True: after a change, every node reloads the last checkpoint (steps since it are lost)."""
+
+    def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
+        """The layout for the current slots; raises LayoutError naming what cannot be covered."""
+        ...
+
+
+def full_slots(config: JobConfig) -> Slots:
+    """Slots of the failure-free layout: node p * pp + s at (p, s)."""
+    return [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]
+
+
+def alive_nodes(slots: Slots) -> list[int]:
+    """Nodes filling a slot, in slot order (pipeline-major)."""
+    return [n for row in slots for n in row if n is not None]
+
+
+def fill_slots(slots: Slots, joiners: list[int]) -> tuple[Slots, list[int]]:
+    """Put joiners into empty slots (first pipeline, first stage first); returns leftovers."""
+    slots = [list(row) for row in slots]
+    queue = list(joiners)
+    for row in slots:
+        for s, node in enumerate(row):
+            if node is None and queue:
+                row[s] = queue.pop(0)
+    return slots, queue

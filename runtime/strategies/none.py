@@ -1,0 +1,22 @@
+"""`none`: the plain DP x PP pipeline with no fault tolerance (the throughput baseline)."""
+
+from __future__ import annotations
+
+from runtime.config import JobConfig, LayoutError
+from runtime.layout import Layout, pipelines_layout
+from runtime.strategies.base import Slots
+
+
+class NoneStrategy:
+    """Every slot must be filled; any loss is fatal."""
+
+    name = "none"
+    restarts_from_checkpoint = False
+
+    def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
+        missing = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
+        if missing:
+            raise LayoutError(
+                f"strategy 'none' cannot run with empty slots {missing}; expected all {config.num_nodes}"
+            )
+        return pipelines_layout(config, [list(row) for row in slots])  # type: ignore[arg-type]

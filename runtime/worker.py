@@ -1,0 +1,404 @@
+"""The worker: one process per node, living through generations without restarting.
+
+Entry points for the node agent:
+- `run_worker(spec, on_step=callback)` in-process, or
+- `python -m runtime.worker --spec JSON` (or `--spec @file.json`).
+
+Life of a worker: join generation 0 (or, as a replacement, wait until a generation takes it), then
+loop: set up the generation (roll back a half-applied step, restore or receive missing layer
+states, build process groups and the schedule), run steps, and commit each with a small all-reduce
+that also carries notices and join requests. A failed or timed-out call means a peer is dead or
+hung: drop the groups (so every peer fails fast too), form the next generation through the store
+and continue from the last committed step. A notice means: finish this step, hand over, leave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
+from runtime.comm import Comm, transfer_group
+from runtime.config import JobConfig
+from runtime.coordinator import Coordinator, Heartbeat, connect
+from runtime.executor import Executor
+from runtime.layout import Layout
+from runtime.membership import Plan, initial_plan, make_plan
+from runtime.model import build_layer
+from runtime.optim import LayerState
+from runtime.reference import named_parameters
+from runtime.schedule import build_schedule, stage_durations
+from runtime.strategies import get_strategy
+from runtime.strategies.checkpoint import checkpoint_interval_steps
+
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerSpec:
+    """What the node agent tells a worker to do."""
+
+    job_id: str
+    """Job identifier; prefixes every store key, so jobs can share a store."""
+    node: int
+    """This node's id (stable across generations; a replacement gets a new id)."""
+    rendezvous: str
+    """`host:port` of the job's TCPStore (hosted by the agent/control plane, not by a worker)."""
+    config: dict[str, Any]
+    """`JobConfig.to_dict()`."""
+    generation: int = 0
+    """Generation to start in: 0 at job start; a replacement is placed by the running job instead."""
+    joining: bool = False
+    """True for a replacement joining a running job."""
+    out_dir: str = ""
+    """If set: metrics (`metrics-<node>.jsonl`) and final parameters (`node-<node>.pt`) go here."""
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    """Injected faults: {"kind": "kill"|"stop"|"notice", "step": k, "at": action index or -1 (mid-step)}."""
+
+
+class Fenced(RuntimeError):
+    """This node was declared gone by the others (e.g. it was hung too long); it must exit."""
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL us when our parent dies, so no worker is ever orphaned."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Worker:
+    """One node's training loop across generations (see the module docstring)."""
+
+    def __init__(self, spec: WorkerSpec, on_step: StepCallback | None = None) -> None:
+        self.spec = spec
+        self.node = spec.node
+        self.config = JobConfig.from_dict(spec.config)
+        self.config.validate()
+        self.strategy = get_strategy(self.config.strategy)
+        self.on_step = on_step
+        self.held: dict[int, LayerState] = {}
+        self.committed = 0
+        self.notice = False
+        self.fired: set[int] = set()
+        self.comm: Comm | None = None
+        self.out = Path(spec.out_dir) if spec.out_dir else None
+        self.ckpt: CheckpointStore | None = None
+        if self.strategy.restarts_from_checkpoint:
+            location = self.config.checkpoint_dir or str((self.out or Path("/tmp")) / f"ckpt-{spec.job_id}")
+            self.ckpt = open_checkpoint_store(location)
+            self.ckpt_every = checkpoint_interval_steps(self.config)
+
+    # -- reporting ----------------------------------------------------------------------------
+    def _emit(self, record: dict[str, Any]) -> None:
+        record = {"node": self.node, "time": time.time(), **record}
+        if self.out is not None:
+            with open(self.out / f"metrics-{self.node}.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        if self.on_step is not None and "step" in record and "event" not in record:
+            self.on_step(record)
+
+    # -- fault injection (tests and benchmarks) -----------------------------------------------
+    def _fault_hook(self, step: int, index: int, total: int) -> None:
+        for i, fault in enumerate(self.spec.faults):
+            if i in self.fired or fault["step"] != step:
+                continue
+            at = fault.get("at", -1)
+            if (at if at >= 0 else total // 2) != index:
+                continue
+            self.fired.add(i)
+            self._emit({"event": f"inject_{fault['kind']}", "step": step})
+            if fault["kind"] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault["kind"] == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif fault["kind"] == "notice":
+                self.notice = True
+
+    # -- the main loop ------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train until `config.steps` are committed or this node leaves; returns a summary."""
+        torch.set_num_threads(1)
+        spec, cfg = self.spec, self.config
+        store = connect(spec.rendezvous, timeout_s=cfg.rendezvous_timeout_s)
+        self.coord = Coordinator(store, spec.job_id)
+        self.store = store
+        heartbeat = Heartbeat(spec.rendezvous, spec.job_id, self.node, cfg.heartbeat_timeout_s / 5)
+        try:
+            if spec.joining:
+                ready = time.time()
+                self.coord.request_join(self.node)
+                self._emit({"event": "join_requested", "ready_time": ready})
+                generation = self.coord.wait_joined(self.node, cfg.rendezvous_timeout_s)
+                plan = self.coord.read_plan(generation)
+            else:
+                generation = spec.generation
+                plan = self.coord.read_plan(generation)
+                if plan is None:
+                    plan = self.coord.publish_plan(generation, initial_plan(cfg))
+            assert plan is not None
+            while True:
+                if "error" in plan:
+                    raise RuntimeError(f"generation {plan['generation']} cannot run: {plan['error']}")
+                if self.node not in plan["members"] and self.node not in plan["leaving"]:
+                    raise Fenced(f"node {self.node} is not a member of generation {plan['generation']}")
+                self._emit(
+                    {
+                        "event": "generation",
+                        "generation": plan["generation"],
+                        "start_step": plan["start_step"],
+                        "reason": plan["reason"],
+                        "lost": plan["lost"],
+                        "members": plan["members"],
+                    }
+                )
+                outcome, reason = self._run_generation(plan)
+                if outcome in ("done", "left"):
+                    self._finish(outcome)
+                    return {"node": self.node, "outcome": outcome, "committed": self.committed}
+                self._close_comm()
+                if outcome == "failure":
+                    self._emit(
+                        {"event": "failure_detected", "generation": plan["generation"], "reason": reason}
+                    )
+                plan = self._next_plan(plan, reason, graceful=outcome == "graceful")
+        finally:
+            heartbeat.stop()
+            self._close_comm()
+
+    def _close_comm(self) -> None:
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None
+
+    def _next_plan(self, previous: Plan, reason: str, *, graceful: bool) -> Plan:
+        cfg = self.config
+        generation = previous["generation"] + 1
+        saved = None
+        if graceful and self.ckpt is not None:
+            saved = self._save_checkpoint(Layout.from_dict(previous["layout"]), self.committed)
+        record = {
+            "committed": self.committed,
+            "versions": {str(i): st.version for i, st in self.held.items()},
+            "leaving": self.notice,
+            "saved": saved,
+        }
+
+        def decide(records: dict[int, dict[str, Any]]) -> Plan:
+            joiners = self.coord.joiners(previous["joins_consumed"], self.coord.join_count())
+            step = None
+            if self.ckpt is not None:
+                committed = max(r["committed"] for r in records.values())
+                if all(r.get("saved") == committed for r in records.values()):
+                    self.ckpt.mark_complete(committed)  # everyone saved at this boundary (a notice)
+                step = self.ckpt.latest()
+            return make_plan(
+                cfg,
+                generation=generation,
+                previous=previous,
+                alive=records,
+                joiners=joiners,
+                checkpoint_step=step,
+                reason=reason,
+            )
+
+        return self.coord.form_generation(
+            generation,
+            node=self.node,
+            record=record,
+            expected=previous["members"],
+            decide=decide,
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            timeout_s=cfg.rendezvous_timeout_s,
+        )
+
+    # -- one generation -----------------------------------------------------------------------
+    def _run_generation(self, plan: Plan) -> tuple[str, str]:
+        try:
+            return self._generation_body(plan)
+        except (RuntimeError, TimeoutError) as exc:
+            if isinstance(exc, Fenced):
+                raise
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return "failure", reason
+
+    def _generation_body(self, plan: Plan) -> tuple[str, str]:
+        cfg = self.config
+        generation = plan["generation"]
+        layout = Layout.from_dict(plan["layout"])
+        self._apply_state(plan, layout)
+        if self.node in plan["leaving"]:
+            return "left", "notice"
+        members = plan["members"]
+        runs = [owners for _, _, owners in layout.owner_runs()]
+        self.comm = Comm(
+            self.store_prefix(generation),
+            prefix="pg",
+            node=self.node,
+            members=members,
+            groups=runs,
+            timeout_s=cfg.op_timeout_s,
+        )
+        durations = self._durations(layout)
+        actions = build_schedule(layout, cfg.schedule, durations).get(self.node, [])
+        executor = Executor(cfg, layout, self.node, self.held, self.comm)
+        index = members.index(self.node)
+        step = plan["start_step"]
+        self.committed = step
+        while step < cfg.steps:
+            started = time.perf_counter()
+            if self.spec.faults:
+                executor.hook = lambda i, n, s=step: self._fault_hook(s, i, n)
+            result = executor.run_step(step, actions)
+            if self.ckpt is not None and (step + 1) % self.ckpt_every == 0:
+                self._save_checkpoint(layout, step + 1)
+            if not self.notice and self.coord.notice_pending(self.node):
+                self.notice = True
+            vector = torch.zeros(3 + len(members), dtype=torch.float64)
+            vector[0], vector[1] = result.loss_sum, result.loss_count
+            if index == 0:
+                vector[2] = self.coord.join_count() - plan["joins_consumed"]
+            vector[3 + index] = float(self.notice)
+            self.comm.commit(vector)
+            step += 1
+            self.committed = step
+            if self.ckpt is not None and step % self.ckpt_every == 0 and index == 0:
+                self.ckpt.mark_complete(step)
+            elapsed = time.perf_counter() - started
+            self._emit(
+                {
+                    "step": step - 1,
+                    "generation": generation,
+                    "loss": float(vector[0] / max(vector[1], 1)),
+                    "step_time_s": elapsed,
+                    "samples_per_s": cfg.global_batch / elapsed,
+                    "stage_times_s": {str(k): v for k, v in result.stage_time_s.items()},
+                    "members": len(members),
+                }
+            )
+            if vector[2] > 0 or vector[3:].sum() > 0:
+                return "graceful", "notice" if vector[3:].sum() > 0 else "join"
+        return "done", ""
+
+    def store_prefix(self, generation: int):
+        import torch.distributed as dist
+
+        return dist.PrefixStore(f"{self.spec.job_id}/gen/{generation}", self.store)
+
+    def _durations(self, layout: Layout):
+        dev = self.config.device_time
+        if dev is not None:
+            per_layer = [(dev.forward_ms, dev.backward_input_ms, dev.backward_weight_ms)] * layout.num_layers
+            return stage_durations(layout, per_layer)
+        if self.config.layer_costs:
+            return stage_durations(layout, [(c / 3, c / 3, c / 3) for c in self.config.layer_costs])
+        return stage_durations(layout)
+
+    # -- state across generations -------------------------------------------------------------
+    def _new_layer(self, index: int) -> LayerState:
+        return LayerState(index, build_layer(self.config.model, index, self.config.seed))
+
+    def _apply_state(self, plan: Plan, layout: Layout) -> None:
+        """Roll back / restore / receive so that we hold exactly our layers at the plan's step."""
+        start = plan["start_step"]
+        mine = layout.layers_of(self.node) if self.node in plan["members"] else set()
+        if plan["restore_step"] is not None:
+            self.held = {}
+            for i in sorted(mine):
+                state = self._new_layer(i)
+                if start > 0:
+                    state.load_flat(self.ckpt.load_layer(start, i))
+                self.held[i] = state
+            return
+        for i, state in list(self.held.items()):
+            if state.version == start + 1:
+                state.rollback_to(start)
+            if state.version != start:
+                del self.held[i]
+        transfers = plan["transfers"]
+        involved = sorted({n for _, src, dst in transfers for n in (src, dst)})
+        if self.node in involved:
+            comm = transfer_group(
+                self.store_prefix(plan["generation"]),
+                prefix="xfer",
+                node=self.node,
+                members=involved,
+                timeout_s=self.config.rendezvous_timeout_s,
+            )
+            try:
+                for layer, src, dst in transfers:
+                    if src == self.node:
+                        comm.send(self.held[layer].flat(), dst, layer)
+                    elif dst == self.node:
+                        state = self._new_layer(layer)
+                        buf = torch.empty(state.numel() + 1, dtype=torch.float64)
+                        comm.recv(buf, src, layer)
+                        state.load_flat(buf)
+                        self.held[layer] = state
+                comm.wait_sends()
+            finally:
+                comm.close()
+        for i in sorted(mine):
+            if i not in self.held:
+                if start != 0:
+                    raise RuntimeError(f"layer {i} missing at step {start} and no transfer planned")
+                self.held[i] = self._new_layer(i)
+        for i in list(self.held):
+            if i not in mine:
+                del self.held[i]
+
+    def _save_checkpoint(self, layout: Layout, step: int) -> int:
+        """Save the layers this node is the designated writer of (first owner of each run)."""
+        for lo, hi, owners in layout.owner_runs():
+            if owners and owners[0] == self.node:
+                for i in range(lo, hi):
+                    self.ckpt.save_layer(step, i, self.held[i].flat())
+        return step
+
+    def _finish(self, outcome: str) -> None:
+        self._emit({"event": outcome, "committed": self.committed})
+        if self.out is not None and outcome == "done":
+            torch.save(
+                {
+                    "params": named_parameters(self.held),
+                    "versions": {i: s.version for i, s in self.held.items()},
+                },
+                self.out / f"node-{self.node}.pt",
+            )
+
+
+def run_worker(spec: WorkerSpec, on_step: StepCallback | None = None) -> dict[str, Any]:
+    """Run one node until the job ends or the node leaves; `on_step(metrics)` after every committed step."""
+    return Worker(spec, on_step).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m runtime.worker --spec JSON|@file`."""
+    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="WorkerSpec as JSON, or @path to a JSON file")
+    args = parser.parse_args(argv)
+    text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
+    _die_with_parent()
+    summary = run_worker(WorkerSpec(**json.loads(text)), on_step=lambda m: print(json.dumps(m), flush=True))
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def spec_json(spec: WorkerSpec) -> str:
+    """The JSON form `main` accepts."""
+    return json.dumps(asdict(spec))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
