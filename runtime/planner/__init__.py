@@ -1,0 +1,1 @@
+"""Planner: profiler, learned profile predictor, throughput model and plan search (no Django)."""

@@ -1,0 +1,198 @@
+"""The learned profile predictor: per-layer times for instance types (or models) never measured.
+
+Each of forward, backward-input and backward-weight time is modelled as a roofline-style sum
+
+    t = a * flops / peak_flops + b * bytes / memory_bandwidth + c * kernels
+
+with non-negative coefficients fitted by least squares on *relative* error over every stored
+measured profile (all layers, all devices). `a` is the inverse of the achieved fraction of peak,
+`b` the same for memory traffic, `c` a per-kernel launch overhead (microseconds). Features of a layer (FLOPs, bytes)
+come from running it once on the `meta` device, so any model size costs nothing to describe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import cache
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from runtime.config import ModelSpec
+from runtime.model import build_layer
+from runtime.planner.profile import DeviceSpec, LayerProfile, ModelProfile
+
+DIRECTIONS = ("forward_s", "backward_input_s", "backward_weight_s")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerFeatures:
+    forward_flops: float
+    param_bytes: float
+    activation_bytes: float
+    output_bytes: float
+    has_input_grad: bool
+    ops: int = 1
+    """Kernels the forward launches (the per-op overhead term of small layers)."""
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def layer_features(spec: ModelSpec, *, microbatch_size: int) -> list[LayerFeatures]:
+    """FLOPs and bytes of every layer for one micro-batch, computed on the meta device (no compute)."""
+    spec.validate()
+    return list(_layer_features(tuple(sorted(asdict(spec).items())), microbatch_size))
+
+
+@cache
+def _layer_features(spec_items: tuple, microbatch_size: int) -> tuple[LayerFeatures, ...]:
+    spec = ModelSpec(**dict(spec_items))
+    out: list[LayerFeatures] = []
+    if spec.kind == "gpt":
+        x = torch.zeros((microbatch_size, spec.seq_len), dtype=torch.long, device="meta")
+    else:
+        x = torch.zeros((microbatch_size, spec.in_features), device="meta")
+    for index in range(spec.num_layers):
+        with torch.device("meta"):
+            layer = build_layer(spec, index, 0)
+        takes_grad = x.is_floating_point() and index > 0
+        inp = x.detach().requires_grad_(takes_grad)
+        saved: dict[int, float] = {}
+
+        def pack(t: torch.Tensor, saved: dict[int, float] = saved) -> torch.Tensor:
+            saved[id(t)] = t.numel() * t.element_size()
+            return t
+
+        with (
+            FlopCounterMode(display=False) as counter,
+            _OpCounter() as ops,
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        ):
+            y = layer(inp)
+        out.append(
+            LayerFeatures(
+                forward_flops=float(counter.get_total_flops()),
+                param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+                activation_bytes=float(sum(saved.values())),
+                output_bytes=float(y.numel() * y.element_size()),
+                has_input_grad=takes_grad,
+                ops=ops.count,
+            )
+        )
+        x = y.detach()
+    return tuple(out)
+
+
+def _row(flops: float, nbytes: float, ops: int, device: DeviceSpec) -> list[float]:
+    return [flops / (device.peak_tflops * 1e12), nbytes / (device.memory_bandwidth_gbs * 1e9), ops * 1e-6]
+
+
+def _bytes(lay: LayerProfile | LayerFeatures) -> float:
+    return lay.param_bytes + lay.activation_bytes + lay.output_bytes
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares by active-set elimination (3 unknowns: brute force is exact)."""
+    best, best_err = np.zeros(a.shape[1]), float("inf")
+    n = a.shape[1]
+    for mask in range(1, 2**n):
+        cols = [i for i in range(n) if mask >> i & 1]
+        coef, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if (coef < 0).any():
+            continue
+        full = np.zeros(n)
+        full[cols] = coef
+        err = float(np.sum((a @ full - b) ** 2))
+        if err < best_err:
+            best, best_err = full, err
+    return best
+
+
+@dataclass(slots=True)
+class ProfilePredictor:
+    """Fitted coefficients (a, b, c) per direction."""
+
+    coefficients: dict[str, list[float]]
+    samples: int = 0
+
+    @classmethod
+    def fit(cls, profiles: list[ModelProfile]) -> ProfilePredictor:
+        """Fit on every layer of every measured profile (minimises relative error)."""
+        coefs = {}
+        samples = 0
+        for direction in DIRECTIONS:
+            rows, target = [], []
+            for prof in profiles:
+                if not prof.measured:
+                    continue
+                for lay in prof.layers:
+                    t = getattr(lay, direction)
+                    if t <= 0:
+                        continue
+                    r = _row(lay.forward_flops, _bytes(lay), lay.ops, prof.device)
+                    rows.append([v / t for v in r])
+                    target.append(1.0)
+            if not rows:
+                raise ValueError("no measured profile to fit the predictor on; profile at least one model first")
+            samples = max(samples, len(rows))
+            coefs[direction] = _nnls(np.array(rows), np.array(target)).tolist()
+        return cls(coefficients=coefs, samples=samples)
+
+    def layer_time(self, direction: str, flops: float, nbytes: float, ops: int, device: DeviceSpec) -> float:
+        a, b, c = self.coefficients[direction]
+        x = _row(flops, nbytes, ops, device)
+        return a * x[0] + b * x[1] + c * x[2]
+
+    def predict(self, spec: ModelSpec, *, microbatch_size: int, device: DeviceSpec, instance_type: str) -> ModelProfile:
+        """A profile of `spec` on `device`, never measured there."""
+        layers = []
+        for feat in layer_features(spec, microbatch_size=microbatch_size):
+            nbytes = _bytes(feat)
+            times = {d: self.layer_time(d, feat.forward_flops, nbytes, feat.ops, device) for d in DIRECTIONS}
+            if not feat.has_input_grad:
+                times["backward_input_s"] = 0.0
+            layers.append(
+                LayerProfile(
+                    forward_s=times["forward_s"],
+                    backward_input_s=times["backward_input_s"],
+                    backward_weight_s=times["backward_weight_s"],
+                    forward_flops=feat.forward_flops,
+                    param_bytes=feat.param_bytes,
+                    activation_bytes=feat.activation_bytes,
+                    output_bytes=feat.output_bytes,
+                    ops=feat.ops,
+                )
+            )
+        return ModelProfile(
+            instance_type=instance_type,
+            device=device,
+            model=asdict(spec),
+            microbatch_size=microbatch_size,
+            layers=layers,
+            measured=False,
+            meta={"predictor": self.coefficients},
+        )
+
+
+DEFAULT_COEFFICIENTS = {
+    # Fitted on this project's CPU profiles (bench/planner.py prints a fresh fit); used when no
+    # profile is stored: roughly "forward reaches 1/a of peak, each backward half a forward".
+    "forward_s": [2.5, 0.0, 3.0],
+    "backward_input_s": [2.7, 0.0, 3.0],
+    "backward_weight_s": [3.6, 0.0, 4.0],
+}
+
+
+def default_predictor() -> ProfilePredictor:
+    """A predictor with shipped coefficients, for planning before anything was profiled."""
+    return ProfilePredictor(coefficients={k: list(v) for k, v in DEFAULT_COEFFICIENTS.items()})

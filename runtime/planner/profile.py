@@ -1,0 +1,214 @@
+"""Profiler: per-layer forward, backward-input and backward-weight time, activation and parameter
+memory and FLOPs of a `runtime.model` model on the current device, stored per instance type.
+
+Times are medians over `repeats` runs after a warm-up, for one micro-batch of `microbatch_size`
+samples. Backward-input is the gradient with respect to the layer's input only, backward-weight the
+gradient with respect to its parameters only (what the `fiw` schedule runs as I and W).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from runtime.config import ModelSpec
+from runtime.model import build_layer, microbatch_data
+
+BYTES_PER_PARAM_TRAINING = 16
+"""fp32 parameter + gradient + two AdamW moments."""
+
+
+@dataclass(slots=True)
+class LayerProfile:
+    """One layer for one micro-batch."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    forward_flops: float
+    """Floating-point operations of the forward (backward is about twice that)."""
+    param_bytes: float
+    """Bytes of the parameters alone (fp32)."""
+    activation_bytes: float
+    """Bytes the layer saves for its backward, per micro-batch."""
+    output_bytes: float
+    """Bytes of the layer's output (what a stage boundary after it sends)."""
+    ops: int = 1
+    """Kernels the forward launches."""
+
+
+@dataclass(slots=True)
+class DeviceSpec:
+    """A device as the learned predictor sees it."""
+
+    name: str
+    peak_tflops: float
+    memory_bandwidth_gbs: float
+    network_gbps: float = 0.0
+
+
+@dataclass(slots=True)
+class ModelProfile:
+    """Per-layer profile of one model at one micro-batch size on one instance type."""
+
+    instance_type: str
+    device: DeviceSpec
+    model: dict
+    microbatch_size: int
+    layers: list[LayerProfile]
+    threads: int = 1
+    measured: bool = True
+    """False for a profile predicted by the learned model."""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec(**self.model)
+
+    def fiw(self) -> list[tuple[float, float, float]]:
+        """(forward, backward-input, backward-weight) seconds per layer, as `runtime.schedule` takes them."""
+        return [(lay.forward_s, lay.backward_input_s, lay.backward_weight_s) for lay in self.layers]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelProfile:
+        d = dict(d)
+        d["device"] = DeviceSpec(**d["device"])
+        d["layers"] = [LayerProfile(**lay) for lay in d["layers"]]
+        return cls(**d)
+
+
+def model_key(spec: ModelSpec, microbatch_size: int) -> str:
+    """Stable file name of a (model, micro-batch size) pair."""
+    blob = json.dumps({"model": asdict(spec), "mbs": microbatch_size}, sort_keys=True)
+    return f"{spec.kind}-{spec.n_layer}x{spec.n_embd}-b{microbatch_size}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
+
+
+def measure_local_device(*, threads: int = 1, name: str | None = None) -> DeviceSpec:
+    """Peak matmul throughput and copy bandwidth of this machine's CPU with `threads` threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randn(512, 512)
+        b = torch.randn(512, 512)
+        torch.mm(a, b)
+        best = min(_timed(lambda: torch.mm(a, b)) for _ in range(5))
+        tflops = 2 * 512**3 / best / 1e12
+        big = torch.empty(8_000_000)
+        src = torch.randn(8_000_000)
+        big.copy_(src)
+        best = min(_timed(lambda: big.copy_(src)) for _ in range(5))
+        gbs = 2 * src.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(previous)
+    return DeviceSpec(name=name or f"local-cpu-{threads}t", peak_tflops=tflops, memory_bandwidth_gbs=gbs)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def profile_model(
+    spec: ModelSpec,
+    *,
+    microbatch_size: int,
+    instance_type: str = "local",
+    device: DeviceSpec | None = None,
+    repeats: int = 5,
+    threads: int = 1,
+    seed: int = 0,
+) -> ModelProfile:
+    """Measure every layer of `spec` on this machine's CPU with `threads` torch threads."""
+    spec.validate()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        device = device or measure_local_device(threads=threads)
+        from runtime.planner.predictor import (
+            layer_features,
+        )  # FLOPs/bytes the same way the predictor sees them
+
+        features = layer_features(spec, microbatch_size=microbatch_size)
+        x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=microbatch_size)
+        layers = []
+        for index in range(spec.num_layers):
+            layer = build_layer(spec, index, seed)
+            params = [p for p in layer.parameters() if p.requires_grad]
+            takes_grad = x.is_floating_point() and index > 0
+            inp = x.detach().requires_grad_(takes_grad)
+            out = layer(inp)
+            grad_out = torch.randn_like(out)
+            fwd, bwi, bww = [], [], []
+            for rep in range(repeats + 1):
+                start = time.perf_counter()
+                out = layer(inp)
+                t_f = time.perf_counter() - start
+                t_i = 0.0
+                if takes_grad:
+                    start = time.perf_counter()
+                    torch.autograd.grad(out, inp, grad_out, retain_graph=True)
+                    t_i = time.perf_counter() - start
+                start = time.perf_counter()
+                torch.autograd.grad(out, params, grad_out)
+                t_w = time.perf_counter() - start
+                if rep:  # the first round warms caches and the allocator up
+                    fwd.append(t_f)
+                    bwi.append(t_i)
+                    bww.append(t_w)
+            layers.append(
+                LayerProfile(
+                    forward_s=statistics.median(fwd),
+                    backward_input_s=statistics.median(bwi),
+                    backward_weight_s=statistics.median(bww),
+                    forward_flops=features[index].forward_flops,
+                    param_bytes=features[index].param_bytes,
+                    activation_bytes=features[index].activation_bytes,
+                    output_bytes=features[index].output_bytes,
+                    ops=features[index].ops,
+                )
+            )
+            x = out.detach()
+    finally:
+        torch.set_num_threads(previous)
+    return ModelProfile(
+        instance_type=instance_type,
+        device=device,
+        model=asdict(spec),
+        microbatch_size=microbatch_size,
+        layers=layers,
+        threads=threads,
+    )
+
+
+class ProfileStore:
+    """Profiles on disk, one JSON file per (instance type, model, micro-batch size)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def path(self, instance_type: str, spec: ModelSpec, microbatch_size: int) -> Path:
+        return self.root / instance_type / f"{model_key(spec, microbatch_size)}.json"
+
+    def save(self, profile: ModelProfile) -> Path:
+        path = self.path(profile.instance_type, profile.spec, profile.microbatch_size)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile.to_dict(), indent=1))
+        return path
+
+    def load(self, instance_type: str, spec: ModelSpec, microbatch_size: int) -> ModelProfile | None:
+        path = self.path(instance_type, spec, microbatch_size)
+        return ModelProfile.from_dict(json.loads(path.read_text())) if path.exists() else None
+
+    def all(self) -> list[ModelProfile]:
+        """Every stored profile (training data for the learned predictor)."""
+        return [ModelProfile.from_dict(json.loads(p.read_text())) for p in sorted(self.root.glob("*/*.json"))]

@@ -1,0 +1,206 @@
+"""Throughput model: the iteration time of a layout, from the runtime's own schedule.
+
+The layout comes from the runtime (`runtime.layout` / `runtime.strategies`), the per-node action lists
+from `runtime.schedule.build_schedule`, and their replay from `runtime.schedule.simulate`; this module
+only supplies per-action durations:
+
+* F, I, W, B, RF: the profiled per-layer times summed over the stage's layers (`stage_durations`),
+  times `compute_scale` (CPU contention, or a device-speed ratio);
+* RECV_F / RECV_B: latency + boundary activation bytes / network bandwidth (sends are non-blocking);
+* OPT: ring all-reduce of the run's gradients among its owners, 2 (n-1)/n * bytes / bandwidth +
+  2 (n-1) latency, plus the AdamW update (parameters and two moments read and written once).
+
+A 1F1B or F-I-W step is periodic in the number of micro-batches once the pipeline is full, so for
+many micro-batches the replay runs at two sizes and extrapolates linearly (exact for the periodic part).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.config import JobConfig, ModelSpec
+from runtime.layout import Layout, pipelines_layout
+from runtime.schedule import (
+    ALL_REDUCE,
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    OPTIMIZER,
+    RECV_ACT,
+    RECV_GRAD,
+    REDUNDANT_FORWARD,
+    Action,
+    build_schedule,
+    simulate,
+    stage_durations,
+)
+
+OPTIMIZER_BYTES_PER_PARAM_BYTE = 6.0
+"""AdamW reads and writes parameter, gradient and two moments: about 6 passes over the parameter bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """Point-to-point bandwidth and latency between two nodes."""
+
+    bandwidth_gbps: float = 10.0
+    latency_s: float = 50e-6
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_gbps * 1e9 / 8.0
+
+
+def allreduce_time(nbytes: float, members: int, network: Network) -> float:
+    """Ring all-reduce of `nbytes` among `members` nodes."""
+    if members <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (members - 1) / members * nbytes / network.bytes_per_s + 2 * (members - 1) * network.latency_s
+
+
+@dataclass(slots=True)
+class CostModel:
+    """Per-action durations for one model profile on one instance type."""
+
+    fiw: list[tuple[float, float, float]]
+    """(forward, backward-input, backward-weight) seconds per layer for one micro-batch."""
+    output_bytes: list[float]
+    """Bytes each layer outputs for one micro-batch (what a stage boundary sends)."""
+    param_bytes: list[float]
+    network: Network = field(default_factory=Network)
+    memory_bandwidth_gbs: float = 20.0
+    compute_scale: float = 1.0
+    """Multiplies every compute duration (e.g. processes per core on an oversubscribed CPU)."""
+    step_overhead_s: float = 0.0
+    """Fixed per-step cost outside the action lists (e.g. Python bookkeeping of the executor)."""
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_profile(cls, profile, *, network: Network | None = None, **kwargs) -> CostModel:  # type: ignore[no-untyped-def]
+        """Build from a `runtime.planner.profile.ModelProfile`."""
+        return cls(
+            fiw=profile.fiw(),
+            output_bytes=[lay.output_bytes for lay in profile.layers],
+            param_bytes=[lay.param_bytes for lay in profile.layers],
+            network=network or Network(),
+            memory_bandwidth_gbs=kwargs.pop("memory_bandwidth_gbs", profile.device.memory_bandwidth_gbs),
+            **kwargs,
+        )
+
+    # -- durations ------------------------------------------------------------------------------
+    def layer_costs(self) -> list[float]:
+        """Forward + backward seconds per layer (what the partitioner balances)."""
+        return [f + i + w for f, i, w in self.fiw]
+
+    def duration_fn(self, layout: Layout, *, allreduce_scale: int = 1):  # type: ignore[no-untyped-def]
+        """Duration of each action of `layout`'s schedule. `allreduce_scale` multiplies the all-reduce
+        group size (a one-pipeline stand-in for `dp` identical pipelines)."""
+        per_stage = stage_durations(layout, self.fiw)
+        scale = self.compute_scale
+        net = self.network
+        mem_bps = self.memory_bandwidth_gbs * 1e9
+
+        def duration(act: Action) -> float:
+            kind = act.kind
+            if kind in (FORWARD, REDUNDANT_FORWARD):
+                return per_stage[act.stage][0] * scale
+            if kind == BACKWARD_INPUT:
+                return per_stage[act.stage][1] * scale
+            if kind == BACKWARD_WEIGHT:
+                return per_stage[act.stage][2] * scale
+            if kind == BACKWARD:
+                return (per_stage[act.stage][1] + per_stage[act.stage][2]) * scale
+            if kind == RECV_ACT:
+                lo = layout.stages[act.stage][0]
+                return net.latency_s + self.output_bytes[lo - 1] / net.bytes_per_s
+            if kind == RECV_GRAD:
+                hi = layout.stages[act.stage][1]
+                return net.latency_s + self.output_bytes[hi - 1] / net.bytes_per_s
+            if kind == OPTIMIZER:
+                lo, hi = act.layers
+                nbytes = sum(self.param_bytes[lo:hi])
+                members = len(act.group) * allreduce_scale
+                return allreduce_time(nbytes, members, net) + OPTIMIZER_BYTES_PER_PARAM_BYTE * nbytes / mem_bps
+            if kind == ALL_REDUCE:
+                return 0.0
+            return 0.0
+
+        return duration
+
+    # -- step time ------------------------------------------------------------------------------
+    def step_time(self, layout: Layout, *, schedule: str = "1f1b", allreduce_scale: int = 1) -> float:
+        """Seconds of one training step of `layout` (replay of the runtime's schedule)."""
+        per_stage = stage_durations(layout, self.fiw)
+        actions = build_schedule(layout, schedule, per_stage)
+        timeline = simulate(actions, self.duration_fn(layout, allreduce_scale=allreduce_scale))
+        end = max((e for row in timeline.values() for _, e, _ in row), default=0.0)
+        return end + self.step_overhead_s
+
+    def pipeline_layout(self, spec: ModelSpec, *, pp: int, microbatches: int, microbatch_size: int = 1) -> Layout:
+        """One pipeline of `pp` nodes running `microbatches` micro-batches, balanced stages."""
+        config = JobConfig(
+            model=spec,
+            dp=1,
+            pp=pp,
+            microbatches=microbatches,
+            global_batch=microbatches * microbatch_size,
+            layer_costs=self.layer_costs(),
+        )
+        return pipelines_layout(config, [list(range(pp))], costs=self.layer_costs())
+
+    def pipeline_step_time(
+        self, spec: ModelSpec, *, pp: int, microbatches: int, dp: int = 1, schedule: str = "1f1b"
+    ) -> float:
+        """Step time of `dp` identical pipelines of `pp` stages, `microbatches` each (cached).
+
+        Pipelines only meet in the gradient all-reduce, so one pipeline is replayed with its
+        all-reduce groups scaled by `dp`. Past 3 * pp micro-batches the (periodic) step time is
+        extrapolated from replays at 2 * pp and 3 * pp micro-batches.
+        """
+        key = (pp, microbatches, dp, schedule)
+        if key in self._cache:
+            return self._cache[key]
+        exact_limit = 3 * pp
+        if microbatches <= exact_limit:
+            layout = self.pipeline_layout(spec, pp=pp, microbatches=microbatches)
+            value = self.step_time(layout, schedule=schedule, allreduce_scale=dp)
+        else:
+            m1, m2 = 2 * pp, exact_limit
+            t1 = self.pipeline_step_time(spec, pp=pp, microbatches=m1, dp=dp, schedule=schedule)
+            t2 = self.pipeline_step_time(spec, pp=pp, microbatches=m2, dp=dp, schedule=schedule)
+            value = t2 + (microbatches - m2) * (t2 - t1) / (m2 - m1)
+        self._cache[key] = value
+        return value
+
+    def analytic_step_time(self, *, pp: int, microbatches: int, dp: int = 1, schedule: str = "1f1b") -> float:
+        """Closed-form estimate (no replay), for screening many candidates fast.
+
+        1F1B: sum over stages of (F + B) for the first micro-batch's trip, plus (M - 1) times the
+        slowest stage's F + B, plus boundary transfers and the slowest all-reduce + update. F-I-W:
+        the same with I on the critical path and W filling bubbles, bounded below by the busiest stage.
+        """
+        from runtime.partition import partition_layers
+
+        bounds = partition_layers(self.layer_costs(), pp)
+        stages = [
+            tuple(sum(self.fiw[i][k] for i in range(lo, hi)) * self.compute_scale for k in range(3))
+            for lo, hi in bounds
+        ]
+        busiest = max(f + i + w for f, i, w in stages)
+        comm = sum(
+            2 * (self.network.latency_s + self.output_bytes[hi - 1] / self.network.bytes_per_s) for _, hi in bounds[:-1]
+        )
+        if schedule == "fiw":
+            trip = sum(f + i for f, i, _ in stages) + stages[0][2]
+            compute = max(trip + (microbatches - 1) * busiest, microbatches * busiest)
+        else:
+            trip = sum(f + i + w for f, i, w in stages)
+            compute = trip + (microbatches - 1) * busiest
+        mem_bps = self.memory_bandwidth_gbs * 1e9
+        update = max(
+            allreduce_time(sum(self.param_bytes[lo:hi]), dp, self.network)
+            + OPTIMIZER_BYTES_PER_PARAM_BYTE * sum(self.param_bytes[lo:hi]) / mem_bps
+            for lo, hi in bounds
+        )
+        return compute + comm + update + self.step_overhead_s

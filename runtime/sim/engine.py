@@ -1,0 +1,428 @@
+"""The discrete-event fleet simulator: a job on a spot cluster under a preemption trace.
+
+Events are membership changes (preemptions and joins), not actions: between two events a strategy's
+layout is fixed, so its step time (replayed once per state by `runtime.sim.iteration`) gives the
+rate. At each event the strategy decides what the change costs:
+
+* checkpoint: any loss of a working node (or enough joiners for one more pipeline) stops the job;
+  work since the last checkpoint is lost (unless the notice lead covers a checkpoint write), then a
+  restart of `restart_s`; checkpoints every Young/Daly interval cost `checkpoint_cost_s` each.
+* bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a second
+  loss next to the first (no replica left) or joiners that can form a new pipeline trigger a
+  reconfiguration of `reconfigure_s`. Redundant forwards slow every failure-free step.
+* oobleck: every change re-instantiates pipelines from the runtime's templates (`reconfigure_s`).
+* recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
+  (no state moves); a joiner fills a hole after `join_s`; a stage with no survivor falls back to a
+  reconfiguration.
+
+Every strategy except checkpoint loses the step in flight (half a step on average) unless the
+notice lead time is at least one step. A node that leaves without notice is noticed after
+`detection_s`. Billing counts every live node of the trace at the spot price in force.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, field
+
+from runtime.sim.iteration import IterationModel
+from runtime.sim.prices import PriceSeries
+from runtime.sim.traces import ADD, Trace
+from runtime.sim.youngdaly import young_interval
+
+STRATEGIES = ("checkpoint", "bamboo", "oobleck", "recycle")
+
+
+@dataclass(kw_only=True, slots=True)
+class SimParams:
+    """Costs of reacting to a change, in seconds, and the market."""
+
+    restart_s: float = 120.0
+    """checkpoint: processes restart, rendezvous and reload the last checkpoint."""
+    checkpoint_cost_s: float = 30.0
+    """checkpoint: time to write one checkpoint (training pauses)."""
+    checkpoint_interval_s: float = 0.0
+    """checkpoint: compute seconds between checkpoints; 0 = Young's sqrt(2 C MTBF) from the trace's rate."""
+    bamboo_failover_s: float = 10.0
+    reconfigure_s: float = 30.0
+    """bamboo/oobleck/recycle: rebuild groups and move the state of re-placed layers."""
+    recycle_failover_s: float = 2.0
+    join_s: float = 10.0
+    """recycle: a replacement fetches its stage from a peer and fills a hole."""
+    detection_s: float = 5.0
+    """A node that leaves without (enough) notice is declared dead after this long."""
+    notice_s: float = 0.0
+    """Lead time of preemption notices (AWS gives 120 s; the public traces carry none)."""
+    replacement_delay_s: float = 0.0
+    """Extra delay added to every join after the start (slower capacity acquisition)."""
+    spot_price: PriceSeries = field(default_factory=lambda: PriceSeries.constant(0.918))
+    """USD per node-hour over the trace (default: p3.2xlarge spot, about 30% of on-demand)."""
+    on_demand_usd_per_hour: float = 3.06
+
+
+@dataclass(slots=True)
+class SimResult:
+    strategy: str
+    duration_s: float
+    total_samples: float
+    dollars: float
+    failure_free_samples_per_s: float
+    on_demand_dollars_per_sample: float
+    series: list[tuple[float, float]]
+    """(time, cumulative samples) at every change of rate."""
+    events: int
+    pauses_s: float
+    lost_samples: float
+    samples_target: float | None = None
+    finish_s: float | None = None
+    checkpoint_interval_s: float | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.total_samples / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def samples_per_dollar(self) -> float:
+        return self.total_samples / self.dollars if self.dollars else 0.0
+
+    def summary(self) -> dict:
+        """JSON-ready figures (the series is left to `binned_rate`)."""
+        spot_per_sample = self.dollars / self.total_samples if self.total_samples else math.inf
+        return {
+            "strategy": self.strategy,
+            "simulated_hours": round(self.duration_s / 3600, 3),
+            "total_samples": round(self.total_samples),
+            "samples_per_s": self.samples_per_s,
+            "failure_free_samples_per_s": self.failure_free_samples_per_s,
+            "throughput_relative_to_failure_free": self.samples_per_s / self.failure_free_samples_per_s,
+            "dollars": round(self.dollars, 2),
+            "samples_per_dollar": self.samples_per_dollar,
+            "dollars_per_sample": spot_per_sample,
+            "cost_per_sample_relative_to_on_demand": spot_per_sample / self.on_demand_dollars_per_sample,
+            "membership_events": self.events,
+            "paused_hours": round(self.pauses_s / 3600, 3),
+            "lost_samples": round(self.lost_samples),
+            "samples_target": self.samples_target,
+            "time_to_finish_hours": None if self.finish_s is None else round(self.finish_s / 3600, 3),
+            "checkpoint_interval_s": self.checkpoint_interval_s,
+        }
+
+    def binned_rate(self, bins: int = 200) -> list[tuple[float, float]]:
+        """(bin start time, samples/s in the bin) from the cumulative series."""
+        if not self.series or self.duration_s <= 0:
+            return []
+        width = self.duration_s / bins
+        out = []
+        for b in range(bins):
+            a, z = b * width, (b + 1) * width
+            out.append((a, max(0.0, (self._cumulative(z) - self._cumulative(a)) / width)))
+        return out
+
+    def _cumulative(self, t: float) -> float:
+        import bisect
+
+        times = [p[0] for p in self.series]
+        i = bisect.bisect_right(times, t) - 1
+        if i < 0:
+            return 0.0
+        t0, s0 = self.series[i]
+        if i + 1 < len(self.series):
+            t1, s1 = self.series[i + 1]
+            return s0 + (s1 - s0) * (t - t0) / (t1 - t0) if t1 > t0 else s1
+        return s0
+
+
+class _Run:
+    """Shared bookkeeping: progress at a rate, pauses, losses, the cumulative series."""
+
+    def __init__(self, samples_per_step: float) -> None:
+        self.samples_per_step = samples_per_step
+        self.t = 0.0
+        self.samples = 0.0
+        self.step_s = math.inf
+        self.resume_at = 0.0
+        self.series: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.pauses = 0.0
+        self.lost = 0.0
+        self.target: float | None = None
+        self.finish: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.samples_per_step / self.step_s if self.step_s < math.inf else 0.0
+
+    def advance(self, t: float) -> None:
+        start = max(self.t, self.resume_at)
+        if t > start and self.rate > 0:
+            if self.target is not None and self.finish is None:
+                need = self.target - self.samples
+                if need <= (t - start) * self.rate:
+                    self.finish = start + need / self.rate
+            if self.series[-1][0] < start:
+                self.series.append((start, self.samples))
+            self.samples += (t - start) * self.rate
+            self.series.append((t, self.samples))
+        self.t = max(self.t, t)
+
+    def pause(self, seconds: float) -> None:
+        end = max(self.resume_at, self.t) + seconds
+        self.pauses += end - max(self.resume_at, self.t)
+        self.resume_at = end
+
+    def lose_in_flight(self, params: SimParams) -> None:
+        """Half a step on average is redone, unless the notice lets the step finish first."""
+        if params.notice_s >= self.step_s or self.rate == 0 or self.t < self.resume_at:
+            return
+        lost = min(0.5 * self.samples_per_step, self.samples)
+        self.samples -= lost
+        self.lost += lost
+
+    def react(self, params: SimParams, seconds: float) -> None:
+        """Pause for a change: detection (when the notice was too short) plus the reaction itself."""
+        self.pause((params.detection_s if params.notice_s < seconds else 0.0) + seconds)
+
+
+def simulate(
+    trace: Trace,
+    *,
+    strategy: str,
+    model: IterationModel,
+    params: SimParams | None = None,
+    samples_per_microbatch: int = 1,
+    samples_target: float | None = None,
+) -> SimResult:
+    """Replay `trace` for one strategy and return what the job achieved and paid."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is unknown; expected one of {STRATEGIES}")
+    params = params or SimParams()
+    dp, pp = model.dp, model.pp
+    wanted = dp * pp
+    samples_per_step = model.total_microbatches * samples_per_microbatch
+    run = _Run(samples_per_step)
+    run.target = samples_target
+    failure_free = samples_per_step / model.full_pipelines(dp)
+
+    events = list(trace.events)
+    if params.replacement_delay_s:
+        events = [
+            type(e)(
+                e.t_s + (params.replacement_delay_s if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node
+            )
+            for e in events
+        ]
+        events.sort(key=lambda e: (e.t_s, e.kind == ADD))
+    live: list[str] = []
+    live_set: set[str] = set()
+    node_series: list[tuple[float, int]] = []
+
+    # Strategy state: slots[p][s] = node name or None; spares hold the rest.
+    slots: list[list[str | None]] = []
+    where: dict[str, tuple[int, int]] = {}
+
+    # checkpoint bookkeeping
+    rate_per_node_s = trace.preemption_rate() / 3600.0
+    interval = params.checkpoint_interval_s
+    if strategy == "checkpoint" and interval <= 0:
+        mtbf = 1.0 / (rate_per_node_s * wanted) if rate_per_node_s > 0 else 1e9
+        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
+    committed = 0.0
+    segment_start = 0.0
+
+    def form(pipelines_wanted: int | None = None) -> None:
+        """Re-form full pipelines from all live nodes (a restart or a reconfiguration)."""
+        nonlocal slots
+        count = min(dp, len(live) // pp) if pipelines_wanted is None else pipelines_wanted
+        slots = [[live[p * pp + s] for s in range(pp)] for p in range(count)]
+        where.clear()
+        for p, row in enumerate(slots):
+            for s, node in enumerate(row):
+                where[node] = (p, s)
+
+    def working() -> int:
+        return sum(1 for row in slots for n in row if n is not None)
+
+    def step_time() -> float:
+        if strategy == "checkpoint":
+            return model.full_pipelines(len(slots))
+        if strategy == "oobleck":
+            return model.oobleck(working()) if working() else math.inf
+        if not slots:
+            return math.inf
+        if strategy == "bamboo":
+            worst = max(slots, key=lambda row: sum(n is None for n in row))
+            return model.bamboo(tuple(n is not None for n in worst), pipelines=len(slots))
+        holes = tuple(sum(1 for row in slots if row[s] is None) for s in range(pp))
+        return model.recycle(holes, pipelines=len(slots))
+
+    def checkpoint_progress(t: float) -> tuple[float, float]:
+        """(committed, produced-but-uncommitted) samples of the current segment at time t."""
+        if not slots:
+            return committed, 0.0
+        rate = samples_per_step / model.full_pipelines(len(slots))
+        s = max(0.0, t - segment_start)
+        cycle = interval + params.checkpoint_cost_s
+        k = math.floor(s / cycle)
+        phase = s - k * cycle
+        return committed + k * interval * rate, min(phase, interval) * rate
+
+    def checkpoint_restart(t: float, *, save_first: bool) -> None:
+        nonlocal committed, segment_start
+        done, pending = checkpoint_progress(t)
+        if save_first:
+            committed = done + pending
+            extra = params.checkpoint_cost_s
+        else:
+            committed = done
+            run.lost += pending
+            extra = 0.0 if not slots else params.detection_s
+        run.series.append((t, done + pending))
+        run.series.append((t, committed))
+        form()
+        segment_start = t + extra + params.restart_s
+        run.series.append((segment_start, committed))
+        run.samples = committed
+
+    index = 0
+    while index < len(events):
+        t = events[index].t_s
+        batch = []
+        while index < len(events) and events[index].t_s == t:
+            batch.append(events[index])
+            index += 1
+        if strategy != "checkpoint":
+            run.advance(t)
+        removed = [e.node for e in batch if e.kind != ADD and e.node in live_set]
+        added = [e.node for e in batch if e.kind == ADD and e.node not in live_set]
+        for node in removed:
+            live_set.discard(node)
+            live.remove(node)
+        for node in added:
+            live_set.add(node)
+            live.append(node)
+        node_series.append((t, len(live)))
+        hit = [n for n in removed if n in where]
+
+        if t == 0:
+            if strategy == "oobleck":
+                slots = _oobleck_assign(live, wanted, where)
+            else:
+                form()
+            run.step_s = step_time()
+            continue
+
+        if strategy == "checkpoint":
+            grow = len(slots) < dp and len(live) // pp > len(slots)
+            if hit or grow:
+                checkpoint_restart(t, save_first=not hit or params.notice_s >= params.checkpoint_cost_s)
+            continue
+
+        if strategy == "oobleck":
+            if hit or (added and working() < wanted):
+                run.lose_in_flight(params) if hit else None
+                slots = _oobleck_assign(live, wanted, where)
+                run.react(params, params.reconfigure_s)
+                run.step_s = step_time()
+            continue
+
+        if strategy == "bamboo":
+            reconfigure = False
+            for node in hit:
+                p, s = where.pop(node)
+                slots[p][s] = None
+                pred = slots[p][(s - 1) % pp]
+                succ = slots[p][(s + 1) % pp]
+                if pred is None or succ is None or all(n is None for n in slots[p]):
+                    reconfigure = True  # consecutive losses: no replica left for one of the stages
+            spares = len(live) - working()
+            if added and len(slots) < dp and spares >= pp:
+                reconfigure = True
+            if hit:
+                run.lose_in_flight(params)
+            if reconfigure:
+                form()
+                run.react(params, params.reconfigure_s)
+            elif hit:
+                run.react(params, params.bamboo_failover_s)
+            run.step_s = step_time()
+            continue
+
+        # recycle
+        for node in hit:
+            p, s = where.pop(node)
+            slots[p][s] = None
+        if hit:
+            run.lose_in_flight(params)
+        holes = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
+        spare_nodes = [n for n in live if n not in where]
+        fallback = (
+            any(sum(1 for row in slots if row[s] is None) >= len(slots) for s in range(pp)) if slots else True
+        )
+        if fallback:
+            form()
+            run.react(params, params.reconfigure_s)
+        else:
+            filled = 0
+            for (p, s), node in zip(holes, spare_nodes, strict=False):
+                slots[p][s] = node
+                where[node] = (p, s)
+                filled += 1
+            if len(slots) < dp and len(spare_nodes) - filled >= pp:
+                form()
+                run.react(params, params.reconfigure_s)
+            elif hit:
+                run.react(params, params.recycle_failover_s + (params.join_s if filled else 0.0))
+            elif filled:
+                run.pause(params.join_s)
+        run.step_s = step_time()
+
+    end = trace.duration_s
+    if strategy == "checkpoint":
+        done, pending = checkpoint_progress(end)
+        run.samples = done + pending
+        # rebuild the cumulative series from restarts: linear within each segment
+        run.series.append((end, run.samples))
+        if samples_target is not None and run.samples >= samples_target:
+            run.finish = _first_crossing(run.series, samples_target)
+    else:
+        run.advance(end)
+    dollars = params.spot_price.cost_of_nodes(node_series, end)
+    on_demand_per_sample = wanted * params.on_demand_usd_per_hour / 3600.0 / failure_free
+    return SimResult(
+        strategy=strategy,
+        duration_s=end,
+        total_samples=run.samples,
+        dollars=dollars,
+        failure_free_samples_per_s=failure_free,
+        on_demand_dollars_per_sample=on_demand_per_sample,
+        series=run.series,
+        events=len(events),
+        pauses_s=run.pauses,
+        lost_samples=run.lost,
+        samples_target=samples_target,
+        finish_s=run.finish,
+        checkpoint_interval_s=interval if strategy == "checkpoint" else None,
+    )
+
+
+def _first_crossing(series: list[tuple[float, float]], target: float) -> float | None:
+    for (t0, s0), (t1, s1) in itertools.pairwise(series):
+        if s0 < target <= s1:
+            return t0 + (target - s0) * (t1 - t0) / (s1 - s0) if s1 > s0 else t1
+    return None
+
+
+def _oobleck_assign(live: list[str], wanted: int, where: dict) -> list[list[str | None]]:
+    """Oobleck keeps no fixed grid: the first `wanted` live nodes work, as one flat row."""
+    where.clear()
+    row: list[str | None] = list(live[:wanted])
+    for i, node in enumerate(row):
+        where[node] = (0, i)
+    return [row]
+
+
+def result_dict(result: SimResult) -> dict:
+    """Everything, JSON-ready."""
+    d = asdict(result)
+    d.update(result.summary())
+    return d
