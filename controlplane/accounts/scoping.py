@@ -23,19 +23,20 @@ def team_ids_for_request(request: Any) -> list[int]:
     """Team ids visible to the request. A user token is limited to its own team even when the user
     belongs to several; session users see all their teams; agents see their token's team."""
     token = request_token(request)
-    if token is not None:
-        if token.kind == TokenKind.AGENT:
-            return [token.team_id]
-        # A user who left the team keeps no access through an old token.
-        still_member = Membership.objects.filter(team_id=token.team_id, user_id=token.user_id).exists()
-        return [token.team_id] if still_member else []
+    if token is not None and token.kind == TokenKind.AGENT:
+        return [token.team_id]
     user = getattr(request, "user", None)
-    if user is None or not user.is_authenticated:
+    if token is None and (user is None or not user.is_authenticated):
         return []
     # Cache per request: scoping is asked several times in one view.
     cached = getattr(request, "_spotpipe_team_ids", None)
     if cached is None:
-        cached = list(Membership.objects.filter(user=user).values_list("team_id", flat=True))
+        if token is not None:
+            # A user who left the team keeps no access through an old token.
+            still_member = Membership.objects.filter(team_id=token.team_id, user_id=token.user_id).exists()
+            cached = [token.team_id] if still_member else []
+        else:
+            cached = list(Membership.objects.filter(user=user).values_list("team_id", flat=True))
         request._spotpipe_team_ids = cached
     return cached
 
@@ -47,5 +48,6 @@ def admin_team_ids_for_request(request: Any) -> list[int]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return []
+    visible = set(team_ids_for_request(request))
     ids = Membership.objects.filter(user=user, role=Role.ADMIN).values_list("team_id", flat=True)
-    return [i for i in ids if i in team_ids_for_request(request)]
+    return [i for i in ids if i in visible]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from django.db.models import Q, QuerySet
-from drf_spectacular.extensions import OpenApiFilterExtension
-from drf_spectacular.plumbing import build_parameter_type
+from drf_spectacular.extensions import OpenApiFilterExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent, build_choice_field, build_parameter_type
 from rest_framework import exceptions, serializers
 from rest_framework.filters import BaseFilterBackend
 from rest_framework.generics import get_object_or_404
@@ -56,6 +56,33 @@ def validate_or_400(serializer: serializers.BaseSerializer) -> Any:
     if not serializer.is_valid():
         raise exceptions.ValidationError(flatten_errors(serializer.errors))
     return serializer.validated_data
+
+
+class NamedChoiceField(serializers.ChoiceField):
+    """A ChoiceField documented as its own named enum component (`enum_name`). drf-spectacular
+    otherwise names enums after the field, and two models with a `kind` field of different choices
+    collide (a schema warning)."""
+
+    def __init__(self, *args: Any, enum_name: str, **kwargs: Any) -> None:
+        self.enum_name = enum_name
+        super().__init__(*args, **kwargs)
+
+
+class NamedChoiceFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "controlplane.common.api.NamedChoiceField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict:
+        field = self.target
+        schema = build_choice_field(field)
+        schema.pop("x-spec-enum-id", None)  # keeps the enum post-processing hook away from it
+        if None in schema["enum"]:
+            schema["enum"].remove(None)  # nullability is the field's, added around the reference
+        component = ResolvedComponent(
+            name=field.enum_name, type=ResolvedComponent.SCHEMA, object=field.enum_name, schema=schema
+        )
+        auto_schema.registry.register_on_missing(component)
+        return component.ref
 
 
 # --- Agents ----------------------------------------------------------------------------------------

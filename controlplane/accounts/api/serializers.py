@@ -7,7 +7,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from controlplane.accounts.models import ApiToken, Role, Team, TokenKind
-from controlplane.common.api import QueryFilterSerializer
+from controlplane.common.api import NamedChoiceField, QueryFilterSerializer
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -22,6 +22,7 @@ class TeamSerializer(serializers.ModelSerializer):
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
+    kind = NamedChoiceField(choices=TokenKind.choices, enum_name="TokenKindEnum", read_only=True)
     username = serializers.CharField(source="user.username", read_only=True, allow_null=True, default=None)
 
     class Meta:
@@ -43,7 +44,7 @@ class ApiTokenCreateSerializer(serializers.Serializer):
     """Input of `POST /tokens/`. `team` may be left out when the requester has exactly one team."""
 
     team = serializers.IntegerField(required=False, min_value=1)
-    kind = serializers.ChoiceField(choices=TokenKind.choices, default=TokenKind.USER)
+    kind = NamedChoiceField(choices=TokenKind.choices, enum_name="TokenKindEnum", default=TokenKind.USER)
     name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
     instance = serializers.IntegerField(required=False, min_value=1, help_text="Required for agent tokens.")
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
