@@ -1,0 +1,113 @@
+"""HTTP client of the control plane, with retries and backoff: the agent must ride out a control
+plane restart (connection refused, 502/503) without losing its place."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import Any
+
+import requests
+
+logger = logging.getLogger("spotpipe.agent")
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class ControlPlaneError(Exception):
+    """The control plane answered with a 4xx that retrying will not fix."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class Stopped(Exception):
+    """The agent is shutting down; give up retrying."""
+
+
+class ControlPlaneClient:
+    """Thin JSON client. Every call retries connection errors and 5xx with exponential backoff and
+    jitter (`backoff_s` doubling up to `max_backoff_s`) until it succeeds or `stop` is set."""
+
+    def __init__(self, base_url: str, *, token: str = "", stop: threading.Event | None = None,
+                 timeout_s: float = 10.0, backoff_s: float = 0.1, max_backoff_s: float = 3.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.stop = stop or threading.Event()
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._local = threading.local()
+        self.retries = 0
+
+    def _session(self) -> requests.Session:
+        # One session per thread: requests.Session is not thread-safe.
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            self._local.session = session
+        return session
+
+    def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
+                timeout_s: float | None = None, retry: bool = True, retry_on: frozenset[int] = frozenset()) -> Any:
+        """Call the API; returns the decoded JSON body (None for an empty body)."""
+        url = f"{self.base_url}/api/v1/{path.lstrip('/')}"
+        headers = {"Authorization": f"Token {self.token}"} if self.token else {}
+        delay = self.backoff_s
+        while True:
+            if self.stop.is_set():
+                raise Stopped()
+            try:
+                response = self._session().request(method, url, json=json, params=params, headers=headers,
+                                                   timeout=timeout_s or self.timeout_s)
+                if response.status_code not in RETRY_STATUSES and response.status_code not in retry_on:
+                    if response.status_code >= 400:
+                        try:
+                            body = response.json()
+                        except ValueError:
+                            body = response.text[:500]
+                        raise ControlPlaneError(response.status_code, body)
+                    return response.json() if response.content else None
+                problem = f"HTTP {response.status_code}"
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                problem = type(exc).__name__
+                self._local.session = None  # drop pooled connections to a server that went away
+            if not retry:
+                raise ControlPlaneError(0, problem)
+            self.retries += 1
+            logger.info("%s %s failed (%s); retrying in %.2fs", method, path, problem, delay)
+            if self.stop.wait(delay * random.uniform(0.8, 1.2)):
+                raise Stopped()
+            delay = min(delay * 2, self.max_backoff_s)
+
+    # --- the protocol --------------------------------------------------------------------------------
+    def enroll(self, *, enroll_key: str, provider_instance_id: str, address: str = "") -> dict:
+        # 409: the control plane has not attached this node yet; keep trying.
+        return self.request("POST", "agents/enroll/", json={
+            "enroll_key": enroll_key, "provider_instance_id": provider_instance_id, "agent_address": address,
+        }, retry_on=frozenset({409}))
+
+    def heartbeat(self, *, instance_id: int, address: str = "") -> dict:
+        body = {"agent_address": address} if address else {}
+        return self.request("POST", f"instances/{instance_id}/heartbeat/", json=body, timeout_s=3.0)
+
+    def commands(self, *, version: str, wait_s: float) -> dict:
+        return self.request("GET", "agents/commands/", params={"version": version, "wait": wait_s},
+                            timeout_s=wait_s + 10.0)
+
+    def notice(self, *, kind: str, action: str, deadline: str | None, cloud: str, raw: dict) -> dict:
+        return self.request("POST", "agents/notices/", json={
+            "kind": kind, "action": action, "deadline": deadline, "cloud": cloud, "raw": raw,
+        }, timeout_s=3.0)
+
+    def event(self, *, kind: str, generation: int | None = None, step: int | None = None,
+              code: int | None = None, message: str = "") -> None:
+        self.request("POST", "agents/events/", json={
+            "kind": kind, "generation": generation, "step": step, "code": code, "message": message[:300],
+        })
+
+    def metrics(self, *, job_id: int, samples: list[dict]) -> dict:
+        return self.request("POST", f"jobs/{job_id}/metrics/", json={"samples": samples})

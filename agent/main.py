@@ -1,0 +1,280 @@
+"""`spotpipe-agent`: the per-node daemon.
+
+It enrols with the control plane (an acquisition's enrolment key, or a ready agent token),
+heartbeats, long-polls for commands, watches the metadata endpoint and forwards a notice the
+moment it appears, runs the runtime worker for its assignment and hands it new generations, and
+reports the worker's metrics in batches. Every call to the control plane retries with backoff, so
+the agent rides out a control-plane restart. On SIGTERM it stops its worker and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlparse
+
+from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
+from agent.metadata import MetadataWatcher, make_watcher
+from agent.supervisor import WorkerSupervisor
+
+logger = logging.getLogger("spotpipe.agent")
+
+
+@dataclass(kw_only=True)
+class AgentConfig:
+    control_plane: str
+    enroll_key: str = ""
+    token: str = ""
+    instance: int | None = None
+    cloud: str = "aws"
+    metadata_url: str | None = None
+    heartbeat_s: float = 0.5
+    metadata_poll_s: float = 0.1
+    commands_wait_s: float = 20.0
+    metrics_flush_s: float = 0.5
+    work_dir: Path = Path("/var/lib/spotpipe")
+    worker_module: str = "agent.worker_entry"
+    address: str = ""
+
+
+def _local_address(control_plane: str) -> str:
+    """The address this node uses to reach the control plane (what its peers should dial)."""
+    parsed = urlparse(control_plane)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((parsed.hostname or "127.0.0.1", parsed.port or 80))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, watcher: MetadataWatcher | None = None) -> None:
+        self.config = config
+        self.stop_event = threading.Event()
+        self.client = ControlPlaneClient(config.control_plane, token=config.token, stop=self.stop_event)
+        self.watcher = watcher if watcher is not None else (
+            make_watcher(config.cloud, config.metadata_url) if config.metadata_url or config.cloud else None)
+        self.instance_id = config.instance
+        self.job_id: int | None = None
+        self.address = config.address or _local_address(config.control_plane)
+        self.metrics: queue.Queue[dict] = queue.Queue()
+        self.supervisor = WorkerSupervisor(config.work_dir, worker_module=config.worker_module,
+                                           on_message=self._on_worker_message, on_exit=self._on_worker_exit)
+        self.last_command: dict | None = None
+        self.notices_forwarded: list[dict] = []
+        self._restart = threading.Event()
+
+    # --- lifecycle --------------------------------------------------------------------------------------
+    def stop(self, *_args: object) -> None:
+        self.stop_event.set()
+
+    def on_signal(self, *_args: object) -> None:
+        """SIGTERM/SIGINT: stop now, even from inside a held long-poll (the handler runs in the main
+        thread, so raising unwinds it into `run`'s cleanup)."""
+        self.stop_event.set()
+        raise Stopped()
+
+    def enroll(self) -> None:
+        if self.client.token:
+            return
+        if not self.config.enroll_key:
+            raise SystemExit("spotpipe-agent: give --token or SPOTPIPE_ENROLL_KEY")
+        provider_id = self._retry(self.watcher.instance_id)
+        answer = self.client.enroll(enroll_key=self.config.enroll_key, provider_instance_id=provider_id,
+                                    address=self.address)
+        self.client.token = answer["token"]
+        self.instance_id = answer["instance"]
+        self.job_id = answer.get("job")
+        logger.info("enrolled as instance %s (%s) for job %s", self.instance_id, provider_id, self.job_id)
+
+    def _retry(self, fn, *, delay: float = 0.1):
+        while not self.stop_event.is_set():
+            try:
+                return fn()
+            except Exception as exc:  # the metadata endpoint may not be up yet
+                logger.info("%s failed (%s); retrying", getattr(fn, "__name__", fn), exc)
+                if self.stop_event.wait(delay):
+                    break
+                delay = min(delay * 2, 3.0)
+        raise Stopped()
+
+    def run(self) -> int:
+        try:
+            self.enroll()
+            threads = [threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+                       threading.Thread(target=self._metrics_loop, name="metrics", daemon=True)]
+            if self.watcher is not None:
+                threads.append(threading.Thread(target=self._watch_loop, name="metadata", daemon=True))
+            for thread in threads:
+                thread.start()
+            self._command_loop()
+        except Stopped:
+            pass
+        finally:
+            self.stop_event.set()
+            self.supervisor.stop()
+            self._flush_metrics(final=True)
+        return 0
+
+    # --- loops -------------------------------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        while not self.stop_event.is_set():
+            started = time.monotonic()
+            try:
+                self.client.heartbeat(instance_id=self.instance_id, address=self.address)
+            except ControlPlaneError as exc:
+                if exc.status in (401, 403, 404, 409):
+                    # The instance ended or the token was revoked: this node is done.
+                    logger.warning("heartbeat refused (%s); stopping", exc)
+                    self.stop()
+                    return
+            except Stopped:
+                return
+            self.stop_event.wait(max(0.0, self.config.heartbeat_s - (time.monotonic() - started)))
+
+    def _watch_loop(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                for notice in self.watcher.poll():
+                    logger.warning("notice in metadata: %s %s deadline %s", notice.kind, notice.action,
+                                   notice.deadline_iso())
+                    answer = self.client.notice(kind=notice.kind, action=notice.action, deadline=notice.deadline_iso(),
+                                                cloud=notice.cloud, raw=notice.raw)
+                    self.notices_forwarded.append({"kind": notice.kind, "at": time.time(), "answer": answer})
+            except Stopped:
+                return
+            except Exception as exc:
+                logger.info("metadata poll failed: %s", exc)
+            self.stop_event.wait(self.config.metadata_poll_s)
+
+    def _command_loop(self) -> None:
+        version = ""
+        while not self.stop_event.is_set():
+            wait = 0.0 if self._restart.is_set() else self.config.commands_wait_s
+            try:
+                command = self.client.commands(version=version, wait_s=wait)
+            except ControlPlaneError as exc:
+                if exc.status in (401, 403, 404):
+                    logger.warning("commands refused (%s); stopping", exc)
+                    return
+                raise
+            if command["version"] != version or self._restart.is_set():
+                self._restart.clear()
+                version = command["version"]
+                self._apply(command)
+            if command["action"] == "stop" and command.get("job") is None:
+                return
+
+    def _apply(self, command: dict) -> None:
+        self.last_command = command
+        action = command["action"]
+        if command.get("job"):
+            self.job_id = command["job"]["id"]
+        if action == "run":
+            what = self.supervisor.apply(command)
+            logger.info("generation %s: %s", command["generation"]["number"], what)
+        elif action == "standby":
+            # Not a member: a running worker leaves at its next iteration boundary.
+            if not self.supervisor.hand_over(command):
+                self.supervisor.stop()
+        else:
+            self.supervisor.stop()
+
+    # --- worker callbacks --------------------------------------------------------------------------------
+    def _on_worker_message(self, message: dict) -> None:
+        kind = message.get("type")
+        if kind == "metrics":
+            sample = {k: message[k] for k in ("step", "loss", "samples_per_s", "stage_times", "generation")
+                      if message.get(k) is not None}
+            sample["at"] = datetime.now(UTC).isoformat()
+            self.metrics.put(sample)
+        elif kind == "generation":
+            self._event("generation_applied", generation=message.get("generation"), step=message.get("step"))
+
+    def _on_worker_exit(self, code: int, deliberate: bool) -> None:
+        if deliberate or self.stop_event.is_set():
+            return
+        self._flush_metrics(final=True)
+        generation = ((self.last_command or {}).get("generation") or {}).get("number")
+        self._event("worker_exit", code=code, generation=generation)
+        if code != 0 and self.last_command and self.last_command["action"] == "run":
+            self._restart.set()
+
+    def _event(self, kind: str, **fields) -> None:
+        try:
+            self.client.event(kind=kind, **fields)
+        except (Stopped, ControlPlaneError) as exc:
+            logger.info("could not report %s: %s", kind, exc)
+
+    def _metrics_loop(self) -> None:
+        while not self.stop_event.wait(self.config.metrics_flush_s):
+            self._flush_metrics()
+
+    def _flush_metrics(self, *, final: bool = False) -> None:
+        batch: list[dict] = []
+        while len(batch) < 500:
+            try:
+                batch.append(self.metrics.get_nowait())
+            except queue.Empty:
+                break
+        if not batch or self.job_id is None:
+            return
+        try:
+            if final:
+                # At shutdown, one try only: the control plane may be gone too.
+                self.client.request("POST", f"jobs/{self.job_id}/metrics/", json={"samples": batch}, retry=False)
+            else:
+                self.client.metrics(job_id=self.job_id, samples=batch)
+        except (Stopped, ControlPlaneError) as exc:
+            logger.info("dropped %d metric samples: %s", len(batch), exc)
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    parser = argparse.ArgumentParser(prog="spotpipe-agent", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--control-plane", default=os.environ.get("SPOTPIPE_CONTROL_PLANE", "http://127.0.0.1:8000"))
+    parser.add_argument("--token", default=os.environ.get("SPOTPIPE_AGENT_TOKEN", ""),
+                        help="an agent token (else enrol with SPOTPIPE_ENROLL_KEY)")
+    parser.add_argument("--instance", type=int, default=None, help="instance id of --token")
+    parser.add_argument("--cloud", choices=["aws", "gcp", "azure"], default="aws")
+    parser.add_argument("--metadata-url", default=None, help="metadata endpoint (default: the cloud's)")
+    parser.add_argument("--heartbeat", type=float, default=0.5, help="seconds between heartbeats")
+    parser.add_argument("--metadata-poll", type=float, default=0.1, help="seconds between metadata polls")
+    parser.add_argument("--commands-wait", type=float, default=20.0, help="long-poll hold, seconds")
+    parser.add_argument("--work-dir", type=Path, default=Path(os.environ.get("SPOTPIPE_WORK_DIR", "/var/lib/spotpipe")))
+    parser.add_argument("--worker-module", default=os.environ.get("SPOTPIPE_WORKER_MODULE", "agent.worker_entry"))
+    parser.add_argument("--address", default="", help="address peers dial (default: detected)")
+    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent %(message)s")
+    return AgentConfig(
+        control_plane=args.control_plane, enroll_key=os.environ.get("SPOTPIPE_ENROLL_KEY", ""), token=args.token,
+        instance=args.instance, cloud=args.cloud, metadata_url=args.metadata_url, heartbeat_s=args.heartbeat,
+        metadata_poll_s=args.metadata_poll, commands_wait_s=args.commands_wait, work_dir=args.work_dir,
+        worker_module=args.worker_module, address=args.address,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    if config.token and config.instance is None:
+        raise SystemExit("spotpipe-agent: --token needs --instance")
+    agent = Agent(config)
+    signal.signal(signal.SIGTERM, agent.on_signal)
+    signal.signal(signal.SIGINT, agent.on_signal)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

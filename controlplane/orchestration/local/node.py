@@ -1,0 +1,65 @@
+"""One local "VM": a process group holding the node's metadata server and its agent (and the
+agent's workers). The local provider starts it with `start_new_session=True`, so killing the
+process group is pulling the plug on the whole node, workers included.
+
+    python -m controlplane.orchestration.local.node --node-dir DIR --node-id ID [agent args...]
+
+When an interruption notice is posted to the metadata server, the node kills its own process
+group when the notice period ends, like a cloud reclaiming the VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from controlplane.orchestration.local.metadata import MetadataServer
+
+
+def _kill_group_at(deadline: float) -> None:
+    def fire() -> None:
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=fire, name="reclaim", daemon=True).start()
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--node-dir", type=Path, required=True)
+    parser.add_argument("--node-id", required=True)
+    parser.add_argument("--instance-type", default="local.node")
+    parser.add_argument("--zone", default="local")
+    args, agent_args = parser.parse_known_args(argv)
+
+    server = MetadataServer(instance_id=args.node_id, instance_type=args.instance_type, zone=args.zone,
+                            on_notice=_kill_group_at).start()
+    args.node_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.node_dir / "node.json", {
+        "node_id": args.node_id, "pid": os.getpid(), "pgid": os.getpgrp(), "metadata_url": server.url,
+        "instance_type": args.instance_type, "zone": args.zone, "started_at": time.time(),
+    })
+    from agent.main import main as agent_main
+
+    try:
+        return agent_main([*agent_args, "--metadata-url", server.url, "--work-dir", str(args.node_dir / "work")])
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
