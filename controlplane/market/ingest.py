@@ -26,7 +26,7 @@ from typing import TextIO
 from django.db import connections, transaction
 
 from controlplane.common.errors import DomainError
-from controlplane.market.models import SpotPrice
+from controlplane.market.models import SpotPool, SpotPrice
 from controlplane.market.services import instance_types_ensure, zones_ensure
 
 COLUMNS = ("zone", "instance_type", "product", "price", "timestamp")
@@ -229,24 +229,60 @@ def _rows_per_statement(using: str, batch_size: int) -> int:
         # SQLite >= 3.32 accepts 32766 parameters per statement (999 before).
         limit = 32766 if sqlite3.sqlite_version_info >= (3, 32) else 999
         return max(1, min(batch_size, limit // len(COLUMNS)))
-    return max(1, min(batch_size, 65535 // len(COLUMNS)))
+    return max(1, batch_size)  # PostgreSQL gets arrays: 5 parameters whatever the batch size
 
 
-def _insert_batch(using: str, batch: list[tuple[int, int, str, Decimal, datetime]]) -> int:
-    """Insert one batch, ignoring rows already stored; returns how many were new."""
+_PG_ARRAY_TYPES = ("bigint[]", "bigint[]", "varchar[]", "numeric[]", "timestamptz[]")
+_COLUMN_NAMES = ("instance_type_id", "zone_id", "product", "price", "timestamp")
+_POOL_COLUMN_NAMES = ("instance_type_id", "zone_id", "product", "latest_price", "latest_timestamp")
+Prepared = tuple[int, int, str, Decimal, datetime]
+
+
+def _insert_rows(using: str, table: str, columns: tuple[str, ...], rows: list[Prepared], conflict: str) -> int:
+    """`INSERT INTO table (columns) <rows> <conflict>`, returning the affected row count.
+
+    PostgreSQL gets five array parameters (unnest) instead of five per row: the driver does not
+    scan and rewrite a statement with thousands of placeholders. SQLite gets multi-row VALUES."""
     connection = connections[using]
     ops = connection.ops
-    table = ops.quote_name(SpotPrice._meta.db_table)
-    columns = ", ".join(ops.quote_name(c) for c in ("instance_type_id", "zone_id", "product", "price", "timestamp"))
-    params: list[object] = []
-    for itype_id, zone_id, product, price, ts in batch:
-        params += [itype_id, zone_id, product, ops.adapt_decimalfield_value(price, 12, 6),
-                   ops.adapt_datetimefield_value(ts)]
-    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(batch))
-    sql = f"INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING"
+    cols = ", ".join(ops.quote_name(c) for c in columns)
+    if connection.vendor == "postgresql":
+        arrays = [list(col) for col in zip(*rows, strict=True)]
+        casts = ", ".join(f"%s::{t}" for t in _PG_ARRAY_TYPES)
+        sql = f"INSERT INTO {ops.quote_name(table)} ({cols}) SELECT * FROM unnest({casts}) {conflict}"
+        params: list[object] = arrays
+    else:
+        params = []
+        for itype_id, zone_id, product, price, ts in rows:
+            params += [itype_id, zone_id, product, ops.adapt_decimalfield_value(price, 12, 6),
+                       ops.adapt_datetimefield_value(ts)]
+        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+        sql = f"INSERT INTO {ops.quote_name(table)} ({cols}) VALUES {values} {conflict}"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return max(cursor.rowcount, 0)
+
+
+def _insert_batch(using: str, batch: list[Prepared]) -> int:
+    """Insert one batch of price changes, ignoring those already stored; returns how many were new."""
+    return _insert_rows(using, SpotPrice._meta.db_table, _COLUMN_NAMES, batch, "ON CONFLICT DO NOTHING")
+
+
+def _upsert_pools(using: str, batch: list[Prepared]) -> None:
+    """Record each pool of the batch with its newest change, keeping a newer one already stored."""
+    newest: dict[tuple[int, int, str], Prepared] = {}
+    for row in batch:
+        key = row[:3]
+        if key not in newest or row[4] > newest[key][4]:
+            newest[key] = row
+    ops = connections[using].ops
+    table = ops.quote_name(SpotPool._meta.db_table)
+    ts, price = ops.quote_name("latest_timestamp"), ops.quote_name("latest_price")
+    conflict = (
+        f"ON CONFLICT ({ops.quote_name('instance_type_id')}, {ops.quote_name('zone_id')}, {ops.quote_name('product')})"
+        f" DO UPDATE SET {ts} = excluded.{ts}, {price} = excluded.{price} WHERE excluded.{ts} > {table}.{ts}"
+    )
+    _insert_rows(using, SpotPool._meta.db_table, _POOL_COLUMN_NAMES, list(newest.values()), conflict)
 
 
 def spot_prices_load(
@@ -276,6 +312,7 @@ def spot_prices_load(
         for i in range(0, len(prepared), per_statement):
             part = prepared[i : i + per_statement]
             inserted = _insert_batch(using, part)
+            _upsert_pools(using, part)
             counts.rows += len(part)
             counts.inserted += inserted
             counts.already_present += len(part) - inserted

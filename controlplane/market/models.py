@@ -90,3 +90,26 @@ class SpotPrice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.instance_type_id}@{self.zone_id} {self.price} at {self.timestamp:%Y-%m-%d %H:%M}"
+
+
+class SpotPool(models.Model):
+    """One spot pool (instance type x zone x product) with its newest known price.
+
+    Maintained by the price loader (an upsert per batch), so "which pools exist" and "what is the
+    latest price" never need a scan of the price history, which grows to millions of rows. The
+    price in force at a past moment is still read from SpotPrice through its unique index."""
+
+    instance_type = models.ForeignKey(InstanceType, on_delete=models.CASCADE, related_name="spot_pools")
+    zone = models.ForeignKey(Zone, on_delete=models.CASCADE, related_name="spot_pools")
+    product = models.CharField(max_length=40, default="Linux/UNIX")
+    latest_timestamp = models.DateTimeField()
+    latest_price = models.DecimalField(max_digits=12, decimal_places=6, help_text="USD per hour")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["instance_type", "zone", "product"], name="spotpool_unique")
+        ]
+        indexes = [models.Index(fields=["product", "latest_price"], name="spotpool_product_price_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.instance_type_id}@{self.zone_id} {self.product}: {self.latest_price}"

@@ -10,10 +10,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Avg, Count, F, FloatField, Func, IntegerField, Max, Min, QuerySet, Window
-from django.db.models.functions import Cast, RowNumber
+from django.db.models import (
+    Avg,
+    Case,
+    Count,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    When,
+)
+from django.db.models.functions import Cast
 
-from controlplane.market.models import InstanceType, SpotPrice, Zone
+from controlplane.market.models import InstanceType, SpotPool, SpotPrice, Zone
 
 LINUX = "Linux/UNIX"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -171,22 +186,33 @@ def cheapest_pools(
 ) -> list[Pool]:
     """The `limit` cheapest pools by the price in force at `at` (last change at or before `at`).
 
-    A window function ranks each pool's changes newest first and keeps rank 1, so the database
-    does the work on SQLite and PostgreSQL alike. `per_accelerator` orders by price per
-    accelerator (pools without accelerators are then left out)."""
-    qs = SpotPrice.objects.filter(product=product, timestamp__lte=at)
+    Pools come from SpotPool (one row per pool, kept by the loader). A pool's newest change, when
+    at or before `at`, is the price in force; otherwise one backward probe of the SpotPrice unique
+    index (a correlated subquery) finds it. The cost grows with the number of pools, never with
+    the length of the history. `per_accelerator` orders by
+    price per accelerator (pools without accelerators are then left out)."""
+    in_force = SpotPrice.objects.filter(
+        instance_type=OuterRef("instance_type"), zone=OuterRef("zone"), product=OuterRef("product"),
+        timestamp__lte=at,
+    ).order_by("-timestamp")
+    qs = SpotPool.objects.filter(product=product)
     if instance_types:
         qs = qs.filter(instance_type__name__in=instance_types)
     if per_accelerator:
         qs = qs.filter(instance_type__accelerator_count__gt=0)
-    latest = qs.annotate(
-        rank=Window(RowNumber(), partition_by=[F("instance_type_id"), F("zone_id")], order_by=F("timestamp").desc())
-    ).filter(rank=1)
-    order = "per_unit" if per_accelerator else "price"
+    # A pool whose newest change is at or before `at` is priced from the pool row itself (always
+    # the case for "now"); only pools that changed after `at` need the probe into the history.
+    current = Q(latest_timestamp__lte=at)
+    qs = qs.annotate(
+        price=Case(When(current, then=F("latest_price")), default=Subquery(in_force.values("price")[:1])),
+        since=Case(When(current, then=F("latest_timestamp")), default=Subquery(in_force.values("timestamp")[:1])),
+    ).filter(price__isnull=False)
+    order = "price"
     if per_accelerator:
-        latest = latest.annotate(per_unit=Cast("price", FloatField()) / F("instance_type__accelerator_count"))
-    rows = latest.order_by(order, "instance_type__name", "zone__code").values(
-        "price", "timestamp", "instance_type_id", "instance_type__name", "instance_type__on_demand_price",
+        qs = qs.annotate(per_unit=Cast("price", FloatField()) / F("instance_type__accelerator_count"))
+        order = "per_unit"
+    rows = qs.order_by(order, "instance_type__name", "zone__code").values(
+        "price", "since", "instance_type_id", "instance_type__name", "instance_type__on_demand_price",
         "instance_type__accelerator_name", "instance_type__accelerator_count", "zone_id", "zone__code",
         "zone__zone_id", "zone__region__code",
     )[:limit]
@@ -194,7 +220,7 @@ def cheapest_pools(
         Pool(
             instance_type=r["instance_type__name"], instance_type_id=r["instance_type_id"], zone=r["zone__code"],
             zone_id=r["zone_id"], zone_aws_id=r["zone__zone_id"], region=r["zone__region__code"],
-            price=r["price"], since=r["timestamp"], on_demand_price=r["instance_type__on_demand_price"],
+            price=r["price"], since=r["since"], on_demand_price=r["instance_type__on_demand_price"],
             accelerator_name=r["instance_type__accelerator_name"],
             accelerator_count=r["instance_type__accelerator_count"],
         )
@@ -205,6 +231,6 @@ def cheapest_pools(
 def latest_price_timestamp(*, region: str, product: str = LINUX, cloud: str = "aws") -> datetime | None:
     """The newest stored price change of a region (where the next pull starts)."""
     return (
-        SpotPrice.objects.filter(zone__region__code=region, zone__region__cloud__code=cloud, product=product)
-        .aggregate(latest=Max("timestamp"))["latest"]
+        SpotPool.objects.filter(zone__region__code=region, zone__region__cloud__code=cloud, product=product)
+        .aggregate(latest=Max("latest_timestamp"))["latest"]
     )

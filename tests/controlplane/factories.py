@@ -113,13 +113,16 @@ def sns_sign(message: dict, key, *, version: str = "1") -> dict:
 
 
 def make_spot_prices(instance_type, zone, changes, product: str = "Linux/UNIX") -> list:
-    """Store spot price changes [(aware datetime, "price"), ...] for one pool."""
-    from controlplane.market.models import SpotPrice
+    """Store spot price changes [(aware datetime, "price"), ...] for one pool, through the loader
+    (so the pool table is kept as in production). Returns the load counts."""
+    from controlplane.market.ingest import PriceRow, spot_prices_load
 
-    return SpotPrice.objects.bulk_create(
-        [SpotPrice(instance_type=instance_type, zone=zone, product=product, price=Decimal(str(price)), timestamp=ts)
-         for ts, price in changes]
-    )
+    zone_key = zone.zone_id or zone.code
+    return spot_prices_load(rows=[
+        PriceRow(zone=zone_key, instance_type=instance_type.name, product=product, price=Decimal(str(price)),
+                 timestamp=ts)
+        for ts, price in changes
+    ])
 
 
 def make_price_file(path, lines: list[str], *, gz: bool = False):

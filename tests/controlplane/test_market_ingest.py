@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -9,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from controlplane.market.ingest import PriceFileRejected, spot_prices_ingest_file
-from controlplane.market.models import InstanceType, Region, SpotPrice, Zone
+from controlplane.market.models import InstanceType, Region, SpotPool, SpotPrice, Zone
 from controlplane.market.services import catalogue_load
 from tests.controlplane.factories import make_price_file, make_zone
 
@@ -37,9 +38,21 @@ def test_full_reference_file_loads_once(shared_data, capsys):
     assert InstanceType.objects.filter(cloud__code="aws").count() >= 509
     assert InstanceType.objects.get(name="p3.2xlarge").on_demand_price == Decimal("3.06")  # catalogue kept
 
+    # One pool row per (type, zone, product), holding the newest change.
+    with gzip.open(path, "rt") as handle:
+        newest: dict[tuple[str, str, str], str] = {}
+        for line in handle:
+            zone_id, itype, product, _, ts = line.rstrip("\n").split("\t")
+            newest[(zone_id, itype, product)] = max(newest.get((zone_id, itype, product), ""), ts)
+    assert SpotPool.objects.count() == len(newest)
+    pool = SpotPool.objects.select_related("zone", "instance_type").order_by("id").first()
+    key = (pool.zone.zone_id, pool.instance_type.name, pool.product)
+    assert pool.latest_timestamp == datetime.fromisoformat(newest[key])
+
     call_command("ingest_spot_prices", str(path))
     assert "0 inserted, 33,362 already present" in capsys.readouterr().out
     assert SpotPrice.objects.count() == 33_362
+    assert SpotPool.objects.count() == len(newest)
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -64,6 +77,17 @@ def test_csv_and_tsv_with_or_without_header_and_gzip(tmp_path, gz, header):
     unknown = InstanceType.objects.get(name="x9.hypothetical")
     assert unknown.on_demand_price is None and unknown.cloud.code == "aws"
     assert spot_prices_ingest_file(path=path).counts.already_present == 4
+
+
+def test_pool_keeps_the_newest_change_whatever_the_load_order(tmp_path):
+    newer = make_price_file(tmp_path / "newer.tsv", [GOOD_TSV[1]])
+    older = make_price_file(tmp_path / "older.tsv", [GOOD_TSV[0]])
+    spot_prices_ingest_file(path=newer)
+    spot_prices_ingest_file(path=older)
+    pool = SpotPool.objects.get(zone__zone_id="use1-az4", instance_type__name="p3.2xlarge")
+    newest = datetime(2022, 5, 31, 19, 20, 41, tzinfo=UTC)
+    assert (pool.latest_price, pool.latest_timestamp) == (Decimal("0.95"), newest)
+    assert SpotPrice.objects.count() == 2
 
 
 def test_gzipped_tsv_is_recognised_by_content(tmp_path):
