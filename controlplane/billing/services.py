@@ -165,3 +165,39 @@ def billing_backfill(*, instance: Instance) -> list[BillingSegment]:
         seg_end = pieces[i + 1][0] if i + 1 < len(pieces) else end
         segments.append(_new_segment(locked, start, seg_end, price))
     return BillingSegment.objects.bulk_create(segments)
+
+
+@transaction.atomic
+def billing_reprice_open_segments(*, until: datetime | None = None) -> int:
+    """Bring every open spot segment up to date with the stored price history up to `until`
+    (default now): split at each later change, and price a `fallback` segment whose price has
+    since become known. Run after each price pull; idempotent. Returns how many segments changed."""
+    until = until or timezone.now()
+    changed = 0
+    open_segments = (
+        BillingSegment.objects.select_for_update()
+        .filter(end__isnull=True, instance__lifecycle=Lifecycle.SPOT, instance__zone__isnull=False, start__lte=until)
+        .select_related("instance__instance_type")
+    )
+    for segment in open_segments:
+        instance = segment.instance
+        if segment.price_source == PriceSource.FALLBACK:
+            known = spot_price_at(instance_type=instance.instance_type_id, zone=instance.zone_id, at=segment.start)
+            if known is not None:
+                segment.price_per_hour, segment.price_source = known, PriceSource.SPOT
+                segment.save(update_fields=["price_per_hour", "price_source"])
+                changed += 1
+        changes = spot_price_changes(
+            instance_type=instance.instance_type_id, zone=instance.zone_id, start=segment.start, end=None
+        )
+        for ts, price in changes:
+            if ts > until:
+                break
+            if price == segment.price_per_hour and segment.price_source == PriceSource.SPOT:
+                continue
+            segment.end = ts
+            segment.save(update_fields=["end"])
+            segment = _new_segment(instance, ts, None, Price(price, PriceSource.SPOT))
+            segment.save()
+            changed += 1
+    return changed

@@ -10,7 +10,13 @@ from itertools import pairwise
 import pytest
 
 from controlplane.billing.models import BillingSegment, PriceSource
-from controlplane.billing.services import billing_backfill, billing_close, billing_open, billing_reprice
+from controlplane.billing.services import (
+    billing_backfill,
+    billing_close,
+    billing_open,
+    billing_reprice,
+    billing_reprice_open_segments,
+)
 from controlplane.common.errors import Conflict
 from controlplane.fleet.models import Lifecycle
 from tests.controlplane.factories import (
@@ -117,3 +123,20 @@ def test_backfill_of_a_live_instance_leaves_the_last_segment_open(pool):
     stored = list(BillingSegment.objects.filter(instance=instance).order_by("start"))
     assert_contiguous(stored, h(4), None)
     assert [s.price_per_hour for s in stored] == [Decimal("1.2"), Decimal("0.95")]
+
+
+def test_reprice_open_segments_after_new_prices_arrive():
+    itype, zone = make_instance_type("g5.xlarge", on_demand="1.006"), make_zone()
+    team = make_team()
+    early = make_instance(team, instance_type=itype, zone=zone)
+    billing_open(instance=early, at=h(0))  # no price known yet: fallback 0
+    make_spot_prices(itype, zone, [(h(-1), "0.40"), (h(1), "0.45"), (h(2), "0.45"), (h(3), "0.50"), (h(9), "0.9")])
+
+    assert billing_reprice_open_segments(until=h(4)) == 3  # priced, then split at h1 and h3
+    assert billing_reprice_open_segments(until=h(4)) == 0  # idempotent
+    segments = list(BillingSegment.objects.filter(instance=early).order_by("start"))
+    assert_contiguous(segments, h(0), None)
+    assert [(s.start, s.price_per_hour, s.price_source) for s in segments] == [
+        (h(0), Decimal("0.4"), PriceSource.SPOT), (h(1), Decimal("0.45"), PriceSource.SPOT),
+        (h(3), Decimal("0.5"), PriceSource.SPOT),
+    ]
