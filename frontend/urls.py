@@ -9,7 +9,8 @@ app_name = "frontend"
 
 urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(template_name="frontend/login.html",
-                                                         redirect_authenticated_user=True), name="login"),
+                                                         redirect_authenticated_user=True,
+                                                         next_page="frontend:overview"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="frontend:login"), name="logout"),
     path("", views.overview, name="overview"),
     path("prices/", views.prices, name="prices"),

@@ -61,7 +61,7 @@ def job_cost(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_request(request, job_id)
     report = costs.job_cost_report(job=job)
     return _page(request, "job_cost.html", "cost", reverse("frontend:job-cost-data", args=[job.pk]),
-                 job=job, report=report.to_dict())
+                 job=job, report=report.to_dict(), generated_at=report.generated_at)
 
 
 @login_required

@@ -146,7 +146,7 @@ def test_job_data_has_curves_layouts_reconfigurations_and_prediction(client_a, w
     assert len(data["layouts"][1]["reroutes"]) == 2
     assert [r["trigger"] for r in data["reconfigurations"]] == ["notice", "join"]
     assert data["prediction"]["steps_per_hour"] > 0 and data["prediction"]["predicted_finish"]
-    assert data["cost"]["budget"] == 150.0 and data["cost"]["spent"][-1] > 0
+    assert data["cost"]["budget"] == 250.0 and data["cost"]["spent"][-1] > 0
 
 
 def test_long_metric_histories_are_bucketed_in_the_database(client_a, world, monkeypatch):

@@ -24,7 +24,10 @@
       legend: { orientation: "h", y: -0.2 },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       hovermode: "closest",
-    }, extra || {});
+    }, extra || {}, {
+      xaxis: Object.assign({ automargin: true }, (extra || {}).xaxis || {}),
+      yaxis: Object.assign({ automargin: true }, (extra || {}).yaxis || {}),
+    });
   }
 
   function showEmpty(id, message) {
@@ -62,6 +65,7 @@
     if (!node) return;
     node.innerHTML = "";
     if (!rows.length) {
+      if (!emptyMessage) return;
       const p = document.createElement("p");
       p.className = "empty";
       p.textContent = emptyMessage;
@@ -319,7 +323,7 @@
     plot("chart-reconf", d.reconfigurations.length ? [{ type: "scatter", mode: "markers+text", x: d.reconfigurations.map((r) => r.decided_at),
       y: d.reconfigurations.map((r) => r.trigger), text: d.reconfigurations.map((r) => r.decision || ""), textposition: "top center",
       marker: { size: 11, color: d.reconfigurations.map((r) => (r.status === "failed" ? "#dc2626" : "#2563eb")) } }] : [],
-    { showlegend: false, margin: { l: 90, r: 10, t: 20, b: 30 } }, "No reconfigurations: no node has left or joined this job.");
+    { showlegend: false, margin: { l: 90, r: 30, t: 30, b: 30 }, yaxis: { automargin: true } }, "No reconfigurations: no node has left or joined this job.");
     table("table-reconf", [
       { label: "Decided", value: (r) => when(r.decided_at) },
       { label: "Trigger", value: (r) => r.trigger },
@@ -403,7 +407,9 @@
     el("price-controls").addEventListener("submit", (event) => { event.preventDefault(); refresh(pricesURL()); });
   }
   refresh();
-  const every = Number(body.dataset.poll || POLL_MS[page] || 0);
+  // ?poll=<ms> overrides the interval (tests, wall displays); never faster than twice a second.
+  const asked = Number(new URLSearchParams(window.location.search).get("poll"));
+  const every = asked > 0 ? Math.max(asked, 500) : POLL_MS[page] || 0;
   if (every) {
     setInterval(() => { if (!document.hidden) refresh(); }, every);
   }

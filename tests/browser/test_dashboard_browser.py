@@ -1,0 +1,217 @@
+"""The dashboard in headless Chromium (Debian's package, driven by Playwright) against a live
+server: log in, every page draws real charts, the job page updates without a reload, submit a
+job, download a cost report and check it against the API, and a user of team A reaches none of
+team B's pages or data by URL."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from controlplane.accounts.models import Role
+from controlplane.jobs.models import MetricSample, TrainingJob
+from frontend import browser, demo_data
+from tests.controlplane.factories import make_team, make_user
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]
+
+PASSWORD = "correct-horse-battery-staple"  # what tests.controlplane.factories.make_user sets
+
+
+@pytest.fixture(scope="module")
+def chromium(django_db_setup):
+    """One browser for the module. Playwright's sync API keeps an event loop in this thread while
+    it lives; the ORM calls that tests and fixtures make between browser steps (seeding, the flush
+    after each transactional test) are plain synchronous code, so Django's async guard stands aside
+    for exactly that long."""
+    import os
+
+    from playwright.sync_api import sync_playwright
+
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as pw:
+            instance = browser.launch(pw)
+            yield instance
+            instance.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def page(chromium):
+    context = chromium.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    context.set_default_timeout(browser.DEFAULT_TIMEOUT_MS)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.js_errors = errors
+    yield tab
+    context.close()
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+@pytest.fixture
+def world(chromium):
+    now = timezone.now()
+    pools = demo_data.ensure_market(pools=4)
+    demo_data.load_prices(demo_data.price_rows(pools=pools, start=now - timedelta(days=15), end=now,
+                                               changes_per_pool=200))
+    team_a, team_b = make_team("alpha"), make_team("beta")
+    user_a = make_user(team_a, role=Role.ADMIN, username="alice")
+    user_b = make_user(team_b, username="bob")
+    jobs_a = demo_data.seed_team_activity(team=team_a, user=user_a, pools=pools, now=now, metric_steps=300)
+    jobs_b = demo_data.seed_team_activity(team=team_b, user=user_b, pools=pools, now=now, metric_steps=300,
+                                          prefix="b-")
+    return {"a": (team_a, user_a, jobs_a), "b": (team_b, user_b, jobs_b)}
+
+
+def _login_a(page, live_server, world):
+    browser.login(page, live_server.url, world["a"][1].username, PASSWORD)
+
+
+CHARTS = {
+    "/": ["chart-nodes", "chart-daily"],
+    "/prices/": ["chart-prices"],
+    "/fleet/": ["chart-state", "chart-zone", "chart-type", "chart-timeline"],
+    "/notices/": ["chart-processing"],
+}
+
+
+def test_login_and_every_page_draws_its_charts(page, live_server, world):
+    _login_a(page, live_server, world)
+    running, finished = world["a"][2]["running"], world["a"][2]["finished"]
+    charts = {**CHARTS, f"/jobs/{running.pk}/": ["chart-loss", "chart-throughput", "chart-cost", "chart-progress",
+                                                 "chart-reconf"],
+              f"/jobs/{finished.pk}/cost/": ["chart-cost-pools"]}
+    for path, chart_ids in charts.items():
+        page.goto(live_server.url + path)
+        browser.wait_loaded(page)
+        for chart_id in chart_ids:
+            assert browser.drawn_points(page, chart_id) > 0, f"{path} #{chart_id} drew no points"
+    page.goto(live_server.url + "/jobs/")
+    browser.wait_loaded(page)
+    rows = page.locator("#table-jobs tbody tr")
+    assert rows.count() == 3
+    assert "gpt-350m-recycle" in page.locator("#table-jobs").inner_text()
+    page.goto(f"{live_server.url}/jobs/{running.pk}/")
+    browser.wait_loaded(page)
+    assert page.locator(".generation").count() == 3
+    assert page.locator(".node.failed").count() == 1
+    assert page.locator(".node.reroute").count() == 2
+
+
+def test_prices_compare_pools_picked_in_the_form(page, live_server, world):
+    _login_a(page, live_server, world)
+    page.goto(live_server.url + "/prices/")
+    browser.wait_loaded(page)
+    options = page.locator("#pool-select option")
+    assert options.count() == 4
+    values = [options.nth(i).get_attribute("value") for i in range(4)]
+    page.select_option("#pool-select", values)
+    with page.expect_response(lambda r: "/data/prices.json" in r.url and r.status == 200):
+        page.get_by_role("button", name="Show").click()
+    # Four pools, plus one on-demand line per distinct instance type among them.
+    page.wait_for_function("(() => { const d = document.getElementById('chart-prices').data;"
+                           " return d.filter(t => !t.name.endsWith('on-demand')).length === 4; })()")
+    assert browser.drawn_points(page, "chart-prices") > 0
+
+
+def test_job_page_updates_without_reload(page, live_server, world):
+    _login_a(page, live_server, world)
+    job = world["a"][2]["running"]
+    page.goto(f"{live_server.url}/jobs/{job.pk}/?poll=500")
+    browser.wait_loaded(page)
+    before = browser.drawn_points(page, "chart-loss")
+    page.evaluate("window.__sameDocument = true")
+    last = MetricSample.objects.filter(job=job).order_by("-step").first()
+    MetricSample.objects.bulk_create([
+        MetricSample(job=job, step=last.step + k, at=last.at + timedelta(seconds=k), loss=1.5, samples_per_s=9.0)
+        for k in range(1, 6)
+    ])
+    page.wait_for_function(f"document.getElementById('chart-loss').data[0].x.length > {before}")
+    assert page.evaluate("window.__sameDocument") is True
+    assert browser.drawn_points(page, "chart-loss") == before + 5
+
+
+def test_submit_a_job_and_see_its_empty_states(page, live_server, world):
+    _login_a(page, live_server, world)
+    page.goto(live_server.url + "/jobs/")
+    page.get_by_role("link", name="Submit a job").click()
+    page.get_by_label("Name").fill("browser-submitted")
+    page.get_by_label("Strategy").select_option("bamboo")
+    page.get_by_label("Target steps").fill("250")
+    page.get_by_label("Budget (USD)").fill("20")
+    page.get_by_role("button", name="Submit job").click()
+    page.wait_for_url(f"{live_server.url}/jobs/*/")
+    browser.wait_loaded(page)
+    assert "submitted" in page.locator(".messages").inner_text()
+    job = TrainingJob.objects.get(name="browser-submitted")
+    assert job.team == world["a"][0] and job.strategy == "bamboo" and job.budget_usd == Decimal("20.00")
+    assert page.url.endswith(f"/jobs/{job.pk}/")
+    assert page.locator("#empty-metrics").is_visible()
+    assert browser.drawn_points(page, "chart-loss") == 0
+    assert "No loss reported yet" in page.locator("#chart-loss").inner_text()
+
+
+def test_download_cost_report_and_check_totals_against_the_api(page, live_server, world):
+    _login_a(page, live_server, world)
+    job = world["a"][2]["finished"]
+    page.goto(f"{live_server.url}/jobs/{job.pk}/cost/")
+    browser.wait_loaded(page)
+    with page.expect_download() as info:
+        page.locator("#download-csv").click()
+    rows = list(csv.DictReader(io.StringIO(Path(info.value.path()).read_text(encoding="utf-8"))))
+    with page.expect_download() as info_json:
+        page.locator("#download-json").click()
+    downloaded = json.loads(Path(info_json.value.path()).read_text(encoding="utf-8"))
+    api = page.request.get(f"{live_server.url}/data/jobs/{job.pk}/cost.json").json()
+    totals = api["totals"]
+    total_row = next(r for r in rows if r["section"] == "total")
+    assert total_row["cost_usd"] == totals["cost"]
+    assert total_row["on_demand_equivalent_usd"] == totals["on_demand_equivalent"]
+    assert total_row["savings_usd"] == totals["savings"]
+    assert downloaded["totals"] == totals
+    assert page.locator("#total-cost").inner_text() == f"${totals['cost']}"
+    assert Decimal(totals["cost"]) > 0 and Decimal(totals["savings"]) > 0
+
+
+def _team_b_urls(world) -> list[str]:
+    urls = []
+    for job in world["b"][2].values():
+        urls += [f"/jobs/{job.pk}/", f"/jobs/{job.pk}/cost/", f"/jobs/{job.pk}/cost.csv", f"/jobs/{job.pk}/cost.json",
+                 f"/data/jobs/{job.pk}.json", f"/data/jobs/{job.pk}/cost.json"]
+    return urls
+
+
+def test_a_user_of_team_a_cannot_reach_team_b_by_url(page, live_server, world):
+    _login_a(page, live_server, world)
+    for path in _team_b_urls(world):
+        response = page.request.get(live_server.url + path)
+        assert response.status == 404, path
+    for job in world["b"][2].values():
+        for action in ("cancel", "resume"):
+            csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+            response = page.request.post(f"{live_server.url}/jobs/{job.pk}/{action}/", headers={"X-CSRFToken": csrf})
+            assert response.status == 404, (action, job.name)
+    secrets = [job.name for job in world["b"][2].values()]
+    secrets += list(world["b"][2]["running"].instances.values_list("provider_instance_id", flat=True))
+    for path in ["/", "/fleet/", "/jobs/", "/notices/", "/prices/", "/data/overview.json", "/data/fleet.json",
+                 "/data/jobs.json", "/data/notices.json", "/data/prices.json"]:
+        page.goto(live_server.url + path)
+        if not path.startswith("/data/"):
+            browser.wait_loaded(page)
+        shown = page.content()
+        leaked = [s for s in secrets if s in shown]
+        assert not leaked, (path, leaked)
