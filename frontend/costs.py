@@ -1,6 +1,6 @@
 """Money read from the billing ledger for the dashboard: spend over a window, spend rate now, cost
-so far per job, and the per-job cost report (totals, per instance type and zone, on-demand
-equivalent, savings, and the cost of work lost to preemptions).
+so far per job, a job's cost curve, and the cost page (billing's report plus per-pool and
+per-preemption views of it).
 
 A `BillingSegment` is a stretch of one instance's life at one price; an open segment (`end` null)
 is billed up to `now`. Durations are summed in Python over `values_list` rows: a job has tens to
@@ -9,11 +9,9 @@ identical (the two disagree on datetime subtraction)."""
 
 from __future__ import annotations
 
-import csv
-import io
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 from django.utils import timezone
 
 from controlplane.billing.models import BillingSegment
+from controlplane.billing.reports import job_cost_report
 from controlplane.jobs.models import Reconfiguration, TrainingJob
 
 ZERO = Decimal(0)
@@ -151,172 +150,34 @@ def job_cost_curve(*, job: TrainingJob, now: datetime | None = None) -> list[tup
 # --- The per-job cost report -----------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class CostLine:
-    """One row of a breakdown: a pool, an instance type or a zone."""
-
-    instance_type: str = ""
-    zone: str = ""
-    instances: set[int] = field(default_factory=set)
-    hours: Decimal = ZERO
-    cost: Decimal = ZERO
-    on_demand: Decimal = ZERO
-
-    def add(self, *, instance_id: int, hours: Decimal, cost: Decimal, on_demand: Decimal) -> None:
-        self.instances.add(instance_id)
-        self.hours += hours
-        self.cost += cost
-        self.on_demand += on_demand
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance_type": self.instance_type, "zone": self.zone, "instances": len(self.instances),
-            "hours": str(self.hours.quantize(HOURS)), "cost": money(self.cost),
-            "on_demand_equivalent": money(self.on_demand), "savings": money(self.on_demand - self.cost),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptionLoss:
-    """Training time lost to one reconfiguration, priced at the job's burn rate at that moment
-    (every node of the job is paid for while the lost work is redone)."""
-
-    at: datetime
-    trigger: str
-    decision: str
-    instance: str
-    lost_seconds: float
-    burn_rate_per_hour: Decimal
-
-    @property
-    def cost(self) -> Decimal:
-        return Decimal(repr(self.lost_seconds)) / _SECONDS_PER_HOUR * self.burn_rate_per_hour
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "at": self.at.isoformat(), "trigger": self.trigger, "decision": self.decision,
-            "instance": self.instance, "lost_seconds": round(self.lost_seconds, 3),
-            "burn_rate_per_hour": money(self.burn_rate_per_hour), "cost": money(self.cost),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class JobCostReport:
-    """What a job cost, where, against on-demand, and what preemptions cost it."""
-
-    job: TrainingJob
-    generated_at: datetime
-    by_pool: list[CostLine]
-    by_instance_type: list[CostLine]
-    by_zone: list[CostLine]
-    losses: list[PreemptionLoss]
-
-    @property
-    def cost(self) -> Decimal:
-        return sum((line.cost for line in self.by_pool), ZERO)
-
-    @property
-    def on_demand(self) -> Decimal:
-        return sum((line.on_demand for line in self.by_pool), ZERO)
-
-    @property
-    def hours(self) -> Decimal:
-        return sum((line.hours for line in self.by_pool), ZERO)
-
-    @property
-    def lost(self) -> Decimal:
-        return sum((loss.cost for loss in self.losses), ZERO)
-
-    @property
-    def savings_pct(self) -> str | None:
-        if not self.on_demand:
-            return None
-        return str(((1 - self.cost / self.on_demand) * 100).quantize(Decimal("0.01")))
-
-    def totals(self) -> dict[str, Any]:
-        return {
-            "cost": money(self.cost), "on_demand_equivalent": money(self.on_demand),
-            "savings": money(self.on_demand - self.cost), "savings_pct": self.savings_pct,
-            "lost_to_preemptions": money(self.lost), "instance_hours": str(self.hours.quantize(HOURS)),
-            "preemptions": len(self.losses),
-            "budget": None if self.job.budget_usd is None else money(self.job.budget_usd),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        job = self.job
-        return {
-            "job": {"id": job.pk, "name": job.name, "status": job.status, "strategy": job.strategy},
-            "currency": "USD",
-            "generated_at": self.generated_at.isoformat(),
-            "totals": self.totals(),
-            "by_pool": [line.to_dict() for line in self.by_pool],
-            "by_instance_type": [line.to_dict() for line in self.by_instance_type],
-            "by_zone": [line.to_dict() for line in self.by_zone],
-            "preemption_losses": [loss.to_dict() for loss in self.losses],
-        }
-
-    def to_csv(self) -> str:
-        """One table: a row per pool, instance type and zone, the preemption losses, then totals."""
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["section", "instance_type", "zone", "instances", "hours", "cost_usd",
-                         "on_demand_equivalent_usd", "savings_usd", "lost_seconds", "at"])
-        for section, lines in (("pool", self.by_pool), ("instance_type", self.by_instance_type),
-                               ("zone", self.by_zone)):
-            for line in lines:
-                d = line.to_dict()
-                writer.writerow([section, d["instance_type"], d["zone"], d["instances"], d["hours"], d["cost"],
-                                 d["on_demand_equivalent"], d["savings"], "", ""])
-        for loss in self.losses:
-            writer.writerow(["preemption_loss", "", "", "", "", money(loss.cost), "", "",
-                             round(loss.lost_seconds, 3), loss.at.isoformat()])
-        totals = self.totals()
-        writer.writerow(["total", "", "", len({i for line in self.by_pool for i in line.instances}),
-                         totals["instance_hours"], totals["cost"], totals["on_demand_equivalent"],
-                         totals["savings"], "", ""])
-        writer.writerow(["lost_to_preemptions", "", "", "", "", totals["lost_to_preemptions"], "", "", "", ""])
-        return out.getvalue()
-
-
-def _burn_rate_at(intervals: list[tuple[datetime, datetime, Decimal]], at: datetime) -> Decimal:
-    return sum((price for start, end, price in intervals if start <= at < end), ZERO)
-
-
-def job_cost_report(*, job: TrainingJob, now: datetime | None = None) -> JobCostReport:
-    """Build the cost report of `job` from its billing segments and reconfigurations."""
-    now = now or timezone.now()
-    pools: dict[tuple[str, str], CostLine] = {}
-    types: dict[str, CostLine] = {}
-    zones: dict[str, CostLine] = {}
-    intervals: list[tuple[datetime, datetime, Decimal]] = []
-    rows = BillingSegment.objects.filter(job_id=job.pk).values_list(
-        "instance_id", "instance__instance_type__name", "instance__zone__code", "start", "end",
-        "price_per_hour", "on_demand_price_per_hour",
-    )
-    for instance_id, type_name, zone_code, start, end, price, od_price in rows:
-        lo, hi = _clip(start, end, None, now)
-        hours = _hours(lo, hi)
-        intervals.append((lo, hi, price))
-        zone_code = zone_code or "-"
-        amounts = {"instance_id": instance_id, "hours": hours, "cost": hours * price, "on_demand": hours * od_price}
-        pools.setdefault((type_name, zone_code), CostLine(instance_type=type_name, zone=zone_code)).add(**amounts)
-        types.setdefault(type_name, CostLine(instance_type=type_name)).add(**amounts)
-        zones.setdefault(zone_code, CostLine(zone=zone_code)).add(**amounts)
+def job_cost_page(*, job: TrainingJob, now: datetime | None = None) -> dict[str, Any]:
+    """The cost page's data: billing's report (`billing.reports.job_cost_report`, the same one the
+    API, CSV and JSON downloads serve) plus two views of it the page adds: totals per pool
+    (instance type x zone) and the loss of each reconfiguration, priced with billing's formula
+    (lost seconds x the job's spend rate when it was decided)."""
+    report = job_cost_report(job=job, as_of=now)
+    pools: dict[tuple[str, str], dict[str, Any]] = {}
+    for seg in report.segments:
+        line = pools.setdefault((seg.instance_type, seg.zone), {"instance_type": seg.instance_type, "zone": seg.zone,
+                                                                "instances": set(), "hours": ZERO, "cost": ZERO,
+                                                                "on_demand": ZERO})
+        line["instances"].add(seg.instance_id)
+        line["hours"] += seg.hours
+        line["cost"] += seg.cost
+        line["on_demand"] += seg.on_demand_cost
+    by_pool = [
+        {"instance_type": line["instance_type"], "zone": line["zone"], "instances": len(line["instances"]),
+         "hours": str(line["hours"].quantize(HOURS)), "cost_usd": money(line["cost"]),
+         "on_demand_cost_usd": money(line["on_demand"]), "savings_usd": money(line["on_demand"] - line["cost"])}
+        for line in sorted(pools.values(), key=lambda p: (-p["cost"], p["instance_type"], p["zone"]))
+    ]
     losses = []
-    reconfigurations = Reconfiguration.objects.filter(job_id=job.pk).order_by("decided_at", "id").values_list(
-        "decided_at", "trigger", "decision", "instance__provider_instance_id", "instance_id", "lost_seconds"
-    )
-    for decided_at, trigger, decision, provider_id, instance_id, lost_seconds in reconfigurations:
-        losses.append(PreemptionLoss(
-            at=decided_at, trigger=trigger, decision=decision,
-            instance=provider_id or (f"instance {instance_id}" if instance_id else ""),
-            lost_seconds=float(lost_seconds or 0), burn_rate_per_hour=_burn_rate_at(intervals, decided_at),
-        ))
-
-    def ordered(lines: Iterable[CostLine]) -> list[CostLine]:
-        return sorted(lines, key=lambda line: (-line.cost, line.instance_type, line.zone))
-
-    return JobCostReport(
-        job=job, generated_at=now, by_pool=ordered(pools.values()), by_instance_type=ordered(types.values()),
-        by_zone=ordered(zones.values()), losses=losses,
-    )
+    reconfigurations = Reconfiguration.objects.filter(job_id=job.pk, lost_seconds__gt=0, decided_at__lte=report.as_of)
+    for decided_at, trigger, decision, provider_id, lost_seconds in reconfigurations.order_by("decided_at", "id") \
+            .values_list("decided_at", "trigger", "decision", "instance__provider_instance_id", "lost_seconds"):
+        rate = sum((s.price_per_hour for s in report.segments
+                    if s.start <= decided_at and (s.end is None or s.end > decided_at)), ZERO)
+        losses.append({"at": decided_at, "trigger": trigger, "decision": decision, "instance": provider_id or "",
+                       "lost_seconds": round(lost_seconds, 3), "spend_rate_per_hour": money(rate),
+                       "cost_usd": money(Decimal(repr(lost_seconds)) / _SECONDS_PER_HOUR * rate)})
+    return {"report": report.to_dict(), "as_of": report.as_of, "by_pool": by_pool, "preemption_losses": losses}

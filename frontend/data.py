@@ -10,6 +10,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
+from controlplane.billing.reports import job_cost_report
 from frontend import costs, selectors
 from frontend.access import data_endpoint, job_for_request, visible_team_ids
 
@@ -92,14 +93,18 @@ def job_data(request: HttpRequest, job_id: int) -> dict[str, Any]:
 
 @data_endpoint
 def job_cost_data(request: HttpRequest, job_id: int) -> dict[str, Any]:
+    """Billing's cost report plus the page's per-pool and per-preemption views."""
     job = job_for_request(request, job_id)
-    return costs.job_cost_report(job=job).to_dict()
+    return costs.job_cost_page(job=job)
+
+
+# The downloads are billing's report exactly as the API serves it (/api/v1/jobs/<id>/cost-report/).
 
 
 @data_endpoint
 def job_cost_csv(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_request(request, job_id)
-    response = HttpResponse(costs.job_cost_report(job=job).to_csv(), content_type="text/csv; charset=utf-8")
+    response = HttpResponse(job_cost_report(job=job).to_csv(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-cost.csv"'
     return response
 
@@ -107,7 +112,7 @@ def job_cost_csv(request: HttpRequest, job_id: int) -> HttpResponse:
 @data_endpoint
 def job_cost_json_download(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_request(request, job_id)
-    response = JsonResponse(costs.job_cost_report(job=job).to_dict(), json_dumps_params={"indent": 2})
+    response = JsonResponse(job_cost_report(job=job).to_dict(), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-cost.json"'
     return response
 

@@ -59,9 +59,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def job_cost(request: HttpRequest, job_id: int) -> HttpResponse:
     """The printable cost report, rendered on the server (it has no live parts)."""
     job = job_for_request(request, job_id)
-    report = costs.job_cost_report(job=job)
     return _page(request, "job_cost.html", "cost", reverse("frontend:job-cost-data", args=[job.pk]),
-                 job=job, report=report.to_dict(), generated_at=report.generated_at)
+                 job=job, cost=costs.job_cost_page(job=job))
 
 
 @login_required

@@ -176,15 +176,16 @@ def test_download_cost_report_and_check_totals_against_the_api(page, live_server
     with page.expect_download() as info_json:
         page.locator("#download-json").click()
     downloaded = json.loads(Path(info_json.value.path()).read_text(encoding="utf-8"))
-    api = page.request.get(f"{live_server.url}/data/jobs/{job.pk}/cost.json").json()
-    totals = api["totals"]
-    total_row = next(r for r in rows if r["section"] == "total")
-    assert total_row["cost_usd"] == totals["cost"]
-    assert total_row["on_demand_equivalent_usd"] == totals["on_demand_equivalent"]
-    assert total_row["savings_usd"] == totals["savings"]
-    assert downloaded["totals"] == totals
-    assert page.locator("#total-cost").inner_text() == f"${totals['cost']}"
-    assert Decimal(totals["cost"]) > 0 and Decimal(totals["savings"]) > 0
+    api = page.request.get(f"{live_server.url}/api/v1/jobs/{job.pk}/cost-report/",
+                           headers={"Accept": "application/json"}).json()
+    total_row = next(r for r in rows if r["segment_id"] == "TOTAL")
+    assert total_row["cost_usd"] == api["total_usd"]
+    assert total_row["on_demand_cost_usd"] == api["on_demand_equivalent_usd"]
+    segments_sum = sum(Decimal(r["cost_usd"]) for r in rows if r["segment_id"] != "TOTAL")
+    assert abs(segments_sum - Decimal(api["total_usd"])) <= Decimal("0.01")
+    assert downloaded["total_usd"] == api["total_usd"] and downloaded["savings_usd"] == api["savings_usd"]
+    assert page.locator("#total-cost").inner_text() == f"${api['total_usd']}"
+    assert Decimal(api["total_usd"]) > 0 and Decimal(api["savings_usd"]) > 0
 
 
 def _team_b_urls(world) -> list[str]:

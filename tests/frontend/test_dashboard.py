@@ -199,38 +199,40 @@ def test_team_endpoints_show_nothing_of_another_team(client_a, world, name):
         assert instance.provider_instance_id not in body
 
 
-def test_cost_report_csv_json_and_page_agree(client_a, world):
+def test_cost_report_page_downloads_and_api_agree(client_a, world):
     job = world["a"][2]["finished"]
-    report = client_a.get(reverse("frontend:job-cost-data", args=[job.pk])).json()
-    totals = report["totals"]
-    # 4 nodes x 4 h at 30-36% (+10% in the second half) of on-demand, all segments closed.
-    assert Decimal(totals["instance_hours"]) == Decimal("16.000")
-    assert Decimal(totals["cost"]) < Decimal(totals["on_demand_equivalent"])
-    assert Decimal(totals["savings"]) == Decimal(totals["on_demand_equivalent"]) - Decimal(totals["cost"])
-    # Lines and totals are each rounded to 1/100 cent from the exact sums.
-    assert abs(sum(Decimal(line["cost"]) for line in report["by_pool"]) - Decimal(totals["cost"])) <= Decimal(
-        "0.0001") * len(report["by_pool"])
+    api = client_a.get(f"/api/v1/jobs/{job.pk}/cost-report/", HTTP_ACCEPT="application/json").json()
+    # 4 nodes x 4 h, all segments closed, so the report does not move with the clock.
+    assert Decimal(api["billed_hours"]) == Decimal("16.0000")
+    assert Decimal(api["total_usd"]) < Decimal(api["on_demand_equivalent_usd"])
+    page_data = client_a.get(reverse("frontend:job-cost-data", args=[job.pk])).json()
+    assert page_data["report"]["total_usd"] == api["total_usd"]
+    assert sum(line["instances"] for line in page_data["by_pool"]) == 4
+    pool_total = sum(Decimal(line["cost_usd"]) for line in page_data["by_pool"])
+    assert abs(pool_total - Decimal(api["total_usd"])) <= Decimal("0.01")
     csv_response = client_a.get(reverse("frontend:job-cost-csv", args=[job.pk]))
     assert csv_response["Content-Disposition"].endswith('cost.csv"')
     rows = list(csv.DictReader(io.StringIO(csv_response.content.decode())))
-    total = next(r for r in rows if r["section"] == "total")
-    assert total["cost_usd"] == totals["cost"] and total["on_demand_equivalent_usd"] == totals["on_demand_equivalent"]
+    total = next(r for r in rows if r["segment_id"] == "TOTAL")
+    assert total["cost_usd"] == api["total_usd"] and total["on_demand_cost_usd"] == api["on_demand_equivalent_usd"]
+    assert len(rows) == 9  # 2 segments per node + the TOTAL line
     download = json.loads(client_a.get(reverse("frontend:job-cost-json", args=[job.pk])).content)
-    assert download["totals"] == totals
+    assert {k: v for k, v in download.items() if k != "as_of"} == {k: v for k, v in api.items() if k != "as_of"}
     page = client_a.get(reverse("frontend:job-cost", args=[job.pk])).content.decode()
-    assert f"${totals['cost']}" in page
+    assert f"${api['total_usd']}" in page and f"${api['savings_usd']}" in page
 
 
-def test_cost_of_work_lost_to_preemptions(client_a, world):
+def test_cost_of_work_lost_to_each_preemption(client_a, world):
     job = world["a"][2]["running"]
-    report = client_a.get(reverse("frontend:job-cost-data", args=[job.pk])).json()
-    losses = report["preemption_losses"]
+    data = client_a.get(reverse("frontend:job-cost-data", args=[job.pk])).json()
+    losses = data["preemption_losses"]
     assert [loss["lost_seconds"] for loss in losses] == [38.5, 12.0]
-    notice_loss = losses[0]
-    # At the notice 12 nodes were billed (the replacement had not arrived).
-    expected = Decimal("38.5") / 3600 * Decimal(notice_loss["burn_rate_per_hour"])
-    assert abs(Decimal(notice_loss["cost"]) - expected) < Decimal("0.0001")
-    assert Decimal(report["totals"]["lost_to_preemptions"]) > 0
+    for loss in losses:
+        expected = Decimal(str(loss["lost_seconds"])) / 3600 * Decimal(loss["spend_rate_per_hour"])
+        assert abs(Decimal(loss["cost_usd"]) - expected) < Decimal("0.0001")
+    # The per-event losses add up to billing's total loss.
+    assert abs(sum(Decimal(loss["cost_usd"]) for loss in losses) - Decimal(data["report"]["preemption_loss_usd"])) \
+        <= Decimal("0.01")
 
 
 def test_submit_a_job_from_the_dashboard(client_a, world):

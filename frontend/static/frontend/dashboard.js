@@ -357,13 +357,13 @@
   }
 
   function renderCost() {
-    const script = el("cost-report");
+    const script = el("cost-pools");
     if (!script) return;
-    const r = JSON.parse(script.textContent);
-    const labels = r.by_pool.map((l) => l.instance_type + " " + l.zone);
-    plot("chart-cost-pools", r.by_pool.length ? [
-      { type: "bar", name: "spot cost", x: labels, y: r.by_pool.map((l) => Number(l.cost)), marker: { color: COLORS[0] } },
-      { type: "bar", name: "on-demand equivalent", x: labels, y: r.by_pool.map((l) => Number(l.on_demand_equivalent)), marker: { color: "#94a3b8" } },
+    const pools = JSON.parse(script.textContent);
+    const labels = pools.map((l) => l.instance_type + " " + l.zone);
+    plot("chart-cost-pools", pools.length ? [
+      { type: "bar", name: "spot cost", x: labels, y: pools.map((l) => Number(l.cost_usd)), marker: { color: COLORS[0] } },
+      { type: "bar", name: "on-demand equivalent", x: labels, y: pools.map((l) => Number(l.on_demand_cost_usd)), marker: { color: "#94a3b8" } },
     ] : [], { barmode: "group", yaxis: { title: { text: "USD" } } }, "No billed capacity yet.");
   }
 
