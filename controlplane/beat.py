@@ -15,3 +15,8 @@ BEAT_SCHEDULE["fleet.sweep_notices"] = {"task": "fleet.sweep_notices", "schedule
 # set (to anything but 0/false/no), so a fresh clone with no AWS account does not try to call AWS.
 if os.environ.get("SPOTPIPE_PULL_SPOT_PRICES", "").strip().lower() not in {"", "0", "false", "no", "off"}:
     BEAT_SCHEDULE["market.pull_spot_prices"] = {"task": "market.tasks.pull_spot_prices", "schedule": 600.0}
+
+# Orchestration: declare nodes whose heartbeats stopped dead (a kill must be caught within 3 s:
+# heartbeat timeout 2 s + this period), and reconcile every job's capacity with its plan.
+BEAT_SCHEDULE["orchestration.detect_dead_agents"] = {"task": "orchestration.detect_dead_agents", "schedule": 0.5}
+BEAT_SCHEDULE["orchestration.reconcile_all"] = {"task": "orchestration.reconcile_all", "schedule": 3.0}

@@ -1,3 +1,12 @@
-"""API routes of this app, mounted under /api/v1/."""
+"""API routes of this app, mounted under /api/v1/: the node agent protocol."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from controlplane.orchestration.api.views import AgentEventView, AgentNoticeView, CommandsView, EnrollView
+
+urlpatterns = [
+    path("agents/enroll/", EnrollView.as_view(), name="agent-enroll"),
+    path("agents/commands/", CommandsView.as_view(), name="agent-commands"),
+    path("agents/notices/", AgentNoticeView.as_view(), name="agent-notices"),
+    path("agents/events/", AgentEventView.as_view(), name="agent-events"),
+]

@@ -1,0 +1,57 @@
+"""Input and output shapes of the agent protocol."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.fleet.models import NoticeKind
+
+
+class EnrollSerializer(serializers.Serializer):
+    enroll_key = serializers.CharField(max_length=200)
+    provider_instance_id = serializers.CharField(max_length=100)
+    agent_address = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class EnrollResultSerializer(serializers.Serializer):
+    instance = serializers.IntegerField()
+    job = serializers.IntegerField(allow_null=True)
+    token = serializers.CharField(help_text="Agent token (shown once): `Authorization: Token <token>`.")
+
+
+class CommandsQuerySerializer(serializers.Serializer):
+    wait = serializers.FloatField(required=False, min_value=0, max_value=60, default=0,
+                                  help_text="Seconds to hold the request while nothing changed (long-poll).")
+    version = serializers.CharField(required=False, max_length=200, allow_blank=True, default="",
+                                    help_text="The `version` of the last answer the agent acted on.")
+
+
+class CommandsSerializer(serializers.Serializer):
+    version = serializers.CharField()
+    instance = serializers.IntegerField()
+    provider_instance_id = serializers.CharField(allow_null=True)
+    action = serializers.ChoiceField(choices=["run", "standby", "idle", "stop"])
+    job = serializers.JSONField(allow_null=True)
+    generation = serializers.JSONField(allow_null=True)
+    assignment = serializers.JSONField(allow_null=True)
+
+
+class AgentNoticeSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=[NoticeKind.INTERRUPTION, NoticeKind.REBALANCE, NoticeKind.PREEMPTED])
+    action = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
+    deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    cloud = serializers.ChoiceField(choices=["aws", "gcp", "azure"], required=False, default="aws")
+    raw = serializers.JSONField(required=False, default=dict)
+
+
+class AgentNoticeResultSerializer(serializers.Serializer):
+    notice = serializers.IntegerField(allow_null=True)
+    duplicate = serializers.BooleanField()
+
+
+class AgentEventSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started"])
+    generation = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
+    step = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
+    code = serializers.IntegerField(required=False, allow_null=True, default=None)
+    message = serializers.CharField(required=False, allow_blank=True, max_length=300, default="")

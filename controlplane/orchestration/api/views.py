@@ -1,0 +1,121 @@
+"""The agent protocol: enrol, long-poll for commands, forward notices, report worker events.
+
+Heartbeats go to `POST /api/v1/instances/{id}/heartbeat/` (fleet) and metrics to
+`POST /api/v1/jobs/{id}/metrics/` (jobs); see docs/orchestration.md."""
+
+from __future__ import annotations
+
+import time
+
+from django.db import close_old_connections
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, status
+from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.common.api import agent_token, validate_or_400
+from controlplane.fleet.models import Instance
+from controlplane.jobs.services import job_record_event
+from controlplane.orchestration import selectors, services
+from controlplane.orchestration.api.serializers import (
+    AgentEventSerializer,
+    AgentNoticeResultSerializer,
+    AgentNoticeSerializer,
+    CommandsQuerySerializer,
+    CommandsSerializer,
+    EnrollResultSerializer,
+    EnrollSerializer,
+)
+
+# How often a held long-poll looks at the database: one indexed single-row query.
+POLL_INTERVAL_S = 0.05
+
+
+class AgentsOnly(BasePermission):
+    message = "only node agent tokens may use this endpoint"
+
+    def has_permission(self, request: Request, view: object) -> bool:
+        return agent_token(request) is not None
+
+
+def _agent_instance(request: Request) -> Instance:
+    token = agent_token(request)
+    instance = Instance.objects.filter(pk=token.instance_id, team_id=token.team_id).first() if token else None
+    if instance is None:
+        raise exceptions.NotFound("the token's instance does not exist")
+    return instance
+
+
+class EnrollView(APIView):
+    """A new node exchanges its acquisition's enrolment key for an agent token."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=EnrollSerializer, responses={201: EnrollResultSerializer})
+    def post(self, request: Request) -> Response:
+        data = validate_or_400(EnrollSerializer(data=request.data))
+        instance, key = services.agent_enroll(
+            enroll_key=data["enroll_key"], provider_instance_id=data["provider_instance_id"],
+            address=data.get("agent_address", ""),
+        )
+        return Response({"instance": instance.pk, "job": instance.job_id, "token": key}, status=status.HTTP_201_CREATED)
+
+
+class CommandsView(APIView):
+    """Long-poll: answers at once when the agent's view (`version`) is stale, else holds the request
+    up to `wait` seconds until the instance, its job's status or its generation changes."""
+
+    permission_classes = [AgentsOnly]
+
+    @extend_schema(parameters=[CommandsQuerySerializer], responses={200: CommandsSerializer})
+    def get(self, request: Request) -> Response:
+        query = validate_or_400(CommandsQuerySerializer(data=request.query_params))
+        instance_id = agent_token(request).instance_id
+        deadline = time.monotonic() + query["wait"]
+        while True:
+            version, _ = selectors.agent_command_version(instance_id=instance_id)
+            if version != query["version"] or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_INTERVAL_S)
+        close_old_connections()
+        return Response(services.agent_commands(instance_id=instance_id))
+
+
+class AgentNoticeView(APIView):
+    """The agent saw an interruption (or rebalance) notice in its metadata endpoint."""
+
+    permission_classes = [AgentsOnly]
+
+    @extend_schema(request=AgentNoticeSerializer, responses={202: AgentNoticeResultSerializer})
+    def post(self, request: Request) -> Response:
+        data = validate_or_400(AgentNoticeSerializer(data=request.data))
+        notice_id = services.agent_notice(
+            instance=_agent_instance(request), kind=data["kind"], action=data["action"], deadline=data["deadline"],
+            cloud=data["cloud"], payload=data["raw"],
+        )
+        return Response({"notice": notice_id, "duplicate": notice_id is None}, status=status.HTTP_202_ACCEPTED)
+
+
+class AgentEventView(APIView):
+    """The agent reports what its workers did (started, applied a generation, exited)."""
+
+    permission_classes = [AgentsOnly]
+
+    @extend_schema(request=AgentEventSerializer, responses={202: None})
+    def post(self, request: Request) -> Response:
+        data = validate_or_400(AgentEventSerializer(data=request.data))
+        instance = _agent_instance(request)
+        if instance.job is not None:
+            job_record_event(
+                job=instance.job, kind=f"agent_{data['kind']}",
+                message=f"instance {instance.pk}: {data['kind']}"
+                + (f" ({data['message']})" if data["message"] else ""),
+                data={"instance": instance.pk, "generation": data["generation"], "step": data["step"],
+                      "code": data["code"]},
+            )
+            if data["kind"] == "worker_exit":
+                services.task_enqueue("reconcile_job", instance.job_id)
+        return Response(status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,47 @@
+"""Acquisitions: every request for spot capacity is a row, so the job's story shows when nodes were
+asked for, from which pools, and when (or whether) they came."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class AcquisitionStatus(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    LAUNCHING = "launching", "Launching"
+    FULFILLED = "fulfilled", "Fulfilled"
+    FAILED = "failed", "Failed"
+
+
+class AcquisitionReason(models.TextChoices):
+    INITIAL = "initial", "Initial capacity of the plan"
+    REPLACEMENT = "replacement", "Replacement of lost nodes"
+
+
+class Acquisition(models.Model):
+    """One request for `count` nodes for a job. `request_token` is the idempotency key: a task that
+    runs twice finds this row (and the provider finds the nodes it already launched). The job's
+    instances of this acquisition carry `request_token` = `<acquisition token>/<index>`."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="acquisitions")
+    job = models.ForeignKey("jobs.TrainingJob", on_delete=models.CASCADE, related_name="acquisitions")
+    request_token = models.CharField(max_length=64, unique=True)
+    provider = models.CharField(max_length=20)
+    count = models.PositiveIntegerField()
+    pools = models.JSONField(default=list, help_text="[{instance_type, zone, price}] offered to the provider.")
+    avoided_pools = models.JSONField(default=list, blank=True, help_text="Pools left out: they just preempted us.")
+    reason = models.CharField(max_length=20, choices=AcquisitionReason.choices, default=AcquisitionReason.INITIAL)
+    status = models.CharField(max_length=20, choices=AcquisitionStatus.choices, default=AcquisitionStatus.REQUESTED)
+    attempts = models.PositiveIntegerField(default=0)
+    launched = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    requested_at = models.DateTimeField()
+    launch_started_at = models.DateTimeField(null=True, blank=True)
+    fulfilled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["requested_at", "id"]
+        indexes = [models.Index(fields=["job", "status"], name="acquisition_job_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.request_token} x{self.count} ({self.status})"

@@ -1,0 +1,126 @@
+"""Reads of the orchestration app: the capacity a job wants, the pools to take it from, and what an
+agent should run now."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
+
+from controlplane.fleet.models import Instance
+from controlplane.fleet.states import InstanceState
+from controlplane.jobs.models import JobGeneration, TrainingJob
+from controlplane.market.models import SpotPrice
+from controlplane.orchestration.providers.base import Pool
+
+# Instances that count towards a job's capacity (a node under notice is already leaving).
+COUNTED_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING})
+# A pool that preempted one of the team's nodes this recently is not asked again (Karpenter's
+# "unavailable offerings" cache does the same, for 3 minutes).
+POOL_COOLDOWN = timedelta(minutes=3)
+
+
+def setting(name: str, default: Any) -> Any:
+    """A tunable from Django settings, then the environment, then `default` (typed like it)."""
+    value = getattr(settings, name, None)
+    if value is None:
+        value = os.environ.get(name)
+    if value is None:
+        return default
+    return type(default)(value)
+
+
+@dataclass(frozen=True, slots=True)
+class JobShape:
+    """What the job's plan asks for. Plan keys: `dp`, `pp` (default 1), `nodes` (default dp*pp),
+    `provider` (default SPOTPIPE_DEFAULT_PROVIDER or local), `pools` ([{instance_type, zone}]) or
+    `instance_type` (+ `zones`)."""
+
+    dp: int
+    pp: int
+    nodes: int
+    provider: str
+    pools: tuple[Pool, ...]
+    strategy: str
+    min_stages: int
+
+
+def job_shape(*, job: TrainingJob) -> JobShape:
+    plan = job.plan or {}
+    dp = int(plan.get("dp") or 1)
+    pp = int(plan.get("pp") or 1)
+    provider = str(plan.get("provider") or setting("SPOTPIPE_DEFAULT_PROVIDER", "local"))
+    if plan.get("pools"):
+        pools = tuple(Pool(instance_type=p["instance_type"], zone=p.get("zone", "") or "") for p in plan["pools"])
+    elif provider == "local":
+        pools = (Pool(instance_type="local.node", zone="local"),)
+    else:
+        itype = plan.get("instance_type") or "p3.2xlarge"
+        pools = tuple(Pool(instance_type=itype, zone=z) for z in plan.get("zones") or [""])
+    from controlplane.orchestration.reactions import runtime_strategy
+
+    return JobShape(dp=dp, pp=pp, nodes=int(plan.get("nodes") or dp * pp), provider=provider, pools=pools,
+                    strategy=runtime_strategy(job.strategy), min_stages=int(plan.get("min_stages") or 1))
+
+
+def recently_preempted_pools(*, team_id: int, now=None) -> set[str]:
+    """Pool keys (`type@zone`) where one of the team's nodes was preempted or got a notice lately."""
+    since = (now or timezone.now()) - POOL_COOLDOWN
+    rows = Instance.objects.filter(
+        Q(notice_at__gte=since) | Q(state=InstanceState.PREEMPTED, ended_at__gte=since), team_id=team_id
+    ).values_list("instance_type__name", "zone__code")
+    return {f"{itype}@{zone or '*'}" for itype, zone in rows}
+
+
+def pools_ranked(*, job: TrainingJob, shape: JobShape | None = None) -> tuple[list[Pool], list[Pool]]:
+    """The plan's pools, cheapest first by the spot price in force, with the pools that just
+    preempted us left out (returned second). If every pool is cooling down, all are used."""
+    shape = shape or job_shape(job=job)
+    latest = SpotPrice.objects.filter(
+        instance_type__name=OuterRef("instance_type__name"), zone__code=OuterRef("zone__code")
+    ).order_by("-timestamp")
+    prices: dict[str, Decimal] = {}
+    names = [p.instance_type for p in shape.pools]
+    for row in (
+        SpotPrice.objects.filter(instance_type__name__in=names)
+        .annotate(latest_id=Subquery(latest.values("id")[:1]))
+        .values("id", "latest_id", "instance_type__name", "zone__code", "price")
+    ):
+        if row["id"] == row["latest_id"]:
+            prices[f"{row['instance_type__name']}@{row['zone__code']}"] = row["price"]
+    priced = [Pool(instance_type=p.instance_type, zone=p.zone, price=prices.get(p.key)) for p in shape.pools]
+    priced.sort(key=lambda p: (p.price is None, p.price or Decimal(0)))
+    cooling = recently_preempted_pools(team_id=job.team_id)
+    usable = [p for p in priced if p.key not in cooling]
+    avoided = [p for p in priced if p.key in cooling]
+    return (usable or priced), (avoided if usable else [])
+
+
+def job_counted_instances(*, job: TrainingJob) -> list[Instance]:
+    return list(Instance.objects.filter(job=job, state__in=COUNTED_STATES).order_by("id"))
+
+
+def job_current_generation(*, job: TrainingJob) -> JobGeneration | None:
+    if not job.current_generation:
+        return None
+    return JobGeneration.objects.filter(job_id=job.pk, number=job.current_generation).first()
+
+
+def agent_command_version(*, instance_id: int) -> tuple[str, int | None]:
+    """A cheap fingerprint of what the agent of `instance_id` should run (one indexed query), and
+    the job id: the long-poll compares it with the agent's last one."""
+    row = (
+        Instance.objects.filter(pk=instance_id)
+        .values_list("state", "job_id", "job__current_generation", "job__status")
+        .first()
+    )
+    if row is None:
+        return "gone", None
+    state, job_id, generation, status = row
+    return f"{state}:{job_id}:{generation}:{status}", job_id

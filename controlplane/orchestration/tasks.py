@@ -1,0 +1,107 @@
+"""Celery tasks of the orchestration app: thin wrappers over `orchestration.services` (ids in, no
+objects). Every task is safe to run twice; transient errors (database, provider throttling) are
+retried with backoff, a bounded number of times."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.db import OperationalError
+
+from controlplane.fleet.models import Instance
+from controlplane.jobs.models import Reconfiguration, TrainingJob
+from controlplane.orchestration import services
+from controlplane.orchestration.models import Acquisition
+from controlplane.orchestration.providers import ProviderError
+
+logger = logging.getLogger(__name__)
+
+
+class TransientProviderError(Exception):
+    """A provider error worth retrying (throttling, connection, eventual consistency)."""
+
+
+def _run_provider_call(fn, **kwargs):
+    try:
+        return fn(**kwargs)
+    except ProviderError as exc:
+        if exc.transient:
+            raise TransientProviderError(str(exc)) from exc
+        raise
+
+
+TASK_OPTIONS = {
+    "acks_late": True,
+    "ignore_result": True,
+    "autoretry_for": (OperationalError, TransientProviderError),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": 5,
+}
+
+
+@shared_task(name="orchestration.acquire_capacity", **TASK_OPTIONS)
+def acquire_capacity(job_id: int) -> dict:
+    """Request the job's missing capacity and launch it (one acquisition however often it runs)."""
+    job = TrainingJob.objects.get(pk=job_id)
+    acquisition = services.capacity_request(job=job)
+    launched = []
+    for pending in Acquisition.objects.filter(job=job, status__in=("requested", "launching")):
+        launched += _run_provider_call(services.acquisition_launch, acquisition=pending)
+    return {"requested": acquisition.count if acquisition else 0, "launched": len(launched)}
+
+
+@shared_task(name="orchestration.launch_acquisition", **TASK_OPTIONS)
+def launch_acquisition(acquisition_id: int) -> int:
+    acquisition = Acquisition.objects.get(pk=acquisition_id)
+    return len(_run_provider_call(services.acquisition_launch, acquisition=acquisition))
+
+
+@shared_task(name="orchestration.reconcile_job", **TASK_OPTIONS)
+def reconcile_job(job_id: int) -> dict:
+    """Repair one job's capacity (see `services.capacity_reconcile`)."""
+    job = TrainingJob.objects.get(pk=job_id)
+    return _run_provider_call(services.capacity_reconcile, job=job)
+
+
+@shared_task(name="orchestration.reconcile_all", acks_late=True, ignore_result=True)
+def reconcile_all() -> int:
+    """Periodic: fan out one reconcile per job that holds or wants capacity."""
+    ids = services.active_job_ids()
+    for job_id in ids:
+        reconcile_job.delay(job_id)
+    return len(ids)
+
+
+@shared_task(name="orchestration.release_job", **TASK_OPTIONS)
+def release_job(job_id: int) -> list[int]:
+    """Release every node of an ended (finished, failed, cancelled) job."""
+    job = TrainingJob.objects.get(pk=job_id)
+    return _run_provider_call(services.capacity_release, job=job)
+
+
+@shared_task(name="orchestration.detect_dead_agents", acks_late=True, ignore_result=True,
+             autoretry_for=(OperationalError,), max_retries=2)
+def detect_dead_agents() -> list[int]:
+    """Periodic: nodes whose heartbeats stopped are lost; their jobs react."""
+    return services.instances_detect_dead()
+
+
+@shared_task(name="orchestration.apply_reconfiguration", **TASK_OPTIONS)
+def apply_reconfiguration(reconfiguration_id: int) -> int | None:
+    """Choose the strategy's reaction to a leaving node and publish the next generation."""
+    reconfiguration = Reconfiguration.objects.select_related("job").get(pk=reconfiguration_id)
+    generation = services.reconfiguration_apply(reconfiguration=reconfiguration)
+    return generation.number if generation is not None else None
+
+
+@shared_task(name="orchestration.instance_joined", **TASK_OPTIONS)
+def instance_joined(instance_id: int) -> int | None:
+    """A node enrolled: start the job or grow it back."""
+    instance = Instance.objects.select_related("job").get(pk=instance_id)
+    if instance.job is None:
+        return None
+    generation = services.job_grow(job=instance.job, instance=instance)
+    return generation.number if generation is not None else None

@@ -1,0 +1,233 @@
+"""Orchestration services: acquire once, detect deaths, react by strategy, grow back, release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from controlplane.fleet.models import Instance, InterruptionNotice
+from controlplane.fleet.notices import notices_drain
+from controlplane.fleet.states import InstanceState
+from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration
+from controlplane.market.models import SpotPrice
+from controlplane.orchestration import services
+from controlplane.orchestration.models import Acquisition
+from controlplane.orchestration.providers import set_provider
+from controlplane.orchestration.selectors import pools_ranked
+from tests.controlplane.factories import make_instance_type, make_job, make_team, make_zone
+from tests.orchestration.fakes import FakeProvider
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fake():
+    provider = FakeProvider()
+    set_provider("local", provider)
+    yield provider
+    set_provider("local", None)
+
+
+def _job(strategy: str = "recycle", dp: int = 2, pp: int = 2, **plan):
+    return make_job(make_team(), strategy=strategy, target_steps=10,
+                    plan={"dp": dp, "pp": pp, "provider": "local", **plan})
+
+
+def _start(job, fake) -> list[Instance]:
+    """Acquire, launch and enrol the job's nodes; return its instances in slot order."""
+    acquisition = services.job_start(job=job)
+    services.acquisition_launch(acquisition=acquisition)
+    return _enroll_all(acquisition)
+
+
+def _enroll_all(acquisition: Acquisition) -> list[Instance]:
+    key = services.acquisition_enroll_key(acquisition=acquisition)
+    instances = list(Instance.objects.filter(request_token__startswith=acquisition.request_token + "/").order_by("id"))
+    for instance in instances:
+        services.agent_enroll(enroll_key=key, provider_instance_id=instance.provider_instance_id)
+    services.job_grow(job=acquisition.job)
+    return instances
+
+
+def _generation(job) -> JobGeneration:
+    job.refresh_from_db()
+    return JobGeneration.objects.get(job=job, number=job.current_generation)
+
+
+def test_acquire_is_idempotent(fake):
+    job = _job()
+    acquisition = services.capacity_request(job=job)
+    assert services.capacity_request(job=job) is None  # nothing missing any more
+
+    services.acquisition_launch(acquisition=acquisition)
+    services.acquisition_launch(acquisition=acquisition)  # the task ran twice
+
+    assert Acquisition.objects.filter(job=job).count() == 1
+    assert len(fake.launches) == 1 and fake.launches[0].count == 4
+    instances = Instance.objects.filter(job=job)
+    assert instances.count() == 4
+    assert set(instances.values_list("state", flat=True)) == {InstanceState.PENDING}
+    assert sorted(instances.values_list("request_token", flat=True)) == [f"job{job.pk}-acq1/{i}" for i in range(4)]
+    job.refresh_from_db()
+    assert job.status == JobStatus.PROVISIONING
+    assert set(job.events.values_list("kind", flat=True)) >= {"acquisition", "acquired", "job_provisioning"}
+
+
+def test_enrolment_checks_the_key_and_waits_for_attachment(fake):
+    from controlplane.common.errors import Conflict, DomainError
+
+    job = _job(dp=1, pp=1)
+    acquisition = services.job_start(job=job)
+    key = services.acquisition_enroll_key(acquisition=acquisition)
+    with pytest.raises(Conflict, match="not attached"):
+        services.agent_enroll(enroll_key=key, provider_instance_id="fake-1")
+    services.acquisition_launch(acquisition=acquisition)
+    with pytest.raises(DomainError, match="enrolment key"):
+        services.agent_enroll(enroll_key=key[:-2] + "xx", provider_instance_id="fake-1")
+    instance, token = services.agent_enroll(enroll_key=key, provider_instance_id="fake-1")
+    assert token.startswith("sp_") and instance.state == InstanceState.RUNNING
+    assert instance.billing_segments.filter(end__isnull=True).count() == 1
+
+
+def test_first_generation_once_all_nodes_run(fake):
+    job = _job()
+    instances = _start(job, fake)
+    generation = _generation(job)
+    assert generation.number == 1
+    assert generation.layout["slots"] == [[instances[0].pk, instances[1].pk], [instances[2].pk, instances[3].pk]]
+    assert [m["rank"] for m in generation.membership] == [0, 1, 2, 3]
+    assert job.status == JobStatus.RUNNING
+    assert services.job_grow(job=job) is None  # running it again publishes nothing
+
+
+def test_silent_death_reroutes_then_replacement_grows_back(fake):
+    job = _job()
+    instances = _start(job, fake)
+    dead = instances[1]
+    Instance.objects.filter(job=job).update(last_heartbeat_at=timezone.now())
+    Instance.objects.filter(pk=dead.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=5))
+
+    assert services.instances_detect_dead(timeout_s=2.0) == [dead.pk]
+    assert services.instances_detect_dead(timeout_s=2.0) == []  # once
+
+    dead.refresh_from_db()
+    assert dead.state == InstanceState.PREEMPTED
+    generation = _generation(job)
+    assert generation.number == 2
+    assert generation.layout["slots"] == [[instances[0].pk, None], [instances[2].pk, instances[3].pk]]
+    assert generation.layout["decision"] == "reroute"
+    reconfiguration = Reconfiguration.objects.get(job=job, trigger="death")
+    assert (reconfiguration.status, reconfiguration.to_generation) == ("applied", 2)
+    assert job.status == JobStatus.RECOVERING
+
+    report = services.capacity_reconcile(job=job)
+    assert report["requested"] == 1 and report["launched"] == 1
+    replacement_acq = Acquisition.objects.filter(job=job).order_by("-id").first()
+    assert replacement_acq.reason == "replacement"
+    (replacement,) = _enroll_all(replacement_acq)
+
+    generation = _generation(job)
+    assert generation.number == 3
+    assert generation.layout["slots"] == [[instances[0].pk, replacement.pk], [instances[2].pk, instances[3].pk]]
+    assert job.status == JobStatus.RUNNING
+    assert Reconfiguration.objects.get(job=job, trigger="join").to_generation == 3
+    # Nothing is left to do: a second reconcile acquires nothing.
+    again = services.capacity_reconcile(job=job)
+    assert again["requested"] == 0 and Acquisition.objects.filter(job=job).count() == 2
+
+
+def test_agent_notice_becomes_a_reconfiguration_without_the_leaving_node(fake):
+    job = _job()
+    instances = _start(job, fake)
+    leaving = instances[2]
+    deadline = timezone.now() + timedelta(seconds=120)
+    first = services.agent_notice(instance=leaving, kind="interruption", action="terminate", deadline=deadline)
+    assert services.agent_notice(instance=leaving, kind="interruption", action="terminate",
+                                 deadline=deadline) is None  # duplicate
+    assert InterruptionNotice.objects.get(pk=first).source == "agent"
+
+    notices_drain()  # the fleet app's processing: instance -> notice, reconfiguration decided
+    leaving.refresh_from_db()
+    assert leaving.state == InstanceState.NOTICE
+    assert services.reconfigurations_pending(job=job)
+    services.capacity_reconcile(job=job)  # applies what was decided, and asks for a replacement
+
+    generation = _generation(job)
+    assert generation.number == 2
+    assert leaving.pk not in {m["instance"] for m in generation.membership}
+    reconfiguration = Reconfiguration.objects.get(job=job, trigger="notice")
+    assert reconfiguration.decision == "reroute" and reconfiguration.notice_id == first
+    assert Acquisition.objects.filter(job=job, reason="replacement").count() == 1
+
+
+def test_checkpoint_strategy_restarts(fake):
+    job = _job(strategy="checkpoint")
+    instances = _start(job, fake)
+    reconfiguration = services.instance_mark_lost(instance=instances[0], reason="test")
+    services.reconfiguration_apply(reconfiguration=reconfiguration)
+    generation = _generation(job)
+    assert generation.layout["decision"] == "restart"
+    assert generation.layout["restart_from_checkpoint"] is True
+    assert services.reconfiguration_apply(reconfiguration=reconfiguration) is None  # once
+
+
+def test_recycle_waits_when_a_whole_stage_is_gone(fake):
+    job = _job()
+    instances = _start(job, fake)
+    for instance in (instances[1], instances[3]):  # stage 1 of both pipelines
+        reconfiguration = services.instance_mark_lost(instance=instance, reason="test")
+        services.reconfiguration_apply(reconfiguration=reconfiguration)
+    job.refresh_from_db()
+    assert job.current_generation == 2  # the first loss re-routed; the second cannot
+    assert Reconfiguration.objects.filter(job=job, decision="wait").count() == 1
+    assert job.status == JobStatus.RECOVERING
+
+
+def test_provider_drift_is_repaired(fake):
+    job = _job(dp=1, pp=2)
+    instances = _start(job, fake)
+    fake.vanish(instances[0].provider_instance_id)
+    report = services.capacity_reconcile(job=job)
+    assert report["lost"] == [instances[0].pk]
+    assert report["requested"] == 1
+    instances[0].refresh_from_db()
+    assert instances[0].state == InstanceState.PREEMPTED
+
+
+def test_finished_job_releases_everything(fake):
+    job = _job(dp=1, pp=2)
+    instances = _start(job, fake)
+    job.refresh_from_db()
+    job.steps_done = job.target_steps
+    job.save(update_fields=["steps_done"])
+    report = services.capacity_reconcile(job=job)
+    assert sorted(report["released"]) == sorted(i.pk for i in instances)
+    assert sorted(fake.terminated) == sorted(i.provider_instance_id for i in instances)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FINISHED
+    assert not Instance.objects.filter(job=job, state__in=["running", "pending"]).exists()
+    assert all(s.end is not None for i in instances for s in i.billing_segments.all())
+
+
+def test_cheapest_pool_first_and_a_pool_that_just_preempted_us_is_avoided():
+    team = make_team()
+    itype = make_instance_type("p3.2xlarge")
+    a, b = make_zone("us-east-1a", "use1-az1"), make_zone("us-east-1b", "use1-az2")
+    now = timezone.now()
+    SpotPrice.objects.create(instance_type=itype, zone=a, price=Decimal("0.90"), timestamp=now)
+    SpotPrice.objects.create(instance_type=itype, zone=b, price=Decimal("1.20"), timestamp=now)
+    SpotPrice.objects.create(instance_type=itype, zone=b, price=Decimal("0.50"), timestamp=now - timedelta(hours=1))
+    job = make_job(team, plan={"provider": "aws", "pools": [{"instance_type": "p3.2xlarge", "zone": "us-east-1b"},
+                                                            {"instance_type": "p3.2xlarge", "zone": "us-east-1a"}]})
+    ranked, avoided = pools_ranked(job=job)
+    assert [(p.zone, p.price) for p in ranked] == [("us-east-1a", Decimal("0.90")), ("us-east-1b", Decimal("1.20"))]
+    assert avoided == []
+
+    Instance.objects.create(team=team, job=job, provider="aws", instance_type=itype, zone=a,
+                            provider_instance_id="i-0aaa", state=InstanceState.PREEMPTED, ended_at=now)
+    ranked, avoided = pools_ranked(job=job)
+    assert [p.zone for p in ranked] == ["us-east-1b"]
+    assert [p.zone for p in avoided] == ["us-east-1a"]

@@ -1,0 +1,127 @@
+"""The orchestration tasks through a real Celery worker (the configured broker: the filesystem
+transport by default, Redis when REDIS_URL is set), on a queue of this test's own."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.db import OperationalError, connection
+from django.utils import timezone
+
+from controlplane.celery import app
+from controlplane.fleet.models import Instance
+from controlplane.fleet.states import InstanceState
+from controlplane.jobs.models import Reconfiguration
+from controlplane.orchestration import services, tasks
+from controlplane.orchestration.models import Acquisition
+from controlplane.orchestration.providers import set_provider
+from tests.controlplane.factories import make_job, make_team
+from tests.orchestration.fakes import FakeProvider
+
+
+def retrying(fn, *args, **kwargs):
+    """Call fn, retrying while the test database is locked by the worker thread (SQLite's shared
+    in-memory test database locks whole tables and has no busy timeout)."""
+    for _ in range(100):
+        try:
+            return fn(*args, **kwargs)
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            time.sleep(0.05)
+    return fn(*args, **kwargs)
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = retrying(predicate)
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _reset_routing() -> None:
+    app.amqp.flush_routes()
+    for cached in ("queues", "router", "default_queue"):
+        app.amqp.__dict__.pop(cached, None)
+
+
+@pytest.fixture
+def worker():
+    """A real worker thread consuming a queue no other test or process uses."""
+    queue = f"orchestration-test-{uuid.uuid4().hex[:8]}"
+    previous = app.conf.task_default_queue, app.conf.task_routes
+    app.conf.task_default_queue = queue
+    app.conf.task_routes = {"*": {"queue": queue}}
+    _reset_routing()
+    provider = FakeProvider()
+    set_provider("local", provider)
+    try:
+        with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, queues=[queue],
+                          shutdown_timeout=10, loglevel="WARNING"):
+            yield provider
+    finally:
+        set_provider("local", None)
+        app.conf.task_default_queue, app.conf.task_routes = previous
+        _reset_routing()
+        connection.close()
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(90)
+def test_acquire_twice_acquires_once_and_death_publishes_a_generation(worker):
+    job = make_job(make_team(), strategy="recycle", target_steps=10, plan={"dp": 2, "pp": 2, "provider": "local"})
+
+    tasks.acquire_capacity.delay(job.pk)
+    tasks.acquire_capacity.delay(job.pk)  # a duplicate delivery
+    wait_for(lambda: Instance.objects.filter(job=job, state=InstanceState.PENDING).count() == 4, what="4 pending")
+    time.sleep(0.3)  # let the duplicate run to the end too
+    wait_for(lambda: not Acquisition.objects.filter(job=job, status="launching").exists(), what="launch done")
+    assert retrying(Acquisition.objects.filter(job=job).count) == 1
+    assert len(worker.by_token) == 1 and sum(len(v) for v in worker.by_token.values()) == 4
+
+    acquisition = retrying(Acquisition.objects.get, job=job)
+    key = services.acquisition_enroll_key(acquisition=acquisition)
+    instances = retrying(lambda: list(Instance.objects.filter(job=job).order_by("id")))
+    for instance in instances:  # enrolment enqueues instance_joined on commit
+        retrying(services.agent_enroll, enroll_key=key, provider_instance_id=instance.provider_instance_id)
+    wait_for(lambda: job.generations.filter(number=1).exists(), what="generation 1 from the worker")
+
+    retrying(Instance.objects.filter(job=job).update, last_heartbeat_at=timezone.now())
+    retrying(Instance.objects.filter(pk=instances[3].pk).update,
+             last_heartbeat_at=timezone.now() - timedelta(seconds=10))
+    tasks.detect_dead_agents.delay()
+    wait_for(lambda: job.generations.filter(number=2).exists(), what="generation 2 after the death")
+    generation = retrying(job.generations.get, number=2)
+    assert instances[3].pk not in {m["instance"] for m in generation.membership}
+    assert retrying(Reconfiguration.objects.get, job=job).decision == "reroute"
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(90)
+def test_notice_decided_elsewhere_is_applied_by_the_worker(worker):
+    """A reconfiguration decided by the notice processor is applied through the on-commit hook."""
+    from controlplane.jobs.reconfiguration import reconfiguration_decide
+
+    job = make_job(make_team(), strategy="oobleck", target_steps=10, plan={"dp": 2, "pp": 2, "provider": "local"})
+    acquisition = services.job_start(job=job)
+    services.acquisition_launch(acquisition=acquisition)
+    key = services.acquisition_enroll_key(acquisition=acquisition)
+    instances = list(Instance.objects.filter(job=job).order_by("id"))
+    for instance in instances:
+        retrying(services.agent_enroll, enroll_key=key, provider_instance_id=instance.provider_instance_id)
+    wait_for(lambda: job.generations.filter(number=1).exists(), what="generation 1")
+
+    retrying(services._transition, instances[0], InstanceState.NOTICE)
+    retrying(reconfiguration_decide, job=job, trigger="notice", trigger_key=f"leave:instance:{instances[0].pk}",
+             instance=instances[0])
+    wait_for(lambda: job.generations.filter(number=2).exists(), what="generation 2 after the notice")
+    assert retrying(Reconfiguration.objects.get, job=job, trigger="notice").decision == "reinstantiate"
