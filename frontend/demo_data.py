@@ -37,7 +37,7 @@ from controlplane.jobs.models import (
     ReconfigurationStatus,
     TrainingJob,
 )
-from controlplane.market.models import Cloud, InstanceType, Region, SpotPrice, Zone
+from controlplane.market.models import Cloud, InstanceType, Region, SpotPool, SpotPrice, Zone
 
 # (name, on-demand USD/h, accelerator, count): real AWS shapes, rounded list prices.
 INSTANCE_TYPES = [
@@ -102,7 +102,30 @@ def price_rows(
 
 
 def load_prices(rows: Iterator[tuple[int, int, datetime, Decimal]], *, batch: int = 20000) -> int:
-    """Store price rows fast: COPY on PostgreSQL, big bulk_create batches elsewhere."""
+    """Store price rows fast (COPY on PostgreSQL, big bulk_create batches elsewhere) and record
+    each pool's newest price in SpotPool, as the market loader does."""
+    newest: dict[tuple[int, int], tuple[datetime, Decimal]] = {}
+
+    def track(rows: Iterator[tuple[int, int, datetime, Decimal]]) -> Iterator[tuple[int, int, datetime, Decimal]]:
+        for row in rows:
+            key = (row[0], row[1])
+            if key not in newest or row[2] > newest[key][0]:
+                newest[key] = (row[2], row[3])
+            yield row
+
+    count = _store_prices(track(rows), batch=batch)
+    for (type_id, zone_id), (at, price) in newest.items():
+        pool, created = SpotPool.objects.get_or_create(
+            instance_type_id=type_id, zone_id=zone_id, product="Linux/UNIX",
+            defaults={"latest_timestamp": at, "latest_price": price},
+        )
+        if not created and pool.latest_timestamp < at:
+            pool.latest_timestamp, pool.latest_price = at, price
+            pool.save(update_fields=["latest_timestamp", "latest_price"])
+    return count
+
+
+def _store_prices(rows: Iterator[tuple[int, int, datetime, Decimal]], *, batch: int) -> int:
     count = 0
     if connection.vendor == "postgresql":
         table = SpotPrice._meta.db_table

@@ -12,13 +12,11 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection
 from django.db.models import Avg, Count, F, Max, OuterRef, Q, Subquery
-from django.utils import timezone
 
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeKind
 from controlplane.fleet.states import LIVE_STATES, InstanceState
@@ -30,14 +28,14 @@ from controlplane.jobs.models import (
     Reconfiguration,
     TrainingJob,
 )
-from controlplane.market.models import InstanceType, SpotPrice, Zone
-from controlplane.market.selectors import LINUX, spot_price_at, spot_price_history
+from controlplane.market.selectors import LINUX, cheapest_pools, spot_price_at, spot_price_history
 from frontend import costs
 
 # Buckets a chart may use, so axes line up between pools and requests cache well.
 NICE_BUCKETS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400)
 MAX_PRICE_POINTS = 400
 MAX_METRIC_POINTS = 600
+MAX_POOLS_LISTED = 500
 INTERRUPTION_BUCKETS = ((5, "<5%"), (10, "5-10%"), (15, "10-15%"), (20, "15-20%"), (math.inf, ">20%"))
 
 
@@ -80,41 +78,14 @@ class PoolNow:
         return f"{self.instance_type} {self.zone}"
 
 
-def pools_now(*, at: datetime, product: str = LINUX) -> list[PoolNow]:
-    """Every pool (instance type x zone of the same cloud) with a known price at `at`, cheapest
-    first. One correlated index probe per catalogue pair (the catalogue is small; the price table
-    is not), instead of a scan-and-rank over the whole history."""
-    sp, it, zone = SpotPrice._meta.db_table, InstanceType._meta.db_table, Zone._meta.db_table
-    region = Zone._meta.get_field("region").related_model._meta.db_table
-    latest = (
-        f"SELECT {{col}} FROM {sp} p WHERE p.instance_type_id = it.id AND p.zone_id = z.id "
-        f"AND p.product = %s AND p.timestamp <= %s ORDER BY p.timestamp DESC LIMIT 1"
-    )
-    sql = (
-        f"SELECT it.id, it.name, it.on_demand_price, z.id, z.code, "
-        f"({latest.format(col='p.price')}), ({latest.format(col='p.timestamp')}) "
-        f"FROM {it} it JOIN {region} r ON r.cloud_id = it.cloud_id JOIN {zone} z ON z.region_id = r.id"
-    )
-    at_param = connection.ops.adapt_datetimefield_value(at)
-    pools = []
-    price_field = SpotPrice._meta.get_field("price")
-    time_field = SpotPrice._meta.get_field("timestamp")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [product, at_param, product, at_param])
-        for type_id, type_name, on_demand, zone_id, zone_code, price, since in cursor.fetchall():
-            if price is None:
-                continue
-            # Raw SQL skips field converters: SQLite hands back floats/strings for these columns.
-            price = price_field.to_python(price) if not isinstance(price, Decimal) else price
-            since = time_field.to_python(since)
-            if timezone.is_naive(since):
-                since = timezone.make_aware(since, UTC)
-            if on_demand is not None and not isinstance(on_demand, Decimal):
-                on_demand = Decimal(str(on_demand))
-            pools.append(PoolNow(type_id, type_name, zone_id, zone_code, Decimal(price).quantize(Decimal("0.000001")),
-                                 since, on_demand))
-    pools.sort(key=lambda p: (p.price, p.instance_type, p.zone))
-    return pools
+def pools_now(*, at: datetime, product: str = LINUX, limit: int = MAX_POOLS_LISTED) -> list[PoolNow]:
+    """Every pool with a known price at `at`, cheapest first (`market.selectors.cheapest_pools`:
+    one row per pool from SpotPool, never a scan of the price history)."""
+    return [
+        PoolNow(instance_type_id=p.instance_type_id, instance_type=p.instance_type, zone_id=p.zone_id, zone=p.zone,
+                price=p.price, since=p.since, on_demand=p.on_demand_price)
+        for p in cheapest_pools(at=at, product=product, limit=limit)
+    ]
 
 
 def interruption_buckets(*, team_ids: Iterable[int], since: datetime) -> dict[tuple[int, int], dict[str, Any]]:
