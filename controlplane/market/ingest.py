@@ -258,9 +258,16 @@ def _insert_rows(using: str, table: str, columns: tuple[str, ...], rows: list[Pr
                        ops.adapt_datetimefield_value(ts)]
         values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
         sql = f"INSERT INTO {ops.quote_name(table)} ({cols}) VALUES {values} {conflict}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return max(cursor.rowcount, 0)
+    # A plain (not debug-logging) cursor: with DEBUG on, Django would log every batch and, on
+    # SQLite, quote its thousands of parameters through the database just to build the log line.
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = connection.create_cursor()
+        try:
+            cursor.execute(sql, params)
+            return max(cursor.rowcount, 0)
+        finally:
+            cursor.close()
 
 
 def _insert_batch(using: str, batch: list[Prepared]) -> int:
