@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from controlplane.fleet.models import Instance, InterruptionNotice, Lifecycle, NoticeKind, NoticeStatus
 from controlplane.fleet.services import instance_transition
-from controlplane.fleet.states import ALLOWED_TRANSITIONS, InstanceState
+from controlplane.fleet.states import ALLOWED_TRANSITIONS, IllegalTransition, InstanceState
 from controlplane.jobs.models import JobEvent, ReconfigurationTrigger
 
 logger = logging.getLogger(__name__)
@@ -114,13 +114,15 @@ def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:
         f"VALUES {', '.join(rows_sql)} ON CONFLICT ({qn('dedup_key')}) DO NOTHING "
         f"RETURNING {qn('id')}, {qn('dedup_key')}"
     )
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            stored = {key: pk for pk, key in cursor.fetchall()}
-        if stored:
-            ids = list(stored.values())
-            transaction.on_commit(lambda: notices_handoff(notice_ids=ids))
+    # One statement needs no explicit transaction: in autocommit mode it commits by itself, which
+    # saves the BEGIN and COMMIT round trips on the hot path. Inside a caller's transaction the
+    # hand-off waits for that transaction's commit.
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        stored = {key: pk for pk, key in cursor.fetchall()}
+    if stored:
+        ids = list(stored.values())
+        transaction.on_commit(lambda: notices_handoff(notice_ids=ids))  # runs now in autocommit mode
     return StoreResult(stored=stored, duplicates=[key for key in seen if key not in stored])
 
 
@@ -250,6 +252,23 @@ def _find_instance(notice: InterruptionNotice) -> Instance | None:
     return qs.order_by("id").first()
 
 
+def _transition_if_allowed(notice: InterruptionNotice, instance: Instance, target: str) -> bool:
+    """Move the instance unless a concurrent notice already moved it past `target` (the state we
+    read was not locked; `instance_transition` re-checks under the row lock)."""
+    try:
+        instance_transition(
+            # Stamped when we learn of it, so the instance's log stays in order; the cloud's own time
+            # is in the detail.
+            instance=instance, to=target,
+            detail={"notice": notice.pk, "source": notice.source, "kind": notice.kind, "action": notice.action,
+                    "event_time": notice.event_time.isoformat() if notice.event_time else None},
+        )
+    except IllegalTransition:
+        instance.refresh_from_db(fields=["state"])
+        return False
+    return True
+
+
 def _react(notice: InterruptionNotice) -> None:
     """Move the instance, record the event on the job's timeline, and ask for a reconfiguration."""
     from controlplane.jobs.reconfiguration import reconfiguration_decide
@@ -265,14 +284,7 @@ def _react(notice: InterruptionNotice) -> None:
     target = _target_state(notice, instance)
     transitioned = False
     if target and instance.state != target and target in ALLOWED_TRANSITIONS[instance.state]:
-        instance_transition(
-            # Stamped when we learn of it, so the instance's log stays in order; the cloud's own time
-            # is in the detail.
-            instance=instance, to=target,
-            detail={"notice": notice.pk, "source": notice.source, "kind": notice.kind, "action": notice.action,
-                    "event_time": notice.event_time.isoformat() if notice.event_time else None},
-        )
-        transitioned = True
+        transitioned = _transition_if_allowed(notice, instance, target)
     job = instance.job
     if job is None:
         return
@@ -317,6 +329,18 @@ def notice_process(*, notice_id: int) -> InterruptionNotice | None:
     return notice
 
 
+def _lock_instances(rows: list[InterruptionNotice]) -> None:
+    """Lock every instance the batch may move, in id order, before touching any: two drains then
+    queue on the same order instead of deadlocking on each other's rows."""
+    keys = {key for notice in rows for key in _instance_keys(notice)}
+    teams = {notice.team_id for notice in rows}
+    if keys:
+        qs = Instance.objects.select_for_update().filter(provider_instance_id__in=keys)
+        if None not in teams:
+            qs = qs.filter(team_id__in=teams)
+        list(qs.order_by("id").values_list("id", flat=True))
+
+
 def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
     """Process claimed notices in one transaction (one commit for the batch rather than one per
     notice: on a busy disk the commit is most of the wall time). If any notice fails, the batch is
@@ -328,6 +352,7 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
                 InterruptionNotice.objects.select_for_update().filter(id__in=notice_ids)
                 .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED]).order_by("id")
             )
+            _lock_instances(rows)
             for notice in rows:
                 _react(notice)
                 _mark_processed(notice)

@@ -289,3 +289,12 @@ def generic_notice(request: HttpRequest, team_slug: str) -> JsonResponse:
     team = _team(team_slug, WebhookSource.GENERIC)
     msg_id = _auth_standard_webhooks(request, team, body)
     return _store(formats.generic_drafts(formats.parse_json(body), team_id=team.team_id, msg_id=msg_id))
+
+
+@csrf_exempt
+def bench_parse_only(request: HttpRequest) -> JsonResponse:
+    """Benchmark baseline (routed only when SPOTPIPE_BENCH_ENDPOINTS=1): read and parse the body and
+    answer, with no auth, no insert, no hand-off. What the same server costs per request at best."""
+    body = request.read(MAX_BODY_BYTES + 1)
+    formats.parse_json(body)
+    return JsonResponse({"status": "parsed"}, status=200)

@@ -196,3 +196,19 @@ def test_handoff_modes(monkeypatch, settings):
     settings.SPOTPIPE_NOTICE_HANDOFF = "none"
     notices.notices_handoff(notice_ids=[1, 2])
     assert calls == ["kick", 1, 2]
+
+
+def test_a_concurrent_move_is_not_an_error(monkeypatch):
+    """Two drains may read the same running instance; the second finds it already moved under the
+    row lock and records the notice without failing."""
+    team = make_team()
+    job = make_job(team)
+    instance = running(team, job=job)
+    notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
+    stale = type(instance).objects.select_related("job").get(pk=instance.pk)  # read while "running"
+    instance_transition(instance=instance, to="notice")  # the other drain wins
+    monkeypatch.setattr(notices, "_find_instance", lambda notice: stale)
+    result = notices_drain()
+    assert (result.processed, result.failed) == (1, 0)
+    assert JobEvent.objects.get(job=job).data["transitioned"] is False
+    assert instance.events.filter(to_state="notice").count() == 1

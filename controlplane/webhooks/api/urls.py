@@ -1,6 +1,8 @@
 """API routes of this app, mounted under /api/v1/webhooks/. The team is part of each URL; the
 credential it is configured with authenticates the sender."""
 
+import os
+
 from django.urls import path
 
 from controlplane.webhooks import views
@@ -14,3 +16,6 @@ urlpatterns = [
     path("azure/<slug:team_slug>/", views.azure, name="azure"),
     path("notice/<slug:team_slug>/", views.generic_notice, name="notice"),
 ]
+
+if os.environ.get("SPOTPIPE_BENCH_ENDPOINTS") == "1":  # `python -m bench webhooks` only
+    urlpatterns.append(path("bench/parse-only/", views.bench_parse_only, name="bench-parse-only"))
