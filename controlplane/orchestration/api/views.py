@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 
-from django.db import close_old_connections
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
 from rest_framework.permissions import AllowAny, BasePermission
@@ -80,7 +79,6 @@ class CommandsView(APIView):
             if version != query["version"] or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_INTERVAL_S)
-        close_old_connections()
         return Response(services.agent_commands(instance_id=instance_id))
 
 
