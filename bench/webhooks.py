@@ -255,6 +255,7 @@ def _burst(port: int, requests: list[bytes], connections: int, time_cap_s: float
     """Closed loop: `connections` client threads, each sending its next request on answer."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
+    taken: list[int] = []
     lock = threading.Lock()
     cursor = iter(range(len(requests)))
     deadline = time.monotonic() + time_cap_s
@@ -264,6 +265,8 @@ def _burst(port: int, requests: list[bytes], connections: int, time_cap_s: float
         while time.monotonic() < deadline:
             with lock:
                 i = next(cursor, None)
+                if i is not None:
+                    taken.append(i)
             if i is None:
                 break
             try:
@@ -298,6 +301,7 @@ def _burst(port: int, requests: list[bytes], connections: int, time_cap_s: float
         "p50_ms": round(pct(0.50), 2),
         "p99_ms": round(pct(0.99), 2),
         "statuses": statuses,
+        "taken": taken,
     }
 
 
@@ -477,6 +481,9 @@ def _variant(
         web_cpu0, worker_cpu0, client_cpu0 = _session_cpu_s(web.pid), _session_cpu_s(worker.pid), time.process_time()
         load0 = os.getloadavg()[0]
         burst = _burst(port, requests, connections, time_cap_s=120)
+        taken = burst.pop("taken")
+        # The time cap may stop the burst early: count only what was sent.
+        unique = len({stream[i]["id"] for i in taken})
         web_cpu = _session_cpu_s(web.pid) - web_cpu0
         client_cpu = time.process_time() - client_cpu0
         after_burst = _counts()
@@ -493,9 +500,9 @@ def _variant(
     accepted = burst["statuses"].get(202, 0) + burst["statuses"].get(200, 0)
     return {
         "variant": name,
-        "requests": n,
+        "requests": burst["sent"],
         "unique_notices": unique,
-        "duplicates_sent": n - unique,
+        "duplicates_sent": burst["sent"] - unique,
         **burst,
         "statuses": {str(k): v for k, v in sorted(burst["statuses"].items())},
         "answered_2xx": accepted,

@@ -168,16 +168,37 @@ def azure_drafts(body: Any, *, team_id: int) -> list[NoticeDraft]:
     return drafts
 
 
+def _imds(imds: Any) -> tuple[str, datetime | None, datetime | None]:
+    """An AWS instance-metadata body as the agent read it: `spot/instance-action`
+    ({action, time}: time is when the VM goes) or `events/recommendations/rebalance` ({noticeTime})."""
+    imds = _obj(imds, "imds")
+    if "action" in imds:
+        action = _str(imds, "action", "imds.action")
+        if action not in AWS_SPOT_ACTIONS:
+            raise BadNotice(f"imds.action must be one of terminate, stop, hibernate; got {action!r}",
+                            field="imds.action")
+        deadline = _time(imds.get("time"), "imds.time")
+        return action, deadline - AWS_NOTICE_LEAD, deadline
+    if "noticeTime" in imds:
+        return "rebalance", _time(imds.get("noticeTime"), "imds.noticeTime"), None
+    raise BadNotice("imds must be a spot/instance-action body {action, time} or a rebalance body {noticeTime}",
+                    field="imds")
+
+
 def generic_drafts(body: Any, *, team_id: int, msg_id: str) -> list[NoticeDraft]:
     """A generic notice {instance_id, action, time?, deadline?, source?} keyed by its
-    Standard Webhooks `webhook-id`."""
+    Standard Webhooks `webhook-id`. An agent may instead forward the raw AWS metadata body it read,
+    as {instance_id, imds: {...}, source: "agent"}."""
     body = _obj(body, "body")
     instance_id = _str(body, "instance_id")
-    action = _str(body, "action")
-    if action not in GENERIC_ACTIONS:
-        raise BadNotice(f"action must be one of {', '.join(GENERIC_ACTIONS)}; got {action!r}", field="action")
-    event_time = _time(body["time"], "time") if body.get("time") is not None else None
-    deadline = _time(body["deadline"], "deadline") if body.get("deadline") is not None else None
+    if body.get("imds") is not None and body.get("action") is None:
+        action, event_time, deadline = _imds(body["imds"])
+    else:
+        action = _str(body, "action")
+        if action not in GENERIC_ACTIONS:
+            raise BadNotice(f"action must be one of {', '.join(GENERIC_ACTIONS)}; got {action!r}", field="action")
+        event_time = _time(body["time"], "time") if body.get("time") is not None else None
+        deadline = _time(body["deadline"], "deadline") if body.get("deadline") is not None else None
     source = NoticeSource.AGENT if body.get("source") == "agent" else NoticeSource.GENERIC
     return [NoticeDraft(
         team_id=team_id, source=source, kind=GENERIC_ACTIONS[action], action=action,

@@ -177,3 +177,40 @@ def test_rotating_signing_secrets(client, team):
     denied = signed_post(client, "/api/v1/webhooks/notice/ml-team/", body, old, msg_id="c")
     assert denied.status_code == 401
     assert InterruptionNotice.objects.count() == 2
+
+
+def test_agent_forwards_the_imds_samples(client, team, shared_data):
+    """The metadata bodies an agent reads on the VM (spot/instance-action, rebalance), forwarded raw."""
+    _, secret = make_webhook_credential(team, "generic", "standard_webhooks")
+    instance = running(team, "i-0imds")
+    folder = shared_data / "cloud-events"
+    rebalance = json.loads((folder / "aws-imds-rebalance.json").read_text())
+    action = json.loads((folder / "aws-imds-spot-instance-action.json").read_text())
+    for msg_id, imds in (("imds-r", rebalance), ("imds-a", action)):
+        body = json.dumps({"instance_id": "i-0imds", "imds": imds, "source": "agent"}).encode()
+        assert signed_post(client, "/api/v1/webhooks/notice/ml-team/", body, secret, msg_id=msg_id).status_code == 202
+    warning = InterruptionNotice.objects.get(cloud_event_id="imds-a")
+    assert (warning.kind, warning.action, warning.source) == (NoticeKind.INTERRUPTION, "terminate", NoticeSource.AGENT)
+    assert warning.deadline.isoformat() == "2026-11-20T14:04:00+00:00"
+    assert InterruptionNotice.objects.get(cloud_event_id="imds-r").kind == NoticeKind.REBALANCE
+    notices_drain()
+    instance.refresh_from_db()
+    assert instance.state == "notice"
+    bad = json.dumps({"instance_id": "i-0imds", "imds": {"action": "melt", "time": "2026-11-20T14:04:00Z"}}).encode()
+    response = signed_post(client, "/api/v1/webhooks/notice/ml-team/", bad, secret, msg_id="imds-bad")
+    assert response.status_code == 400 and "imds.action" in response.json()["errors"]
+
+
+def test_management_command_prints_the_secret_once(team):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("webhook_credential", "ml-team", "gcp", "token", stdout=out)
+    secret = out.getvalue().split("secret (shown once): ")[1].strip()
+    cred = WebhookCredential.objects.get(team=team, source="gcp")
+    assert cred.secret_hash and secret not in cred.secret_hash
+    from controlplane.webhooks.credentials import hash_secret
+
+    assert cred.secret_hash == hash_secret(secret)
