@@ -37,6 +37,18 @@ class InstanceSpec:
     on_demand_usd_per_hour: float
     advisor_bucket: int | None = None
     """Spot-advisor interruption bucket index (0..4) in the default region, None when unknown."""
+    advisor_savings_percent: int | None = None
+    """Spot-advisor savings over on-demand in that region (a spot price when no price is recorded)."""
+
+    @property
+    def typical_spot_usd_per_hour(self) -> float:
+        """On-demand less the advisor's savings (30% of on-demand when unknown)."""
+        savings = self.advisor_savings_percent if self.advisor_savings_percent is not None else 70
+        return self.on_demand_usd_per_hour * (1 - savings / 100)
+
+    @property
+    def advisor_rate_per_node_hour(self) -> float | None:
+        return None if self.advisor_bucket is None else bucket_rate_per_hour(self.advisor_bucket)
 
     @property
     def device_memory_bytes(self) -> float:
@@ -52,7 +64,7 @@ def instance_types(region: str = "us-east-1") -> dict[str, InstanceSpec]:
     """The shipped instance types, with the advisor bucket of `region` where known."""
     out = {}
     for name, t in _shipped()["types"].items():
-        bucket = t["spot_advisor"].get(region, {}).get("bucket")
+        advice = t["spot_advisor"].get(region, {})
         out[name] = InstanceSpec(
             name=name,
             accelerator=t["accelerator"],
@@ -62,7 +74,8 @@ def instance_types(region: str = "us-east-1") -> dict[str, InstanceSpec]:
             memory_bandwidth_gbs=t["memory_bandwidth_gbs"],
             network_gbps=t["network_gbps"],
             on_demand_usd_per_hour=t["on_demand_usd_per_hour"],
-            advisor_bucket=bucket,
+            advisor_bucket=advice.get("bucket"),
+            advisor_savings_percent=advice.get("savings_percent"),
         )
     return out
 

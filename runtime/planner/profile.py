@@ -1,7 +1,8 @@
 """Profiler: per-layer forward, backward-input and backward-weight time, activation and parameter
 memory and FLOPs of a `runtime.model` model on the current device, stored per instance type.
 
-Times are medians over `repeats` runs after a warm-up, for one micro-batch of `microbatch_size`
+Times are minima over `repeats` runs after a warm-up (the minimum is the least disturbed by other
+processes on a shared machine), for one micro-batch of `microbatch_size`
 samples. Backward-input is the gradient with respect to the layer's input only, backward-weight the
 gradient with respect to its parameters only (what the `fiw` schedule runs as I and W).
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -167,9 +167,9 @@ def profile_model(
                     bww.append(t_w)
             layers.append(
                 LayerProfile(
-                    forward_s=statistics.median(fwd),
-                    backward_input_s=statistics.median(bwi),
-                    backward_weight_s=statistics.median(bww),
+                    forward_s=min(fwd),
+                    backward_input_s=min(bwi),
+                    backward_weight_s=min(bww),
                     forward_flops=features[index].forward_flops,
                     param_bytes=features[index].param_bytes,
                     activation_bytes=features[index].activation_bytes,

@@ -32,6 +32,9 @@ RECOVERY_S = {"recycle": 2.0 + 5.0, "oobleck": 30.0 + 5.0, "bamboo": 10.0 + 5.0,
 """Seconds of lost progress per preemption beyond the step in flight (reaction + detection), per
 strategy; checkpoint also loses half a checkpoint interval (Young/Daly, see `goodput_fraction`)."""
 CHECKPOINT_COST_S = 30.0
+SCREEN_SLACK = 0.2
+"""The closed form is within about 15% of the replay; candidates that miss a limit by less than this
+are still replayed, so a limit near the boundary is decided by the exact model."""
 
 
 class PlanError(ValueError):
@@ -317,7 +320,7 @@ class Planner:
             model="replay",
         )
 
-    def plan(self, request: PlanRequest, *, refine: int = 6, exhaustive: bool = False) -> Plan:
+    def plan(self, request: PlanRequest, *, refine: int = 4, exhaustive: bool = False) -> Plan:
         """The best plan for `request`, or `PlanError` with the nearest feasible plan."""
         _validate(request)
         started = time.perf_counter()
@@ -332,21 +335,25 @@ class Planner:
         if exhaustive:
             refined = [self.replay(request, c) for c in cands]
         else:
-            # Refine the best by the objective, and the best feasible ones, with the exact replay.
-            head = cands[:refine] + [c for c in cands if c.feasible][:refine]
+            # Replay the best few by the objective, the best few that the closed form calls feasible,
+            # and the fastest and cheapest few (the nearest plans if nothing turns out feasible).
+            slack = [c for c in cands if self._within(request, c, SCREEN_SLACK)]
+            head = (
+                cands[:refine]
+                + sorted(slack, key=objective_ignoring_feasibility(request))[:refine]
+                + sorted(cands, key=lambda c: c.hours)[:refine]
+                + sorted(cands, key=lambda c: c.cost_usd)[:refine]
+            )
             seen, refined = set(), []
             for c in head:
-                key = (c.instance_type, c.zone, c.dp, c.pp, c.schedule)
-                if key not in seen:
-                    seen.add(key)
+                if _key(c) not in seen:
+                    seen.add(_key(c))
                     refined.append(self.replay(request, c))
         refined.sort(key=objective)
         feasible = [c for c in refined if c.feasible]
         elapsed = time.perf_counter() - started
         if not feasible:
-            # The nearest plan: the fastest (deadline) or cheapest (budget) of all candidates, replayed.
-            nearest = sorted(cands, key=lambda c: c.hours)[:refine] + sorted(cands, key=lambda c: c.cost_usd)[:refine]
-            raise _infeasible(request, [self.replay(request, c) for c in nearest] + refined)
+            raise _infeasible(request, refined)
         best = feasible[0]
         others = sorted(
             [c for c in cands if (c.instance_type, c.zone, c.dp, c.pp, c.schedule) != _key(best)], key=objective
@@ -364,6 +371,13 @@ class Planner:
             objective=objective.__doc__ or "",
             notes=notes,
         )
+
+    @staticmethod
+    def _within(request: PlanRequest, c: Candidate, slack: float) -> bool:
+        """Could the candidate meet the limits once replayed (closed form within `slack`)?"""
+        if request.deadline_hours is not None and c.hours > request.deadline_hours * (1 + slack):
+            return False
+        return not (request.budget_usd is not None and c.cost_usd > request.budget_usd * (1 + slack))
 
     def templates(self, request: PlanRequest, best: Candidate) -> list[dict]:
         """Pipeline templates for every node count from the fewest that fit in memory up to the plan's
@@ -401,6 +415,13 @@ class Planner:
                     }
                 )
         return out
+
+
+def objective_ignoring_feasibility(request: PlanRequest):  # type: ignore[no-untyped-def]
+    """The objective's own measure (time or cost), whatever the limits say."""
+    if request.budget_usd is not None and request.deadline_hours is None:
+        return lambda c: (c.hours, c.cost_usd)
+    return lambda c: (c.cost_usd, c.hours)
 
 
 def _key(c: Candidate) -> tuple:

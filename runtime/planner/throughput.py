@@ -183,20 +183,24 @@ class CostModel:
         from runtime.partition import partition_layers
 
         bounds = partition_layers(self.layer_costs(), pp)
-        stages = [
-            tuple(sum(self.fiw[i][k] for i in range(lo, hi)) * self.compute_scale for k in range(3))
-            for lo, hi in bounds
-        ]
-        busiest = max(f + i + w for f, i, w in stages)
-        comm = sum(
-            2 * (self.network.latency_s + self.output_bytes[hi - 1] / self.network.bytes_per_s) for _, hi in bounds[:-1]
-        )
+        scale = self.compute_scale
+        net = self.network
+        stages = []
+        for s, (lo, hi) in enumerate(bounds):
+            f, i, w = (sum(self.fiw[j][k] for j in range(lo, hi)) * scale for k in range(3))
+            # Receives sit on the stage's own timeline once per micro-batch (activation in, gradient in).
+            recv = (net.latency_s + self.output_bytes[lo - 1] / net.bytes_per_s) if s else 0.0
+            if s < pp - 1:
+                recv += net.latency_s + self.output_bytes[hi - 1] / net.bytes_per_s
+            stages.append((f, i, w, recv))
+        busiest = max(f + i + w + r for f, i, w, r in stages)
         if schedule == "fiw":
-            trip = sum(f + i for f, i, _ in stages) + stages[0][2]
+            trip = sum(f + i + r for f, i, _, r in stages) + stages[0][2]
             compute = max(trip + (microbatches - 1) * busiest, microbatches * busiest)
         else:
-            trip = sum(f + i + w for f, i, w in stages)
+            trip = sum(f + i + w + r for f, i, w, r in stages)
             compute = trip + (microbatches - 1) * busiest
+        comm = 0.0
         mem_bps = self.memory_bandwidth_gbs * 1e9
         update = max(
             allreduce_time(sum(self.param_bytes[lo:hi]), dp, self.network)

@@ -10,7 +10,8 @@ rate. At each event the strategy decides what the change costs:
 * bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a second
   loss next to the first (no replica left) or joiners that can form a new pipeline trigger a
   reconfiguration of `reconfigure_s`. Redundant forwards slow every failure-free step.
-* oobleck: every change re-instantiates pipelines from the runtime's templates (`reconfigure_s`).
+* oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`); joiners
+  wait until a loss or until they can refill a pipeline's worth of missing nodes.
 * recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
   (no state moves); a joiner fills a hole after `join_s`; a stage with no survivor falls back to a
   reconfiguration.
@@ -48,8 +49,9 @@ class SimParams:
     reconfigure_s: float = 30.0
     """bamboo/oobleck/recycle: rebuild groups and move the state of re-placed layers."""
     recycle_failover_s: float = 2.0
-    join_s: float = 10.0
-    """recycle: a replacement fetches its stage from a peer and fills a hole."""
+    join_s: float = 1.0
+    """recycle: a replacement copies its stage from a peer in the background, then fills a hole at a
+    step boundary (the job pauses only for the switch)."""
     detection_s: float = 5.0
     """A node that leaves without (enough) notice is declared dead after this long."""
     notice_s: float = 0.0
@@ -101,7 +103,7 @@ class SimResult:
             "dollars_per_sample": spot_per_sample,
             "cost_per_sample_relative_to_on_demand": spot_per_sample / self.on_demand_dollars_per_sample,
             "membership_events": self.events,
-            "paused_hours": round(self.pauses_s / 3600, 3),
+            "paused_hours": round(min(self.pauses_s, self.duration_s) / 3600, 3),
             "lost_samples": round(self.lost_samples),
             "samples_target": self.samples_target,
             "time_to_finish_hours": None if self.finish_s is None else round(self.finish_s / 3600, 3),
@@ -206,9 +208,7 @@ def simulate(
     events = list(trace.events)
     if params.replacement_delay_s:
         events = [
-            type(e)(
-                e.t_s + (params.replacement_delay_s if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node
-            )
+            type(e)(e.t_s + (params.replacement_delay_s if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node)
             for e in events
         ]
         events.sort(key=lambda e: (e.t_s, e.kind == ADD))
@@ -280,6 +280,7 @@ def simulate(
         run.series.append((t, committed))
         form()
         segment_start = t + extra + params.restart_s
+        run.pauses += extra + params.restart_s
         run.series.append((segment_start, committed))
         run.samples = committed
 
@@ -318,7 +319,11 @@ def simulate(
             continue
 
         if strategy == "oobleck":
-            if hit or (added and working() < wanted):
+            # Joiners wait as spares until a loss forces a re-instantiation anyway, or until they
+            # can refill a pipeline's worth of missing nodes (one pause for the batch, not one each).
+            missing = wanted - working()
+            spares = len(live) - working()
+            if hit or (added and missing > 0 and spares >= min(pp, missing)):
                 run.lose_in_flight(params) if hit else None
                 slots = _oobleck_assign(live, wanted, where)
                 run.react(params, params.reconfigure_s)
@@ -355,9 +360,7 @@ def simulate(
             run.lose_in_flight(params)
         holes = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
         spare_nodes = [n for n in live if n not in where]
-        fallback = (
-            any(sum(1 for row in slots if row[s] is None) >= len(slots) for s in range(pp)) if slots else True
-        )
+        fallback = any(sum(1 for row in slots if row[s] is None) >= len(slots) for s in range(pp)) if slots else True
         if fallback:
             form()
             run.react(params, params.reconfigure_s)

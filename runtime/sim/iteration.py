@@ -88,9 +88,7 @@ class IterationModel:
         for size, share in sorted(set(zip(sizes, shares, strict=True))):
             worst = max(
                 worst,
-                self.cost.pipeline_step_time(
-                    self.spec, pp=size, microbatches=share, dp=len(sizes), schedule="1f1b"
-                ),
+                self.cost.pipeline_step_time(self.spec, pp=size, microbatches=share, dp=len(sizes), schedule="1f1b"),
             )
         return worst
 
@@ -115,9 +113,7 @@ class IterationModel:
 
         def exact(dp: int, holes: tuple[int, ...], scale: int) -> float:
             per_pipe = -(-self.total_microbatches // pipelines)
-            config = self._config(
-                dp=dp, pp=self.pp, microbatches=per_pipe, strategy="recycle", schedule="fiw"
-            )
+            config = self._config(dp=dp, pp=self.pp, microbatches=per_pipe, strategy="recycle", schedule="fiw")
             slots: list[list[int | None]] = [[p * self.pp + s for s in range(self.pp)] for p in range(dp)]
             for s, h in enumerate(holes):
                 for j in range(h):  # spread holes over pipelines, stage by stage
@@ -136,9 +132,7 @@ class IterationModel:
             worst_stage = max(range(self.pp), key=lambda s: holes[s])
             one = [0] * self.pp
             one[worst_stage] = 1
-            with_hole = self._replay(
-                ("recycle-one", pipelines, worst_stage), lambda: exact(reduced, tuple(one), scale)
-            )
+            with_hole = self._replay(("recycle-one", pipelines, worst_stage), lambda: exact(reduced, tuple(one), scale))
             per_mb = self.microbatches_per(pipelines)
             per_extra = (with_hole - base) / (per_mb / (reduced - 1))
             extra = holes[worst_stage] * per_mb / (pipelines - holes[worst_stage])

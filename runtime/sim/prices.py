@@ -24,9 +24,7 @@ class PriceSeries:
         if not points:
             raise ValueError("a price series needs at least one (time, price) point")
         points = sorted(points)
-        return cls(
-            np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float)
-        )
+        return cls(np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float))
 
     def at(self, t_s: float) -> float:
         i = int(np.searchsorted(self.times_s, t_s, side="right")) - 1
@@ -34,9 +32,7 @@ class PriceSeries:
 
     def cost_of_nodes(self, series: list[tuple[float, int]], end_s: float, *, start_s: float = 0.0) -> float:
         """Dollars for a node-count step series [(time, nodes from then on)] up to `end_s`."""
-        cuts = sorted(
-            {start_s, end_s, *[t for t, _ in series], *[t for t in self.times_s if start_s < t < end_s]}
-        )
+        cuts = sorted({start_s, end_s, *[t for t, _ in series], *[t for t in self.times_s if start_s < t < end_s]})
         cuts = [c for c in cuts if start_s <= c <= end_s]
         ts = np.array([t for t, _ in series])
         ns = np.array([n for _, n in series], dtype=float)

@@ -28,9 +28,7 @@ def synthetic_trace(
     if nodes < 1 or hours <= 0:
         raise ValueError(f"nodes={nodes} and hours={hours} must be positive")
     if rate_per_node_hour < 0 or mean_burst < 1:
-        raise ValueError(
-            f"rate_per_node_hour={rate_per_node_hour} must be >= 0 and mean_burst={mean_burst} >= 1"
-        )
+        raise ValueError(f"rate_per_node_hour={rate_per_node_hour} must be >= 0 and mean_burst={mean_burst} >= 1")
     rng = np.random.default_rng(seed)
     duration = hours * 3600.0
     events = [TraceEvent(0.0, ADD, f"node{i}") for i in range(nodes)]

@@ -121,9 +121,7 @@ class Trace:
     def scaled(self, factor: int) -> Trace:
         """The trace replicated `factor` times side by side (node names suffixed), for bigger clusters."""
         events = [TraceEvent(e.t_s, e.kind, f"{e.node}#{k}") for k in range(factor) for e in self.events]
-        return Trace(
-            name=f"{self.name}x{factor}", events=events, duration_s=self.duration_s, meta=dict(self.meta)
-        )
+        return Trace(name=f"{self.name}x{factor}", events=events, duration_s=self.duration_s, meta=dict(self.meta))
 
 
 class TraceFormatError(ValueError):
@@ -203,9 +201,7 @@ def load_skypilot_json(path: Path | str, *, preempted_value: int = 1) -> Trace:
         gap = float(data["metadata"]["gap_seconds"])
         ticks = list(data["data"])
     except (KeyError, TypeError) as exc:
-        raise TraceFormatError(
-            f"{path.name}: expected {{'metadata': {{'gap_seconds': g}}, 'data': [...]}}"
-        ) from exc
+        raise TraceFormatError(f"{path.name}: expected {{'metadata': {{'gap_seconds': g}}, 'data': [...]}}") from exc
     counts = [0 if int(v) == preempted_value else 1 for v in ticks]
     times = [i * gap for i in range(len(ticks))]
     return Trace(

@@ -21,9 +21,7 @@ def daly_interval(*, checkpoint_cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * c * m) * (1.0 + math.sqrt(c / (2.0 * m)) / 3.0 + c / (18.0 * m)) - c
 
 
-def expected_waste_fraction(
-    *, interval_s: float, checkpoint_cost_s: float, mtbf_s: float, restart_s: float
-) -> float:
+def expected_waste_fraction(*, interval_s: float, checkpoint_cost_s: float, mtbf_s: float, restart_s: float) -> float:
     """First-order fraction of wall time lost: checkpoint writes C/T plus (T/2 + R)/M rework per failure."""
     if interval_s <= 0:
         raise ValueError(f"interval_s={interval_s} must be positive")

@@ -1,0 +1,213 @@
+"""Fleet simulation of every strategy under a preemption trace, against the published relations.
+
+`python -m bench simulate [--trace PATH] [--quick]` replays the trace (default: a synthetic trace
+calibrated on the AWS p3 cluster) for checkpoint-restart (Young/Daly interval), bamboo, oobleck and
+recycle, with step times replayed from the runtime's own schedules and a GPT profile predicted for
+p3.2xlarge, and prints per strategy the throughput relative to failure-free and the cost per sample
+relative to on-demand. Then it times a 1,000-node, 24-hour simulated run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench.report import Progress, print_table
+from runtime.config import ModelSpec
+from runtime.planner.catalog import instance_types
+from runtime.planner.predictor import default_predictor
+from runtime.planner.profile import DeviceSpec
+from runtime.planner.throughput import CostModel, Network
+from runtime.sim.engine import STRATEGIES, SimParams, simulate
+from runtime.sim.iteration import IterationModel
+from runtime.sim.plots import write_plots
+from runtime.sim.prices import PriceSeries
+from runtime.sim.synthetic import synthetic_trace
+from runtime.sim.traces import Trace, load_trace
+
+PUBLISHED = [
+    # (numerator, denominator, published ratio of throughput, source)
+    ("bamboo", "checkpoint", 3.7, "Bamboo (NSDI'23): 3.7x the throughput of checkpoint-restart on the p3 trace"),
+    ("recycle", "oobleck", 1.46, "ReCycle (SOSP'24): up to 1.46x Oobleck"),
+    ("recycle", "bamboo", 1.64, "ReCycle (SOSP'24): up to 1.64x Bamboo"),
+]
+MODEL = ModelSpec(kind="gpt", n_layer=24, n_embd=1024, n_head=16, seq_len=512, vocab_size=8192)
+OUT_DIR = Path("var/bench/simulate")
+
+
+def parse_args(extra: list[str]) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench simulate")
+    parser.add_argument("--trace", type=Path, help="a Bamboo CSV, GCP counts or SkyPilot JSON trace")
+    parser.add_argument("--instance-type", default="p3.2xlarge", help="type whose profile and prices are used")
+    parser.add_argument("--notice-s", type=float, default=0.0, help="preemption notice lead time")
+    parser.add_argument("--replacement-delay-s", type=float, default=0.0, help="extra delay for every join")
+    return vars(parser.parse_args(extra))
+
+
+def iteration_model(instance_type: str, *, dp: int, pp: int, microbatches: int) -> IterationModel:
+    """GPT profile predicted for `instance_type` by the learned predictor (shipped coefficients)."""
+    it = instance_types()[instance_type]
+    device = DeviceSpec(
+        name=it.name,
+        peak_tflops=it.peak_tflops,
+        memory_bandwidth_gbs=it.memory_bandwidth_gbs,
+        network_gbps=it.network_gbps,
+    )
+    profile = default_predictor().predict(MODEL, microbatch_size=4, device=device, instance_type=it.name)
+    cost = CostModel.from_profile(profile, network=Network(bandwidth_gbps=it.network_gbps or 10.0))
+    return IterationModel(spec=MODEL, dp=dp, pp=pp, microbatches=microbatches, cost=cost)
+
+
+def run_all(trace: Trace, model: IterationModel, params: SimParams) -> dict:
+    results = {s: simulate(trace, strategy=s, model=model, params=params, samples_per_microbatch=4) for s in STRATEGIES}
+    return results
+
+
+def run(
+    *,
+    quick: bool,
+    progress: Progress,
+    trace: Path | None = None,
+    instance_type: str = "p3.2xlarge",
+    notice_s: float = 0.0,
+    replacement_delay_s: float = 0.0,
+) -> dict:
+    it = instance_types()[instance_type]
+    spot = it.typical_spot_usd_per_hour
+    if trace is not None:
+        progress.step(f"loading {trace}")
+        tr = load_trace(trace)
+    else:
+        tr = synthetic_trace(nodes=32, hours=11.4, rate_per_node_hour=0.61, mean_burst=2.1, seed=0)
+    summary = tr.summary()
+    max_nodes = max(summary["max_nodes"], 1)
+    pp = 8 if max_nodes >= 16 else max(1, max_nodes // 2)
+    dp = max(1, max_nodes // pp)
+    model = iteration_model(instance_type, dp=dp, pp=pp, microbatches=8)
+    params = SimParams(
+        notice_s=notice_s,
+        replacement_delay_s=replacement_delay_s,
+        spot_price=PriceSeries.constant(spot),
+        on_demand_usd_per_hour=it.on_demand_usd_per_hour,
+    )
+    progress.step(f"simulating {tr.name}: {dp} x {pp} nodes, 4 strategies")
+    started = time.perf_counter()
+    results = run_all(tr, model, params)
+    sim_s = time.perf_counter() - started
+    figures: dict = {
+        "trace": summary,
+        "job": {
+            "model": "gpt 24 x 1024, seq 512, micro-batch 4",
+            "instance_type": instance_type,
+            "dp": dp,
+            "pp": pp,
+            "microbatches_per_pipeline": 8,
+            "spot_usd_per_hour": round(spot, 4),
+            "on_demand_usd_per_hour": it.on_demand_usd_per_hour,
+            "failure_free_step_s": model.full_pipelines(dp),
+            "bamboo_failure_free_step_s": model.bamboo((True,) * pp, pipelines=dp),
+            "recycle_failure_free_step_s": model.recycle((0,) * pp, pipelines=dp),
+        },
+        "params": {k: v for k, v in params.__dict__.items() if k != "spot_price"}
+        if hasattr(params, "__dict__")
+        else {k: getattr(params, k) for k in params.__slots__ if k != "spot_price"},
+        "simulation_seconds": round(sim_s, 3),
+        "strategies": {s: r.summary() for s, r in results.items()},
+    }
+    rows = []
+    for s, r in results.items():
+        d = r.summary()
+        rows.append(
+            [
+                s,
+                d["throughput_relative_to_failure_free"],
+                d["cost_per_sample_relative_to_on_demand"],
+                d["total_samples"],
+                d["dollars"],
+                d["samples_per_dollar"],
+                d["paused_hours"],
+            ]
+        )
+    print_table(
+        f"{tr.name}: {summary['preemptions']} preemptions, {summary['preemptions_per_node_hour']:.2f}/node-hour, "
+        f"{dp} x {pp} nodes of {instance_type} (simulated in {sim_s:.2f} s)",
+        [
+            "strategy",
+            "throughput / failure-free",
+            "cost per sample / on-demand",
+            "samples",
+            "dollars",
+            "samples per $",
+            "paused h",
+        ],
+        rows,
+    )
+    relations = []
+    for a, b, published, source in PUBLISHED:
+        ours = results[a].samples_per_s / results[b].samples_per_s if results[b].samples_per_s else float("inf")
+        relations.append(
+            {
+                "faster": a,
+                "than": b,
+                "simulated_ratio": ours,
+                "published_ratio": published,
+                "direction_holds": ours > 1.0,
+                "source": source,
+            }
+        )
+    print_table(
+        "published relations (throughput ratios)",
+        ["relation", "simulated", "published", "direction holds"],
+        [
+            [f"{r['faster']} / {r['than']}", r["simulated_ratio"], r["published_ratio"], r["direction_holds"]]
+            for r in relations
+        ],
+    )
+    figures["relations"] = relations
+
+    # What drives bamboo vs checkpoint: the restart cost of checkpoint-restart.
+    if not quick:
+        sens = []
+        for restart in (60.0, 120.0, 300.0, 600.0):
+            p = SimParams(**{**_params_kwargs(params), "restart_s": restart})
+            ck = simulate(tr, strategy="checkpoint", model=model, params=p, samples_per_microbatch=4)
+            sens.append(
+                {"restart_s": restart, "bamboo_over_checkpoint": results["bamboo"].samples_per_s / ck.samples_per_s}
+            )
+        print_table(
+            "bamboo / checkpoint throughput vs checkpoint-restart cost",
+            ["restart s", "bamboo / checkpoint"],
+            [[r["restart_s"], r["bamboo_over_checkpoint"]] for r in sens],
+        )
+        figures["bamboo_over_checkpoint_by_restart_s"] = sens
+
+    progress.step("writing plots")
+    figures["plots"] = write_plots(list(results.values()), OUT_DIR, title=f"{tr.name}: {dp} x {pp} {instance_type}")
+    for kind, path in figures["plots"].items():
+        print(f"{kind}: {path}")
+
+    # Scale: 1,000 nodes for 24 simulated hours.
+    progress.step("1,000-node, 24-hour run")
+    big = synthetic_trace(
+        nodes=1000, hours=24.0, rate_per_node_hour=0.1, mean_burst=4.3, replacement_delay_s=600, seed=1
+    )
+    big_model = iteration_model(instance_type, dp=125, pp=8, microbatches=8)
+    scale_rows, scale = [], {}
+    for s in STRATEGIES if not quick else ("recycle",):
+        started = time.perf_counter()
+        r = simulate(big, strategy=s, model=big_model, params=params, samples_per_microbatch=4)
+        wall = time.perf_counter() - started
+        scale[s] = {"wall_seconds": round(wall, 3), **r.summary()}
+        scale_rows.append([s, wall, r.summary()["throughput_relative_to_failure_free"], big.preemptions()])
+    print_table(
+        "1,000 nodes (125 x 8), 24 h synthetic trace (0.1 preemptions/node-hour, bursts of 4.3)",
+        ["strategy", "wall s", "throughput / failure-free", "preemptions"],
+        scale_rows,
+    )
+    figures["scale_1000_nodes_24h"] = scale
+    return figures
+
+
+def _params_kwargs(params: SimParams) -> dict:
+    return {k: getattr(params, k) for k in SimParams.__slots__}

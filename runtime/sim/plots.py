@@ -1,0 +1,47 @@
+"""Plots of simulation results (plotly): HTML always, PNG when a renderer (kaleido + Chromium) works."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.sim.engine import SimResult
+
+
+def write_plots(results: list[SimResult], out_dir: Path, *, title: str, bins: int = 200) -> dict[str, str]:
+    """Samples/s over time and cumulative samples per strategy. Returns {kind: path or error}."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("samples/s", "cumulative samples"))
+    for res in results:
+        rate = res.binned_rate(bins)
+        fig.add_trace(
+            go.Scatter(x=[t / 3600 for t, _ in rate], y=[r for _, r in rate], name=res.strategy, mode="lines"),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[t / 3600 for t, _ in res.series],
+                y=[s for _, s in res.series],
+                name=f"{res.strategy} (cumulative)",
+                mode="lines",
+                showlegend=False,
+            ),
+            row=2,
+            col=1,
+        )
+    fig.update_layout(title=title, height=700, width=1000)
+    fig.update_xaxes(title_text="hours", row=2, col=1)
+    out: dict[str, str] = {}
+    html = out_dir / "simulation.html"
+    fig.write_html(html, include_plotlyjs=True)
+    out["html"] = str(html)
+    png = out_dir / "simulation.png"
+    try:
+        fig.write_image(png)
+        out["png"] = str(png)
+    except Exception as exc:  # kaleido or Chromium missing: HTML is the artefact then
+        out["png_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return out
