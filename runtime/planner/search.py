@@ -323,13 +323,21 @@ class Planner:
     def plan(self, request: PlanRequest, *, refine: int = 4, exhaustive: bool = False) -> Plan:
         """The best plan for `request`, or `PlanError` with the nearest feasible plan."""
         _validate(request)
+        # Profiles (measured, or predicted once per type and cached) are inputs, not search.
+        prepared = time.perf_counter()
+        mbs = request.microbatch_size or _default_microbatch(request.global_batch)
+        for pool in request.pools:
+            if pool.instance_type in self.catalog:
+                self.cost_model(request.model, pool.instance_type, mbs)
         started = time.perf_counter()
+        profile_s = started - prepared
         cands, skipped = self.candidates(request)
         objective = _objective(request)
         if not cands:
             raise PlanError(
                 "the model fits no allowed instance type: " + "; ".join(skipped) + _bigger_types_hint(self, request),
                 field="pools",
+                nearest=self._nearest_on_other_types(request),
             )
         cands.sort(key=objective)
         if exhaustive:
@@ -360,7 +368,8 @@ class Planner:
         )
         notes = [f"skipped {s}" for s in skipped]
         notes.append(
-            f"{len(cands)} candidates priced in closed form, {len(refined)} re-priced by replaying the runtime schedule"
+            f"{len(cands)} candidates priced in closed form, {len(refined)} re-priced by replaying the runtime "
+            f"schedule; profiles prepared in {profile_s:.2f} s before the search"
         )
         return Plan(
             best=best,
@@ -371,6 +380,32 @@ class Planner:
             objective=objective.__doc__ or "",
             notes=notes,
         )
+
+    def _nearest_on_other_types(self, request: PlanRequest) -> Candidate | None:
+        """The best plan on known types that were not allowed (typical spot price, advisor risk)."""
+        allowed = {p.instance_type for p in request.pools}
+        max_nodes = max(p.max_nodes for p in request.pools)
+        others = [
+            Pool(
+                instance_type=t.name,
+                spot_usd_per_hour=t.typical_spot_usd_per_hour,
+                on_demand_usd_per_hour=t.on_demand_usd_per_hour,
+                preemptions_per_node_hour=t.advisor_rate_per_node_hour or 0.0,
+                risk_source="advisor",
+                max_nodes=max_nodes,
+            )
+            for t in self.catalog.values()
+            if t.name not in allowed and t.accelerators
+        ]
+        if not others:
+            return None
+        relaxed = PlanRequest(**{**{f: getattr(request, f) for f in PlanRequest.__slots__}, "pools": others})
+        cands, _ = self.candidates(relaxed)
+        if not cands:
+            return None
+        objective = _objective(relaxed)
+        best = min(cands, key=objective)
+        return self.replay(relaxed, best)
 
     @staticmethod
     def _within(request: PlanRequest, c: Candidate, slack: float) -> bool:

@@ -1,0 +1,50 @@
+"""Input of the plan endpoint. Output is the planner's JSON (`Plan.to_dict`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from runtime.config import ModelSpec
+
+
+class ModelSpecSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["gpt", "mlp"], default="gpt")
+    n_layer = serializers.IntegerField(min_value=1, max_value=512)
+    n_embd = serializers.IntegerField(min_value=1, max_value=65536)
+    n_head = serializers.IntegerField(min_value=1, max_value=512, default=1)
+    seq_len = serializers.IntegerField(min_value=1, max_value=131072, default=16)
+    vocab_size = serializers.IntegerField(min_value=1, max_value=1_000_000, default=64)
+    in_features = serializers.IntegerField(min_value=1, max_value=1_000_000, default=16)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("kind") == "gpt" and attrs["n_embd"] % attrs.get("n_head", 1):
+            raise serializers.ValidationError({"n_head": [f"must divide n_embd={attrs['n_embd']}"]})
+        return attrs
+
+    def to_spec(self, attrs: dict[str, Any]) -> ModelSpec:
+        return ModelSpec(**attrs)
+
+
+class PlanRequestSerializer(serializers.Serializer):
+    """A job to plan: either a model + batch + samples, or an existing job (its values are defaults)."""
+
+    job = serializers.IntegerField(required=False, min_value=1, help_text="Plan an existing job of your team.")
+    model = ModelSpecSerializer(required=False)
+    global_batch = serializers.IntegerField(required=False, min_value=1, max_value=1_000_000)
+    samples = serializers.IntegerField(required=False, min_value=1)
+    deadline_hours = serializers.FloatField(required=False, min_value=0.001)
+    budget_usd = serializers.FloatField(required=False, min_value=0.01)
+    strategy = serializers.ChoiceField(choices=["checkpoint", "bamboo", "recycle", "oobleck"], required=False)
+    instance_types = serializers.ListField(child=serializers.CharField(max_length=60), min_length=1, max_length=40)
+    zones = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=100)
+    max_nodes = serializers.IntegerField(required=False, min_value=1, max_value=1024, default=32)
+    microbatch_size = serializers.IntegerField(required=False, min_value=0, max_value=4096, default=0)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "job" not in attrs:
+            missing = [f for f in ("model", "global_batch", "samples") if f not in attrs]
+            if missing:
+                raise serializers.ValidationError({f: ["required when no job is given"] for f in missing})
+        return attrs

@@ -1,0 +1,76 @@
+"""POST /api/v1/plans/: plan a job (instance type x nodes x DP x PP) with current prices and risk."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.accounts.scoping import team_ids_for_request
+from controlplane.common.api import validate_or_400
+from controlplane.jobs.models import TrainingJob
+from controlplane.planning.api.serializers import ModelSpecSerializer, PlanRequestSerializer
+from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_input_from_job
+
+
+class PlanView(APIView):
+    """Plan a job; 422 with `nearest` when no plan satisfies the deadline, budget or memory."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        request=PlanRequestSerializer,
+        responses={200: OpenApiResponse(description="best plan, templates and alternatives"), 422: None},
+    )
+    def post(self, request: Request) -> Response:
+        data = validate_or_400(PlanRequestSerializer(data=request.data))
+        team_ids = team_ids_for_request(request)
+        at = timezone.now()
+        overrides = {
+            "instance_types": data["instance_types"],
+            "zones": data.get("zones"),
+            "deadline_hours": data.get("deadline_hours"),
+            "budget_usd": data.get("budget_usd"),
+            "strategy": data.get("strategy"),
+            "max_nodes": data.get("max_nodes"),
+            "microbatch_size": data.get("microbatch_size"),
+            "global_batch": data.get("global_batch"),
+            "samples": data.get("samples"),
+        }
+        if "model" in data:
+            overrides["model"] = ModelSpecSerializer().to_spec(data["model"])
+        if "job" in data:
+            # Another team's job answers 404, never 403.
+            job = TrainingJob.objects.filter(pk=data["job"], team_id__in=team_ids).first()
+            if job is None:
+                raise exceptions.NotFound(f"no job {data['job']}")
+            plan_input = plan_input_from_job(job=job, at=at, **overrides)
+        else:
+            plan_input = PlanInput(**{k: v for k, v in overrides.items() if v is not None})
+        try:
+            plan, pools = plan_compute(data=plan_input, team_ids=team_ids, at=at)
+        except PlanInfeasible as exc:
+            return Response(
+                {
+                    "detail": exc.message,
+                    "errors": {exc.field: [exc.message]},
+                    "nearest": exc.nearest.to_dict() if exc.nearest else None,
+                },
+                status=422,
+            )
+        body = plan.to_dict()
+        body["pools"] = [
+            {
+                "instance_type": p.instance_type,
+                "zone": p.zone,
+                "spot_usd_per_hour": p.spot_usd_per_hour,
+                "preemptions_per_node_hour": p.preemptions_per_node_hour,
+                "risk_source": p.risk_source,
+            }
+            for p in pools
+        ]
+        return Response(body)
