@@ -8,8 +8,8 @@ rate. At each event the strategy decides what the change costs:
   work since the last checkpoint is lost (unless the notice lead covers a checkpoint write), then a
   restart of `restart_s`; checkpoints every Young/Daly interval cost `checkpoint_cost_s` each.
 * bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a second
-  loss next to the first (no replica left) or joiners that can form a new pipeline trigger a
-  reconfiguration of `reconfigure_s`. Redundant forwards slow every failure-free step.
+  loss next to the first (no replica left), or joiners that would put more nodes to work in full
+  pipelines, trigger a reconfiguration of `reconfigure_s`. Redundant forwards slow every failure-free step.
 * oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`); joiners
   wait until a loss or until they can refill a pipeline's worth of missing nodes.
 * recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
@@ -250,8 +250,9 @@ def simulate(
         if not slots:
             return math.inf
         if strategy == "bamboo":
-            worst = max(slots, key=lambda row: sum(n is None for n in row))
-            return model.bamboo(tuple(n is not None for n in worst), pipelines=len(slots))
+            # Pipelines run side by side: the slowest pattern present sets the step.
+            patterns = {tuple(n is not None for n in row) for row in slots}
+            return max(model.bamboo(p, pipelines=len(slots)) for p in patterns)
         holes = tuple(sum(1 for row in slots if row[s] is None) for s in range(pp))
         return model.recycle(holes, pipelines=len(slots))
 
@@ -339,8 +340,9 @@ def simulate(
                 succ = slots[p][(s + 1) % pp]
                 if pred is None or succ is None or all(n is None for n in slots[p]):
                     reconfigure = True  # consecutive losses: no replica left for one of the stages
-            spares = len(live) - working()
-            if added and len(slots) < dp and spares >= pp:
+            # Joiners are taken in when re-forming full pipelines would put more nodes to work
+            # (a pipeline running a taken-over stage gets its redundancy back, or a new pipeline forms).
+            if added and min(dp, len(live) // pp) * pp > working():
                 reconfigure = True
             if hit:
                 run.lose_in_flight(params)
