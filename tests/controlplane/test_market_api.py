@@ -93,3 +93,13 @@ def test_bad_parameters_are_400_naming_the_parameter(client, pool, url, params, 
 def test_market_needs_authentication(pool):
     assert APIClient().get("/api/v1/instance-types/").status_code in (401, 403)
     assert APIClient().get("/api/v1/spot-prices/cheapest/").status_code in (401, 403)
+
+
+def test_raw_history_too_long_asks_for_a_bucket(client, pool, monkeypatch):
+    from controlplane.market.api import views
+
+    monkeypatch.setattr(views, "MAX_RAW_POINTS", 4)
+    params = {"instance_type": "p3.2xlarge", "zone": "use1-az4"}
+    response = client.get("/api/v1/spot-prices/", params)
+    assert response.status_code == 400 and "bucket" in response.json()["errors"]
+    assert client.get("/api/v1/spot-prices/", {**params, "bucket": 3600}).status_code == 200

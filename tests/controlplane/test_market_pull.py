@@ -106,6 +106,8 @@ def test_pull_pages_stores_every_change_and_second_pull_adds_nothing(served_hist
         Zone.objects.filter(region__code=REGION).values_list("zone_id", flat=True)
     )
     assert all(z.startswith("use1-az") for z in stored.values_list("zone__zone_id", flat=True))
+    # The account's zone names were recorded on the zones known by ID.
+    assert all(code.startswith("us-east-1") for code in stored.values_list("zone__code", flat=True))
     newest = max(r["Timestamp"] for r in served_history)
 
     second = spot_prices_pull_region(region=REGION, instance_types=types, page_size=100, now=now)

@@ -74,3 +74,26 @@ def test_cheapest_pools_use_the_price_in_force(pool):
     assert [(p.zone, p.price, p.since) for p in at_300] == [("us-east-1a", Decimal("0.7"), m(200))]
     assert at_300[0].savings_pct == ((1 - Decimal("0.7") / Decimal("3.06")) * 100).quantize(Decimal("0.01"))
     assert cheapest_pools(at=m(-1)) == []
+
+
+def test_cheapest_per_accelerator_leaves_out_cpu_types(pool):
+    _, zone = pool
+    big = make_instance_type("p3.8xlarge", "12.24")
+    big.accelerator_count = 4
+    big.save(update_fields=["accelerator_count"])
+    cpu = make_instance_type("c5.4xlarge", "0.68")
+    cpu.accelerator_count = 0
+    cpu.save(update_fields=["accelerator_count"])
+    make_spot_prices(big, zone, [(m(0), "2.0")])  # 0.5 per GPU, cheaper per GPU than p3.2xlarge at 1.0
+    make_spot_prices(cpu, zone, [(m(0), "0.1")])
+    pools = cheapest_pools(at=m(5), per_accelerator=True)
+    assert [(p.instance_type, p.price) for p in pools] == [("p3.8xlarge", Decimal("2.0")),
+                                                          ("p3.2xlarge", Decimal("1.0"))]
+
+
+def test_history_limit_and_empty_range(pool):
+    itype, zone = pool
+    assert len(spot_price_history(instance_type=itype, zone=zone, limit=2)) == 2
+    assert spot_price_history(instance_type=itype, zone=zone, start=m(1000)) == []
+    with pytest.raises(ValueError):
+        spot_price_history(instance_type=itype, zone=zone, bucket_seconds=-5)
