@@ -245,7 +245,15 @@ def _describe(notice: InterruptionNotice) -> str:
     return text[:300]
 
 
-def _find_instance(notice: InterruptionNotice) -> Instance | None:
+# Instances of a batch, locked and loaded once: {(team_id, provider_instance_id): Instance}.
+InstanceMap = dict[tuple[int, str], Instance]
+
+
+def _find_instance(notice: InterruptionNotice, known: InstanceMap | None = None) -> Instance | None:
+    if known is not None and notice.team_id is not None:
+        # The batch loaded every candidate; absent means unknown (same answer as the query below).
+        found = [known[(notice.team_id, key)] for key in _instance_keys(notice) if (notice.team_id, key) in known]
+        return min(found, key=lambda i: i.pk) if found else None
     qs = Instance.objects.select_related("job").filter(provider_instance_id__in=_instance_keys(notice))
     if notice.team_id is not None:
         qs = qs.filter(team_id=notice.team_id)
@@ -269,11 +277,15 @@ def _transition_if_allowed(notice: InterruptionNotice, instance: Instance, targe
     return True
 
 
-def _react(notice: InterruptionNotice) -> None:
-    """Move the instance, record the event on the job's timeline, and ask for a reconfiguration."""
+def _react(
+    notice: InterruptionNotice, known: InstanceMap | None = None, events: list[JobEvent] | None = None
+) -> None:
+    """Move the instance, record the event on the job's timeline, and ask for a reconfiguration.
+    In a batch, `known` holds the batch's instances and `events` collects the timeline rows for one
+    bulk insert."""
     from controlplane.jobs.reconfiguration import reconfiguration_decide
 
-    instance = _find_instance(notice)
+    instance = _find_instance(notice, known)
     if instance is None:
         # Kept and flagged: an instance we do not know yet (or another team's) is worth seeing.
         notice.unknown_instance = True
@@ -288,7 +300,7 @@ def _react(notice: InterruptionNotice) -> None:
     job = instance.job
     if job is None:
         return
-    JobEvent.objects.create(
+    event = JobEvent(
         job=job,
         kind=f"instance_{notice.kind}",
         message=_describe(notice),
@@ -299,6 +311,10 @@ def _react(notice: InterruptionNotice) -> None:
         },
         at=timezone.now(),
     )
+    if events is not None:
+        events.append(event)
+    else:
+        event.save()
     if target is not None:
         # One reconfiguration per leaving node, whichever notice (warning, state change) comes first.
         reconfiguration_decide(
@@ -329,16 +345,19 @@ def notice_process(*, notice_id: int) -> InterruptionNotice | None:
     return notice
 
 
-def _lock_instances(rows: list[InterruptionNotice]) -> None:
-    """Lock every instance the batch may move, in id order, before touching any: two drains then
-    queue on the same order instead of deadlocking on each other's rows."""
+def _lock_instances(rows: list[InterruptionNotice]) -> InstanceMap | None:
+    """Lock and load every instance the batch may move, in id order, before touching any: two
+    drains then queue on the same order instead of deadlocking on each other's rows. Returns None
+    (look each up) when a notice has no team."""
     keys = {key for notice in rows for key in _instance_keys(notice)}
     teams = {notice.team_id for notice in rows}
-    if keys:
-        qs = Instance.objects.select_for_update().filter(provider_instance_id__in=keys)
-        if None not in teams:
-            qs = qs.filter(team_id__in=teams)
+    if not keys:
+        return {}
+    qs = Instance.objects.select_for_update(of=("self",)).select_related("job").filter(provider_instance_id__in=keys)
+    if None in teams:
         list(qs.order_by("id").values_list("id", flat=True))
+        return None
+    return {(i.team_id, i.provider_instance_id): i for i in qs.filter(team_id__in=teams).order_by("id")}
 
 
 def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
@@ -352,10 +371,12 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
                 InterruptionNotice.objects.select_for_update().filter(id__in=notice_ids)
                 .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED]).order_by("id")
             )
-            _lock_instances(rows)
+            known = _lock_instances(rows)
+            events: list[JobEvent] = []
             for notice in rows:
-                _react(notice)
+                _react(notice, known, events)
                 _mark_processed(notice)
+            JobEvent.objects.bulk_create(events)
             InterruptionNotice.objects.bulk_update(rows, _DONE_FIELDS)
         return len(notice_ids), 0
     except Exception:

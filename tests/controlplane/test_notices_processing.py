@@ -207,7 +207,7 @@ def test_a_concurrent_move_is_not_an_error(monkeypatch):
     notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
     stale = type(instance).objects.select_related("job").get(pk=instance.pk)  # read while "running"
     instance_transition(instance=instance, to="notice")  # the other drain wins
-    monkeypatch.setattr(notices, "_find_instance", lambda notice: stale)
+    monkeypatch.setattr(notices, "_find_instance", lambda notice, known=None: stale)
     result = notices_drain()
     assert (result.processed, result.failed) == (1, 0)
     assert JobEvent.objects.get(job=job).data["transitioned"] is False
