@@ -151,3 +151,29 @@ def zone_name_register(*, zone_id: str, name: str, region_code: str, cloud_code:
         zone.code = name
         zone.save(update_fields=["code"])
     return zone
+
+
+# The newest change of each pool; the same statement fills the table in migration 0002.
+_REBUILD_POOLS_SQL = """
+INSERT INTO market_spotpool (instance_type_id, zone_id, product, latest_timestamp, latest_price)
+SELECT s.instance_type_id, s.zone_id, s.product, s."timestamp", s.price
+FROM market_spotprice s
+WHERE s."timestamp" = (
+    SELECT MAX(t."timestamp") FROM market_spotprice t
+    WHERE t.instance_type_id = s.instance_type_id AND t.zone_id = s.zone_id AND t.product = s.product
+)
+"""
+
+
+def spot_pools_rebuild(*, using: str = "default") -> int:
+    """Rebuild the SpotPool table from the price history (for prices written without the loader,
+    e.g. by raw SQL or `SpotPrice.objects.create`). Returns the number of pools."""
+    from django.db import connections
+
+    from controlplane.market.models import SpotPool
+
+    with transaction.atomic(using=using):
+        SpotPool.objects.using(using).all().delete()
+        with connections[using].cursor() as cursor:
+            cursor.execute(_REBUILD_POOLS_SQL)
+        return SpotPool.objects.using(using).count()

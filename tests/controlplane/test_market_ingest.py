@@ -147,3 +147,23 @@ def test_catalogue_load_is_idempotent():
     assert (p4d.accelerator_name, p4d.accelerator_count, p4d.vcpus) == ("A100", 8, 96)
     call_command("load_catalogue")
     assert InstanceType.objects.count() == first.created
+
+
+def test_rebuild_pools_after_writes_that_bypassed_the_loader(capsys):
+    itype, zone = InstanceType.objects.create(cloud=catalogue_cloud(), name="p3.2xlarge"), make_zone()
+    SpotPrice.objects.create(instance_type=itype, zone=zone, price=Decimal("1.0"),
+                             timestamp=datetime(2022, 5, 31, 1, tzinfo=UTC))
+    SpotPrice.objects.create(instance_type=itype, zone=zone, price=Decimal("2.0"),
+                             timestamp=datetime(2022, 5, 31, 2, tzinfo=UTC))
+    assert not SpotPool.objects.exists()
+    call_command("ingest_spot_prices", "--rebuild-pools")
+    assert "pools rebuilt: 1" in capsys.readouterr().out
+    assert SpotPool.objects.get().latest_price == Decimal("2.0")
+    with pytest.raises(CommandError, match="at least one"):
+        call_command("ingest_spot_prices")
+
+
+def catalogue_cloud():
+    from controlplane.market.services import cloud_ensure
+
+    return cloud_ensure(code="aws")

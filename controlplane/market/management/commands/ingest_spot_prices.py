@@ -8,6 +8,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.market.ingest import PriceFileRejected, spot_prices_ingest_file
+from controlplane.market.services import spot_pools_rebuild
 
 
 class Command(BaseCommand):
@@ -18,11 +19,17 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("paths", nargs="+", help="price files (.tsv, .csv, optionally .gz)")
+        parser.add_argument("paths", nargs="*", help="price files (.tsv, .csv, optionally .gz)")
+        parser.add_argument(
+            "--rebuild-pools", action="store_true",
+            help="rebuild the pool table from the stored history (after writes not made by the loader)",
+        )
         parser.add_argument("--skip-bad", action="store_true", help="load the good rows and report the bad ones")
         parser.add_argument("--batch-size", type=int, default=2000, help="rows per write batch")
 
     def handle(self, *args, **options) -> None:
+        if not options["paths"] and not options["rebuild_pools"]:
+            raise CommandError("name at least one price file (or pass --rebuild-pools)")
         rejected = []
         for path in options["paths"]:
             last = [0.0]
@@ -55,6 +62,8 @@ class Command(BaseCommand):
             )
             for bad in report.bad_rows:
                 self.stderr.write(f"  skipped line {bad.line}: {bad.reason}")
+        if options["rebuild_pools"]:
+            self.stdout.write(f"pools rebuilt: {spot_pools_rebuild():,}")
         if rejected:
             raise CommandError(f"{len(rejected)} file(s) rejected for bad rows (nothing of them loaded): "
                                + ", ".join(rejected) + "; use --skip-bad to load their good rows")
