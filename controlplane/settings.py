@@ -150,6 +150,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Jobs accept "auto"; the planner compares concrete strategies only. Name both enums.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStrategyEnum": "controlplane.jobs.models.Strategy",
+        "PlannedStrategyEnum": ["checkpoint", "bamboo", "recycle", "oobleck"],
+    },
 }
 
 # --- Celery --------------------------------------------------------------------------------------
