@@ -8,46 +8,74 @@ for their timeout. Every blocking call is bounded by `timeout`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+_ALLREDUCE_TAG = 1 << 24
+"""Tags at and above this carry gradient all-reduce messages; below, activations and gradients."""
+
+
+POISON = -1.2345e38
+"""First element of a poisoned message (the rest is NaN): "I failed, give up this step"."""
+
+
+class PeerAborted(RuntimeError):
+    """A peer failed this step and told us so instead of letting us wait for our timeout."""
+
+
+def poison_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A message of the same shape that makes its receiver abort the step."""
+    out = torch.full_like(tensor, float("nan"))
+    out.view(-1)[0] = POISON
+    return out
+
+
+def is_poison(tensor: torch.Tensor) -> bool:
+    """True for a message made by `poison_like` (real activations never look like this)."""
+    flat = tensor.view(-1)
+    return bool(flat[0] == POISON) and (flat.numel() == 1 or bool(torch.isnan(flat[1])))
+
+
+class AllReduce:
+    """An all-reduce in flight: our contribution and the receives from the other owners."""
+
+    def __init__(
+        self, owners: tuple[int, ...], mine: torch.Tensor, recvs: dict[int, tuple[torch.Tensor, Any]]
+    ) -> None:
+        self.owners = owners
+        self.mine = mine
+        self.recvs = recvs
+
 
 class Comm:
-    """The process groups of one generation, addressed by node id, not by rank.
+    """The process group of one generation, addressed by node id, not by rank.
 
-    `world` spans the generation's members (point-to-point and the per-step commit); one extra group
-    per gradient all-reduce set (`groups`), created only by its members.
+    Everything (point-to-point, gradient all-reduces among the owners of a layer run, the per-step
+    commit) runs on the one `world` group on purpose: gloo fails every pending call of a group as
+    soon as any of its connections breaks, so a dead node wakes every survivor at once. Gradient
+    all-reduces are exchanges among the owners summed in owner order, so every owner gets the
+    bit-identical result (replicas stay identical, which bamboo relies on).
     """
 
     def __init__(
-        self,
-        store: dist.Store,
-        *,
-        prefix: str,
-        node: int,
-        members: Sequence[int],
-        groups: Sequence[tuple[int, ...]] = (),
-        timeout_s: float,
+        self, store: dist.Store, *, prefix: str, node: int, members: Sequence[int], timeout_s: float
     ) -> None:
         self.node = node
         self.members = tuple(members)
         self.rank_of = {n: i for i, n in enumerate(self.members)}
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.world: dist.ProcessGroup | None = self._group(store, f"{prefix}/world", self.members)
-        self.groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
-        for owners in groups:
-            if node in owners and len(owners) > 1 and owners not in self.groups:
-                name = "-".join(map(str, owners))
-                self.groups[owners] = self._group(store, f"{prefix}/g{name}", owners)
-        self.pending: list[dist.Work] = []
-
-    def _group(self, store: dist.Store, prefix: str, members: Sequence[int]) -> dist.ProcessGroup:
-        rank = list(members).index(self.node)
-        return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, len(members), self.timeout)
+        rank = self.members.index(node)
+        self.world: dist.ProcessGroup | None = dist.ProcessGroupGloo(
+            dist.PrefixStore(f"{prefix}/world", store), rank, len(self.members), self.timeout
+        )
+        # Every Work stays referenced here until it completed: destroying a pending gloo Work blocks.
+        self.pending: list[Any] = []
 
     def _world(self) -> dist.ProcessGroup:
         if self.world is None:
@@ -56,36 +84,100 @@ class Comm:
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         """Non-blocking send; completion is awaited by `wait_sends()` before the step commits."""
-        self.pending.append(self._world().send([tensor], self.rank_of[dst], tag))
+        self.pending.append((True, self._world().send([tensor], self.rank_of[dst], tag), tensor))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
         """Blocking receive, bounded by the generation's timeout."""
-        self._world().recv([tensor], self.rank_of[src], tag).wait(self.timeout)
+        work = self._world().recv([tensor], self.rank_of[src], tag)
+        self.pending.append((False, work, tensor))
+        work.wait(self.timeout)
+        if is_poison(tensor):
+            raise PeerAborted(f"node {src} aborted the step (message tag {tag})")
 
     def wait_sends(self) -> None:
-        """Wait for every outstanding send (bounded)."""
-        for work in self.pending:
-            work.wait(self.timeout)
+        """Wait for every outstanding send (bounded; receives were waited for where they were used,
+        and waiting twice for a gloo receive blocks), then forget all of them."""
+        for is_send, work, _ in self.pending:
+            if is_send:
+                work.wait(self.timeout)
         self.pending.clear()
 
-    def allreduce(self, tensor: torch.Tensor, owners: tuple[int, ...]) -> dist.Work | None:
-        """Start a sum all-reduce over `owners`; None if this node is the only owner."""
-        group = self.groups.get(owners)
-        if group is None:
-            return None
-        return group.allreduce([tensor])
+    def allreduce(self, tensor: torch.Tensor, owners: tuple[int, ...], tag: int) -> AllReduce:
+        """Start a sum over `owners` (this node included) of `tensor`; finish with `finish_allreduce`."""
+        recvs = {}
+        for other in owners:
+            if other == self.node:
+                continue
+            self.send(tensor, other, _ALLREDUCE_TAG + tag)
+            buf = torch.empty_like(tensor)
+            work = self._world().recv([buf], self.rank_of[other], _ALLREDUCE_TAG + tag)
+            self.pending.append((False, work, buf))
+            recvs[other] = (buf, work)
+        return AllReduce(owners, tensor, recvs)
+
+    def finish_allreduce(self, handle: AllReduce) -> torch.Tensor:
+        """Wait for the other owners' contributions; the sum in owner order (same bits everywhere)."""
+        total = None
+        for owner in handle.owners:
+            if owner == self.node:
+                part = handle.mine
+            else:
+                part, work = handle.recvs[owner]
+                work.wait(self.timeout)
+                if is_poison(part):
+                    raise PeerAborted(f"node {owner} aborted the step (all-reduce)")
+            total = part.clone() if total is None else total.add_(part)
+        return total if total is not None else handle.mine
+
+    def send_poison(self, like: torch.Tensor, dst: int, tag: int) -> None:
+        """Tell `dst`, which may be blocked waiting for this message, that we abandoned the step.
+        Without this a survivor blocked on another survivor would wait for its full timeout."""
+        with contextlib.suppress(RuntimeError):  # the peer may be gone too
+            self.send(poison_like(like), dst, tag)
+
+    def poison_allreduce(self, numel: int, owners: tuple[int, ...], tag: int) -> None:
+        """Poison the messages of an all-reduce we will not take part in."""
+        for other in owners:
+            if other != self.node:
+                self.send_poison(torch.empty(numel), other, _ALLREDUCE_TAG + tag)
 
     def commit(self, vector: torch.Tensor) -> torch.Tensor:
         """The per-step barrier: sum `vector` over all members. Completing it commits the step."""
-        self._world().allreduce([vector]).wait(self.timeout)
+        work = self._world().allreduce([vector])
+        self.pending.append((False, work, vector))
+        work.wait(self.timeout)
         return vector
 
-    def close(self) -> None:
-        """Drop every group so peers blocked on us fail fast, then collect the sockets."""
-        self.pending.clear()
+    def close(self) -> int:
+        """Drop the group so its sockets close and peers blocked on us fail fast.
+
+        Destroying a gloo group (or Work) that still has calls pending blocks, holding the GIL, until
+        they time out; such a group is parked in a graveyard and destroyed by `bury()` once its
+        calls have completed (failed), instead of stalling recovery.
+        """
+        doomed = (self.world, self.pending)
         self.world = None
-        self.groups.clear()
-        gc.collect()
+        self.pending = []
+        _GRAVEYARD.append(doomed)
+        return bury()
+
+
+_GRAVEYARD: list[tuple[Any, list[Any]]] = []
+
+
+def bury() -> int:
+    """Destroy parked groups whose calls have all completed (cheap; call at step boundaries).
+    Returns how many groups stay parked."""
+    keep = []
+    for world, pending in _GRAVEYARD:
+        if all(work.is_completed() for _, work, _ in pending):
+            pending.clear()
+            del world
+        else:
+            keep.append((world, pending))
+    _GRAVEYARD[:] = keep
+    gc.collect()
+    return len(keep)
 
 
 def transfer_group(

@@ -101,7 +101,7 @@ class JobConfig:
     """Emulated device time per action (None: real compute time only)."""
     op_timeout_s: float = 1.5
     """Timeout of every blocking collective / point-to-point call; bounds hang detection."""
-    heartbeat_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 2.0
     """A member whose heartbeat has not changed for this long is declared dead at rendezvous."""
     rendezvous_timeout_s: float = 60.0
     """Upper bound on waiting for a generation to form."""

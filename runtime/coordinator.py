@@ -81,10 +81,21 @@ class Coordinator:
             self.store.wait(keys)
         return [int(self.store.get(k)) for k in keys]
 
-    def wait_joined(self, node: int, timeout_s: float) -> int:
-        """Block until a generation includes replacement `node`; returns that generation."""
-        self.store.wait([f"joined/{node}"], datetime.timedelta(seconds=timeout_s))
-        return int(self.store.get(f"joined/{node}"))
+    def wait_joined(self, node: int, timeout_s: float) -> int | None:
+        """Block until a generation includes replacement `node`; returns that generation, or None
+        if the job finished first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.store.check([f"joined/{node}"]):
+                return int(self.store.get(f"joined/{node}"))
+            if self.store.check(["done"]):
+                return None
+            time.sleep(0.005)
+        raise TimeoutError(f"replacement {node} was not taken within {timeout_s}s")
+
+    def mark_done(self) -> None:
+        """The job committed its last step (late replacements give up)."""
+        self.store.set("done", "1")
 
     def write_alive(self, generation: int, node: int, record: dict[str, Any]) -> None:
         """A member's record for forming `generation`."""
@@ -155,6 +166,8 @@ class Heartbeat:
         self._node = node
         self._interval = interval_s
         self._stop = threading.Event()
+        self.max_gap_s = 0.0
+        """Longest observed time between two beats (how starved this thread got)."""
         self.beat()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{node}", daemon=True)
         self._thread.start()
@@ -164,7 +177,11 @@ class Heartbeat:
         self._store.set(f"hb/{self._node}", repr(time.time()))
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self._interval):
+            now = time.monotonic()
+            self.max_gap_s = max(self.max_gap_s, now - last)
+            last = now
             try:
                 self.beat()
             except Exception:  # the store is gone: the job is over; the worker's own calls will time out

@@ -68,6 +68,7 @@ class Executor:
         self.act_shape = activation_shape(config.model, layout.microbatch_size)
         self.device = config.device_time
         self.snapshot = config.strategy != "none"
+        self.current: Action | None = None
         self.hook: Callable[[int, int], None] | None = None
         """Called with (action index, number of actions) before each action (fault injection)."""
 
@@ -116,7 +117,52 @@ class Executor:
         keep_alive: list[torch.Tensor] = []
         reduces: dict[tuple[tuple[int, int], tuple[int, ...]], tuple[torch.Tensor, object]] = {}
         comm = self.comm
+        started = time.perf_counter()
+        try:
+            self._loop(
+                step,
+                actions,
+                result,
+                inputs,
+                outputs,
+                out_grads,
+                param_groups,
+                rf_inputs,
+                keep_alive,
+                reduces,
+            )
+        except RuntimeError as exc:
+            self._poison(actions, started_reduces=reduces)
+            # Name the action that failed and how long it waited: that is how a dead peer shows up.
+            waited = time.perf_counter() - started
+            raise RuntimeError(
+                f"step {step}, action {self.current}: {exc} (after {waited:.3f}s in step)"
+            ) from None
+        if comm is not None:
+            comm.wait_sends()
+        del keep_alive
+        return result
+
+    def _poison(self, actions: list[Action], *, started_reduces: dict) -> None:
+        """We abandon the step: poison every message we still owe, so peers fail now, not at timeout."""
+        if self.comm is None or self.current is None:
+            return
+        for act in actions[actions.index(self.current) :]:
+            if act.kind in (SEND_ACT, SEND_GRAD):
+                lo, hi = self.layout.stages[act.stage]
+                boundary = hi if act.kind == SEND_ACT else lo
+                tag = self._tag(act.microbatch, boundary, act.kind == SEND_GRAD)
+                self.comm.send_poison(torch.empty(self.act_shape), act.peer, tag)
+            elif act.kind == ALL_REDUCE and (act.layers, act.group) not in started_reduces:
+                numel = sum(p.numel() for i in range(*act.layers) for p in self.held[i].params)
+                self.comm.poison_allreduce(numel, act.group, act.layers[0])
+
+    def _loop(
+        self, step, actions, result, inputs, outputs, out_grads, param_groups, rf_inputs, keep_alive, reduces
+    ):
+        comm = self.comm
         for index, act in enumerate(actions):
+            self.current = act
             if self.hook is not None:
                 self.hook(index, len(actions))
             key = (act.stage, act.microbatch)
@@ -161,10 +207,6 @@ class Executor:
             ):
                 self._pad(act, started)
                 result.stage_time_s[act.stage] += time.perf_counter() - started
-        if comm is not None:
-            comm.wait_sends()
-        del keep_alive
-        return result
 
     def _forward(self, step, act, inputs, outputs, rf_inputs, result) -> None:
         key = (act.stage, act.microbatch)
@@ -223,19 +265,20 @@ class Executor:
         # Otherwise x (now holding its gradient) stays in `inputs`: SEND_GRAD pops it, or, when the
         # previous stage runs on this node too, that stage's backward reads it.
 
-    def _start_allreduce(self, act: Action) -> tuple[torch.Tensor, object]:
+    def _start_allreduce(self, act: Action):
         lo, hi = act.layers
         grads = []
         for i in range(lo, hi):
             for p in self.held[i].params:
                 grads.append((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1))
         flat = torch.cat(grads)
-        work = self.comm.allreduce(flat, act.group) if self.comm is not None else None
-        return flat, work
+        if self.comm is None or len(act.group) == 1:
+            return flat, None
+        return flat, self.comm.allreduce(flat, act.group, tag=lo)
 
-    def _optimizer_step(self, act: Action, flat: torch.Tensor, work) -> None:
-        if work is not None:
-            work.wait(self.comm.timeout)
+    def _optimizer_step(self, act: Action, flat: torch.Tensor, handle) -> None:
+        if handle is not None:
+            flat = self.comm.finish_allreduce(handle)
         lo, hi = act.layers
         offset = 0
         for i in range(lo, hi):

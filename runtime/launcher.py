@@ -204,7 +204,11 @@ def run_local(
                     pending_joins.remove(join)
                     injected.append({"kind": "join", "node": join.node, "time": time.time()})
                     start(join.node, True)
-            running = [n for n, p in procs.items() if p.exitcode is None and n not in stopped]
+            running = [
+                n
+                for n, p in procs.items()
+                if p.exitcode is None and n not in stopped and not _is_stopped(p.pid)
+            ]
             if not running and not pending_joins:
                 break
             if time.monotonic() > deadline:
@@ -221,6 +225,15 @@ def run_local(
             proc.join(timeout=5)
         if tmp is not None:
             tmp.cleanup()
+
+
+def _is_stopped(pid: int | None) -> bool:
+    """True if the process is stopped (SIGSTOP: a hung node, which will never finish by itself)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] in ("T", "t")
 
 
 def _inject(fault: Fault, procs: dict[int, Any], coord: Coordinator, stopped: set[int]) -> None:

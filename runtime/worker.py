@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
-from runtime.comm import Comm, transfer_group
+from runtime.comm import Comm, bury, transfer_group
 from runtime.config import JobConfig
 from runtime.coordinator import Coordinator, Heartbeat, connect
 from runtime.executor import Executor
@@ -140,8 +140,11 @@ class Worker:
                 ready = time.time()
                 self.coord.request_join(self.node)
                 self._emit({"event": "join_requested", "ready_time": ready})
-                generation = self.coord.wait_joined(self.node, cfg.rendezvous_timeout_s)
-                plan = self.coord.read_plan(generation)
+                taken = self.coord.wait_joined(self.node, cfg.rendezvous_timeout_s)
+                if taken is None:
+                    self._emit({"event": "join_too_late"})
+                    return {"node": self.node, "outcome": "too_late", "committed": 0}
+                plan = self.coord.read_plan(taken)
             else:
                 generation = spec.generation
                 plan = self.coord.read_plan(generation)
@@ -175,12 +178,14 @@ class Worker:
                 plan = self._next_plan(plan, reason, graceful=outcome == "graceful")
         finally:
             heartbeat.stop()
+            self._emit({"event": "heartbeat_stats", "max_gap_s": heartbeat.max_gap_s})
             self._close_comm()
 
     def _close_comm(self) -> None:
         if self.comm is not None:
-            self.comm.close()
+            parked = self.comm.close()
             self.comm = None
+            self._emit({"event": "groups_closed", "parked": parked})
 
     def _next_plan(self, previous: Plan, reason: str, *, graceful: bool) -> Plan:
         cfg = self.config
@@ -230,7 +235,7 @@ class Worker:
         except (RuntimeError, TimeoutError) as exc:
             if isinstance(exc, Fenced):
                 raise
-            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            reason = f"{type(exc).__name__}: {str(exc)[-300:]}"
         return "failure", reason
 
     def _generation_body(self, plan: Plan) -> tuple[str, str]:
@@ -241,13 +246,11 @@ class Worker:
         if self.node in plan["leaving"]:
             return "left", "notice"
         members = plan["members"]
-        runs = [owners for _, _, owners in layout.owner_runs()]
         self.comm = Comm(
             self.store_prefix(generation),
             prefix="pg",
             node=self.node,
             members=members,
-            groups=runs,
             timeout_s=cfg.op_timeout_s,
         )
         durations = self._durations(layout)
@@ -271,6 +274,8 @@ class Worker:
                 vector[2] = self.coord.join_count() - plan["joins_consumed"]
             vector[3 + index] = float(self.notice)
             self.comm.commit(vector)
+            if step == plan["start_step"]:
+                bury()  # the previous generation's groups, once their calls have failed
             step += 1
             self.committed = step
             if self.ckpt is not None and step % self.ckpt_every == 0 and index == 0:
@@ -313,6 +318,8 @@ class Worker:
         """Roll back / restore / receive so that we hold exactly our layers at the plan's step."""
         start = plan["start_step"]
         mine = layout.layers_of(self.node) if self.node in plan["members"] else set()
+        for state in self.held.values():
+            state.zero_grad()  # gradients of the interrupted step are partial: the step is redone
         if plan["restore_step"] is not None:
             self.held = {}
             for i in sorted(mine):
@@ -368,6 +375,8 @@ class Worker:
 
     def _finish(self, outcome: str) -> None:
         self._emit({"event": outcome, "committed": self.committed})
+        if outcome == "done":
+            self.coord.mark_done()
         if self.out is not None and outcome == "done":
             torch.save(
                 {

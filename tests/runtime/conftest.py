@@ -15,7 +15,14 @@ from runtime.reference import train_reference
 def small_config(**kw) -> JobConfig:
     """DP=2 x PP=2 tiny MLP: fast enough to run many real multi-process jobs."""
     base = dict(
-        dp=2, pp=2, microbatches=2, global_batch=8, steps=4, model=ModelSpec(n_layer=2), op_timeout_s=2.0
+        dp=2,
+        pp=2,
+        microbatches=2,
+        global_batch=8,
+        steps=4,
+        model=ModelSpec(n_layer=2),
+        op_timeout_s=2.0,
+        heartbeat_timeout_s=4.0,
     )
     base.update(kw)
     return JobConfig(**base)
