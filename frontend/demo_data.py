@@ -189,7 +189,7 @@ def _metrics(job: TrainingJob, *, steps: int, start: datetime, seconds_per_step:
     MetricSample.objects.bulk_create(rows)
 
 
-def _notice_history(team: Team, *, now: datetime, rng: random.Random, count: int = 40) -> None:
+def _notice_history(team: Team, *, now: datetime, rng: random.Random, count: int = 40, prefix: str = "") -> None:
     """Past notices from every source, most processed in tens of milliseconds, a few failed or
     still waiting, some for instances we do not know (they are kept and flagged)."""
     sources = [NoticeSource.AWS_EVENTBRIDGE, NoticeSource.AWS_SNS, NoticeSource.AGENT, NoticeSource.GENERIC]
@@ -201,7 +201,7 @@ def _notice_history(team: Team, *, now: datetime, rng: random.Random, count: int
         processing = timedelta(milliseconds=rng.lognormvariate(3.3, 0.5))
         rows.append(InterruptionNotice(
             team=team, source=sources[k % len(sources)], kind=kinds[k % len(kinds)], action="terminate",
-            dedup_key=f"demo-history-{team.pk}-{k}", provider_instance_id=f"i-0old{team.pk:04x}{k:09x}",
+            dedup_key=f"demo-history-{team.pk}-{prefix}{k}", provider_instance_id=f"i-0old{team.pk:04x}{k:09x}",
             unknown_instance=k % 5 == 0, received_at=received, status=status, attempts=1 if k % 13 else 3,
             processed_at=received + processing if k % 13 else None,
             error="" if k % 13 else "instance lookup timed out (demo)",
@@ -210,7 +210,7 @@ def _notice_history(team: Team, *, now: datetime, rng: random.Random, count: int
 
 
 def seed_team_activity(*, team: Team, user, pools: list[PoolRef], now: datetime, metric_steps: int = 3000,
-                       seed: int = 11, prefix: str = "") -> dict[str, TrainingJob]:
+                       seed: int = 11, prefix: str = "", notice_count: int = 40) -> dict[str, TrainingJob]:
     """A running ReCycle job that lost a node to a preemption and got it back, a finished job with
     closed billing, and a pending job with no data yet. Returns them by role."""
     rng = random.Random(seed + team.pk)
@@ -327,7 +327,7 @@ def seed_team_activity(*, team: Team, user, pools: list[PoolRef], now: datetime,
              generation_at=[(0, 1)], rng=rng)
     finished.last_loss = MetricSample.objects.filter(job=finished).order_by("-step").values_list("loss", flat=True)[0]
     finished.save(update_fields=["last_loss"])
-    _notice_history(team, now=now, rng=rng)
+    _notice_history(team, now=now, rng=rng, count=notice_count, prefix=prefix)
     pending = TrainingJob.objects.create(
         team=team, created_by=user, name=f"{prefix}mlp-smoke-test", model_spec={"kind": "mlp", "layers": 4,
         "d_model": 256, "global_batch": 32, "micro_batches": 4}, strategy="auto", target_steps=500,

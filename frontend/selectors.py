@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Avg, Count, F, Max, OuterRef, Q, Subquery
+from django.db.models import Count, Max, OuterRef, Q, Subquery
 
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeKind
 from controlplane.fleet.states import LIVE_STATES, InstanceState
@@ -28,8 +28,8 @@ from controlplane.jobs.models import (
     Reconfiguration,
     TrainingJob,
 )
-from controlplane.market.selectors import LINUX, cheapest_pools, spot_price_at, spot_price_history
-from frontend import costs
+from controlplane.market.selectors import LINUX, PricePoint, cheapest_pools, spot_price_at, spot_price_history
+from frontend import costs, rollup
 
 # Buckets a chart may use, so axes line up between pools and requests cache well.
 NICE_BUCKETS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400)
@@ -117,11 +117,23 @@ def price_series(
     price. Each series starts with the price in force at `start`, so a step line begins at the left
     edge even when the pool did not change for days."""
     bucket = bucket_seconds_for(end - start, max_points)
+    from_rollup = bucket % 3600 == 0
+    if from_rollup:
+        rollup.price_rollup_refresh()
     series = []
     for pool in pools:
-        points = spot_price_history(
-            instance_type=pool.instance_type_id, zone=pool.zone_id, start=start, end=end, bucket_seconds=bucket
-        )
+        if from_rollup:
+            # Hour-multiple buckets come from the hourly roll-up: thousands of rows, not millions.
+            points = [
+                PricePoint(at=at, price=mean, min=low, max=high, count=n)
+                for at, mean, low, high, n in rollup.hourly_buckets(
+                    instance_type_id=pool.instance_type_id, zone_id=pool.zone_id, product=LINUX, start=start,
+                    end=end, bucket_seconds=bucket)
+            ]
+        else:
+            points = spot_price_history(
+                instance_type=pool.instance_type_id, zone=pool.zone_id, start=start, end=end, bucket_seconds=bucket
+            )
         x: list[str | None] = []
         y: list[float | None] = []
         low: list[float | None] = []
@@ -150,8 +162,8 @@ def price_series(
     for name, price in sorted({(p.instance_type, p.on_demand) for p in pools if p.on_demand is not None}):
         on_demand.append({"name": f"{name} on-demand", "instance_type": name, "x": [iso(start), iso(end)],
                           "y": [num(price), num(price)]})
-    return {"bucket_seconds": bucket, "start": iso(start), "end": iso(end), "series": series,
-            "on_demand": on_demand}
+    return {"bucket_seconds": bucket, "source": "hourly roll-up" if from_rollup else "price table",
+            "start": iso(start), "end": iso(end), "series": series, "on_demand": on_demand}
 
 
 # --- Overview and fleet ----------------------------------------------------------------------------
@@ -301,29 +313,36 @@ def job_rows(*, team_ids: list[int], now: datetime, limit: int = 200) -> list[di
 
 
 def job_metric_curves(*, job: TrainingJob, max_points: int = MAX_METRIC_POINTS) -> dict[str, Any]:
-    """Loss and throughput by step. Long runs are grouped into step buckets in the database (mean
-    of each bucket) so a chart never gets more than about `max_points` points."""
+    """Loss and throughput by step. A long run is sampled at every `stride`-th step (and its last
+    step), as TensorBoard samples scalars: one index probe per point on (job, step), so the cost
+    follows the points drawn, not the length of the run. Several samples of one step (one per
+    worker) are averaged."""
     samples = MetricSample.objects.filter(job_id=job.pk)
     last_step = samples.aggregate(m=Max("step"))["m"]
     if last_step is None:
-        return {"bucket_steps": 1, "step": [], "loss": [], "samples_per_s": [], "at": [], "last_step": None}
-    width = max(1, math.ceil((last_step + 1) / max_points))
-    if width == 1:
-        rows = list(samples.order_by("step", "id").values_list("step", "loss", "samples_per_s", "at"))
-    else:
-        rows = list(
-            samples.annotate(b=F("step") / width)  # integer division on both databases
-            .values("b")
-            .annotate(s=Max("step"), l=Avg("loss"), t=Avg("samples_per_s"), a=Max("at"))
-            .order_by("b")
-            .values_list("s", "l", "t", "a")
-        )
+        return {"stride": 1, "step": [], "loss": [], "samples_per_s": [], "at": [], "last_step": None}
+    stride = max(1, math.ceil((last_step + 1) / max_points))
+    if stride > 1:
+        samples = samples.filter(step__in=sorted({*range(0, last_step + 1, stride), last_step}))
+    grouped: dict[int, list] = {}
+    for step, loss, speed, at in samples.order_by("step", "id").values_list("step", "loss", "samples_per_s", "at"):
+        entry = grouped.setdefault(step, [[], [], at])
+        if loss is not None:
+            entry[0].append(loss)
+        if speed is not None:
+            entry[1].append(speed)
+        entry[2] = max(entry[2], at)
+
+    def mean(values: list[float], digits: int) -> float | None:
+        return round(sum(values) / len(values), digits) if values else None
+
+    steps = sorted(grouped)
     return {
-        "bucket_steps": width,
-        "step": [r[0] for r in rows],
-        "loss": [None if r[1] is None else round(r[1], 6) for r in rows],
-        "samples_per_s": [None if r[2] is None else round(r[2], 3) for r in rows],
-        "at": [iso(r[3]) for r in rows],
+        "stride": stride,
+        "step": steps,
+        "loss": [mean(grouped[s][0], 6) for s in steps],
+        "samples_per_s": [mean(grouped[s][1], 3) for s in steps],
+        "at": [iso(grouped[s][2]) for s in steps],
         "last_step": last_step,
     }
 

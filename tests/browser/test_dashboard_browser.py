@@ -123,8 +123,8 @@ def test_prices_compare_pools_picked_in_the_form(page, live_server, world):
     with page.expect_response(lambda r: "/data/prices.json" in r.url and r.status == 200):
         page.get_by_role("button", name="Show").click()
     # Four pools, plus one on-demand line per distinct instance type among them.
-    page.wait_for_function("(() => { const d = document.getElementById('chart-prices').data;"
-                           " return d.filter(t => !t.name.endsWith('on-demand')).length === 4; })()")
+    page.wait_for_function("(() => { const d = document.getElementById('chart-prices').data; return d.filter("
+                           "t => !t.name.endsWith('on-demand') && !t.name.endsWith('range')).length === 4; })()")
     assert browser.drawn_points(page, "chart-prices") > 0
 
 

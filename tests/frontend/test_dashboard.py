@@ -149,13 +149,15 @@ def test_job_data_has_curves_layouts_reconfigurations_and_prediction(client_a, w
     assert data["cost"]["budget"] == 250.0 and data["cost"]["spent"][-1] > 0
 
 
-def test_long_metric_histories_are_bucketed_in_the_database(client_a, world, monkeypatch):
+def test_long_metric_histories_are_sampled_by_stride(client_a, world):
     from frontend import selectors
 
     job = world["a"][2]["running"]
     curves = selectors.job_metric_curves(job=job, max_points=50)
-    assert curves["bucket_steps"] == 8
-    assert len(curves["step"]) == 50 and curves["step"][-1] == 399
+    # 400 steps into at most 50 points: every 8th step, plus the last one so the curve ends now.
+    assert curves["stride"] == 8
+    assert curves["step"] == [*range(0, 400, 8), 399]
+    assert len(curves["loss"]) == len(curves["at"]) == 51
 
 
 def test_a_job_with_no_data_renders_everywhere(client_a, world):

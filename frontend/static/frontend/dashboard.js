@@ -152,6 +152,11 @@
     const traces = [];
     d.series.forEach((s, i) => {
       const color = COLORS[i % COLORS.length];
+      // The band from the lowest to the highest change in each bucket, under the mean line.
+      traces.push({ type: "scatter", mode: "lines", name: s.name + " range", x: s.x, y: s.max, showlegend: false,
+        line: { shape: "hv", width: 0, color }, hoverinfo: "skip" });
+      traces.push({ type: "scatter", mode: "lines", name: s.name + " range", x: s.x, y: s.min, showlegend: false,
+        fill: "tonexty", fillcolor: color + "22", line: { shape: "hv", width: 0, color }, hoverinfo: "skip" });
       traces.push({ type: "scatter", mode: "lines", name: s.name, x: s.x, y: s.y, line: { shape: "hv", color, width: 2 },
         hovertemplate: "%{y:$.4f}/h<extra>" + s.name + "</extra>" });
     });
@@ -164,7 +169,8 @@
       "No spot prices stored yet. Load a price history (manage.py ingest_spot_prices) or wait for the periodic pull.");
     const minutes = Math.round(d.bucket_seconds / 60);
     setText("bucket-note", hasPoints ? "One point per " + (minutes >= 60 ? (minutes / 60) + " h" : minutes + " min") +
-      " bucket (mean of the changes in it), " + d.series.reduce((n, s) => n + s.changes, 0) + " price changes in the period." : "");
+      " bucket (mean of the changes in it, band = lowest to highest), " + d.series.reduce((n, s) => n + s.changes, 0) +
+      " price changes in the period, read from the " + d.source + "." : "");
     const columns = [
       { label: "Pool", value: (p) => p.name },
       { label: "Spot $/h", value: (p) => p.price, num: true },
@@ -295,7 +301,7 @@
       (d.prediction.on_time === false ? " (late!)" : d.prediction.on_time ? " (on time)" : "") : "no deadline");
     const emptyNote = el("empty-metrics");
     if (emptyNote) emptyNote.hidden = c.step.length > 0;
-    const suffix = c.bucket_steps > 1 ? " (mean of " + c.bucket_steps + " steps)" : "";
+    const suffix = c.stride > 1 ? " (every " + c.stride + "th step)" : "";
     plot("chart-loss", c.step.length ? [{ type: "scatter", mode: "lines", name: "loss" + suffix, x: c.step, y: c.loss, line: { color: COLORS[1] } }] : [],
       { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "loss" } }, showlegend: false, uirevision: "loss" }, "No loss reported yet.");
     plot("chart-throughput", c.step.length ? [{ type: "scatter", mode: "lines", name: "samples/s" + suffix, x: c.step, y: c.samples_per_s, line: { color: COLORS[0] } }] : [],
