@@ -7,12 +7,12 @@ thousands of events replays each distinct state once.
 
 Identical pipelines only meet in the all-reduce, so a state is replayed on a stand-in job of one
 pipeline (or a few, for recycle) with the all-reduce groups scaled up to the real data-parallel
-degree. Recycle couples pipelines (a lost node's micro-batches run on peers), so its state is
-priced through the marginal cost of one re-routed micro-batch, measured by replaying the runtime's
-recycle layout of a RECYCLE_EXACT_DP-pipeline stand-in with one hole at the most-hit stage; the
-extra micro-batches each surviving peer takes at that stage, holes * M / (pipelines - holes), are
-charged at that marginal cost (stages absorb their re-routed work in parallel, so the most-hit stage
-sets the step).
+degree. Recycle couples pipelines (a lost node's micro-batches run on peers), so a recycle state is
+replayed exactly, with the runtime's recycle layout over all pipelines, up to RECYCLE_EXACT_DP
+pipelines. Above that it is priced through the marginal cost of re-routed work measured on a
+RECYCLE_EXACT_DP-pipeline stand-in with one hole at the most-hit stage: the extra micro-batches each
+surviving peer takes there, holes * M / (pipelines - holes), are charged at that marginal cost
+(stages absorb their re-routed work in parallel, so the most-hit stage sets the step).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from runtime.planner.throughput import CostModel
 from runtime.strategies import get_strategy
 from runtime.strategies.oobleck import pipeline_templates
 
-RECYCLE_EXACT_DP = 2
+RECYCLE_EXACT_DP = 4
 
 
 @dataclass(slots=True)
@@ -122,9 +122,9 @@ class IterationModel:
             return self.cost.step_time(layout, schedule="fiw", allreduce_scale=scale)
 
         def make() -> float:
-            if pipelines == 1:
-                return float("inf") if any(holes) else exact(1, holes, 1)
-            reduced = min(pipelines, RECYCLE_EXACT_DP)
+            if pipelines <= RECYCLE_EXACT_DP:
+                return exact(pipelines, holes, 1)
+            reduced = RECYCLE_EXACT_DP
             scale = max(1, round(pipelines / reduced))
             base = self._replay(("recycle-base", pipelines), lambda: exact(reduced, (0,) * self.pp, scale))
             if not any(holes):

@@ -14,10 +14,19 @@ def write_plots(results: list[SimResult], out_dir: Path, *, title: str, bins: in
 
     out_dir.mkdir(parents=True, exist_ok=True)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("samples/s", "cumulative samples"))
-    for res in results:
+    palette = ("#636efa", "#00cc96", "#ffa15a", "#ef553b", "#ab63fa", "#19d3f3")
+    for k, res in enumerate(results):
         rate = res.binned_rate(bins)
+        line = {"color": palette[k % len(palette)]}
         fig.add_trace(
-            go.Scatter(x=[t / 3600 for t, _ in rate], y=[r for _, r in rate], name=res.strategy, mode="lines"),
+            go.Scatter(
+                x=[t / 3600 for t, _ in rate],
+                y=[r for _, r in rate],
+                name=res.strategy,
+                legendgroup=res.strategy,
+                line=line,
+                mode="lines",
+            ),
             row=1,
             col=1,
         )
@@ -26,6 +35,8 @@ def write_plots(results: list[SimResult], out_dir: Path, *, title: str, bins: in
                 x=[t / 3600 for t, _ in res.series],
                 y=[s for _, s in res.series],
                 name=f"{res.strategy} (cumulative)",
+                legendgroup=res.strategy,
+                line=line,
                 mode="lines",
                 showlegend=False,
             ),
