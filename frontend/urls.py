@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import data, views
+from frontend import data, team, views
 
 app_name = "frontend"
 
@@ -24,6 +24,13 @@ urlpatterns = [
     path("jobs/<int:job_id>/cost.csv", data.job_cost_csv, name="job-cost-csv"),
     path("jobs/<int:job_id>/cost.json", data.job_cost_json_download, name="job-cost-json"),
     path("notices/", views.notices, name="notices"),
+    path("team/", team.team_list, name="team-list"),
+    path("team/<slug:slug>/", team.team_detail, name="team"),
+    path("team/<slug:slug>/members/", team.member_add, name="team-member-add"),
+    path("team/<slug:slug>/members/<int:user_id>/remove/", team.member_remove, name="team-member-remove"),
+    path("team/<slug:slug>/tokens/", team.token_create, name="team-token-create"),
+    path("team/<slug:slug>/tokens/<int:token_id>/revoke/", team.token_revoke, name="team-token-revoke"),
+    path("team/<slug:slug>/alerts/", team.alert_add, name="team-alert-add"),
     path("data/overview.json", data.overview_data, name="overview-data"),
     path("data/prices.json", data.prices_data, name="prices-data"),
     path("data/fleet.json", data.fleet_data, name="fleet-data"),

@@ -1,0 +1,134 @@
+"""The team page: members and roles, API tokens and outbound alert URLs. Every member sees the
+team; only its admins change it (a member's POST is refused with 403, another team answers 404).
+The writes go through the same services as the API (`accounts.services`, `webhooks.alerts`)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
+from controlplane.accounts.services import api_token_create, api_token_revoke, membership_add, membership_remove
+from controlplane.common.errors import DomainError
+from controlplane.webhooks.alerts import alert_endpoint_create
+from controlplane.webhooks.models import AlertEndpoint, AlertFormat
+from frontend.access import admin_team_ids, visible_team_ids
+
+
+def _team(request: HttpRequest, slug: str) -> Team:
+    return get_object_or_404(Team, slug=slug, pk__in=visible_team_ids(request))
+
+
+@login_required
+def team_list(request: HttpRequest) -> HttpResponse:
+    """Go straight to the user's team when there is one; list them otherwise."""
+    teams = list(Team.objects.filter(pk__in=visible_team_ids(request)).order_by("name"))
+    if len(teams) == 1:
+        return redirect("frontend:team", slug=teams[0].slug)
+    return render(request, "frontend/team_list.html", {"page": "team", "teams": teams})
+
+
+@login_required
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team(request, slug)
+    is_admin = team.pk in admin_team_ids(request)
+    tokens = ApiToken.objects.filter(team=team).select_related("user", "instance").order_by("-created_at", "-id")
+    if not is_admin:
+        tokens = tokens.filter(user=request.user)
+    return render(request, "frontend/team.html", {
+        "page": "team", "team": team, "is_admin": is_admin,
+        "members": Membership.objects.filter(team=team).select_related("user").order_by("user__username"),
+        "tokens": tokens[:200], "alerts": AlertEndpoint.objects.filter(team=team).order_by("-created_at", "-id"),
+        "roles": Role.choices, "formats": AlertFormat.choices,
+    })
+
+
+def _admin_post(request: HttpRequest, slug: str) -> Team | HttpResponse:
+    team = _team(request, slug)
+    if team.pk not in admin_team_ids(request):
+        return HttpResponseForbidden("only the team's admins can change it")
+    return team
+
+
+def _done(request: HttpRequest, team: Team, error: DomainError | None, success: str) -> HttpResponse:
+    if error is not None:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, success)
+    return redirect("frontend:team", slug=team.slug)
+
+
+@login_required
+@require_POST
+def member_add(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _admin_post(request, slug)
+    if isinstance(team, HttpResponse):
+        return team
+    username = request.POST.get("username", "").strip()
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        return _done(request, team, DomainError(f"no user named {username!r}", field="username"), "")
+    try:
+        membership_add(team=team, user=user, role=request.POST.get("role", Role.MEMBER))
+    except DomainError as error:
+        return _done(request, team, error, "")
+    return _done(request, team, None, f"{username} is now {request.POST.get('role', Role.MEMBER)} of {team.name}.")
+
+
+@login_required
+@require_POST
+def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
+    team = _admin_post(request, slug)
+    if isinstance(team, HttpResponse):
+        return team
+    membership = get_object_or_404(Membership.objects.select_related("user"), team=team, user_id=user_id)
+    try:
+        membership_remove(team=team, user=membership.user)
+    except DomainError as error:
+        return _done(request, team, error, "")
+    return _done(request, team, None, f"{membership.user.username} removed; their tokens of this team are revoked.")
+
+
+@login_required
+@require_POST
+def token_create(request: HttpRequest, slug: str) -> HttpResponse:
+    """A user token for the requesting admin; the key is shown once, on the next page."""
+    team = _admin_post(request, slug)
+    if isinstance(team, HttpResponse):
+        return team
+    try:
+        token, key = api_token_create(team=team, kind=TokenKind.USER, user=request.user,
+                                      name=request.POST.get("name", "")[:100])
+    except DomainError as error:
+        return _done(request, team, error, "")
+    return _done(request, team, None, f"Token {token.prefix}… created. Copy the key now, it is not shown again: {key}")
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, slug: str, token_id: int) -> HttpResponse:
+    team = _admin_post(request, slug)
+    if isinstance(team, HttpResponse):
+        return team
+    token = get_object_or_404(ApiToken, pk=token_id, team=team)
+    api_token_revoke(token=token)
+    return _done(request, team, None, f"Token {token.prefix}… revoked.")
+
+
+@login_required
+@require_POST
+def alert_add(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _admin_post(request, slug)
+    if isinstance(team, HttpResponse):
+        return team
+    url = request.POST.get("url", "").strip()
+    try:
+        endpoint = alert_endpoint_create(team=team, url=url, format=request.POST.get("format", AlertFormat.GENERIC))
+    except DomainError as error:
+        return _done(request, team, error, "")
+    return _done(request, team, None, f"Alerts will be sent to {endpoint.url}. Signing secret (shown once): "
+                                      f"{endpoint.signing_secret}")
