@@ -135,19 +135,29 @@ class Coordinator:
         decide: Callable[[dict[int, dict[str, Any]]], dict[str, Any]],
         heartbeat_timeout_s: float,
         timeout_s: float,
+        answer_timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Rendezvous of `generation`: write our record, wait until every expected member has answered
-        or is gone, then publish `decide(records)` (first writer wins) and return the winning plan."""
+        or is gone, then publish `decide(records)` (first writer wins) and return the winning plan.
+
+        Gone = marked dead by a supervisor, or heartbeat older than `heartbeat_timeout_s`, or (once we
+        waited `answer_timeout_s`, the op timeout: a live member fails its own calls by then) not
+        answering with a heartbeat older than `answer_timeout_s` -- a hung (stopped) node.
+        """
         self.write_alive(generation, node, record)
         expected = sorted(set(expected))
-        deadline = time.monotonic() + timeout_s
+        began = time.monotonic()
+        deadline = began + timeout_s
         while True:
             plan = self.read_plan(generation)
             if plan is not None:
                 return plan
             answered = [n for n in expected if self.store.check([f"gen/{generation}/alive/{n}"])]
             missing = [n for n in expected if n not in answered]
-            missing = [n for n in missing if not self.is_gone(n, heartbeat_timeout_s)]
+            limit = heartbeat_timeout_s
+            if answer_timeout_s is not None and time.monotonic() - began > answer_timeout_s:
+                limit = min(limit, answer_timeout_s)
+            missing = [n for n in missing if not self.is_gone(n, limit)]
             if not missing:
                 records = {n: json.loads(self.store.get(f"gen/{generation}/alive/{n}")) for n in answered}
                 return self.publish_plan(generation, decide(records))
@@ -156,6 +166,41 @@ class Coordinator:
                     f"generation {generation} did not form within {timeout_s}s; missing {missing}"
                 )
             time.sleep(0.002)
+
+
+def wait_ready(
+    coord: Coordinator,
+    generation: int,
+    node: int,
+    members: list[int],
+    *,
+    heartbeat_timeout_s: float,
+    timeout_s: float,
+) -> None:
+    """Store barrier before building a generation's process group.
+
+    gloo's group constructor waits for every peer while holding the GIL, which starves our
+    heartbeat thread; meeting here first (sleeping, GIL released) keeps that wait short.
+    """
+    store = coord.store
+    store.set(f"gen/{generation}/ready/{node}", "1")
+    keys = [f"gen/{generation}/ready/{m}" for m in members]
+    deadline = time.monotonic() + timeout_s
+    next_check = time.monotonic() + 0.1
+    while not store.check(keys):
+        now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(f"generation {generation}: members not ready within {timeout_s}s")
+        if now > next_check:
+            next_check = now + 0.1
+            gone = [
+                m
+                for m in members
+                if not store.check([f"gen/{generation}/ready/{m}"]) and coord.is_gone(m, heartbeat_timeout_s)
+            ]
+            if gone:
+                raise RuntimeError(f"generation {generation}: members {gone} are gone before it formed")
+        time.sleep(0.002)
 
 
 class Heartbeat:

@@ -32,7 +32,7 @@ import torch
 from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
 from runtime.comm import Comm, bury, transfer_group
 from runtime.config import JobConfig
-from runtime.coordinator import Coordinator, Heartbeat, connect
+from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.executor import Executor
 from runtime.layout import Layout
 from runtime.membership import Plan, initial_plan, make_plan
@@ -226,6 +226,7 @@ class Worker:
             decide=decide,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
             timeout_s=cfg.rendezvous_timeout_s,
+            answer_timeout_s=cfg.op_timeout_s,
         )
 
     # -- one generation -----------------------------------------------------------------------
@@ -246,6 +247,14 @@ class Worker:
         if self.node in plan["leaving"]:
             return "left", "notice"
         members = plan["members"]
+        wait_ready(
+            self.coord,
+            generation,
+            self.node,
+            members,
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            timeout_s=cfg.rendezvous_timeout_s,
+        )
         self.comm = Comm(
             self.store_prefix(generation),
             prefix="pg",

@@ -1,0 +1,354 @@
+"""Runtime benchmark: throughput and recovery of each strategy against the plain pipeline.
+
+`python -m bench runtime [--quick] [--json PATH] [--trace FILE]`
+
+Every figure comes from real worker processes on gloo (DP=2 x PP=4 = 8 nodes), measured in this
+run. Two modes, labelled in every row:
+- `emulated`: every compute action is padded (sleep) to a profiled per-layer duration, so stages
+  overlap as devices would although 8 processes share 2 CPU cores. Pipeline bubbles are real here.
+- `real`: no padding; on 2 cores the stages cannot compute at once, so bubbles are not real and
+  schedules that fill bubbles cannot win. Reported for honesty, not for the targets.
+Ratios are to the plain pipeline (`none`, 1F1B) of the same mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.report import Progress, print_table
+from runtime.config import DeviceTime, JobConfig, ModelSpec
+from runtime.launcher import Fault, Join, RunResult, faults_from_trace, run_local
+from runtime.strategies.checkpoint import checkpoint_interval_steps, young_daly_interval_s
+
+KILLED = 5  # pipeline 1, stage 1 of DP=2 x PP=4
+
+
+def parse_args(extra: list[str]) -> dict[str, Any]:
+    """Extra flags: `--trace FILE` also runs recycle under kills/joins replayed from a Bamboo trace."""
+    parser = argparse.ArgumentParser(prog="python -m bench runtime")
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="Bamboo-format preemption trace (t_ms,op,node)"
+    )
+    return vars(parser.parse_args(extra))
+
+
+def _config(
+    strategy: str, *, steps: int, emulated: bool, schedule: str | None = None, **kw: Any
+) -> JobConfig:
+    return JobConfig(
+        model=ModelSpec(kind="gpt", n_layer=6, n_embd=32, n_head=2, seq_len=16, vocab_size=64),
+        dp=2,
+        pp=4,
+        microbatches=4,
+        global_batch=32,
+        strategy=strategy,
+        schedule=schedule or ("fiw" if strategy == "recycle" else "1f1b"),
+        steps=steps,
+        device_time=DeviceTime(forward_ms=4.0, backward_input_ms=4.0, backward_weight_ms=4.0)
+        if emulated
+        else None,
+        op_timeout_s=kw.pop("op_timeout_s", 1.5),
+        heartbeat_timeout_s=kw.pop("heartbeat_timeout_s", 3.0),
+        **kw,
+    )
+
+
+# -- analysis of one run ----------------------------------------------------------------------------
+def _commits(result: RunResult) -> dict[int, float]:
+    """Step -> wall time it was committed (its last execution: the highest generation; first node)."""
+    best: dict[int, tuple[int, float]] = {}
+    for r in result.steps():
+        gen, t = r["generation"], r["time"]
+        old = best.get(r["step"])
+        if old is None or gen > old[0] or (gen == old[0] and t < old[1]):
+            best[r["step"]] = (gen, t)
+    return {s: t for s, (_, t) in sorted(best.items())}
+
+
+def _durations(commits: dict[int, float]) -> dict[int, float]:
+    steps = sorted(commits)
+    return {s: commits[s] - commits[p] for p, s in itertools.pairwise(steps)}
+
+
+def _steps_lost(result: RunResult) -> int:
+    """Committed steps that had to be computed again (the most any surviving node redid)."""
+    worst = 0
+    for node in {r["node"] for r in result.steps()}:
+        steps = [r["step"] for r in result.steps() if r["node"] == node]
+        worst = max(worst, len(steps) - len(set(steps)))
+    return worst
+
+
+def _event_time(result: RunResult, name: str) -> float | None:
+    times = [r["time"] for r in result.records if r.get("event") == name]
+    return min(times) if times else None
+
+
+def analyze(
+    result: RunResult,
+    config: JobConfig,
+    *,
+    fault_step: int | None,
+    warmup: int = 2,
+    end_step: int | None = None,
+) -> dict[str, Any]:
+    """Throughput before/after the fault, recovery times and steps lost of one run."""
+    commits = _commits(result)
+    durations = _durations(commits)
+    batch = config.global_batch
+    before = [d for s, d in durations.items() if s >= warmup and (fault_step is None or s < fault_step)]
+    out: dict[str, Any] = {
+        "failure_free_samples_per_s": batch / statistics.median(before) if before else None
+    }
+    if fault_step is None:
+        return out
+    injected = None
+    for name in ("inject_kill", "inject_stop", "inject_notice"):
+        injected = injected or _event_time(result, name)
+    first = min((s for s in commits if s >= warmup), default=None)
+    last = max(commits) if end_step is None else min(end_step, max(commits))
+    span = commits[last] - commits[first - 1] if first is not None and first - 1 in commits else None
+    out["with_failures_samples_per_s"] = batch * (last - first + 1) / span if span else None  # type: ignore[operator]
+    out["steps_lost"] = _steps_lost(result)
+    if injected is None:
+        return out
+    after = sorted(s for s, t in commits.items() if t > injected and (end_step is None or s <= end_step))
+    if not after:
+        return out
+    out["failure_to_next_commit_s"] = commits[after[0]] - injected
+    tail = [durations[s] for s in after[len(after) // 2 :] if s in durations]
+    degraded = statistics.median(tail) if tail else None
+    out["degraded_samples_per_s"] = batch / degraded if degraded else None
+    if degraded:
+        full = next((s for s in after[1:] if durations.get(s, 1e9) <= 1.15 * degraded), after[-1])
+        out["failure_to_full_speed_s"] = commits[full] - injected
+    return out
+
+
+# -- the benchmark ----------------------------------------------------------------------------------
+def _run(config: JobConfig, **kw: Any) -> RunResult:
+    return run_local(config, timeout_s=kw.pop("timeout_s", 180.0), **kw)
+
+
+def _checkpoint_cost_s(config: JobConfig) -> float:
+    """Measured time to write this model's checkpoint (all layers) to a local directory."""
+    from runtime.checkpoint_store import LocalCheckpointStore
+    from runtime.model import build_layer
+    from runtime.optim import LayerState
+
+    states = [LayerState(i, build_layer(config.model, i, 0)) for i in range(config.model.num_layers)]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = LocalCheckpointStore(tmp)
+        start = time.perf_counter()
+        for s in states:
+            store.save_layer(1, s.index, s.flat())
+        store.mark_complete(1)
+        return time.perf_counter() - start
+
+
+def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[str, Any]:
+    """Per strategy, one run of 8 real processes: failure-free steps, then one node SIGKILLed
+    mid-step (recycle: then a replacement joins). Plus recycle's hang and notice cases. Prints the
+    tables and returns the figures."""
+    steps = 14 if quick else 30
+    fault_step = 7 if quick else 14
+    join_step = fault_step + 3
+    figures: dict[str, Any] = {
+        "setup": {
+            "nodes": 8,
+            "dp": 2,
+            "pp": 4,
+            "microbatches_per_pipeline": 4,
+            "global_batch": 32,
+            "steps": steps,
+            "fault": f"SIGKILL of node {KILLED} (pipeline 1, stage 1) mid-step {fault_step}",
+            "failure_free_window": f"steps 2..{fault_step - 1} of the same run",
+            "device_time_ms_per_layer": {"F": 4.0, "I": 4.0, "W": 4.0},
+            "model": "gpt, 6 blocks, width 32, seq 16 (8 layers, 2 per stage)",
+        }
+    }
+    strategies = ["none", "recycle", "bamboo", "oobleck", "checkpoint"]
+    plan = [("emulated", True, s) for s in strategies]
+    plan += [("real", False, s) for s in (["none", "recycle"] if quick else strategies)]
+    total = len(plan) + 2
+    for done, (mode, emulated, strategy) in enumerate(plan):
+        progress.step(f"{mode}: {strategy}", done, total)
+        row: dict[str, Any] = {"mode": mode}
+        cfg = _config(strategy, steps=steps, emulated=emulated)
+        faults = [] if strategy == "none" else [Fault(node=KILLED, kind="kill", step=fault_step)]
+        joins = [Join(node=8, after_step=join_step)] if strategy == "recycle" else []
+        if strategy == "checkpoint":
+            base = figures[mode]["none"]["failure_free_samples_per_s"]
+            cost = _checkpoint_cost_s(cfg)
+            mtbf = steps * cfg.global_batch / base  # one failure per run: the failure rate observed here
+            cfg = _config(
+                strategy,
+                steps=steps,
+                emulated=emulated,
+                checkpoint_cost_s=cost,
+                mtbf_s=mtbf,
+                step_time_s=cfg.global_batch / base,
+                checkpoint_dir=tempfile.mkdtemp(prefix="spotpipe-ckpt-"),
+            )
+            row.update(
+                checkpoint_interval_steps=checkpoint_interval_steps(cfg),
+                checkpoint_write_s=cost,
+                young_daly_interval_s=young_daly_interval_s(cost, mtbf),
+            )
+        result = _run(cfg, faults=faults, joins=joins)
+        row.update(
+            analyze(
+                result, cfg, fault_step=fault_step if faults else None, end_step=join_step if joins else None
+            )
+        )
+        if strategy == "checkpoint":
+            restart = [
+                r for r in result.records if r.get("event") == "generation" and r.get("generation") == 1
+            ]
+            row["restarted_from_step"] = restart[0]["start_step"] if restart else None
+        if joins:
+            row.update(_replacement(result, cfg))
+        figures.setdefault(mode, {})[strategy] = row
+    for mode in ("emulated", "real"):
+        rows = figures.get(mode, {})
+        base = rows["none"]["failure_free_samples_per_s"]
+        for row in rows.values():
+            ff, wf = row.get("failure_free_samples_per_s"), row.get("with_failures_samples_per_s")
+            row["failure_free_ratio"] = ff / base if ff and base else None
+            row["with_failures_ratio"] = wf / base if wf and base else None
+            deg = row.get("degraded_samples_per_s")
+            if deg and ff:
+                row["degraded_ratio_to_own_failure_free"] = deg / ff
+                row["degraded_ratio_to_7_8_share"] = deg / ff / (7 / 8)
+
+    cases: dict[str, Any] = {}
+    progress.step("emulated: recycle with a hung node (SIGSTOP)", total - 2, total)
+    cfg = _config("recycle", steps=steps, emulated=True, op_timeout_s=1.0)
+    hung = analyze(
+        _run(cfg, faults=[Fault(node=KILLED, kind="stop", step=fault_step)]), cfg, fault_step=fault_step
+    )
+    cases.update(hang_to_next_commit_s=hung.get("failure_to_next_commit_s"), hang_op_timeout_s=1.0)
+    progress.step("emulated: recycle with a notice", total - 1, total)
+    cfg = _config("recycle", steps=steps, emulated=True)
+    res = _run(cfg, faults=[Fault(node=KILLED, kind="notice", step=fault_step)])
+    notice = analyze(res, cfg, fault_step=fault_step)
+    cases.update(
+        notice_steps_lost=notice.get("steps_lost"),
+        notice_failures_detected=sum(1 for r in res.records if r.get("event") == "failure_detected"),
+        notice_steps_committed=len(_commits(res)),
+        notice_to_next_commit_s=notice.get("failure_to_next_commit_s"),
+    )
+    if trace is not None:
+        progress.step(f"emulated: recycle under trace {trace.name}", total, total)
+        faults, joins = faults_from_trace(trace, nodes=8, time_scale=1e-3, limit=2)
+        cfg = _config("recycle", steps=steps * 2, emulated=True)
+        res = _run(cfg, faults=faults[:2], joins=joins[:2])
+        cases["trace"] = {
+            "file": trace.name,
+            "kills": len(faults[:2]),
+            "joins": len(joins[:2]),
+            "steps_committed": len(_commits(res)),
+            **analyze(res, cfg, fault_step=None),
+        }
+    figures["recycle_cases"] = cases
+    _print(figures)
+    return figures
+
+
+def _replacement(result: RunResult, config: JobConfig) -> dict[str, Any]:
+    """When the replacement (node 8) was up, when it first committed, and the speed after that."""
+    ready = [r for r in result.records if r.get("event") == "join_requested"]
+    first = [r for r in result.steps() if r["node"] == 8]
+    if not ready or not first:
+        return {"replacement_joined": False}
+    spawn = [i["time"] for i in result.injected if i["kind"] == "join"]
+    regrown = [d for s, d in _durations(_commits(result)).items() if s > first[0]["step"] + 1]
+    return {
+        "replacement_joined": True,
+        "replacement_ready_to_first_commit_s": first[0]["time"] - ready[0]["ready_time"],
+        "replacement_spawn_to_first_commit_s": first[0]["time"] - spawn[0] if spawn else None,
+        "regrown_samples_per_s": config.global_batch / statistics.median(regrown) if regrown else None,
+    }
+
+
+def _print(figures: dict[str, Any]) -> None:
+    headers = [
+        "strategy",
+        "mode",
+        "ff samples/s",
+        "ff ratio",
+        "w/ failure samples/s",
+        "w/ failure ratio",
+        "degraded / ff",
+        "degraded / (7/8)",
+        "kill->commit s",
+        "kill->full speed s",
+        "steps lost",
+    ]
+    rows = []
+    for mode in ("emulated", "real"):
+        for strategy, r in figures.get(mode, {}).items():
+            rows.append(
+                [
+                    strategy,
+                    mode,
+                    r.get("failure_free_samples_per_s"),
+                    r.get("failure_free_ratio"),
+                    r.get("with_failures_samples_per_s", "-"),
+                    r.get("with_failures_ratio") or "-",
+                    r.get("degraded_ratio_to_own_failure_free", "-"),
+                    r.get("degraded_ratio_to_7_8_share", "-"),
+                    r.get("failure_to_next_commit_s", "-"),
+                    r.get("failure_to_full_speed_s", "-"),
+                    r.get("steps_lost", "-"),
+                ]
+            )
+    print_table(
+        "runtime: DP=2 x PP=4 (8 nodes), one node SIGKILLed mid-step; ratios to `none` of the same mode",
+        headers,
+        rows,
+    )
+    cases = figures["recycle_cases"]
+    ck = figures["emulated"].get("checkpoint", {})
+    targets = [
+        [
+            "recycle failure-free overhead",
+            "<= 2%",
+            _pct(1 - (figures["emulated"]["recycle"].get("failure_free_ratio") or 0)),
+        ],
+        [
+            "bamboo failure-free overhead",
+            "<= 10%",
+            _pct(1 - (figures["emulated"]["bamboo"].get("failure_free_ratio") or 0)),
+        ],
+        [
+            "recycle, 1 of 8 lost: degraded / failure-free",
+            ">= 0.85",
+            figures["emulated"]["recycle"].get("degraded_ratio_to_own_failure_free"),
+        ],
+        [
+            "recycle kill -> next committed step (s)",
+            "<= 0.5",
+            figures["emulated"]["recycle"].get("failure_to_next_commit_s"),
+        ],
+        ["recycle hang (SIGSTOP) -> next committed step (s)", "<= 3", cases.get("hang_to_next_commit_s")],
+        [
+            "replacement ready -> first commit with the others (s)",
+            "<= 1",
+            cases.get("replacement_ready_to_first_commit_s"),
+        ],
+        ["notice one step ahead: steps lost", "0", cases.get("notice_steps_lost")],
+        ["checkpoint: kill -> next commit incl. load (s)", "(baseline)", ck.get("failure_to_next_commit_s")],
+        ["checkpoint: steps lost", "(baseline)", ck.get("steps_lost")],
+    ]
+    print_table("runtime targets (emulated-device mode)", ["figure", "target", "measured"], targets)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
