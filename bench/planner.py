@@ -145,9 +145,9 @@ def predictor_check(*, quick: bool, progress: Progress) -> dict:
         for k in ("gpt", "mlp")
     ]
     progress.step("profiling on 1 and 2 threads")
-    one = [profile_model(s, microbatch_size=8, repeats=3, threads=1) for s in specs]
+    one = [profile_model(s, microbatch_size=8, repeats=7, threads=1) for s in specs]
     two_device = measure_local_device(threads=2)
-    two = [profile_model(s, microbatch_size=8, repeats=3, threads=2, device=two_device) for s in specs]
+    two = [profile_model(s, microbatch_size=8, repeats=7, threads=2, device=two_device) for s in specs]
     rows, out = [], []
 
     def total(p) -> float:  # type: ignore[no-untyped-def]

@@ -100,12 +100,12 @@ def measure_local_device(*, threads: int = 1, name: str | None = None) -> Device
         a = torch.randn(512, 512)
         b = torch.randn(512, 512)
         torch.mm(a, b)
-        best = min(_timed(lambda: torch.mm(a, b)) for _ in range(5))
+        best = min(_timed(lambda: torch.mm(a, b)) for _ in range(20))
         tflops = 2 * 512**3 / best / 1e12
         big = torch.empty(8_000_000)
         src = torch.randn(8_000_000)
         big.copy_(src)
-        best = min(_timed(lambda: big.copy_(src)) for _ in range(5))
+        best = min(_timed(lambda: big.copy_(src)) for _ in range(10))
         gbs = 2 * src.numel() * 4 / best / 1e9
     finally:
         torch.set_num_threads(previous)
