@@ -12,10 +12,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Count, Max, Min, Sum
+from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import TruncHour
 
 from controlplane.market.models import SpotPrice
+from controlplane.market.selectors import EpochSeconds
 from frontend.models import PriceHour, PriceRollupState
 
 BATCH = 5000
@@ -98,29 +99,29 @@ def floor_hour(value: datetime) -> datetime:
 
 
 def hourly_buckets(
-    *, instance_type_id: int, zone_id: int, product: str, start: datetime, end: datetime, bucket_seconds: int
-) -> list[tuple[datetime, Decimal, Decimal, Decimal, int]]:
-    """(bucket start, mean, min, max, changes) per non-empty bucket of `bucket_seconds` (a multiple
-    of an hour, aligned on the Unix epoch) from the roll-up, for the hours overlapping
-    [start, end). The first bucket may include changes up to an hour before `start`."""
+    *, pools: list[tuple[int, int]], product: str, start: datetime, end: datetime, bucket_seconds: int
+) -> dict[tuple[int, int], list[tuple[datetime, Decimal, Decimal, Decimal, int]]]:
+    """Per pool (instance type id, zone id): (bucket start, mean, min, max, changes) for each
+    non-empty bucket of `bucket_seconds` (a multiple of an hour, aligned on the Unix epoch), from
+    the roll-up hours overlapping [start, end). The database groups the hours into buckets in one
+    query for all pools. The first bucket may include changes up to an hour before `start`."""
     if bucket_seconds % 3600:
         raise ValueError(f"bucket_seconds must be a multiple of 3600, got {bucket_seconds}")
-    rows = PriceHour.objects.filter(
-        instance_type_id=instance_type_id, zone_id=zone_id, product=product, hour__gte=floor_hour(start),
-        hour__lt=end,
-    ).order_by("hour").values_list("hour", "changes", "total", "low", "high")
+    wanted = Q()
+    for type_id, zone_id in pools:
+        wanted |= Q(instance_type_id=type_id, zone_id=zone_id)
+    rows = (
+        PriceHour.objects.filter(wanted, product=product, hour__gte=floor_hour(start), hour__lt=end)
+        .annotate(bucket=EpochSeconds("hour") / bucket_seconds)
+        .values("instance_type_id", "zone_id", "bucket")
+        .annotate(n=Sum("changes"), s=Sum("total"), lo=Min("low"), hi=Max("high"))
+        .order_by("instance_type_id", "zone_id", "bucket")
+        .values_list("instance_type_id", "zone_id", "bucket", "n", "s", "lo", "hi")
+    )
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    out: list[list] = []
-    for hour, changes, total, low, high in rows:
-        index = int((hour - epoch).total_seconds()) // bucket_seconds
-        at = epoch + timedelta(seconds=index * bucket_seconds)
-        if out and out[-1][0] == at:
-            current = out[-1]
-            current[1] += total
-            current[2] = min(current[2], low)
-            current[3] = max(current[3], high)
-            current[4] += changes
-        else:
-            out.append([at, total, low, high, changes])
     quantum = Decimal("0.000001")
-    return [(at, (total / n).quantize(quantum), low, high, n) for at, total, low, high, n in out]
+    out: dict[tuple[int, int], list] = {pool: [] for pool in pools}
+    for type_id, zone_id, bucket, n, total, low, high in rows:
+        out[(type_id, zone_id)].append((epoch + timedelta(seconds=int(bucket) * bucket_seconds),
+                                        (Decimal(total) / n).quantize(quantum), Decimal(low), Decimal(high), n))
+    return out

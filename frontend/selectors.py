@@ -36,6 +36,7 @@ NICE_BUCKETS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 
 MAX_PRICE_POINTS = 400
 MAX_METRIC_POINTS = 600
 MAX_POOLS_LISTED = 500
+MAX_TIMELINE_NOTICES = 500
 INTERRUPTION_BUCKETS = ((5, "<5%"), (10, "5-10%"), (15, "10-15%"), (20, "15-20%"), (math.inf, ">20%"))
 
 
@@ -118,18 +119,17 @@ def price_series(
     edge even when the pool did not change for days."""
     bucket = bucket_seconds_for(end - start, max_points)
     from_rollup = bucket % 3600 == 0
+    rolled: dict[tuple[int, int], list] = {}
     if from_rollup:
+        # Hour-multiple buckets come from the hourly roll-up: thousands of rows, not millions.
         rollup.price_rollup_refresh()
+        rolled = rollup.hourly_buckets(pools=[(p.instance_type_id, p.zone_id) for p in pools], product=LINUX,
+                                       start=start, end=end, bucket_seconds=bucket)
     series = []
     for pool in pools:
         if from_rollup:
-            # Hour-multiple buckets come from the hourly roll-up: thousands of rows, not millions.
-            points = [
-                PricePoint(at=at, price=mean, min=low, max=high, count=n)
-                for at, mean, low, high, n in rollup.hourly_buckets(
-                    instance_type_id=pool.instance_type_id, zone_id=pool.zone_id, product=LINUX, start=start,
-                    end=end, bucket_seconds=bucket)
-            ]
+            points = [PricePoint(at=at, price=mean, min=low, max=high, count=n)
+                      for at, mean, low, high, n in rolled[(pool.instance_type_id, pool.zone_id)]]
         else:
             points = spot_price_history(
                 instance_type=pool.instance_type_id, zone=pool.zone_id, start=start, end=end, bucket_seconds=bucket
@@ -224,11 +224,13 @@ def fleet(*, team_ids: list[int], now: datetime, window: timedelta = timedelta(d
         by_type[type_name][state] += n
     states = [s for s in InstanceState.values if by_state[s]]
     zones, types = sorted(by_zone), sorted(by_type)
+    in_window = InterruptionNotice.objects.filter(team_id__in=team_ids, received_at__gte=since)
+    # The newest ones only: a storm of notices would otherwise make the page heavy to load and draw.
     notices = list(
-        InterruptionNotice.objects.filter(team_id__in=team_ids, received_at__gte=since)
-        .order_by("received_at", "id")
-        .values("received_at", "kind", "source", "provider_instance_id", "status")[:2000]
-    )
+        in_window.order_by("-received_at", "-id")
+        .values("received_at", "kind", "source", "provider_instance_id", "status")[:MAX_TIMELINE_NOTICES]
+    )[::-1]
+    notices_total = len(notices) if len(notices) < MAX_TIMELINE_NOTICES else in_window.count()
     preemptions = list(
         InstanceEvent.objects.filter(instance__team_id__in=team_ids, at__gte=since, to_state=InstanceState.PREEMPTED)
         .order_by("at", "id")
@@ -258,6 +260,7 @@ def fleet(*, team_ids: list[int], now: datetime, window: timedelta = timedelta(d
         "by_zone": {"x": zones, "series": [{"name": s, "y": [by_zone[z][s] for z in zones]} for s in states]},
         "by_type": {"x": types, "series": [{"name": s, "y": [by_type[t][s] for t in types]} for s in states]},
         "timeline": timeline,
+        "timeline_notices": {"shown": len(notices), "total": notices_total},
         "live_instances": live,
     }
 

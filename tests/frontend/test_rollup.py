@@ -35,8 +35,8 @@ def _raw(pool, bucket: int) -> list[tuple]:
 
 
 def _rolled(pool, bucket: int) -> list[tuple]:
-    return rollup.hourly_buckets(instance_type_id=pool.instance_type.pk, zone_id=pool.zone.pk, product="Linux/UNIX",
-                                 start=START, end=END, bucket_seconds=bucket)
+    key = (pool.instance_type.pk, pool.zone.pk)
+    return rollup.hourly_buckets(pools=[key], product="Linux/UNIX", start=START, end=END, bucket_seconds=bucket)[key]
 
 
 @pytest.mark.parametrize("bucket", [3600, 6 * 3600, 86400])

@@ -198,6 +198,9 @@
       marker: { size: 10, symbol: t.name === "preempted" ? "x" : "circle", color: t.name === "preempted" ? "#dc2626" : COLORS[i % COLORS.length] },
       hovertemplate: "%{x}<br>%{text}<extra>%{y}</extra>",
     })), { showlegend: false, margin: { l: 150, r: 10, t: 10, b: 40 } }, "No notices or preemptions in the last 7 days.");
+    const shown = d.timeline_notices;
+    setText("timeline-note", shown.total > shown.shown ? "Showing the newest " + shown.shown + " of " + shown.total +
+      " notices in the window; the Notices page has the log." : "");
     table("table-live", [
       { label: "Instance", value: (r) => r.provider_instance_id || "instance " + r.id },
       { label: "State", value: (r) => r.state },
