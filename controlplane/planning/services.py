@@ -3,9 +3,11 @@ the market's pools, and return the plan (or a `PlanInfeasible` with the nearest 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from django.utils import timezone
 
@@ -14,16 +16,20 @@ from controlplane.jobs.models import TrainingJob
 from controlplane.planning.selectors import pools_for_plan
 from runtime.config import ModelSpec
 from runtime.planner.catalog import instance_types as shipped_types
+from runtime.planner.profile import ProfileStore
 from runtime.planner.search import Candidate, Plan, PlanError, Planner, PlanRequest
 
 _PLANNER: Planner | None = None
 
 
 def _planner() -> Planner:
-    """One planner per process: it caches predicted profiles and replays across requests."""
+    """One planner per process: it caches predicted profiles and replays across requests. Measured
+    profiles stored under $SPOTPIPE_PROFILE_DIR (default var/profiles; `python -m runtime.planner
+    profile` writes them) win over predictions and train the predictor."""
     global _PLANNER
     if _PLANNER is None:
-        _PLANNER = Planner()
+        root = Path(os.environ.get("SPOTPIPE_PROFILE_DIR", "var/profiles"))
+        _PLANNER = Planner(store=ProfileStore(root) if root.is_dir() else None)
     return _PLANNER
 
 

@@ -21,7 +21,7 @@ from runtime.config import ModelSpec
 from runtime.partition import partition_layers
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
-from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile
+from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile, ProfileStore
 from runtime.planner.throughput import CostModel, Network
 from runtime.sim.youngdaly import young_interval
 
@@ -160,10 +160,17 @@ class Planner:
         self,
         *,
         profiles: dict[str, ModelProfile] | None = None,
+        store: ProfileStore | None = None,
         predictor: ProfilePredictor | None = None,
         catalog: dict[str, InstanceSpec] | None = None,
     ) -> None:
+        """`profiles`: measured profile per instance type; `store`: a profile directory (measured
+        profiles found there win over predictions, and the predictor is fitted on all of them)."""
         self.profiles = profiles or {}
+        self.store = store
+        if predictor is None and store is not None:
+            measured = [p for p in store.all() if p.measured]
+            predictor = ProfilePredictor.fit(measured) if measured else None
         self.predictor = predictor or default_predictor()
         self.catalog = catalog or instance_types()
         self._models: dict[tuple, CostModel] = {}
@@ -176,8 +183,11 @@ class Planner:
         key = (instance_type, repr(spec), microbatch_size)
         if key not in self._profiles:
             measured = self.profiles.get(instance_type)
+            stored = self.store.load(instance_type, spec, microbatch_size) if self.store else None
             if measured and measured.model == asdict(spec) and measured.microbatch_size == microbatch_size:
                 self._profiles[key] = measured
+            elif stored is not None:
+                self._profiles[key] = stored
             else:
                 it = self.catalog[instance_type]
                 device = DeviceSpec(

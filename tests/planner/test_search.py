@@ -122,3 +122,20 @@ def test_shipped_catalog_and_advisor_buckets(shared_data):
     assert len(snapshot) > 300
     shipped = {n: t.advisor_bucket for n, t in types.items() if t.advisor_bucket is not None}
     assert all(snapshot[n] == b for n, b in shipped.items() if n in snapshot)
+
+
+def test_stored_measured_profiles_win_and_train_the_predictor(tmp_path):
+    from runtime.planner.predictor import DEFAULT_COEFFICIENTS
+    from runtime.planner.profile import DeviceSpec, ProfileStore, profile_model
+
+    tiny = ModelSpec(kind="mlp", n_layer=2, n_embd=16, in_features=8, vocab_size=4)
+    store = ProfileStore(tmp_path)
+    measured = profile_model(
+        tiny, microbatch_size=8, repeats=2, instance_type="g4dn.xlarge", device=DeviceSpec("cpu", 0.1, 10.0)
+    )
+    store.save(measured)
+    planner = Planner(store=store)
+    assert planner.profile_for(tiny, "g4dn.xlarge", 8).fiw() == measured.fiw()
+    predicted = planner.profile_for(tiny, "g5.xlarge", 8)
+    assert predicted.measured is False
+    assert planner.predictor.coefficients != DEFAULT_COEFFICIENTS
