@@ -173,14 +173,17 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             "model": "gpt, 6 blocks, width 32, seq 16 (8 layers, 2 per stage)",
         }
     }
-    strategies = ["none", "recycle", "bamboo", "oobleck", "checkpoint"]
+    # `none` runs 1F1B (the baseline of every ratio); `none-fiw` runs recycle's split-backward
+    # schedule without fault tolerance, to separate the schedule's gain from recycle's own cost.
+    strategies = ["none", "none-fiw", "recycle", "bamboo", "oobleck", "checkpoint"]
     plan = [("emulated", True, s) for s in strategies]
     plan += [("real", False, s) for s in (["none", "recycle"] if quick else strategies)]
     total = len(plan) + 2
-    for done, (mode, emulated, strategy) in enumerate(plan):
-        progress.step(f"{mode}: {strategy}", done, total)
+    for done, (mode, emulated, key) in enumerate(plan):
+        progress.step(f"{mode}: {key}", done, total)
         row: dict[str, Any] = {"mode": mode}
-        cfg = _config(strategy, steps=steps, emulated=emulated)
+        strategy = key.split("-")[0]
+        cfg = _config(strategy, steps=steps, emulated=emulated, schedule="fiw" if key == "none-fiw" else None)
         faults = [] if strategy == "none" else [Fault(node=KILLED, kind="kill", step=fault_step)]
         joins = [Join(node=8, after_step=join_step)] if strategy == "recycle" else []
         if strategy == "checkpoint":
@@ -214,7 +217,8 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             row["restarted_from_step"] = restart[0]["start_step"] if restart else None
         if joins:
             row.update(_replacement(result, cfg))
-        figures.setdefault(mode, {})[strategy] = row
+        row["schedule"] = cfg.schedule
+        figures.setdefault(mode, {})[key] = row
     for mode in ("emulated", "real"):
         rows = figures.get(mode, {})
         base = rows["none"]["failure_free_samples_per_s"]

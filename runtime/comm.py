@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -176,7 +175,6 @@ def bury() -> int:
         else:
             keep.append((world, pending))
     _GRAVEYARD[:] = keep
-    gc.collect()
     return len(keep)
 
 

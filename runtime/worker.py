@@ -247,6 +247,7 @@ class Worker:
         if self.node in plan["leaving"]:
             return "left", "notice"
         members = plan["members"]
+        began = time.perf_counter()
         wait_ready(
             self.coord,
             generation,
@@ -255,6 +256,7 @@ class Worker:
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
             timeout_s=cfg.rendezvous_timeout_s,
         )
+        ready = time.perf_counter()
         self.comm = Comm(
             self.store_prefix(generation),
             prefix="pg",
@@ -262,8 +264,17 @@ class Worker:
             members=members,
             timeout_s=cfg.op_timeout_s,
         )
-        durations = self._durations(layout)
-        actions = build_schedule(layout, cfg.schedule, durations).get(self.node, [])
+        built = time.perf_counter()
+        actions = build_schedule(layout, cfg.schedule, self._durations(layout)).get(self.node, [])
+        self._emit(
+            {
+                "event": "generation_ready",
+                "generation": generation,
+                "barrier_s": ready - began,
+                "group_s": built - ready,
+                "schedule_s": time.perf_counter() - built,
+            }
+        )
         executor = Executor(cfg, layout, self.node, self.held, self.comm)
         index = members.index(self.node)
         step = plan["start_step"]

@@ -1,0 +1,176 @@
+"""Pure tests of the strategies' layouts, generation plans, checkpoint storage and trace parsing."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+import torch
+from moto import mock_aws
+
+from runtime.checkpoint_store import LocalCheckpointStore, S3CheckpointStore
+from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.launcher import faults_from_trace
+from runtime.membership import initial_plan, make_plan
+from runtime.model import build_layer
+from runtime.optim import LayerState
+from runtime.schedule import build_schedule, validate_schedule
+from runtime.strategies import get_strategy
+from runtime.strategies.base import full_slots
+from runtime.strategies.checkpoint import checkpoint_interval_steps, young_daly_interval_s
+from runtime.strategies.oobleck import pipeline_templates
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def config(**kw) -> JobConfig:
+    base = dict(dp=2, pp=4, microbatches=4, global_batch=32, model=ModelSpec(n_layer=6))
+    base.update(kw)
+    return JobConfig(**base)
+
+
+def lose(slots, *nodes):
+    return [[None if n in nodes else n for n in row] for row in slots]
+
+
+def test_recycle_reroutes_only_the_lost_hop() -> None:
+    c = config(strategy="recycle")
+    layout = get_strategy("recycle").layout_for(c, lose(full_slots(c), 5))
+    assert 5 not in layout.nodes()
+    for m, route in enumerate(layout.routes):
+        # pipeline 1's stage-1 hop moves to node 1, the other stage-1 node; everything else stays
+        expected = [0, 1, 2, 3] if layout.pipeline_of[m] == 0 else [4, 1, 6, 7]
+        assert [n for _, n in route] == expected
+    assert [s for s, _ in layout.routes[5]] == [0, 1, 2, 3]  # stages (and so the math) unchanged
+    validate_schedule(layout, build_schedule(layout, "fiw"), "fiw")
+
+
+def test_recycle_without_any_node_of_a_stage_names_the_stage() -> None:
+    c = config(strategy="recycle")
+    with pytest.raises(LayoutError, match="no surviving node for stage 1"):
+        get_strategy("recycle").layout_for(c, lose(full_slots(c), 1, 5))
+
+
+def test_bamboo_predecessor_takes_over_and_replicas_follow_successors() -> None:
+    c = config(strategy="bamboo")
+    full = get_strategy("bamboo").layout_for(c, full_slots(c))
+    assert (2, 1) in full.replicas and (0, 3) in full.replicas  # node 1 holds stage 2, node 3 wraps to 0
+    taken = get_strategy("bamboo").layout_for(c, lose(full_slots(c), 5))
+    assert taken.routes[4] == ((0, 4), (1, 4), (2, 6), (3, 7))  # node 4 runs stage 1 too
+    lost_first = get_strategy("bamboo").layout_for(c, lose(full_slots(c), 4))
+    assert lost_first.routes[4] == ((0, 7), (1, 5), (2, 6), (3, 7))  # ring predecessor of stage 0
+    for layout in (full, taken, lost_first):
+        validate_schedule(layout, build_schedule(layout), "1f1b")
+
+
+def test_oobleck_templates_cover_every_count_and_reject_others() -> None:
+    c = config(strategy="oobleck", min_stages=2)
+    templates = pipeline_templates(c)
+    assert templates[8] == [4, 4] and templates[7] == [4, 3] and templates[5] == [3, 2]
+    assert 1 not in templates and 3 in templates
+    layout = get_strategy("oobleck").layout_for(c, lose(full_slots(c), 5))
+    assert [len(set(n for _, n in r)) for r in layout.routes].count(4) == 5  # 5 of 8 micro-batches on 4 nodes
+    with pytest.raises(
+        LayoutError, match=r"1 nodes: no pipeline template covers this count; templates cover 2\.\.8"
+    ):
+        get_strategy("oobleck").layout_for(c, [[0, None, None, None], [None] * 4])
+
+
+def test_checkpoint_regroups_full_pipelines_and_young_daly() -> None:
+    c = config(strategy="checkpoint")
+    layout = get_strategy("checkpoint").layout_for(c, lose(full_slots(c), 5))
+    assert layout.pipelines() == {0: (0, 1, 2, 3)} and layout.standby == (4, 6, 7)
+    assert layout.num_microbatches == 8  # the one pipeline takes the whole global batch
+    assert young_daly_interval_s(0.5, 3600) == pytest.approx(60.0)
+    assert checkpoint_interval_steps(config(mtbf_s=3600, checkpoint_cost_s=0.5, step_time_s=2.0)) == 30
+    assert checkpoint_interval_steps(config(checkpoint_interval=7)) == 7
+
+
+def record(committed: int, layers: dict[int, int], leaving: bool = False) -> dict:
+    return {"committed": committed, "versions": {str(k): v for k, v in layers.items()}, "leaving": leaving}
+
+
+def test_plan_moves_missing_layers_from_surviving_replicas() -> None:
+    c = config(strategy="oobleck", dp=2, pp=2, microbatches=2, global_batch=8, model=ModelSpec(n_layer=2))
+    first = initial_plan(c)
+    stage = {n: set(range(*first_layout_range(first, n))) for n in first["members"]}
+    alive = {n: record(3, dict.fromkeys(stage[n], 3)) for n in (0, 2, 3)}
+    plan = make_plan(
+        c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None, reason="x"
+    )
+    assert plan["start_step"] == 3 and plan["lost"] == [1]
+    assert plan["transfers"] and all(src != 1 for _, src, _ in plan["transfers"])
+
+
+def first_layout_range(plan: dict, node: int) -> tuple[int, int]:
+    layout = plan["layout"]
+    stage = next(s for r in layout["routes"] for s, n in r if n == node)
+    return tuple(layout["stages"][stage])  # type: ignore[return-value]
+
+
+def test_plan_error_when_no_copy_survives() -> None:
+    c = config(strategy="recycle", dp=1, pp=2, microbatches=2, global_batch=4, model=ModelSpec(n_layer=2))
+    first = initial_plan(c)
+    plan = make_plan(
+        c,
+        generation=1,
+        previous=first,
+        alive={0: record(2, {0: 2, 1: 2})},
+        joiners=[],
+        checkpoint_step=None,
+        reason="x",
+    )
+    assert "no surviving node for stage 1" in plan["error"]
+
+
+def state(index: int) -> LayerState:
+    s = LayerState(index, build_layer(ModelSpec(), index, 0))
+    s.version = 5
+    return s
+
+
+def test_local_checkpoint_store_round_trip(tmp_path) -> None:
+    store = LocalCheckpointStore(tmp_path)
+    s = state(1)
+    store.save_layer(4, 1, s.flat())
+    assert store.latest() is None  # not complete yet
+    store.mark_complete(4)
+    assert store.latest() == 4
+    back = state(1)
+    back.load_flat(store.load_layer(4, 1))
+    assert back.version == 5
+    for a, b in zip(back.tensors(), s.tensors(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_s3_checkpoint_store_round_trip() -> None:
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="ckpt")
+        store = S3CheckpointStore("ckpt", "job-1", client=client)
+        s = state(0)
+        for step in (2, 6):
+            store.save_layer(step, 0, s.flat())
+            store.mark_complete(step)
+        assert store.latest() == 6
+        torch.testing.assert_close(store.load_layer(6, 0), s.flat())
+
+
+def test_snapshot_rollback_restores_the_pre_step_state() -> None:
+    s = state(2)
+    before = [t.clone() for t in s.tensors()]
+    s.step([torch.ones_like(p) for p in s.params], lr=0.1, weight_decay=0.0, snapshot=True)
+    assert s.version == 6
+    s.rollback_to(5)
+    for a, b in zip(s.tensors(), before, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_trace_becomes_timed_kills_and_joins(shared_data) -> None:
+    faults, joins = faults_from_trace(
+        shared_data / "traces" / "aws-p3.2xlarge-bamboo.csv", nodes=8, time_scale=1e-3
+    )
+    assert faults and all(f.kind == "kill" and 0 <= f.node for f in faults)
+    assert faults[0].time_s == 0.0
+    assert all(j.node >= 8 for j in joins)
+    times = [f.time_s for f in faults]
+    assert times == sorted(times)
