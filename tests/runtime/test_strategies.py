@@ -169,7 +169,7 @@ def test_trace_becomes_timed_kills_and_joins(shared_data) -> None:
     faults, joins = faults_from_trace(
         shared_data / "traces" / "aws-p3.2xlarge-bamboo.csv", nodes=8, time_scale=1e-3
     )
-    assert faults and all(f.kind == "kill" and 0 <= f.node for f in faults)
+    assert faults and all(f.kind == "kill" and f.node >= 0 for f in faults)
     assert faults[0].time_s == 0.0
     assert all(j.node >= 8 for j in joins)
     times = [f.time_s for f in faults]
