@@ -60,8 +60,14 @@ def iteration_model(instance_type: str, *, dp: int, pp: int, microbatches: int) 
 
 
 def run_all(trace: Trace, model: IterationModel, params: SimParams) -> dict:
-    results = {s: simulate(trace, strategy=s, model=model, params=params, samples_per_microbatch=4) for s in STRATEGIES}
-    return results
+    """Every strategy on the trace; the target (for time to finish) is half of what the failure-free
+    job would train over the whole trace."""
+    samples_per_step = model.total_microbatches * 4
+    target = 0.5 * trace.duration_s * samples_per_step / model.full_pipelines(model.dp)
+    return {
+        s: simulate(trace, strategy=s, model=model, params=params, samples_per_microbatch=4, samples_target=target)
+        for s in STRATEGIES
+    }
 
 
 def run(
@@ -125,6 +131,7 @@ def run(
                 d["dollars"],
                 d["samples_per_dollar"],
                 d["paused_hours"],
+                "not reached" if d["time_to_finish_hours"] is None else d["time_to_finish_hours"],
             ]
         )
     print_table(
@@ -138,6 +145,7 @@ def run(
             "dollars",
             "samples per $",
             "paused h",
+            "h to finish target",
         ],
         rows,
     )

@@ -180,9 +180,10 @@ class _Run:
         self.samples -= lost
         self.lost += lost
 
-    def react(self, params: SimParams, seconds: float) -> None:
-        """Pause for a change: detection (when the notice was too short) plus the reaction itself."""
-        self.pause((params.detection_s if params.notice_s < seconds else 0.0) + seconds)
+    def react(self, params: SimParams, seconds: float, *, loss: bool) -> None:
+        """Pause for a change: the reaction itself, plus failure detection when a node left
+        without notice (with a notice the job learns of the loss before it happens)."""
+        self.pause((params.detection_s if loss and params.notice_s <= 0 else 0.0) + seconds)
 
 
 def simulate(
@@ -325,9 +326,10 @@ def simulate(
             missing = wanted - working()
             spares = len(live) - working()
             if hit or (added and missing > 0 and spares >= min(pp, missing)):
-                run.lose_in_flight(params) if hit else None
+                if hit:
+                    run.lose_in_flight(params)
                 slots = _oobleck_assign(live, wanted, where)
-                run.react(params, params.reconfigure_s)
+                run.react(params, params.reconfigure_s, loss=bool(hit))
                 run.step_s = step_time()
             continue
 
@@ -348,9 +350,9 @@ def simulate(
                 run.lose_in_flight(params)
             if reconfigure:
                 form()
-                run.react(params, params.reconfigure_s)
+                run.react(params, params.reconfigure_s, loss=bool(hit))
             elif hit:
-                run.react(params, params.bamboo_failover_s)
+                run.react(params, params.bamboo_failover_s, loss=True)
             run.step_s = step_time()
             continue
 
@@ -365,7 +367,7 @@ def simulate(
         fallback = any(sum(1 for row in slots if row[s] is None) >= len(slots) for s in range(pp)) if slots else True
         if fallback:
             form()
-            run.react(params, params.reconfigure_s)
+            run.react(params, params.reconfigure_s, loss=bool(hit))
         else:
             filled = 0
             for (p, s), node in zip(holes, spare_nodes, strict=False):
@@ -374,9 +376,9 @@ def simulate(
                 filled += 1
             if len(slots) < dp and len(spare_nodes) - filled >= pp:
                 form()
-                run.react(params, params.reconfigure_s)
+                run.react(params, params.reconfigure_s, loss=bool(hit))
             elif hit:
-                run.react(params, params.recycle_failover_s + (params.join_s if filled else 0.0))
+                run.react(params, params.recycle_failover_s + (params.join_s if filled else 0.0), loss=True)
             elif filled:
                 run.pause(params.join_s)
         run.step_s = step_time()

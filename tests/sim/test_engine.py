@@ -104,3 +104,14 @@ def test_unknown_strategy_is_named():
     model = make_model()
     with pytest.raises(ValueError, match="strategy 'nope'"):
         simulate(Trace(name="t", events=steady(), duration_s=10.0), strategy="nope", model=model)
+
+
+def test_time_to_finish_a_target():
+    model = make_model()
+    trace = Trace(name="calm", events=steady(), duration_s=7200.0)
+    rate = own_failure_free(model, "oobleck")
+    done = simulate(trace, strategy="oobleck", model=model, samples_target=rate * 1800.0)
+    assert done.finish_s == pytest.approx(1800.0)
+    assert done.summary()["time_to_finish_hours"] == pytest.approx(0.5)
+    never = simulate(trace, strategy="oobleck", model=model, samples_target=rate * 9000.0)
+    assert never.finish_s is None
