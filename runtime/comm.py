@@ -45,11 +45,23 @@ class AllReduce:
     """An all-reduce in flight: our contribution and the receives from the other owners."""
 
     def __init__(
-        self, owners: tuple[int, ...], mine: torch.Tensor, recvs: dict[int, tuple[torch.Tensor, Any]]
+        self,
+        owners: tuple[int, ...],
+        mine: torch.Tensor,
+        recvs: dict[int, tuple[torch.Tensor, Any]],
+        *,
+        receive_only: bool = False,
+        forward_to: tuple[int, ...] = (),
+        tag: int = 0,
     ) -> None:
         self.owners = owners
         self.mine = mine
         self.recvs = recvs
+        self.receive_only = receive_only
+        """A replica: it only receives the finished sum."""
+        self.forward_to = forward_to
+        """Replicas this node sends the finished sum to."""
+        self.tag = tag
 
 
 class Comm:
@@ -101,10 +113,23 @@ class Comm:
                 work.wait(self.timeout)
         self.pending.clear()
 
-    def allreduce(self, tensor: torch.Tensor, owners: tuple[int, ...], tag: int) -> AllReduce:
-        """Start a sum over `owners` (this node included) of `tensor`; finish with `finish_allreduce`."""
-        recvs = {}
-        for other in owners:
+    def allreduce(
+        self, tensor: torch.Tensor, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = ()
+    ) -> AllReduce:
+        """Start a sum of `tensor` over `owners`; finish with `finish_allreduce`.
+
+        Owners that only keep a replica (`replicas`, bamboo) have nothing to add: they receive the
+        finished sum from one computing owner instead of joining the exchange.
+        """
+        computing = tuple(n for n in owners if n not in replicas)
+        recvs: dict[int, tuple[torch.Tensor, Any]] = {}
+        if self.node in replicas:
+            source = computing[replicas.index(self.node) % len(computing)]
+            buf = torch.empty_like(tensor)
+            work = self._world().recv([buf], self.rank_of[source], _ALLREDUCE_TAG + tag)
+            self.pending.append((False, work, buf))
+            return AllReduce(computing, tensor, {source: (buf, work)}, receive_only=True)
+        for other in computing:
             if other == self.node:
                 continue
             self.send(tensor, other, _ALLREDUCE_TAG + tag)
@@ -112,10 +137,19 @@ class Comm:
             work = self._world().recv([buf], self.rank_of[other], _ALLREDUCE_TAG + tag)
             self.pending.append((False, work, buf))
             recvs[other] = (buf, work)
-        return AllReduce(owners, tensor, recvs)
+        mine = computing.index(self.node)
+        forward = tuple(r for i, r in enumerate(replicas) if i % len(computing) == mine)
+        return AllReduce(computing, tensor, recvs, forward_to=forward, tag=tag)
 
     def finish_allreduce(self, handle: AllReduce) -> torch.Tensor:
-        """Wait for the other owners' contributions; the sum in owner order (same bits everywhere)."""
+        """Wait for the other owners' contributions; the sum in owner order (same bits everywhere),
+        then pass it on to the replicas this node serves."""
+        if handle.receive_only:
+            ((source, (part, work)),) = handle.recvs.items()
+            work.wait(self.timeout)
+            if is_poison(part):
+                raise PeerAborted(f"node {source} aborted the step (all-reduce)")
+            return part
         total = None
         for owner in handle.owners:
             if owner == self.node:
@@ -126,7 +160,10 @@ class Comm:
                 if is_poison(part):
                     raise PeerAborted(f"node {owner} aborted the step (all-reduce)")
             total = part.clone() if total is None else total.add_(part)
-        return total if total is not None else handle.mine
+        assert total is not None
+        for replica in handle.forward_to:
+            self.send(total, replica, _ALLREDUCE_TAG + handle.tag)
+        return total
 
     def send_poison(self, like: torch.Tensor, dst: int, tag: int) -> None:
         """Tell `dst`, which may be blocked waiting for this message, that we abandoned the step.

@@ -274,7 +274,18 @@ class Executor:
         flat = torch.cat(grads)
         if self.comm is None or len(act.group) == 1:
             return flat, None
-        return flat, self.comm.allreduce(flat, act.group, tag=lo)
+        return flat, self.comm.allreduce(flat, act.group, tag=lo, replicas=self._replica_owners(act))
+
+    def _replica_owners(self, act: Action) -> tuple[int, ...]:
+        """Owners of the run that only keep a replica (they compute nothing for these layers)."""
+        lo, hi = act.layers
+        computing = set()
+        for route in self.layout.routes:
+            for stage, node in route:
+                slo, shi = self.layout.stages[stage]
+                if slo < hi and lo < shi:
+                    computing.add(node)
+        return tuple(n for n in act.group if n not in computing)
 
     def _optimizer_step(self, act: Action, flat: torch.Tensor, handle) -> None:
         if handle is not None:
