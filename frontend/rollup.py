@@ -38,7 +38,8 @@ def price_rollup_refresh() -> int:
     """Fold every SpotPrice row above the watermark into PriceHour; returns how many rows were
     folded. The state row is locked, so concurrent refreshes fold each row once."""
     top = SpotPrice.objects.aggregate(m=Max("id"))["m"] or 0
-    _state()
+    if top <= _state().last_price_id:
+        return 0  # the common case on the request path: no lock taken, nothing written
     state = PriceRollupState.objects.select_for_update().get(pk=1)
     if top <= state.last_price_id:
         return 0

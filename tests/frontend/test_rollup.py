@@ -80,3 +80,10 @@ def test_long_range_price_chart_reads_the_rollup(client, pools):
     assert sum(s["changes"] for s in data["series"]) == 1400
     short = client.get(reverse("frontend:prices-data"), {"days": "1"}).json()
     assert short["source"] == "price table" and short["bucket_seconds"] == 300
+
+
+def test_the_periodic_task_folds_new_prices(pools):
+    from frontend.tasks import refresh_price_rollup
+
+    assert refresh_price_rollup.apply().get() == 1400
+    assert refresh_price_rollup.apply().get() == 0

@@ -20,6 +20,8 @@ from django.test.testcases import LiveServerThread
 from django.utils import timezone
 
 from controlplane.accounts.models import Membership, Role, Team
+from controlplane.accounts.services import api_token_create
+from controlplane.webhooks.alerts import alert_endpoint_create
 from frontend import browser, demo_data
 
 USERNAME, PASSWORD = "demo", "spotpipe-demo"
@@ -34,6 +36,10 @@ def seed() -> dict[str, Any]:
     team = Team.objects.create(name="Demo team", slug="demo")
     user = get_user_model().objects.create_user(username=USERNAME, password=PASSWORD)
     Membership.objects.create(team=team, user=user, role=Role.ADMIN)
+    colleague = get_user_model().objects.create_user(username="lee", password=PASSWORD)
+    Membership.objects.create(team=team, user=colleague, role=Role.MEMBER)
+    api_token_create(team=team, user=user, name="ci-pipeline")
+    alert_endpoint_create(team=team, url="https://hooks.slack.example/services/T000/B000", format="slack")
     return demo_data.seed_team_activity(team=team, user=user, pools=pools, now=now, metric_steps=3000)
 
 
@@ -71,6 +77,7 @@ class Command(BaseCommand):
                 ("overview", "/"), ("prices", "/prices/"), ("fleet", "/fleet/"), ("jobs", "/jobs/"),
                 ("job-detail", f"/jobs/{jobs['running'].pk}/"), ("cost-report", f"/jobs/{jobs['running'].pk}/cost/"),
                 ("job-empty", f"/jobs/{jobs['pending'].pk}/"), ("notices", "/notices/"), ("job-submit", "/jobs/new/"),
+                ("team", "/team/demo/"),
             ]
             with sync_playwright() as pw:
                 chromium = browser.launch(pw)
@@ -82,7 +89,7 @@ class Command(BaseCommand):
                     browser.login(page, base, USERNAME, PASSWORD)
                     for name, path in shots:
                         page.goto(base + path)
-                        if name != "job-submit":
+                        if name not in ("job-submit", "team"):
                             browser.wait_loaded(page)
                         time.sleep(0.3)  # let plotly finish its transitions before capturing
                         page.screenshot(path=str(out / f"{name}.png"), full_page=True)
