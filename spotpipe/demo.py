@@ -1,67 +1,249 @@
-"""The demo: seed a team, a user and the market, then serve the control plane with a worker.
+"""`spotpipe demo`: the whole product on one machine.
 
-The full demo (a training job on local nodes under preemptions) is issue 8; this part gives a
-newcomer a running control plane, API docs and admin on the embedded default."""
+Migrate, seed the market and a demo team, start the web server, a Celery worker and beat, submit a
+small GPT job on the local provider, drive preemptions from a trace (with and without notices,
+compressed onto the job's progress), show the job as it goes, then print its cost report and the
+simulator's comparison with checkpoint-restart on the same trace. Interactive: keep the dashboard
+serving until Ctrl-C. `--headless`: exit 0 when the job finished with its loss below the initial
+loss, 1 otherwise. Whatever happens, every process the demo started (and theirs) is ended on exit.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import signal
+import sys
 import time
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection
 
-from controlplane.accounts.models import Membership, Role, Team
-from spotpipe import processes
+from controlplane.billing.reports import job_cost_report
+from controlplane.fleet.models import Instance, InterruptionNotice
+from controlplane.jobs.models import JobStatus
+from controlplane.orchestration import tasks
+from controlplane.orchestration.providers.local import LocalProvider
+from controlplane.orchestration.rendezvous import rendezvous_release
+from spotpipe import processes, report, schedule, seed
+from spotpipe.driver import Console, Driver, layout_for, steps_for, submit_job
+from spotpipe.market import STAND_IN_TYPE
 
-DEMO_USER = "demo"
-DEMO_PASSWORD = "spotpipe-demo"
+SUMMARY_NAME = "demo-summary.json"
 
 
-@transaction.atomic
-def seed_demo_team() -> tuple[Team, str]:
-    """Create (idempotently) the demo team and an admin user; returns the team and username."""
-    team, _ = Team.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
-    user_model = get_user_model()
-    user, created = user_model.objects.get_or_create(username=DEMO_USER, defaults={"is_staff": True})
-    if created or not user.has_usable_password():
-        user.set_password(DEMO_PASSWORD)
-        user.is_staff = True
-        user.is_superuser = True
-        user.save()
-    Membership.objects.get_or_create(team=team, user=user, defaults={"role": Role.ADMIN})
-    return team, user.username
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    strategy: str = "recycle"
+    nodes: int = 4
+    trace: Path | None = None
+    prices: Path | None = None
+    duration: float = 150.0
+    seed: int = 0
+    headless: bool = False
+    worker_concurrency: int = 3
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run_demo(*, host: str, port: int, start_worker: bool) -> int:
-    """Migrate, seed, start web (and worker), and serve until Ctrl-C."""
-    # SIGTERM (docker stop, timeout, CI) must clean up like Ctrl-C does: no orphan processes.
+def _port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _wait_http(url: str, *, timeout_s: float, stack: processes.Stack) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if stack.exited():
+            raise RuntimeError(f"{', '.join(stack.exited())} exited at start-up; see {stack.log_dir}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status < 500:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the web server did not answer {url} within {timeout_s:.0f} s; see {stack.log_dir}/web.log")
+
+
+def _cleanup(*, stack: processes.Stack, provider: LocalProvider, job: Any, var_dir: Path) -> list[int]:
+    """Stop the stack, then whatever it left: the job's nodes, its rendezvous store, and any process
+    still marked with our var dir. Returns the pids the final sweep had to end."""
+    stack.stop()
+    provider.terminate(provider.all_node_ids())
+    if job is not None:
+        try:
+            rendezvous_release(job=job)
+        except Exception as exc:  # the database may be the thing that failed
+            print(f"could not release the rendezvous store: {exc}", file=sys.stderr)
+    return processes.sweep(var_dir)
+
+
+def _counts(job: Any, driver: Driver) -> dict[str, Any]:
+    instances = Instance.objects.filter(job=job)
+    reconfigurations = driver.reconfigurations()
+    return {
+        "instances": instances.count(),
+        "preempted_instances": instances.filter(state="preempted").count(),
+        "instances_with_notice": instances.filter(notice_at__isnull=False).count(),
+        "notices": InterruptionNotice.objects.filter(instance__job=job).count(),
+        "reconfigurations": [
+            {"trigger": r.trigger, "decision": r.decision, "status": r.status, "from": r.from_generation,
+             "to": r.to_generation, "instance": r.instance_id} for r in reconfigurations
+        ],
+        "generations": job.current_generation,
+    }
+
+
+def run_demo(options: DemoOptions) -> int:
+    """Run the demo; returns the process exit status."""
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGHUP, _raise_keyboard_interrupt)
+    started = time.monotonic()
+    console = Console(started=started)
+    var_dir = Path(settings.VAR_DIR).resolve()
+    run_stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    nodes_dir = var_dir / "nodes" / run_stamp
+    host = "127.0.0.1" if options.host in ("0.0.0.0", "") else options.host
+    base = f"http://{host}:{options.port}"
+    dp, pp = layout_for(options.nodes)
+    if not _port_free(options.host, options.port):
+        print(f"port {options.port} on {options.host} is in use; pass --port", file=sys.stderr)
+        return 2
+
+    console.line(f"database: {connection.vendor} ({settings.DATABASES['default'].get('NAME')}); broker: "
+                 f"{settings.CELERY_BROKER_URL.split('@')[-1]}; var dir: {var_dir}")
     call_command("migrate", interactive=False, verbosity=0)
-    team, username = seed_demo_team()
-    log_dir = settings.VAR_DIR / "logs"
-    procs = [processes.start(["manage.py", "runserver", f"{host}:{port}", "--noreload"],
-                             log_path=log_dir / "web.log")]
-    if start_worker:
-        procs.append(processes.start(["-m", "celery", "-A", "controlplane", "worker", "--loglevel=INFO",
-                                      "--concurrency=1"], log_path=log_dir / "worker.log"))
-    base = f"http://{host}:{port}"
-    print(f"spotpipe control plane on {base}/  (team {team.slug!r}, user {username!r} / {DEMO_PASSWORD!r})")
-    print(f"  API docs: {base}/api/v1/docs/   admin: {base}/admin/   logs: {log_dir}")
-    print("Ctrl-C to stop.")
+    console.line("migrated")
+    market = seed.seed_market(seed=options.seed, prices=options.prices)
+    console.line(f"market: {market.source}: {market.rows} price changes read, {market.inserted} new, "
+                 f"{market.pools} pools; local nodes are priced as {market.stand_in} "
+                 f"(${market.stand_in_price}/h spot, ${market.on_demand_price}/h on demand)")
+    team = seed.seed_team()
+    trace = schedule.demo_trace(nodes=options.nodes, seed=options.seed, path=options.trace)
+    max_events = max(2, min(6, int(options.duration // 45)))
+    plan = schedule.demo_schedule(trace, seed=options.seed, dp=dp, pp=pp, max_events=max_events)
+
+    env = {
+        "SPOTPIPE_PUBLIC_URL": base,
+        "SPOTPIPE_RENDEZVOUS": "process",
+        "SPOTPIPE_LOCAL_NODES_DIR": str(nodes_dir),
+        "SPOTPIPE_HEARTBEAT_TIMEOUT_S": "2.0",
+    }
+    stack = processes.Stack(var_dir=var_dir, env=env)
+    provider = LocalProvider(nodes_dir)
+    job = None
+    summary: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v
+                                           for k, v in dataclasses.asdict(options).items()}}
+    status = 1
     try:
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
-        print("a process exited; see the logs", flush=True)
-        return 1
+        stack.start_web(host=options.host, port=options.port)
+        stack.start_worker(concurrency=options.worker_concurrency)
+        stack.start_beat()
+        _wait_http(f"{base}/accounts/login/", timeout_s=90, stack=stack)
+        console.line(f"web server, Celery worker and beat are up (logs in {stack.log_dir})")
+        print(f"""
+  Dashboard   {base}/   user {team.username!r}, password {team.password!r}
+  API         {base}/api/v1/docs/   token: {team.token}
+  Admin       {base}/admin/
+""", flush=True)
+
+        steps = steps_for(options.duration)
+        job = submit_job(team=team.team, user=team.user, strategy=options.strategy,
+                         nodes=options.nodes, steps=steps, seed=options.seed, checkpoint_dir=var_dir / "checkpoints")
+        tasks.acquire_capacity.delay(job.pk)
+        console.line(f"job {job.pk}: a GPT ({job.model_spec['layers']} layers, d_model {job.model_spec['d_model']}) "
+                     f"for {steps} steps on {options.nodes} local nodes as dp={dp} x pp={pp}, strategy "
+                     f"{options.strategy}: {base}/jobs/{job.pk}/")
+        console.line(f"trace: {trace.name} ({len(plan)} preemption event(s) kept, compressed onto "
+                     f"{schedule.WINDOW[0]:.0%}-{schedule.WINDOW[1]:.0%} of the job's steps):")
+        for p in plan:
+            console.line(f"   event {p.index + 1}: trace t={schedule.describe(p.trace_t_s)}, {p.count} node(s), "
+                         f"{'with notice' if p.with_notice else 'no notice'}, at step "
+                         f"{int(p.at_fraction * steps)}")
+
+        def watch_stack() -> None:
+            gone = stack.exited()
+            if gone:
+                raise RuntimeError(f"{', '.join(gone)} exited; see {stack.log_dir}")
+
+        driver = Driver(job=job, schedule=plan, provider=provider, console=console, dp=dp, pp=pp)
+        job = driver.run(timeout_s=max(240.0, options.duration * 4), on_tick=watch_stack)
+        console.line(f"job {job.pk} {job.status} after {job.steps_done} steps: loss {job.initial_loss} -> "
+                     f"{job.last_loss}")
+
+        cost = job_cost_report(job=job)
+        print()
+        print("\n".join(report.cost_lines(cost)), flush=True)
+        segment_sum = sum((s.cost for s in cost.segments), 0)
+        comparisons = report.simulate_comparison(
+            trace, strategy=driver_strategy(options.strategy), dp=dp, pp=pp, instance_type=STAND_IN_TYPE,
+            spot_usd_per_hour=float(market.stand_in_price) or 0.16,
+            on_demand_usd_per_hour=float(market.on_demand_price) or 0.526)
+        print()
+        print("\n".join(report.comparison_lines(comparisons, trace=trace, dp=dp, pp=pp,
+                                                instance_type=STAND_IN_TYPE)), flush=True)
+        ok = job.status == JobStatus.FINISHED and job.initial_loss is not None and job.last_loss is not None \
+            and job.last_loss < job.initial_loss
+        summary.update({
+            "job": job.pk, "status": job.status, "steps_done": job.steps_done, "target_steps": job.target_steps,
+            "initial_loss": job.initial_loss, "final_loss": job.last_loss, "dashboard": f"{base}/jobs/{job.pk}/",
+            "fired": [{"event": f.preemption.index + 1, "with_notice": f.preemption.with_notice,
+                       "trace_t_s": f.preemption.trace_t_s, "at_step": f.at_step, "instances": f.instances,
+                       "skipped": f.skipped} for f in driver.fired],
+            "joined": driver.joined,
+            **_counts(job, driver),
+            "cost": {"total_usd": str(cost.total), "segments_sum_usd": str(segment_sum),
+                     "segments": len(cost.segments), "on_demand_equivalent_usd": str(cost.on_demand_equivalent)},
+            "simulator": [{"strategy": c.strategy, **c.summary} for c in comparisons],
+            "seconds": round(time.monotonic() - started, 1),
+        })
+        status = 0 if ok else 1
+        console.line(f"demo {'succeeded' if ok else 'FAILED'} in {schedule.describe(time.monotonic() - started)}")
+        if not options.headless:
+            print(f"\nThe dashboard keeps serving at {base}/jobs/{job.pk}/  (Ctrl-C to stop)", flush=True)
+            while not stack.exited():
+                time.sleep(0.5)
+            print(f"{', '.join(stack.exited())} exited; see {stack.log_dir}", file=sys.stderr)
     except KeyboardInterrupt:
-        return 0
+        console.end_progress()
+        console.line("stopping")
+    except Exception as exc:
+        console.end_progress()
+        console.line(f"demo failed: {type(exc).__name__}: {exc}")
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+        status = 1
     finally:
-        for proc in procs:
-            processes.stop(proc)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        swept = _cleanup(stack=stack, provider=provider, job=job, var_dir=var_dir)
+        summary["swept_pids"] = swept
+        summary["exit_status"] = status
+        (var_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2, default=str))
+        console.line(f"everything stopped{f' (ended {len(swept)} stray process(es))' if swept else ''}; "
+                     f"summary in {var_dir / SUMMARY_NAME}")
+    return status
+
+
+def driver_strategy(strategy: str) -> str:
+    """The runtime strategy a job strategy runs as (`auto` runs recycle)."""
+    from controlplane.orchestration.reactions import runtime_strategy
+
+    return runtime_strategy(strategy)
