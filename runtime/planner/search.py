@@ -18,7 +18,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from runtime.config import ModelSpec
-from runtime.partition import partition_layers
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
 from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile, ProfileStore
@@ -175,7 +174,6 @@ class Planner:
         self.catalog = catalog or instance_types()
         self._models: dict[tuple, CostModel] = {}
         self._profiles: dict[tuple, ModelProfile] = {}
-        self._bounds: dict[tuple, list[tuple[int, int]]] = {}
 
     # -- models --------------------------------------------------------------------------------
     def profile_for(self, spec: ModelSpec, instance_type: str, microbatch_size: int) -> ModelProfile:
@@ -211,10 +209,7 @@ class Planner:
         return self._models[key]
 
     def bounds(self, cost: CostModel, pp: int) -> list[tuple[int, int]]:
-        key = (id(cost), pp)
-        if key not in self._bounds:
-            self._bounds[key] = partition_layers(cost.layer_costs(), pp)
-        return self._bounds[key]
+        return cost.bounds(pp)
 
     def peak_memory_bytes(self, prof: ModelProfile, bounds: list[tuple[int, int]], microbatches: int) -> float:
         """Largest per-node memory: parameters + optimizer state + activations of in-flight micro-batches."""

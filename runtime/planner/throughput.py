@@ -11,7 +11,7 @@ only supplies per-action durations:
   2 (n-1) latency, plus the AdamW update (parameters and two moments read and written once).
 
 A 1F1B or F-I-W step is periodic in the number of micro-batches once the pipeline is full, so for
-many micro-batches the replay runs at two sizes and extrapolates linearly (exact for the periodic part).
+many micro-batches the replay runs at pp and 2 pp micro-batches and extrapolates linearly.
 """
 
 from __future__ import annotations
@@ -89,6 +89,15 @@ class CostModel:
         )
 
     # -- durations ------------------------------------------------------------------------------
+    def bounds(self, pp: int) -> list[tuple[int, int]]:
+        """Balanced stage boundaries for `pp` stages (cached: the partition is an O(pp n^2) DP)."""
+        key = ("bounds", pp)
+        if key not in self._cache:
+            from runtime.partition import partition_layers
+
+            self._cache[key] = partition_layers(self.layer_costs(), pp)
+        return self._cache[key]
+
     def layer_costs(self) -> list[float]:
         """Forward + backward seconds per layer (what the partitioner balances)."""
         return [f + i + w for f, i, w in self.fiw]
@@ -155,18 +164,18 @@ class CostModel:
         """Step time of `dp` identical pipelines of `pp` stages, `microbatches` each (cached).
 
         Pipelines only meet in the gradient all-reduce, so one pipeline is replayed with its
-        all-reduce groups scaled by `dp`. Past 3 * pp micro-batches the (periodic) step time is
-        extrapolated from replays at 2 * pp and 3 * pp micro-batches.
+        all-reduce groups scaled by `dp`. Past 2 * pp micro-batches the (periodic) step time is
+        extrapolated from replays at pp and 2 * pp micro-batches.
         """
         key = (pp, microbatches, dp, schedule)
         if key in self._cache:
             return self._cache[key]
-        exact_limit = 3 * pp
+        exact_limit = 2 * pp
         if microbatches <= exact_limit:
             layout = self.pipeline_layout(spec, pp=pp, microbatches=microbatches)
             value = self.step_time(layout, schedule=schedule, allreduce_scale=dp)
         else:
-            m1, m2 = 2 * pp, exact_limit
+            m1, m2 = pp, exact_limit
             t1 = self.pipeline_step_time(spec, pp=pp, microbatches=m1, dp=dp, schedule=schedule)
             t2 = self.pipeline_step_time(spec, pp=pp, microbatches=m2, dp=dp, schedule=schedule)
             value = t2 + (microbatches - m2) * (t2 - t1) / (m2 - m1)
@@ -180,9 +189,7 @@ class CostModel:
         slowest stage's F + B, plus boundary transfers and the slowest all-reduce + update. F-I-W:
         the same with I on the critical path and W filling bubbles, bounded below by the busiest stage.
         """
-        from runtime.partition import partition_layers
-
-        bounds = partition_layers(self.layer_costs(), pp)
+        bounds = self.bounds(pp)
         scale = self.compute_scale
         net = self.network
         stages = []
