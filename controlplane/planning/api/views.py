@@ -24,7 +24,12 @@ class PlanView(APIView):
 
     @extend_schema(
         request=PlanRequestSerializer,
-        responses={200: OpenApiResponse(description="best plan, templates and alternatives"), 422: None},
+        responses={
+            200: OpenApiResponse(description="best plan, templates, alternatives (hours, cost, risk) and pools"),
+            400: OpenApiResponse(description="bad input: detail and errors.<field>"),
+            404: OpenApiResponse(description="the job is not one of your team's"),
+            422: OpenApiResponse(description="infeasible: detail, errors.<field> and the nearest feasible plan"),
+        },
     )
     def post(self, request: Request) -> Response:
         data = validate_or_400(PlanRequestSerializer(data=request.data))
