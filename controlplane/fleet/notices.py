@@ -129,11 +129,57 @@ def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:
 # --- hand-over to workers ---------------------------------------------------------------------
 
 
-def _publish_drain() -> None:
-    """One broker publish asking a worker to drain stored notices."""
+DRAIN_PENDING_KEY = "spotpipe:notices:drain-pending"
+DRAIN_PENDING_TTL_S = 30
+_pending_client: tuple[int, Any] | None = None
+
+
+def _pending_store() -> Any:
+    """A Redis client on the broker's Redis (one per process), or None on the embedded broker.
+
+    It holds one flag, "a drain is queued and has not started", shared by every web process and
+    worker, so that at most one `drain_notices` waits in the queue however many kicks arrive."""
+    global _pending_client
+    url = getattr(settings, "CELERY_BROKER_URL", "") or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    if _pending_client is None or _pending_client[0] != os.getpid():
+        import redis
+
+        _pending_client = (os.getpid(), redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1))
+    return _pending_client[1]
+
+
+def _publish_drain() -> bool:
+    """Ask a worker to drain stored notices, unless a drain is already queued and not yet started
+    (it will claim after our commit, so it covers our rows). Returns whether it published."""
     from controlplane.fleet.tasks import drain_notices
 
-    drain_notices.delay()
+    client = _pending_store()
+    if client is not None:
+        try:
+            if not client.set(DRAIN_PENDING_KEY, "1", nx=True, ex=DRAIN_PENDING_TTL_S):
+                return False
+        except Exception:  # Redis unreachable: publish anyway (extra drains are harmless)
+            logger.warning("drain-pending flag unavailable; publishing without it", exc_info=True)
+            client = None
+    try:
+        drain_notices.delay()
+    except Exception:
+        if client is not None:
+            client.delete(DRAIN_PENDING_KEY)  # let the next kick try again
+        raise
+    return True
+
+
+def drain_started() -> None:
+    """Called by a drain before it claims: from now on a new kick must queue another drain."""
+    client = _pending_store()
+    if client is not None:
+        try:
+            client.delete(DRAIN_PENDING_KEY)
+        except Exception:
+            logger.warning("could not clear the drain-pending flag; it expires in %d s", DRAIN_PENDING_TTL_S)
 
 
 class _Kicker:
@@ -141,7 +187,8 @@ class _Kicker:
     request path: a daemon thread publishes at once when idle (leading edge), then sleeps for the
     window; kicks that arrive meanwhile are covered by the next publish (trailing edge). Every kick
     is therefore followed by a publish that starts after it, so no committed notice waits for the
-    sweep unless the broker is down."""
+    sweep unless the broker is down. On Redis, a shared "drain pending" flag also skips the publish
+    while a drain is queued and not yet started, so kicks never pile up behind a busy worker."""
 
     def __init__(self) -> None:
         self._wake = threading.Event()
@@ -171,8 +218,8 @@ class _Kicker:
             self._wake.wait()
             self._wake.clear()
             try:
-                _publish_drain()
-                self.publishes += 1
+                if _publish_drain():
+                    self.publishes += 1
             except Exception:  # the broker is down: the rows are stored, the sweep will find them
                 logger.exception("could not publish drain_notices; the periodic sweep will retry")
             time.sleep(_setting(KICK_WINDOW_SETTING, 0.1))

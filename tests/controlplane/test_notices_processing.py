@@ -212,3 +212,49 @@ def test_a_concurrent_move_is_not_an_error(monkeypatch):
     assert (result.processed, result.failed) == (1, 0)
     assert JobEvent.objects.get(job=job).data["transitioned"] is False
     assert instance.events.filter(to_state="notice").count() == 1
+
+
+class _FakeRedis:
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+
+    def set(self, key, value, nx=False, ex=None):
+        if nx and key in self.keys:
+            return None
+        self.keys[key] = value
+        return True
+
+    def delete(self, key):
+        self.keys.pop(key, None)
+
+
+def test_at_most_one_drain_waits_in_the_queue(monkeypatch):
+    """Across web processes, a kick while a drain is queued (not yet started) publishes nothing: that
+    drain will claim after the kick's commit. Once it starts, the next kick queues another."""
+    from controlplane.fleet import tasks
+
+    fake = _FakeRedis()
+    published = []
+    monkeypatch.setattr(notices, "_pending_store", lambda: fake)
+    monkeypatch.setattr(tasks.drain_notices, "delay", lambda: published.append(1))
+    assert notices._publish_drain() is True
+    assert notices._publish_drain() is False
+    assert notices._publish_drain() is False
+    notices.drain_started()
+    assert notices._publish_drain() is True
+    assert len(published) == 2
+
+
+def test_failed_publish_releases_the_pending_flag(monkeypatch):
+    from controlplane.fleet import tasks
+
+    fake = _FakeRedis()
+    monkeypatch.setattr(notices, "_pending_store", lambda: fake)
+
+    def down():
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(tasks.drain_notices, "delay", down)
+    with pytest.raises(ConnectionError):
+        notices._publish_drain()
+    assert fake.keys == {}
