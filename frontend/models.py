@@ -15,6 +15,7 @@ class PriceHour(models.Model):
     zone = models.ForeignKey("market.Zone", on_delete=models.CASCADE, related_name="+")
     product = models.CharField(max_length=40)
     hour = models.DateTimeField(help_text="Start of the UTC hour.")
+    hour_index = models.IntegerField(help_text="Hours since 1970-01-01 UTC: buckets are integer divisions of it.")
     changes = models.PositiveIntegerField()
     total = models.DecimalField(max_digits=18, decimal_places=6, help_text="Sum of the prices, for the mean.")
     low = models.DecimalField(max_digits=12, decimal_places=6)
@@ -23,7 +24,7 @@ class PriceHour(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["instance_type", "zone", "product", "hour"], name="pricehour_pool_hour_unique"
+                fields=["instance_type", "zone", "product", "hour_index"], name="pricehour_pool_hour_unique"
             )
         ]
 

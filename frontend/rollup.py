@@ -12,11 +12,10 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import Count, F, Max, Min, Q, Sum
 from django.db.models.functions import TruncHour
 
 from controlplane.market.models import SpotPrice
-from controlplane.market.selectors import EpochSeconds
 from frontend.models import PriceHour, PriceRollupState
 
 BATCH = 5000
@@ -55,13 +54,14 @@ def price_rollup_refresh() -> int:
     for row in grouped:
         key = (row["instance_type_id"], row["zone_id"], row["product"], row["h"])
         fresh[key] = PriceHour(instance_type_id=key[0], zone_id=key[1], product=key[2], hour=key[3],
-                               changes=row["n"], total=Decimal(row["s"]), low=row["lo"], high=row["hi"])
+                               hour_index=hour_index(key[3]), changes=row["n"], total=Decimal(row["s"]),
+                               low=row["lo"], high=row["hi"])
         folded += row["n"]
     if fresh:
         _merge_existing(fresh)
         PriceHour.objects.bulk_create(
             list(fresh.values()), batch_size=BATCH, update_conflicts=True,
-            unique_fields=["instance_type", "zone", "product", "hour"],
+            unique_fields=["instance_type", "zone", "product", "hour_index"],
             update_fields=["changes", "total", "low", "high"],
         )
     state.last_price_id = top
@@ -95,8 +95,12 @@ def price_rollup_rebuild() -> int:
     return price_rollup_refresh()
 
 
-def floor_hour(value: datetime) -> datetime:
-    return value.replace(minute=0, second=0, microsecond=0)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def hour_index(value: datetime) -> int:
+    """Whole hours from the Unix epoch to `value` (floored)."""
+    return int((value - EPOCH).total_seconds() // 3600)
 
 
 def hourly_buckets(
@@ -111,18 +115,19 @@ def hourly_buckets(
     wanted = Q()
     for type_id, zone_id in pools:
         wanted |= Q(instance_type_id=type_id, zone_id=zone_id)
+    hours_per_bucket = bucket_seconds // 3600
     rows = (
-        PriceHour.objects.filter(wanted, product=product, hour__gte=floor_hour(start), hour__lt=end)
-        .annotate(bucket=EpochSeconds("hour") / bucket_seconds)
+        PriceHour.objects.filter(wanted, product=product, hour_index__gte=hour_index(start),
+                                 hour_index__lt=hour_index(end) + 1)
+        .annotate(bucket=F("hour_index") / hours_per_bucket)  # integer division on both databases
         .values("instance_type_id", "zone_id", "bucket")
         .annotate(n=Sum("changes"), s=Sum("total"), lo=Min("low"), hi=Max("high"))
         .order_by("instance_type_id", "zone_id", "bucket")
         .values_list("instance_type_id", "zone_id", "bucket", "n", "s", "lo", "hi")
     )
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
     quantum = Decimal("0.000001")
     out: dict[tuple[int, int], list] = {pool: [] for pool in pools}
     for type_id, zone_id, bucket, n, total, low, high in rows:
-        out[(type_id, zone_id)].append((epoch + timedelta(seconds=int(bucket) * bucket_seconds),
+        out[(type_id, zone_id)].append((EPOCH + timedelta(seconds=int(bucket) * bucket_seconds),
                                         (Decimal(total) / n).quantize(quantum), Decimal(low), Decimal(high), n))
     return out
