@@ -24,6 +24,10 @@ POISON = -1.2345e38
 """First element of a poisoned message (the rest is NaN): "I failed, give up this step"."""
 
 
+_COMMIT_TAG = 2 << 24
+"""Tag of the per-step commit messages."""
+
+
 class PeerAborted(RuntimeError):
     """A peer failed this step and told us so instead of letting us wait for our timeout."""
 
@@ -178,11 +182,38 @@ class Comm:
                 self.send_poison(torch.empty(numel), other, _ALLREDUCE_TAG + tag)
 
     def commit(self, vector: torch.Tensor) -> torch.Tensor:
-        """The per-step barrier: sum `vector` over all members. Completing it commits the step."""
-        work = self._world().allreduce([vector])
-        self.pending.append((False, work, vector))
-        work.wait(self.timeout)
+        """The per-step barrier: sum `vector` over all members (gathered by the first member, summed
+        in member order, sent back). Completing it means every member finished the step.
+
+        Point-to-point rather than a gloo collective so that a member that fails can poison it
+        (`poison_commit`) and nobody waits for the timeout in the barrier."""
+        leader = self.members[0]
+        if len(self.members) == 1:
+            return vector
+        if self.node == leader:
+            total = vector.clone()
+            for other in self.members[1:]:
+                part = torch.empty_like(vector)
+                self.recv(part, other, _COMMIT_TAG)
+                total.add_(part)
+            for other in self.members[1:]:
+                self.send(total, other, _COMMIT_TAG)
+            vector.copy_(total)
+        else:
+            self.send(vector, leader, _COMMIT_TAG)
+            self.recv(vector, leader, _COMMIT_TAG)
         return vector
+
+    def poison_commit(self, numel: int) -> None:
+        """We abandon the step: unblock whoever waits for us in the commit barrier."""
+        if self.world is None or len(self.members) == 1:
+            return
+        like = torch.empty(numel, dtype=torch.float64)
+        if self.node == self.members[0]:
+            for other in self.members[1:]:
+                self.send_poison(like, other, _COMMIT_TAG)
+        else:
+            self.send_poison(like, self.members[0], _COMMIT_TAG)
 
     def close(self) -> int:
         """Drop the group so its sockets close and peers blocked on us fail fast.

@@ -142,7 +142,7 @@ class Coordinator:
 
         Gone = marked dead by a supervisor, or heartbeat older than `heartbeat_timeout_s`, or (once we
         waited `answer_timeout_s`, the op timeout: a live member fails its own calls by then) not
-        answering with a heartbeat older than `answer_timeout_s` -- a hung (stopped) node.
+        answering with a heartbeat older than 1.5 x `answer_timeout_s` -- a hung (stopped) node.
         """
         self.write_alive(generation, node, record)
         expected = sorted(set(expected))
@@ -156,7 +156,7 @@ class Coordinator:
             missing = [n for n in expected if n not in answered]
             limit = heartbeat_timeout_s
             if answer_timeout_s is not None and time.monotonic() - began > answer_timeout_s:
-                limit = min(limit, answer_timeout_s)
+                limit = min(limit, 1.5 * answer_timeout_s)
             missing = [n for n in missing if not self.is_gone(n, limit)]
             if not missing:
                 records = {n: json.loads(self.store.get(f"gen/{generation}/alive/{n}")) for n in answered}

@@ -236,6 +236,8 @@ class Worker:
         except (RuntimeError, TimeoutError) as exc:
             if isinstance(exc, Fenced):
                 raise
+            if self.comm is not None:
+                self.comm.poison_commit(3 + len(plan["members"]))
             reason = f"{type(exc).__name__}: {str(exc)[-300:]}"
         return "failure", reason
 
