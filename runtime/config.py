@@ -103,7 +103,7 @@ class JobConfig:
     """Timeout of every blocking collective / point-to-point call; bounds hang detection."""
     heartbeat_timeout_s: float = 3.0
     """A member whose heartbeat is older than this is declared dead at rendezvous (after op_timeout_s
-    of waiting, a member that has not answered and whose heartbeat is older than 1.5 x op_timeout_s is too)."""
+    of waiting, one that has not answered and whose heartbeat is older than 1.5 x op_timeout_s is too)."""
     rendezvous_timeout_s: float = 60.0
     """Upper bound on waiting for a generation to form."""
     min_stages: int = 1
