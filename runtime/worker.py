@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
 from runtime.comm import Comm, bury, transfer_group
@@ -318,9 +319,8 @@ class Worker:
                 return "graceful", "notice" if vector[3:].sum() > 0 else "join"
         return "done", ""
 
-    def store_prefix(self, generation: int):
-        import torch.distributed as dist
-
+    def store_prefix(self, generation: int) -> dist.Store:
+        """The store namespace of one generation's groups."""
         return dist.PrefixStore(f"{self.spec.job_id}/gen/{generation}", self.store)
 
     def _durations(self, layout: Layout):
