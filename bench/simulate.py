@@ -22,7 +22,7 @@ from runtime.planner.throughput import CostModel, Network
 from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plots import write_plots
-from runtime.sim.prices import PriceSeries
+from runtime.sim.prices import PriceSeries, load_price_series
 from runtime.sim.synthetic import synthetic_trace
 from runtime.sim.traces import Trace, load_trace
 
@@ -42,6 +42,15 @@ def parse_args(extra: list[str]) -> dict:
     parser.add_argument("--instance-type", default="p3.2xlarge", help="type whose profile and prices are used")
     parser.add_argument("--notice-s", type=float, default=0.0, help="preemption notice lead time")
     parser.add_argument("--replacement-delay-s", type=float, default=0.0, help="extra delay for every join")
+    parser.add_argument("--prices", type=Path, help="spot price history TSV(.gz) (describe_spot_price_history fields)")
+    parser.add_argument("--zone", help="zone ID of the price history (default: the zone with most changes)")
+    synthetic = parser.add_argument_group("synthetic trace (used when no --trace is given)")
+    synthetic.add_argument("--nodes", type=int, default=32)
+    synthetic.add_argument("--hours", type=float, default=11.4)
+    synthetic.add_argument("--rate", type=float, default=0.61, help="preemptions per node-hour")
+    synthetic.add_argument("--burst", type=float, default=2.1, help="mean nodes per preemption event")
+    synthetic.add_argument("--synthetic-replacement-delay-s", type=float, default=600.0)
+    synthetic.add_argument("--seed", type=int, default=0)
     return vars(parser.parse_args(extra))
 
 
@@ -78,14 +87,34 @@ def run(
     instance_type: str = "p3.2xlarge",
     notice_s: float = 0.0,
     replacement_delay_s: float = 0.0,
+    prices: Path | None = None,
+    zone: str | None = None,
+    nodes: int = 32,
+    hours: float = 11.4,
+    rate: float = 0.61,
+    burst: float = 2.1,
+    synthetic_replacement_delay_s: float = 600.0,
+    seed: int = 0,
 ) -> dict:
     it = instance_types()[instance_type]
     spot = it.typical_spot_usd_per_hour
+    price_series = PriceSeries.constant(spot)
+    price_source: dict = {"kind": "advisor typical savings", "usd_per_hour": round(spot, 4)}
+    if prices is not None:
+        price_series, price_source = load_price_series(prices, instance_type=instance_type, zone=zone)
+        price_source["kind"] = f"history from {prices.name}"
     if trace is not None:
         progress.step(f"loading {trace}")
         tr = load_trace(trace)
     else:
-        tr = synthetic_trace(nodes=32, hours=11.4, rate_per_node_hour=0.61, mean_burst=2.1, seed=0)
+        tr = synthetic_trace(
+            nodes=nodes,
+            hours=hours,
+            rate_per_node_hour=rate,
+            mean_burst=burst,
+            replacement_delay_s=synthetic_replacement_delay_s,
+            seed=seed,
+        )
     summary = tr.summary()
     max_nodes = max(summary["max_nodes"], 1)
     pp = 8 if max_nodes >= 16 else max(1, max_nodes // 2)
@@ -94,7 +123,7 @@ def run(
     params = SimParams(
         notice_s=notice_s,
         replacement_delay_s=replacement_delay_s,
-        spot_price=PriceSeries.constant(spot),
+        spot_price=price_series,
         on_demand_usd_per_hour=it.on_demand_usd_per_hour,
     )
     progress.step(f"simulating {tr.name}: {dp} x {pp} nodes, 4 strategies")
@@ -109,7 +138,7 @@ def run(
             "dp": dp,
             "pp": pp,
             "microbatches_per_pipeline": 8,
-            "spot_usd_per_hour": round(spot, 4),
+            "spot_price": price_source,
             "on_demand_usd_per_hour": it.on_demand_usd_per_hour,
             "failure_free_step_s": model.full_pipelines(dp),
             "bamboo_failure_free_step_s": model.bamboo((True,) * pp, pipelines=dp),

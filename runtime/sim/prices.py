@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 
@@ -42,3 +45,32 @@ class PriceSeries:
             nodes = ns[i] if i >= 0 else 0.0
             total += nodes * self.at(a) * (b - a) / 3600.0
         return total
+
+
+def load_price_series(
+    path: Path | str, *, instance_type: str, zone: str | None = None, product: str = "Linux/UNIX"
+) -> tuple[PriceSeries, dict]:
+    """A pool's spot price history from a `describe_spot_price_history`-style TSV (.tsv or .tsv.gz:
+    zone ID, instance type, product, price, ISO timestamp), with times relative to its first change.
+
+    Without `zone`, the zone with the most changes (then the lowest first price) is used. Returns the
+    series and what was picked."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    by_zone: dict[str, list[tuple[datetime, float]]] = {}
+    with opener(path, "rt") as fh:
+        for number, line in enumerate(fh, 1):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 5:
+                raise ValueError(f"{path.name}:{number}: expected 5 tab-separated fields, got {len(parts)}")
+            zid, itype, prod, price, stamp = parts
+            if itype != instance_type or prod != product or (zone and zid != zone):
+                continue
+            by_zone.setdefault(zid, []).append((datetime.fromisoformat(stamp), float(price)))
+    if not by_zone:
+        raise ValueError(f"{path.name}: no {product} prices for {instance_type}" + (f" in {zone}" if zone else ""))
+    picked = zone or min(by_zone, key=lambda z: (-len(by_zone[z]), min(by_zone[z])[1], z))
+    points = sorted(by_zone[picked])
+    start = points[0][0]
+    series = PriceSeries.from_points([((t - start).total_seconds(), p) for t, p in points])
+    return series, {"instance_type": instance_type, "zone": picked, "changes": len(points), "start": start.isoformat()}

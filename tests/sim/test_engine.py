@@ -115,3 +115,16 @@ def test_time_to_finish_a_target():
     assert done.summary()["time_to_finish_hours"] == pytest.approx(0.5)
     never = simulate(trace, strategy="oobleck", model=model, samples_target=rate * 9000.0)
     assert never.finish_s is None
+
+
+def test_price_history_loader_on_the_real_file(shared_data):
+    from runtime.sim.prices import load_price_series
+
+    path = shared_data / "prices" / "aws-spot-prices-2022-05.tsv.gz"
+    series, meta = load_price_series(path, instance_type="p3.2xlarge", zone="use1-az6")
+    assert meta["zone"] == "use1-az6" and meta["changes"] >= 1
+    assert series.at(0.0) == pytest.approx(0.918)
+    picked, meta = load_price_series(path, instance_type="g4dn.xlarge")
+    assert meta["changes"] >= 1 and picked.at(0.0) > 0
+    with pytest.raises(ValueError, match=r"no Linux/UNIX prices for nope\.large"):
+        load_price_series(path, instance_type="nope.large")
