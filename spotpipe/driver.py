@@ -47,7 +47,7 @@ RUNTIME = {"op_timeout_s": 2.0, "schedule": "fiw",
 STEPS_PER_SECOND = 4.0
 MIN_STEPS = 60
 # Preemptions due after this fraction of the job are dropped (the job would be done first).
-LATEST_FRACTION = 0.9
+LATEST_FRACTION = 0.97
 
 EVENT_LABELS = {
     "submitted": "submitted",
@@ -273,6 +273,8 @@ class Driver:
             self.print_joins()
             if pending and self.job.steps_done >= LATEST_FRACTION * self.job.target_steps:
                 for preemption in pending:
+                    self.console.line(f">> trace event {preemption.index + 1} dropped: the job is nearly done "
+                                      "(it waited for the previous replacement to train)")
                     self.fired.append(Fired(preemption=preemption, at_step=self.job.steps_done, instances=[],
                                             provider_ids=[], skipped="the job was nearly done"))
                 pending = []

@@ -98,10 +98,6 @@ def sweep(var_dir: Path, *, grace_s: float = 3.0) -> list[int]:
     for pid in stray_pids(var_dir):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    # Reap our own children among them, if any.
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
     return pids
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from runtime.sim.synthetic import synthetic_trace
 from runtime.sim.traces import REMOVE, Trace, load_trace
 
-WINDOW = (0.15, 0.7)
+WINDOW = (0.1, 0.55)
 NOTICE_S = 4.0
 # Calibration of the synthetic trace: the AWS p3.2xlarge cluster trace of Bamboo (0.61 preemptions
 # per node-hour, 2.1 nodes per event), the burstiest public GPU trace.

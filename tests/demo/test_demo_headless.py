@@ -21,7 +21,7 @@ import pytest
 
 from spotpipe.processes import stray_pids
 
-DURATION_S = 60
+DURATION_S = 45
 TIMEOUT_S = 170
 
 
@@ -42,9 +42,12 @@ class DemoDatabase:
     def __init__(self, var_dir: Path) -> None:
         self.var_dir = var_dir
         self.pg_url = ""
-        self.pg_admin_url = os.environ.get("DATABASE_URL", "")
-        if self.pg_admin_url.startswith("postgres"):
-            parts = urlsplit(self.pg_admin_url)
+        self.pg_admin_url = ""
+        url = os.environ.get("DATABASE_URL", "")
+        if url.startswith("postgres"):
+            parts = urlsplit(url)
+            # Created and dropped from the maintenance database (the named one may not exist).
+            self.pg_admin_url = urlunsplit(parts._replace(path="/postgres"))
             self.pg_name = f"spotpipe_demo_{uuid.uuid4().hex[:10]}"
             self.pg_url = urlunsplit(parts._replace(path=f"/{self.pg_name}"))
 
@@ -128,12 +131,12 @@ def test_headless_demo_trains_through_preemptions_and_leaves_nothing_behind(tmp_
         assert final < initial
 
         # At least two preemptions, one after a notice and one without.
+        fired = [f for f in summary["fired"] if f["instances"]]
+        assert {f["with_notice"] for f in fired} == {True, False}, summary["fired"]
         preempted = db.rows("SELECT id, notice_at FROM fleet_instance WHERE job_id = ? AND state = 'preempted'", job_id)
         assert len(preempted) >= 2
         assert any(notice_at is not None for _, notice_at in preempted)
         assert any(notice_at is None for _, notice_at in preempted)
-        fired = [f for f in summary["fired"] if f["instances"]]
-        assert {f["with_notice"] for f in fired} == {True, False}
         # The control plane saw them as what they were: a stored notice, and a death without one.
         triggers = {t for (t,) in db.rows(
             "SELECT trigger FROM jobs_reconfiguration WHERE job_id = ? AND status = 'applied'", job_id)}
