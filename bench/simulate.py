@@ -180,6 +180,9 @@ def run(
     )
     figures["relations"] = _relations(results, f"published relations (throughput ratios), notice {notice_s:g} s")
     figures["why"] = _explain(model, dp, pp)
+    figures["notes"] = _notes(figures["relations"], figures["why"], model, dp)
+    for note in figures["notes"]:
+        print(f"note: {note}")
 
     # With the 2-minute AWS notice, a leaving node finishes its step and nobody waits for detection.
     if not quick and notice_s < 120:
@@ -285,6 +288,38 @@ def _explain(model: IterationModel, dp: int, pp: int) -> dict:
         [[k, v] for k, v in rows.items()],
     )
     return rows
+
+
+def _notes(relations: list[dict], why: dict, model: IterationModel, dp: int) -> list[str]:
+    """Say why a published relation does not hold (direction or rough size), with the numbers."""
+    notes = []
+    for r in relations:
+        ratio, published = r["simulated_ratio"], r["published_ratio"]
+        if r["direction_holds"] and ratio >= published / 2:
+            continue
+        pair = (r["faster"], r["than"])
+        if pair == ("recycle", "oobleck"):
+            extra = model.microbatches / max(dp - 1, 1)
+            notes.append(
+                f"recycle/oobleck {ratio:.2f} (published up to {published}): one hole makes recycle's step "
+                f"{why['recycle_one_hole_step_s']:.3f} s against oobleck's re-planned "
+                f"{why['oobleck_one_node_lost_step_s']:.3f} s; with dp={dp} each surviving peer takes "
+                f"{extra:.1f} extra micro-batches, more than the F-I-W bubbles hold"
+            )
+        elif pair == ("bamboo", "checkpoint"):
+            notes.append(
+                f"bamboo/checkpoint {ratio:.2f} (published {published}): set by the restart cost of "
+                f"checkpoint-restart (the restart-cost table, printed without --quick) and by bamboo's "
+                f"redundant forwards "
+                f"({why['bamboo_failure_free_step_s (redundant forwards)']:.3f} s vs "
+                f"{why['failure_free_1f1b_step_s']:.3f} s failure-free)"
+            )
+        elif pair == ("recycle", "bamboo"):
+            notes.append(
+                f"recycle/bamboo {ratio:.2f} (published up to {published}): recycle's one-hole step "
+                f"{why['recycle_one_hole_step_s']:.3f} s vs bamboo's takeover {why['bamboo_one_takeover_step_s']:.3f} s"
+            )
+    return notes
 
 
 def _params_kwargs(params: SimParams) -> dict:
