@@ -36,6 +36,7 @@ NICE_BUCKETS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 
 MAX_PRICE_POINTS = 400
 MAX_METRIC_POINTS = 600
 MAX_POOLS_LISTED = 500
+PRICE_QUANTUM = Decimal("0.000001")  # prices are stored to the micro-dollar
 MAX_TIMELINE_NOTICES = 500
 INTERRUPTION_BUCKETS = ((5, "<5%"), (10, "5-10%"), (15, "10-15%"), (20, "15-20%"), (math.inf, ">20%"))
 
@@ -84,7 +85,7 @@ def pools_now(*, at: datetime, product: str = LINUX, limit: int = MAX_POOLS_LIST
     one row per pool from SpotPool, never a scan of the price history)."""
     return [
         PoolNow(instance_type_id=p.instance_type_id, instance_type=p.instance_type, zone_id=p.zone_id, zone=p.zone,
-                price=p.price, since=p.since, on_demand=p.on_demand_price)
+                price=Decimal(p.price).quantize(PRICE_QUANTUM), since=p.since, on_demand=p.on_demand_price)
         for p in cheapest_pools(at=at, product=product, limit=limit)
     ]
 
