@@ -50,6 +50,7 @@ class DemoOptions:
     seed: int = 0
     headless: bool = False
     worker_concurrency: int = 3
+    screenshot: Path | None = None
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
@@ -94,6 +95,26 @@ def _cleanup(*, stack: processes.Stack, provider: LocalProvider, job: Any, var_d
         except Exception as exc:  # the database may be the thing that failed
             print(f"could not release the rendezvous store: {exc}", file=sys.stderr)
     return processes.sweep(var_dir)
+
+
+def take_screenshot(*, base: str, job_id: int, username: str, password: str, path: Path) -> None:
+    """Log in with the system's headless Chromium and capture the job's dashboard page."""
+    from playwright.sync_api import sync_playwright
+
+    from frontend import browser
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = browser.launch(playwright)
+        try:
+            page = chromium.new_page(viewport={"width": 1280, "height": 900})
+            browser.login(page, base, username, password)
+            page.goto(f"{base}/jobs/{job_id}/")
+            browser.wait_loaded(page)
+            page.wait_for_timeout(1000)  # let the charts finish drawing
+            page.screenshot(path=str(path), full_page=True)
+        finally:
+            chromium.close()
 
 
 def _counts(job: Any, driver: Driver) -> dict[str, Any]:
@@ -189,6 +210,13 @@ def run_demo(options: DemoOptions) -> int:
         console.line(f"job {job.pk} {job.status} after {job.steps_done} steps: loss {job.initial_loss} -> "
                      f"{job.last_loss}")
 
+        if options.screenshot is not None:
+            try:
+                take_screenshot(base=base, job_id=job.pk, username=team.username, password=team.password,
+                                path=options.screenshot)
+                console.line(f"screenshot of the job's page: {options.screenshot}")
+            except Exception as exc:  # a missing browser must not fail the demo
+                console.line(f"no screenshot: {type(exc).__name__}: {exc}")
         cost = job_cost_report(job=job)
         print()
         print("\n".join(report.cost_lines(cost)), flush=True)
