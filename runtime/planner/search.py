@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from runtime.config import ModelSpec
+from runtime.layout import split_microbatches
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
 from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile, ProfileStore
@@ -420,40 +421,56 @@ class Planner:
         return not (request.budget_usd is not None and c.cost_usd > request.budget_usd * (1 + slack))
 
     def templates(self, request: PlanRequest, best: Candidate) -> list[dict]:
-        """Pipeline templates for every node count from the fewest that fit in memory up to the plan's
-        size: the best (dp, pp) for that many nodes and the balanced stage boundaries of each pipeline."""
+        """Pipeline templates (Oobleck's idea) for every node count from the fewest that fit in memory
+        up to the plan's size.
+
+        For n nodes: k pipelines of sizes differing by at most one (sum n), each cut into balanced
+        stages, micro-batches shared in proportion to size (the global batch never changes); the k
+        with the shortest closed-form step wins. `dp`/`pp` are given when all pipelines are equal."""
         mbs = request.microbatch_size or _default_microbatch(request.global_batch)
         cost = self.cost_model(request.model, best.instance_type, mbs)
         prof = self.profile_for(request.model, best.instance_type, mbs)
         capacity = self.catalog[best.instance_type].device_memory_bytes * MEMORY_HEADROOM
+        total_mb = request.global_batch // mbs
+        max_pp = min(request.model.num_layers, request.max_pp)
         out = []
         for n in range(1, best.nodes + 1):
             options = []
-            for pp in range(1, min(n, request.model.num_layers, request.max_pp) + 1):
-                if n % pp:
+            for k in range(1, min(n, total_mb) + 1):
+                sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
+                if max(sizes) > max_pp:
                     continue
-                dp = n // pp
-                if request.global_batch % (dp * mbs):
+                shares = split_microbatches(total_mb, sizes)
+                if min(shares) < 1:
                     continue
-                microbatches = request.global_batch // (dp * mbs)
-                bounds = self.bounds(cost, pp)
-                if self.peak_memory_bytes(prof, bounds, microbatches) > capacity:
-                    continue
-                step = cost.analytic_step_time(pp=pp, microbatches=microbatches, dp=dp, schedule=best.schedule)
-                options.append((step, dp, pp, microbatches, bounds))
-            if options:
-                step, dp, pp, microbatches, bounds = min(options)
-                out.append(
-                    {
-                        "nodes": n,
-                        "dp": dp,
-                        "pp": pp,
-                        "microbatches": microbatches,
-                        "stages": [list(b) for b in bounds],
-                        "step_s": step,
-                        "samples_per_s": request.global_batch / step,
-                    }
+                fits = all(
+                    self.peak_memory_bytes(prof, self.bounds(cost, size), share) <= capacity
+                    for size, share in set(zip(sizes, shares, strict=True))
                 )
+                if not fits:
+                    continue
+                step = max(
+                    cost.analytic_step_time(pp=size, microbatches=share, dp=k, schedule=best.schedule)
+                    for size, share in set(zip(sizes, shares, strict=True))
+                )
+                options.append((step, k, sizes, shares))
+            if not options:
+                continue
+            step, k, sizes, shares = min(options, key=lambda o: (o[0], o[1]))
+            uniform = len(set(sizes)) == 1
+            out.append(
+                {
+                    "nodes": n,
+                    "dp": k if uniform else None,
+                    "pp": sizes[0] if uniform else None,
+                    "pipelines": [
+                        {"nodes": size, "microbatches": share, "stages": [list(b) for b in self.bounds(cost, size)]}
+                        for size, share in zip(sizes, shares, strict=True)
+                    ],
+                    "step_s": step,
+                    "samples_per_s": request.global_batch / step,
+                }
+            )
         return out
 
 

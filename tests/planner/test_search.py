@@ -3,6 +3,8 @@ pick is within 5% of the exhaustive optimum."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from runtime.config import ModelSpec
@@ -95,13 +97,26 @@ def test_templates_cover_every_node_count_from_the_smallest_fit(planner):
     plan = planner.plan(request(deadline_hours=24))
     counts = [t["nodes"] for t in plan.templates]
     assert counts[-1] == plan.best.nodes
-    assert counts == sorted(counts)
-    for t in plan.templates:
-        assert t["dp"] * t["pp"] == t["nodes"]
-        assert t["stages"][0][0] == 0 and t["stages"][-1][1] == SPEC.num_layers
-        assert all(a[1] == b[0] for a, b in zip(t["stages"], t["stages"][1:], strict=False))
-    # Every count the plan could shrink to that fits in memory is there (here: all of them).
+    # Every count the job could shrink to, from the first that fits, has a template.
     assert counts == list(range(counts[0], plan.best.nodes + 1))
+    for t in plan.templates:
+        sizes = [p["nodes"] for p in t["pipelines"]]
+        assert sum(sizes) == t["nodes"] and max(sizes) - min(sizes) <= 1
+        assert sum(p["microbatches"] for p in t["pipelines"]) == 64 // 8  # the global batch never changes
+        for p in t["pipelines"]:
+            stages = p["stages"]
+            assert len(stages) == p["nodes"]
+            assert stages[0][0] == 0 and stages[-1][1] == SPEC.num_layers
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(stages))
+
+
+def test_templates_start_at_the_fewest_nodes_that_fit_in_memory(planner):
+    big = ModelSpec(kind="gpt", n_layer=24, n_embd=1024, n_head=16, seq_len=512, vocab_size=8192)
+    pools = [Pool(instance_type="g4dn.xlarge", spot_usd_per_hour=0.2, preemptions_per_node_hour=0.1, max_nodes=16)]
+    plan = planner.plan(request(model=big, pools=pools, global_batch=128, samples=1_000_000))
+    first = plan.templates[0]
+    assert first["nodes"] > 1  # 16 GiB cannot hold this model on one node
+    assert [t["nodes"] for t in plan.templates] == list(range(first["nodes"], plan.best.nodes + 1))
 
 
 def test_goodput_falls_with_rate_and_checkpoint_pays_more():

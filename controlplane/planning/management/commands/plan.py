@@ -119,8 +119,15 @@ class Command(BaseCommand):
         )
         print_table(
             "templates (best layout per node count)",
-            ["nodes", "dp", "pp", "stages", "samples/s"],
-            [[t["nodes"], t["dp"], t["pp"], t["stages"], t["samples_per_s"]] for t in plan.templates],
+            ["nodes", "pipelines (nodes: stages)", "samples/s"],
+            [
+                [
+                    t["nodes"],
+                    "; ".join(f"{p['nodes']}: {p['stages']}" for p in t["pipelines"]),
+                    t["samples_per_s"],
+                ]
+                for t in plan.templates
+            ],
         )
 
 
