@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="exit when the job is done: status 0 if it finished with its loss below the initial loss")
     demo.add_argument("--screenshot", type=Path, help="save a PNG of the job's dashboard page when it is done "
                                                       "(needs Chromium and playwright)")
+    demo.add_argument("--external", metavar="URL", default="",
+                      help="use the control plane already serving at URL (docker compose) instead of starting one; "
+                           "its worker must run on this host (same process and network namespace)")
     demo.add_argument("--host", default="127.0.0.1", help="address of the web server (default 127.0.0.1)")
     demo.add_argument("--port", type=int, default=8000, help="port of the web server (default 8000)")
     return parser
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host, port=args.port, strategy=args.strategy, nodes=args.nodes,
         trace=args.trace.resolve() if args.trace else None, prices=args.prices.resolve() if args.prices else None,
         duration=args.duration, seed=args.seed, headless=args.headless,
-        screenshot=args.screenshot.resolve() if args.screenshot else None,
+        screenshot=args.screenshot.resolve() if args.screenshot else None, external=args.external,
     ))
 
 

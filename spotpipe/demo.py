@@ -51,6 +51,9 @@ class DemoOptions:
     headless: bool = False
     worker_concurrency: int = 3
     screenshot: Path | None = None
+    external: str = ""
+    """URL of a control plane already running (docker compose): start no web server, worker or beat;
+    the nodes are started by that stack's worker, which must share this process's host."""
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
@@ -84,11 +87,17 @@ def _wait_http(url: str, *, timeout_s: float, stack: processes.Stack) -> None:
     raise RuntimeError(f"the web server did not answer {url} within {timeout_s:.0f} s; see {stack.log_dir}/web.log")
 
 
-def _cleanup(*, stack: processes.Stack, provider: LocalProvider, job: Any, var_dir: Path) -> list[int]:
+def _cleanup(*, stack: processes.Stack, provider: LocalProvider, job: Any, var_dir: Path,
+             own_nodes_dir: bool) -> list[int]:
     """Stop the stack, then whatever it left: the job's nodes, its rendezvous store, and any process
     still marked with our var dir. Returns the pids the final sweep had to end."""
     stack.stop()
-    provider.terminate(provider.all_node_ids())
+    if own_nodes_dir:
+        provider.terminate(provider.all_node_ids())
+    elif job is not None:
+        # A shared nodes directory (another stack's worker started them): only this job's nodes.
+        provider.terminate([i for i in Instance.objects.filter(job=job).values_list("provider_instance_id", flat=True)
+                            if i])
     if job is not None:
         try:
             rendezvous_release(job=job)
@@ -143,9 +152,9 @@ def run_demo(options: DemoOptions) -> int:
     run_stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     nodes_dir = var_dir / "nodes" / run_stamp
     host = "127.0.0.1" if options.host in ("0.0.0.0", "") else options.host
-    base = f"http://{host}:{options.port}"
+    base = options.external.rstrip("/") or f"http://{host}:{options.port}"
     dp, pp = layout_for(options.nodes)
-    if not _port_free(options.host, options.port):
+    if not options.external and not _port_free(options.host, options.port):
         print(f"port {options.port} on {options.host} is in use; pass --port", file=sys.stderr)
         return 2
 
@@ -169,17 +178,28 @@ def run_demo(options: DemoOptions) -> int:
         "SPOTPIPE_HEARTBEAT_TIMEOUT_S": "2.0",
     }
     stack = processes.Stack(var_dir=var_dir, env=env)
-    provider = LocalProvider(nodes_dir)
+    if options.external:
+        # The stack's worker starts the nodes where its local provider is configured to.
+        from controlplane.orchestration.providers import get_provider
+
+        provider = get_provider("local")
+        nodes_dir = provider.root
+    else:
+        provider = LocalProvider(nodes_dir)
     job = None
     summary: dict[str, Any] = {"options": {k: str(v) if isinstance(v, Path) else v
                                            for k, v in dataclasses.asdict(options).items()}}
     status = 1
     try:
-        stack.start_web(host=options.host, port=options.port)
-        stack.start_worker(concurrency=options.worker_concurrency)
-        stack.start_beat()
-        _wait_http(f"{base}/accounts/login/", timeout_s=90, stack=stack)
-        console.line(f"web server, Celery worker and beat are up (logs in {stack.log_dir})")
+        if options.external:
+            _wait_http(f"{base}/accounts/login/", timeout_s=90, stack=stack)
+            console.line(f"using the control plane at {base} (its worker starts the nodes in {nodes_dir})")
+        else:
+            stack.start_web(host=options.host, port=options.port)
+            stack.start_worker(concurrency=options.worker_concurrency)
+            stack.start_beat()
+            _wait_http(f"{base}/accounts/login/", timeout_s=90, stack=stack)
+            console.line(f"web server, Celery worker and beat are up (logs in {stack.log_dir})")
         print(f"""
   Dashboard   {base}/   user {team.username!r}, password {team.password!r}
   API         {base}/api/v1/docs/   token: {team.token}
@@ -249,7 +269,10 @@ def run_demo(options: DemoOptions) -> int:
             print(f"\nThe dashboard keeps serving at {base}/jobs/{job.pk}/  (Ctrl-C to stop)", flush=True)
             while not stack.exited():
                 time.sleep(0.5)
-            print(f"{', '.join(stack.exited())} exited; see {stack.log_dir}", file=sys.stderr)
+            if stack.procs:
+                print(f"{', '.join(stack.exited())} exited; see {stack.log_dir}", file=sys.stderr)
+            while options.external:  # the stack serves; wait for Ctrl-C
+                time.sleep(0.5)
     except KeyboardInterrupt:
         console.end_progress()
         console.line("stopping")
@@ -261,7 +284,8 @@ def run_demo(options: DemoOptions) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        swept = _cleanup(stack=stack, provider=provider, job=job, var_dir=var_dir)
+        swept = _cleanup(stack=stack, provider=provider, job=job, var_dir=var_dir,
+                         own_nodes_dir=not options.external)
         summary["swept_pids"] = swept
         summary["exit_status"] = status
         (var_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=2, default=str))
