@@ -48,23 +48,24 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def layer_features(spec: ModelSpec, *, microbatch_size: int) -> list[LayerFeatures]:
+def layer_features(spec: ModelSpec, *, microbatch_size: int, dtype: str = "float32") -> list[LayerFeatures]:
     """FLOPs and bytes of every layer for one micro-batch, computed on the meta device (no compute)."""
     spec.validate()
-    return list(_layer_features(tuple(sorted(asdict(spec).items())), microbatch_size))
+    return list(_layer_features(tuple(sorted(asdict(spec).items())), microbatch_size, dtype))
 
 
 @cache
-def _layer_features(spec_items: tuple, microbatch_size: int) -> tuple[LayerFeatures, ...]:
+def _layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> tuple[LayerFeatures, ...]:
     spec = ModelSpec(**dict(spec_items))
+    kind = getattr(torch, dtype)
     out: list[LayerFeatures] = []
     if spec.kind == "gpt":
         x = torch.zeros((microbatch_size, spec.seq_len), dtype=torch.long, device="meta")
     else:
-        x = torch.zeros((microbatch_size, spec.in_features), device="meta")
+        x = torch.zeros((microbatch_size, spec.in_features), device="meta", dtype=kind)
     for index in range(spec.num_layers):
         with torch.device("meta"):
-            layer = build_layer(spec, index, 0)
+            layer = build_layer(spec, index, 0).to(kind)
         takes_grad = x.is_floating_point() and index > 0
         inp = x.detach().requires_grad_(takes_grad)
         saved: dict[int, float] = {}
@@ -156,7 +157,7 @@ class ProfilePredictor:
     def predict(self, spec: ModelSpec, *, microbatch_size: int, device: DeviceSpec, instance_type: str) -> ModelProfile:
         """A profile of `spec` on `device`, never measured there."""
         layers = []
-        for feat in layer_features(spec, microbatch_size=microbatch_size):
+        for feat in layer_features(spec, microbatch_size=microbatch_size, dtype=device.dtype):
             nbytes = _bytes(feat)
             times = {d: self.layer_time(d, feat.forward_flops, nbytes, feat.ops, device) for d in DIRECTIONS}
             if not feat.has_input_grad:

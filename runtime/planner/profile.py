@@ -51,6 +51,8 @@ class DeviceSpec:
     peak_tflops: float
     memory_bandwidth_gbs: float
     network_gbps: float = 0.0
+    dtype: str = "float32"
+    """Element type the device computes in (`float64` on a CPU emulates a slower device)."""
 
 
 @dataclass(slots=True)
@@ -92,24 +94,28 @@ def model_key(spec: ModelSpec, microbatch_size: int) -> str:
     return f"{spec.kind}-{spec.n_layer}x{spec.n_embd}-b{microbatch_size}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
 
 
-def measure_local_device(*, threads: int = 1, name: str | None = None) -> DeviceSpec:
+def measure_local_device(*, threads: int = 1, name: str | None = None, dtype: str = "float32") -> DeviceSpec:
     """Peak matmul throughput and copy bandwidth of this machine's CPU with `threads` threads."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    kind = getattr(torch, dtype)
     try:
-        a = torch.randn(512, 512)
-        b = torch.randn(512, 512)
+        a = torch.randn(512, 512, dtype=kind)
+        b = torch.randn(512, 512, dtype=kind)
         torch.mm(a, b)
         best = min(_timed(lambda: torch.mm(a, b)) for _ in range(20))
         tflops = 2 * 512**3 / best / 1e12
-        big = torch.empty(8_000_000)
-        src = torch.randn(8_000_000)
+        big = torch.empty(8_000_000, dtype=kind)
+        src = torch.randn(8_000_000, dtype=kind)
         big.copy_(src)
         best = min(_timed(lambda: big.copy_(src)) for _ in range(10))
-        gbs = 2 * src.numel() * 4 / best / 1e9
+        gbs = 2 * src.numel() * src.element_size() / best / 1e9
     finally:
         torch.set_num_threads(previous)
-    return DeviceSpec(name=name or f"local-cpu-{threads}t", peak_tflops=tflops, memory_bandwidth_gbs=gbs)
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    return DeviceSpec(
+        name=name or f"local-cpu-{threads}t{suffix}", peak_tflops=tflops, memory_bandwidth_gbs=gbs, dtype=dtype
+    )
 
 
 def _timed(fn) -> float:
@@ -127,22 +133,27 @@ def profile_model(
     repeats: int = 5,
     threads: int = 1,
     seed: int = 0,
+    dtype: str = "float32",
 ) -> ModelProfile:
-    """Measure every layer of `spec` on this machine's CPU with `threads` torch threads."""
+    """Measure every layer of `spec` on this machine's CPU with `threads` torch threads, computing in
+    `dtype` (the device's dtype when a device is given)."""
     spec.validate()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        device = device or measure_local_device(threads=threads)
+        device = device or measure_local_device(threads=threads, dtype=dtype)
+        kind = getattr(torch, device.dtype)
         from runtime.planner.predictor import (
             layer_features,
         )  # FLOPs/bytes the same way the predictor sees them
 
-        features = layer_features(spec, microbatch_size=microbatch_size)
+        features = layer_features(spec, microbatch_size=microbatch_size, dtype=device.dtype)
         x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=microbatch_size)
+        if x.is_floating_point():
+            x = x.to(kind)
         layers = []
         for index in range(spec.num_layers):
-            layer = build_layer(spec, index, seed)
+            layer = build_layer(spec, index, seed).to(kind)
             params = [p for p in layer.parameters() if p.requires_grad]
             takes_grad = x.is_floating_point() and index > 0
             inp = x.detach().requires_grad_(takes_grad)
