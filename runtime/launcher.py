@@ -42,7 +42,7 @@ class Fault:
     at: int = -1
     """Action index within the step (with `step`)."""
     time_s: float | None = None
-    """Or: inject from outside this many seconds after the job started."""
+    """Or: inject from outside this many seconds after training started (the first committed step)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,7 +54,7 @@ class Join:
     after_step: int | None = None
     """Start it once any node has committed this step."""
     time_s: float | None = None
-    """Or: this many seconds after the job started."""
+    """Or: this many seconds after training started (the first committed step)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -185,19 +185,23 @@ def run_local(
         timed = sorted((f for f in faults if f.time_s is not None), key=lambda f: f.time_s)  # type: ignore[arg-type]
         pending_joins = list(joins)
         deadline = time.monotonic() + timeout_s
+        training_since: float | None = None  # process start-up is not part of a trace's clock
         while True:
-            now = time.time() - started
+            clocked = timed or any(j.time_s is not None for j in joins)
+            if training_since is None and clocked and _max_committed(out) >= 1:
+                training_since = time.time()
+            now = time.time() - training_since if training_since is not None else -1.0
             for node, proc in procs.items():
                 if proc.exitcode is not None and node not in reported:
                     reported.add(node)
                     if proc.exitcode != 0:
                         coord.mark_dead(node)  # what the node agent does when its worker dies
-            while timed and now >= timed[0].time_s:  # type: ignore[operator]
+            while timed and training_since is not None and now >= timed[0].time_s:  # type: ignore[operator]
                 fault = timed.pop(0)
                 _inject(fault, procs, coord, stopped)
                 injected.append({"kind": fault.kind, "node": fault.node, "time": time.time()})
             for join in list(pending_joins):
-                due = join.time_s is not None and now >= join.time_s
+                due = join.time_s is not None and now >= join.time_s and training_since is not None
                 if join.after_step is not None and not due:
                     due = _max_committed(out) >= join.after_step
                 if due:
