@@ -90,3 +90,11 @@ def test_predictor_recovers_known_coefficients_and_transfers_to_a_new_device():
 def test_fit_needs_a_measured_profile():
     with pytest.raises(ValueError, match="profile at least one model"):
         ProfilePredictor.fit([])
+
+
+def test_features_follow_the_device_dtype():
+    f32 = layer_features(MLP, microbatch_size=4)
+    f64 = layer_features(MLP, microbatch_size=4, dtype="float64")
+    assert f64[1].param_bytes == 2 * f32[1].param_bytes
+    assert f64[1].output_bytes == 2 * f32[1].output_bytes
+    assert f64[1].forward_flops == f32[1].forward_flops
