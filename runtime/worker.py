@@ -421,7 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
     _die_with_parent()
-    summary = run_worker(WorkerSpec(**json.loads(text)), on_step=lambda m: print(json.dumps(m), flush=True))
+    worker = Worker(WorkerSpec(**json.loads(text)), on_step=lambda m: print(json.dumps(m), flush=True))
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # SIGTERM is how an agent forwards a preemption notice: finish the step, hand over, leave.
+        worker.notice = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    summary = worker.run()
     print(json.dumps(summary), flush=True)
     return 0
 

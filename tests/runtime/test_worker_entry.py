@@ -59,3 +59,34 @@ def test_cli_worker_prints_json_metrics(tmp_path) -> None:
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [m["step"] for m in lines if "loss" in m] == [0, 1]
     assert lines[-1]["outcome"] == "done"
+
+
+def test_sigterm_is_a_notice_for_the_cli_worker(tmp_path) -> None:
+    config = small_config(strategy="recycle", dp=2, pp=1, microbatches=2, global_batch=8, steps=200)
+    store = serve(0)
+    procs = []
+    try:
+        for node in (0, 1):
+            spec = WorkerSpec(
+                job_id="j3", node=node, rendezvous=f"127.0.0.1:{store.port}", config=config.to_dict()
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "runtime.worker", "--spec", spec_json(spec)],
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        first = procs[1].stdout.readline()  # node 1 committed its first step
+        assert json.loads(first)["step"] == 0
+        procs[1].terminate()  # SIGTERM: leave after the current step
+        out1, _ = procs[1].communicate(timeout=60)
+        out0, _ = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == 0 and procs[0].returncode == 0
+    assert json.loads(out1.splitlines()[-1])["outcome"] == "left"
+    steps0 = [json.loads(line)["step"] for line in out0.splitlines() if '"loss"' in line]
+    assert steps0 == list(range(config.steps))  # the survivor lost no step
