@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 
-import pytest
 import torch
 
 from runtime.config import JobConfig, ModelSpec
@@ -45,8 +44,3 @@ def assert_same_math(result: RunResult, config: JobConfig) -> None:
     for name, expected in reference.items():
         for copy in result.replicas[name]:
             torch.testing.assert_close(copy, expected, msg=lambda m, n=name: f"{n}: {m}")
-
-
-@pytest.fixture
-def same_math():
-    return assert_same_math
