@@ -350,7 +350,7 @@ def _session_cpu_s(session_id: int) -> float:
     return total
 
 
-def _wait_ready(port: int, proc: subprocess.Popen, timeout_s: float = 30) -> None:
+def _wait_ready(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
