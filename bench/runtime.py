@@ -233,6 +233,8 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             row["failure_free_ratio"] = ff / base if ff and base else None
             row["with_failures_ratio"] = wf / base if wf and base else None
             deg = row.get("degraded_samples_per_s")
+            if deg and base:
+                row["degraded_ratio_to_none_failure_free"] = deg / base
             if deg and ff:
                 row["degraded_ratio_to_own_failure_free"] = deg / ff
                 row["degraded_ratio_to_7_8_share"] = deg / ff / (7 / 8)

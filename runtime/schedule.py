@@ -157,15 +157,17 @@ def _make_tasks(layout: Layout, kind: str, durations: Durations) -> dict[tuple[i
     return tasks
 
 
-def _in_flight_caps(layout: Layout) -> dict[int, int]:
-    """1F1B memory bound per node: micro-batches it may hold (route length - first hop index)."""
-    caps: dict[int, int] = defaultdict(int)
-    for route in layout.routes:
+def _in_flight_caps(layout: Layout) -> dict[tuple[int, int], int]:
+    """1F1B memory bound per (node, pipeline): micro-batches of that pipeline the node may hold
+    (route length - first hop index). Per pipeline, so a node that also serves re-routed
+    micro-batches of another pipeline (recycle) can keep both pipelines' warm-ups going."""
+    caps: dict[tuple[int, int], int] = defaultdict(int)
+    for route, pipe in zip(layout.routes, layout.pipeline_of, strict=True):
         seen = set()
         for h, (_, node) in enumerate(route):
             if node not in seen:
                 seen.add(node)
-                caps[node] = max(caps[node], len(route) - h)
+                caps[(node, pipe)] = max(caps[(node, pipe)], len(route) - h)
     return caps
 
 
@@ -179,7 +181,7 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
             dependents[dep].append(key)
     finish: dict[tuple[int, int, str], float] = {}
     free: dict[int, float] = defaultdict(float)
-    in_flight: dict[int, int] = defaultdict(int)
+    in_flight: dict[tuple[int, int], int] = defaultdict(int)
     ready: dict[int, set[tuple[int, int, str]]] = defaultdict(set)
     for key, task in tasks.items():
         if not task.deps:
@@ -190,7 +192,8 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
         for node, keys in ready.items():
             for key in keys:
                 task = tasks[key]
-                if task.first_on_node and task.kind == FORWARD and in_flight[node] >= caps[node]:
+                slot = (node, layout.pipeline_of[task.mb])
+                if task.first_on_node and task.kind == FORWARD and in_flight[slot] >= caps[slot]:
                     continue
                 start = max([finish[d] for d in task.deps] + [free[node]])
                 rank = (start, task.priority, task.mb, task.hop, node)
@@ -205,7 +208,7 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
         ready[node].discard(key)
         finish[key] = start + task.duration
         free[node] = finish[key]
-        in_flight[node] += int(task.first_on_node) - int(task.releases)
+        in_flight[(node, layout.pipeline_of[task.mb])] += int(task.first_on_node) - int(task.releases)
         order[node].append((start, task))
         for child in dependents[key]:
             waiting[child] -= 1
