@@ -116,12 +116,12 @@ def take_screenshot(*, base: str, job_id: int, username: str, password: str, pat
     with sync_playwright() as playwright:
         chromium = browser.launch(playwright)
         try:
-            page = chromium.new_page(viewport={"width": 1280, "height": 900})
+            page = chromium.new_page(viewport={"width": 1280, "height": 760})
             browser.login(page, base, username, password)
             page.goto(f"{base}/jobs/{job_id}/")
             browser.wait_loaded(page)
             page.wait_for_timeout(1000)  # let the charts finish drawing
-            page.screenshot(path=str(path), full_page=True)
+            page.screenshot(path=str(path))  # the first screenful: progress, loss, throughput, cost
         finally:
             chromium.close()
 

@@ -83,6 +83,20 @@ def steps_for(duration_s: float) -> int:
     return max(MIN_STEPS, int(duration_s * STEPS_PER_SECOND))
 
 
+# What a new generation did, from the decision named in its reason (orchestration.reactions.DECISIONS).
+GENERATION_LABELS = (("reroute", "WORK RE-ROUTED"), ("takeover", "TAKEN OVER"), ("reinstantiate", "RE-PLANNED"),
+                     ("restart", "RESTART"), ("grow", "GREW BACK"))
+
+
+def event_label(kind: str, message: str) -> str:
+    """A short label for a timeline line: what happened, in the words the demo explains."""
+    if kind == "generation":
+        for word, label in GENERATION_LABELS:
+            if f"{word})" in message or f": {word}" in message:
+                return label
+    return EVENT_LABELS.get(kind, kind)
+
+
 @transaction.atomic
 def submit_job(*, team: Any, user: Any, strategy: str, nodes: int, steps: int, seed: int,
                checkpoint_dir: Path) -> TrainingJob:
@@ -248,8 +262,7 @@ class Driver:
             self.last_event_id = event.pk
             if event.kind in QUIET_EVENTS:
                 continue
-            label = EVENT_LABELS.get(event.kind, event.kind)
-            self.console.line(f"{label:>14}: {event.message}")
+            self.console.line(f"{event_label(event.kind, event.message):>14}: {event.message}")
 
     def print_joins(self) -> None:
         """A node that trains for the first time after the start is a replacement that joined."""

@@ -68,3 +68,14 @@ def test_a_trace_file_is_read(shared_data):
     plan = schedule.demo_schedule(trace, seed=0, dp=2, pp=2, max_events=4)
     assert len(plan) == 4
     assert all(schedule.WINDOW[0] <= p.at_fraction <= schedule.WINDOW[1] for p in plan)
+
+
+def test_timeline_labels_say_what_a_generation_did():
+    from spotpipe.driver import event_label
+
+    assert event_label("generation", "generation 2: 3 workers (death [3]: reroute)") == "WORK RE-ROUTED"
+    assert event_label("generation", "generation 3: 4 workers (1 node(s) joined; 0 hole(s) (grow))") == "GREW BACK"
+    assert event_label("generation", "generation 4: 3 workers (notice [1]: restart)") == "RESTART"
+    assert event_label("generation", "generation 1: 4 workers (initial membership)") == "new generation"
+    assert event_label("instance_lost", "instance 3 lost: heartbeat timeout") == "NODE LOST"
+    assert event_label("something_new", "x") == "something_new"
