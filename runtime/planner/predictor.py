@@ -18,7 +18,7 @@ from functools import cache
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 from runtime.config import ModelSpec
 from runtime.model import build_layer
@@ -39,13 +39,23 @@ class LayerFeatures:
 
 
 class _OpCounter(TorchDispatchMode):
+    """Counts kernels and their FLOPs (torch's own per-op formulas) while a layer runs on `meta`.
+
+    Lighter than `FlopCounterMode`, whose first use imports the compiler stack (seconds)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.flops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         self.count += 1
-        return func(*args, **(kwargs or {}))
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
 
 
 def layer_features(spec: ModelSpec, *, microbatch_size: int, dtype: str = "float32") -> list[LayerFeatures]:
@@ -74,15 +84,11 @@ def _layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> tupl
             saved[id(t)] = t.numel() * t.element_size()
             return t
 
-        with (
-            FlopCounterMode(display=False) as counter,
-            _OpCounter() as ops,
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        ):
+        with _OpCounter() as ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = layer(inp)
         out.append(
             LayerFeatures(
-                forward_flops=float(counter.get_total_flops()),
+                forward_flops=float(ops.flops),
                 param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
                 activation_bytes=float(sum(saved.values())),
                 output_bytes=float(y.numel() * y.element_size()),
