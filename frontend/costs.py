@@ -113,6 +113,12 @@ def team_spend_rate(*, team_ids: Iterable[int]) -> Spend:
     return Spend(cost=cost, on_demand=on_demand)
 
 
+def job_spend_rate(*, job: TrainingJob) -> Decimal:
+    """USD per hour the job is spending now: the prices of its open segments."""
+    return sum(BillingSegment.objects.filter(job_id=job.pk, end__isnull=True).values_list("price_per_hour", flat=True),
+               ZERO)
+
+
 def job_costs_so_far(*, job_ids: Iterable[int], now: datetime | None = None) -> dict[int, Decimal]:
     """Cost so far of each job (missing jobs cost 0)."""
     now = now or timezone.now()

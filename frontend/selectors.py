@@ -442,6 +442,13 @@ def job_detail(*, job: TrainingJob, now: datetime) -> dict[str, Any]:
     )
     for row in reconfigurations:
         row["decided_at"], row["applied_at"] = iso(row["decided_at"]), iso(row["applied_at"])
+    prediction = job_prediction(job=job, curves=curves, now=now)
+    # Burn-down: what the job will have cost at its predicted finish if it keeps today's nodes.
+    rate = costs.job_spend_rate(job=job)
+    projected = None
+    if prediction["predicted_finish"] and job.finished_at is None:
+        hours_left = max((datetime.fromisoformat(prediction["predicted_finish"]) - now).total_seconds(), 0) / 3600
+        projected = num((spent + rate * Decimal(repr(hours_left))).quantize(costs.MONEY))
     events = list(JobEvent.objects.filter(job_id=job.pk).order_by("-at", "-id").values("kind", "message", "at")[:100])
     for row in events:
         row["at"] = iso(row["at"])
@@ -458,6 +465,7 @@ def job_detail(*, job: TrainingJob, now: datetime) -> dict[str, Any]:
         "reconfigurations": reconfigurations,
         "events": events,
         "cost": {"x": [iso(at) for at, _ in cost_curve], "spent": [num(v.quantize(costs.MONEY)) for _, v in cost_curve],
-                 "total": costs.money(spent), "budget": num(job.budget_usd)},
-        "prediction": job_prediction(job=job, curves=curves, now=now),
+                 "total": costs.money(spent), "budget": num(job.budget_usd),
+                 "rate_per_hour": costs.money(rate), "projected_at_finish": projected},
+        "prediction": prediction,
     }

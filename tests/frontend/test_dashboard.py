@@ -147,6 +147,9 @@ def test_job_data_has_curves_layouts_reconfigurations_and_prediction(client_a, w
     assert [r["trigger"] for r in data["reconfigurations"]] == ["notice", "join"]
     assert data["prediction"]["steps_per_hour"] > 0 and data["prediction"]["predicted_finish"]
     assert data["cost"]["budget"] == 250.0 and data["cost"]["spent"][-1] > 0
+    # Burn-down: 12 open segments keep burning until the predicted finish.
+    assert Decimal(data["cost"]["rate_per_hour"]) > 0
+    assert data["cost"]["projected_at_finish"] > data["cost"]["spent"][-1]
 
 
 def test_long_metric_histories_are_sampled_by_stride(client_a, world):

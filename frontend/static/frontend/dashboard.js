@@ -298,7 +298,8 @@
     const lastThroughput = c.samples_per_s.filter((v) => v !== null).slice(-1)[0];
     setText("kpi-throughput", lastThroughput === undefined ? "–" : lastThroughput.toFixed(1));
     setText("kpi-cost", money(d.cost.total));
-    setText("kpi-budget", d.cost.budget ? "of " + money(d.cost.budget) + " budget" : "no budget set");
+    setText("kpi-budget", (d.cost.budget ? "of " + money(d.cost.budget) + " budget" : "no budget set") +
+      (d.cost.projected_at_finish !== null ? "; about " + money(d.cost.projected_at_finish) + " at the predicted finish" : ""));
     setText("kpi-finish", d.prediction.predicted_finish ? when(d.prediction.predicted_finish) : "–");
     setText("kpi-deadline", d.prediction.deadline ? "deadline " + when(d.prediction.deadline) +
       (d.prediction.on_time === false ? " (late!)" : d.prediction.on_time ? " (on time)" : "") : "no deadline");
@@ -311,9 +312,16 @@
       { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "samples/s" }, rangemode: "tozero" }, showlegend: false, uirevision: "tp" },
       "No throughput reported yet.");
     const costTraces = d.cost.x.length ? [{ type: "scatter", mode: "lines", name: "spent", x: d.cost.x, y: d.cost.spent, fill: "tozeroy", line: { color: COLORS[0] } }] : [];
+    if (costTraces.length && d.cost.projected_at_finish !== null && d.prediction.predicted_finish) {
+      costTraces.push({ type: "scatter", mode: "lines", name: "projected to finish at " + money(d.cost.rate_per_hour) + "/h",
+        x: [d.cost.x[d.cost.x.length - 1], d.prediction.predicted_finish],
+        y: [d.cost.spent[d.cost.spent.length - 1], d.cost.projected_at_finish], line: { dash: "dot", color: COLORS[0] } });
+    }
     if (costTraces.length && d.cost.budget) {
       costTraces.push({ type: "scatter", mode: "lines", name: "budget", x: [d.cost.x[0], d.cost.x[d.cost.x.length - 1]],
         y: [d.cost.budget, d.cost.budget], line: { dash: "dash", color: COLORS[1] } });
+      const lastX = d.prediction.predicted_finish && d.cost.projected_at_finish !== null ? d.prediction.predicted_finish : null;
+      if (lastX) costTraces[costTraces.length - 1].x[1] = lastX;
     }
     plot("chart-cost", costTraces, { yaxis: { title: { text: "USD" }, rangemode: "tozero" }, uirevision: "cost" },
       "No cost yet: the job has not run on any node.");
@@ -330,7 +338,7 @@
     plot("chart-progress", progress, { shapes, yaxis: { title: { text: "steps" }, rangemode: "tozero" }, uirevision: "progress" },
       "No progress yet.");
     plot("chart-reconf", d.reconfigurations.length ? [{ type: "scatter", mode: "markers+text", x: d.reconfigurations.map((r) => r.decided_at),
-      y: d.reconfigurations.map((r) => r.trigger), text: d.reconfigurations.map((r) => r.decision || ""), textposition: "top center",
+      y: d.reconfigurations.map((r) => r.trigger), text: d.reconfigurations.map((r) => r.decision || ""), textposition: "top center", cliponaxis: false,
       marker: { size: 11, color: d.reconfigurations.map((r) => (r.status === "failed" ? "#dc2626" : "#2563eb")) } }] : [],
     { showlegend: false, margin: { l: 90, r: 30, t: 30, b: 30 }, yaxis: { automargin: true } }, "No reconfigurations: no node has left or joined this job.");
     table("table-reconf", [
