@@ -18,6 +18,7 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,8 +137,8 @@ def _context() -> mp.context.BaseContext:
 def run_local(
     config: JobConfig,
     *,
-    faults: list[Fault] = (),  # type: ignore[assignment]
-    joins: list[Join] = (),  # type: ignore[assignment]
+    faults: Sequence[Fault] = (),
+    joins: Sequence[Join] = (),
     timeout_s: float = 120.0,
     out_dir: str | Path | None = None,
 ) -> RunResult:
@@ -182,7 +183,7 @@ def run_local(
     try:
         for node in range(config.num_nodes):
             start(node, False)
-        timed = sorted((f for f in faults if f.time_s is not None), key=lambda f: f.time_s)  # type: ignore[arg-type]
+        timed = sorted((f for f in faults if f.time_s is not None), key=lambda f: f.time_s or 0.0)
         pending_joins = list(joins)
         deadline = time.monotonic() + timeout_s
         training_since: float | None = None  # process start-up is not part of a trace's clock
@@ -196,7 +197,7 @@ def run_local(
                     reported.add(node)
                     if proc.exitcode != 0:
                         coord.mark_dead(node)  # what the node agent does when its worker dies
-            while timed and training_since is not None and now >= timed[0].time_s:  # type: ignore[operator]
+            while timed and training_since is not None and now >= (timed[0].time_s or 0.0):
                 fault = timed.pop(0)
                 _inject(fault, procs, coord, stopped)
                 injected.append({"kind": fault.kind, "node": fault.node, "time": time.time()})

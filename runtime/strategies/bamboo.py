@@ -18,13 +18,15 @@ def _owners(row: list[int | None]) -> list[int] | None:
     """Node per stage: the slot's node or its nearest alive ring predecessor (None: all gone)."""
     if all(n is None for n in row):
         return None
-    out = []
+    out: list[int] = []
     for s in range(len(row)):
         k = s
         while row[k % len(row)] is None:
             k -= 1
-        out.append(row[k % len(row)])
-    return out  # type: ignore[return-value]
+        node = row[k % len(row)]
+        assert node is not None
+        out.append(node)
+    return out
 
 
 class BambooStrategy:
@@ -36,26 +38,27 @@ class BambooStrategy:
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         placeholder = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]
         base = pipelines_layout(config, placeholder)
-        owners = [_owners(row) for row in slots]
-        alive_pipes = [p for p, o in enumerate(owners) if o is not None]
+        found = [_owners(row) for row in slots]
+        owners = {p: o for p, o in enumerate(found) if o is not None}
+        alive_pipes = sorted(owners)
         if not alive_pipes:
             raise LayoutError("bamboo has no surviving pipeline; expected at least one node alive")
         routes, pipeline_of = [], []
         orphan = 0
         for m in range(base.num_microbatches):
             p = base.pipeline_of[m]
-            if owners[p] is None:  # whole pipeline lost: hand its micro-batches round-robin to the others
+            if p not in owners:  # whole pipeline lost: hand its micro-batches round-robin to the others
                 p = alive_pipes[orphan % len(alive_pipes)]
                 orphan += 1
-            routes.append(tuple((s, owners[p][s]) for s in range(config.pp)))  # type: ignore[index]
+            routes.append(tuple((s, owners[p][s]) for s in range(config.pp)))
             pipeline_of.append(p)
         replicas: list[Hop] = []
         for p in alive_pipes:
             own = owners[p]
             for s in range(config.pp):
                 nxt = (s + 1) % config.pp
-                if own[nxt] != own[s] and (nxt, own[s]) not in replicas:  # type: ignore[index]
-                    replicas.append((nxt, own[s]))  # type: ignore[index]
+                if own[nxt] != own[s] and (nxt, own[s]) not in replicas:
+                    replicas.append((nxt, own[s]))
         layout = Layout(
             num_layers=base.num_layers,
             stages=base.stages,

@@ -27,13 +27,13 @@ class RecycleStrategy:
         base = pipelines_layout(config, placeholder)
         peers: list[list[int]] = []
         for s in range(config.pp):
-            alive = [row[s] for row in slots if row[s] is not None]
+            alive = [n for row in slots if (n := row[s]) is not None]
             if not alive:
                 raise LayoutError(
                     f"recycle has no surviving node for stage {s} (slots {slots}); "
                     "expected at least one per stage"
                 )
-            peers.append(alive)  # type: ignore[arg-type]
+            peers.append(alive)
         routes = []
         turn = [0] * config.pp
         for m, route in enumerate(base.routes):
