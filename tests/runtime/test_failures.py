@@ -90,3 +90,14 @@ def test_checkpoint_restarts_from_last_checkpoint(tmp_path) -> None:
     redone = Counter(committed_steps(result, 0))
     assert redone[2] == 2  # step 2 was computed twice: the steps since the checkpoint are lost
     assert (tmp_path / "step-2" / "COMPLETE").exists()
+
+
+def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) -> None:
+    config = small_config(
+        strategy="checkpoint", steps=5, checkpoint_interval=100, checkpoint_dir=str(tmp_path)
+    )
+    result = run_local(config, faults=[Fault(node=1, kind="notice", step=2)], timeout_s=80)
+    assert all(code == 0 for code in result.exit_codes.values()), result.exit_codes
+    assert_same_math(result, config)
+    assert (tmp_path / "step-3" / "COMPLETE").exists()  # written at the boundary after step 2
+    assert Counter(committed_steps(result, 0)) == Counter(range(config.steps))  # nothing replayed
