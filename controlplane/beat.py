@@ -20,3 +20,6 @@ if os.environ.get("SPOTPIPE_PULL_SPOT_PRICES", "").strip().lower() not in {"", "
 # heartbeat timeout 2 s + this period), and reconcile every job's capacity with its plan.
 BEAT_SCHEDULE["orchestration.detect_dead_agents"] = {"task": "orchestration.detect_dead_agents", "schedule": 0.5}
 BEAT_SCHEDULE["orchestration.reconcile_all"] = {"task": "orchestration.reconcile_all", "schedule": 3.0}
+
+# Dashboard: fold new spot prices into the hourly roll-up that long-range price charts read.
+BEAT_SCHEDULE["frontend.refresh_price_rollup"] = {"task": "frontend.refresh_price_rollup", "schedule": 600.0}
