@@ -103,7 +103,8 @@ def _cleanup(*, stack: processes.Stack, provider: LocalProvider, job: Any, var_d
             rendezvous_release(job=job)
         except Exception as exc:  # the database may be the thing that failed
             print(f"could not release the rendezvous store: {exc}", file=sys.stderr)
-    return processes.sweep(var_dir)
+    # With --external the marked processes are the stack's, not ours: leave them.
+    return processes.sweep(var_dir) if own_nodes_dir else []
 
 
 def take_screenshot(*, base: str, job_id: int, username: str, password: str, path: Path) -> None:
