@@ -127,6 +127,20 @@ def take_screenshot(*, base: str, job_id: int, username: str, password: str, pat
             chromium.close()
 
 
+def planner_advice(job: Any) -> dict[str, Any]:
+    """What the planner would choose for this job on the market's cloud pools (the demo's own types),
+    with a one-hour deadline: the plan a cloud run of the job would get."""
+    from django.utils import timezone
+
+    from controlplane.planning.services import plan_compute, plan_input_from_job
+    from spotpipe.market import DEMO_TYPES
+
+    data = plan_input_from_job(job=job, instance_types=[t for t, _ in DEMO_TYPES], at=timezone.now(),
+                               deadline_hours=1.0)
+    plan, _pools = plan_compute(data=data, team_ids=[job.team_id])
+    return plan.best.to_dict()
+
+
 def _counts(job: Any, driver: Driver) -> dict[str, Any]:
     instances = Instance.objects.filter(job=job)
     reconfigurations = driver.reconfigurations()
@@ -214,6 +228,16 @@ def run_demo(options: DemoOptions) -> int:
         console.line(f"job {job.pk}: a GPT ({job.model_spec['layers']} layers, d_model {job.model_spec['d_model']}) "
                      f"for {steps} steps on {options.nodes} local nodes as dp={dp} x pp={pp}, strategy "
                      f"{options.strategy}: {base}/jobs/{job.pk}/")
+        try:
+            advice = planner_advice(job)
+            summary["planner"] = advice
+            console.line(
+                f"planner: on the market's cloud pools with a 1-hour deadline this job would get {advice['nodes']} x "
+                f"{advice['instance_type']} in {advice['zone']} (dp={advice['dp']} x pp={advice['pp']}, "
+                f"${advice['cost_usd']:.6f}, {advice['samples_per_s']:.0f} samples/s predicted); the demo spreads it "
+                f"over {options.nodes} local nodes instead, to show preemptions")
+        except Exception as exc:  # advice only: the demo goes on without it
+            console.line(f"planner: no advice ({type(exc).__name__}: {exc})")
         console.line(f"trace: {trace.name} ({len(plan)} preemption event(s) kept, compressed onto "
                      f"{schedule.WINDOW[0]:.0%}-{schedule.WINDOW[1]:.0%} of the job's steps):")
         for p in plan:
