@@ -129,7 +129,7 @@ def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:
 # --- hand-over to workers ---------------------------------------------------------------------
 
 
-DRAIN_PENDING_KEY = "spotpipe:notices:drain-pending"
+DRAIN_PENDING_KEY = "spotpipe:notices:drain-pending:{queue}"
 DRAIN_PENDING_TTL_S = 30
 _pending_client: tuple[int, Any] | None = None
 
@@ -150,6 +150,13 @@ def _pending_store() -> Any:
     return _pending_client[1]
 
 
+def _pending_key() -> str:
+    """The flag is per queue: it means "a drain is waiting in *this* queue"."""
+    from controlplane.celery import app
+
+    return DRAIN_PENDING_KEY.format(queue=app.conf.task_default_queue or "celery")
+
+
 def _publish_drain() -> bool:
     """Ask a worker to drain stored notices, unless a drain is already queued and not yet started
     (it will claim after our commit, so it covers our rows). Returns whether it published."""
@@ -158,7 +165,7 @@ def _publish_drain() -> bool:
     client = _pending_store()
     if client is not None:
         try:
-            if not client.set(DRAIN_PENDING_KEY, "1", nx=True, ex=DRAIN_PENDING_TTL_S):
+            if not client.set(_pending_key(), "1", nx=True, ex=DRAIN_PENDING_TTL_S):
                 return False
         except Exception:  # Redis unreachable: publish anyway (extra drains are harmless)
             logger.warning("drain-pending flag unavailable; publishing without it", exc_info=True)
@@ -167,7 +174,7 @@ def _publish_drain() -> bool:
         drain_notices.delay()
     except Exception:
         if client is not None:
-            client.delete(DRAIN_PENDING_KEY)  # let the next kick try again
+            client.delete(_pending_key())  # let the next kick try again
         raise
     return True
 
@@ -177,7 +184,7 @@ def drain_started() -> None:
     client = _pending_store()
     if client is not None:
         try:
-            client.delete(DRAIN_PENDING_KEY)
+            client.delete(_pending_key())
         except Exception:
             logger.warning("could not clear the drain-pending flag; it expires in %d s", DRAIN_PENDING_TTL_S)
 

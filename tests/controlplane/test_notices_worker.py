@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections import Counter
 
 import pytest
@@ -60,6 +61,29 @@ def watch():
         task_postrun.disconnect(w)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_queue():
+    """Route tasks to a queue only this module's workers consume: the broker (Redis, or the
+    filesystem folder) may be shared with other test runs and a running control plane, whose
+    workers would otherwise take our tasks. Celery caches its router, hence the resets."""
+    queue = f"notices-test-{uuid.uuid4().hex[:8]}"
+    previous = app.conf.task_default_queue, app.conf.task_routes
+
+    def reset_routing() -> None:
+        app.amqp.flush_routes()
+        for cached in ("queues", "router", "default_queue"):
+            app.amqp.__dict__.pop(cached, None)
+
+    app.conf.task_default_queue = queue
+    app.conf.task_routes = {"*": {"queue": queue}}
+    reset_routing()
+    try:
+        yield queue
+    finally:
+        app.conf.task_default_queue, app.conf.task_routes = previous
+        reset_routing()
+
+
 @pytest.fixture
 def setup_team(settings):
     settings.SPOTPIPE_NOTICE_HANDOFF = "batched"
@@ -86,7 +110,8 @@ def post_notice(client, secret: str, instance_id: str, msg_id: str):
 
 
 def worker():
-    return start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, shutdown_timeout=30)
+    return start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, shutdown_timeout=30,
+                        queues=[app.conf.task_default_queue])
 
 
 def test_notice_reaches_its_reaction_through_the_batched_handoff(client, setup_team, watch):
