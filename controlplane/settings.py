@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "controlplane.webhooks",
     "controlplane.orchestration",
     "controlplane.planning",
+    "controlplane.observability",
     "frontend",
 ]
 

@@ -9,5 +9,6 @@ urlpatterns = [
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("controlplane.api_urls")),
+    path("", include("controlplane.observability.urls")),
     path("", include("frontend.urls")),
 ]

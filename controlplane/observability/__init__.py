@@ -1,0 +1,1 @@
+"""Operational endpoints and plumbing: Prometheus metrics, health, structured logs, rate limits."""

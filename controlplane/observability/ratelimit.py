@@ -1,0 +1,104 @@
+"""Fixed-window rate limits for the login form and the webhook receivers, keyed by client IP and
+route prefix, counted in Django's cache (per process with the default local-memory cache; shared
+across processes when CACHES points at Redis).
+
+Limits come from the environment (requests per window; 0 disables a rule):
+  SPOTPIPE_RATELIMIT_LOGIN      default 20   POSTs to /accounts/login/ per IP per minute
+  SPOTPIPE_RATELIMIT_WEBHOOKS   default 6000 requests to /api/v1/webhooks/ per IP per minute
+  SPOTPIPE_RATELIMIT_WINDOW_S   default 60
+  SPOTPIPE_RATELIMIT_EXEMPT_LOOPBACK  default false
+
+The webhook default (100/s sustained per IP) sits far above what any one cloud sends a team, yet a
+single load generator benchmarking 1,000 notices/s for a few seconds fits within the window; for
+longer benchmarks raise it or set it to 0. Loopback is not exempt by default: behind a reverse proxy
+on the same host every client would look like 127.0.0.1 and would then be exempt too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    prefix: str
+    methods: frozenset[str] | None  # None: every method
+    limit: int
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def rules() -> list[Rule]:
+    """The rules, read from the environment each time (cheap; lets tests and operators change them)."""
+    return [
+        Rule("login", "/accounts/login/", frozenset({"POST"}), _int_env("SPOTPIPE_RATELIMIT_LOGIN", 20)),
+        Rule("webhooks", "/api/v1/webhooks/", None, _int_env("SPOTPIPE_RATELIMIT_WEBHOOKS", 6000)),
+    ]
+
+
+def window_s() -> int:
+    return max(_int_env("SPOTPIPE_RATELIMIT_WINDOW_S", 60), 1)
+
+
+def client_ip(request: HttpRequest) -> str:
+    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a trusted proxy rewrites it, and
+    # a limiter keyed on a spoofable header limits nothing.
+    return request.META.get("REMOTE_ADDR") or "unknown"
+
+
+def _exempt(ip: str) -> bool:
+    if os.environ.get("SPOTPIPE_RATELIMIT_EXEMPT_LOOPBACK", "").lower() not in {"1", "true", "yes"}:
+        return False
+    return ip in {"127.0.0.1", "::1"}
+
+
+class RateLimitMiddleware:
+    """Answers 429 with Retry-After once a client exceeds a rule's limit in the current window."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        refused = self._check(request)
+        return refused if refused is not None else self.get_response(request)
+
+    def _check(self, request: HttpRequest) -> HttpResponse | None:
+        ip = client_ip(request)
+        if _exempt(ip):
+            return None
+        for rule in rules():
+            if rule.limit <= 0 or not request.path.startswith(rule.prefix):
+                continue
+            if rule.methods is not None and request.method not in rule.methods:
+                continue
+            window = window_s()
+            bucket = int(time.time() // window)
+            key = f"ratelimit:{rule.name}:{ip}:{bucket}"
+            # add() then incr(): both atomic in the local-memory and Redis caches.
+            cache.add(key, 0, timeout=window + 1)
+            try:
+                count = cache.incr(key)
+            except ValueError:  # expired between add and incr
+                cache.set(key, 1, timeout=window + 1)
+                count = 1
+            if count > rule.limit:
+                retry_after = window - int(time.time()) % window
+                response = JsonResponse(
+                    {"detail": f"rate limit exceeded: at most {rule.limit} requests per {window}s to {rule.prefix}"},
+                    status=429,
+                )
+                response["Retry-After"] = str(max(retry_after, 1))
+                return response
+        return None
