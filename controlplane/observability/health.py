@@ -56,10 +56,13 @@ def check_broker() -> Check:
     return _timed(run)
 
 
-def check_workers() -> Check:
-    def run():
-        from controlplane.celery import app
+def check_workers(app=None) -> Check:
+    """Ping the workers through `app` (the control plane's Celery app by default)."""
 
+    def run():
+        nonlocal app
+        if app is None:
+            from controlplane.celery import app
         replies = app.control.ping(timeout=WORKER_PING_TIMEOUT_S) or []
         names = sorted(name for reply in replies for name in reply)
         if not names:
