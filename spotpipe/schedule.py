@@ -10,8 +10,8 @@ than to the wall clock keeps the preemptions inside the run on a slow or a fast 
 Each event comes with a notice (the node dies NOTICE_S seconds later, after the agent has seen the
 notice in its metadata endpoint) or without (the node's processes are killed on the spot), drawn with
 the seed; when the kept events are all of one kind, the last one is flipped, so that a demo shows
-both. A burst (several nodes in one event) takes nodes at different pipeline stages first, at most
-dp - 1 per stage, so that the job can keep going without them. The same seed gives the same
+both. A burst (several nodes in one event) takes nodes of different stages and different pipelines
+first, at most dp - 1 per stage, so that the job can keep going without them. The same seed gives the same
 schedule and the same victims (by pipeline and stage).
 """
 
@@ -65,16 +65,18 @@ def removal_events(trace: Trace) -> list[tuple[float, int]]:
 
 
 def _victim_order(rng: random.Random, *, dp: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """Every (pipeline, stage) position, in the order victims are taken: each next one in the stage
+    and the pipeline hit least so far (ties in a seeded order). Spreading over stages keeps a live
+    copy of every stage (recycle); spreading over pipelines keeps each lost node's ring successor,
+    which holds its replica (bamboo), and keeps whole pipelines for checkpoint-restart."""
     positions = [(p, s) for p in range(dp) for s in range(pp)]
     rng.shuffle(positions)
-    # Different stages first: a stage keeps at least one live copy as long as possible.
     order: list[tuple[int, int]] = []
-    per_stage: dict[int, int] = {}
-    for rank in range(dp):
-        for position in positions:
-            if position not in order and per_stage.get(position[1], 0) == rank:
-                order.append(position)
-                per_stage[position[1]] = rank + 1
+    while positions:
+        best = min(positions, key=lambda pos: (sum(1 for _, s in order if s == pos[1]),
+                                               sum(1 for p, _ in order if p == pos[0])))
+        positions.remove(best)
+        order.append(best)
     return tuple(order)
 
 

@@ -50,6 +50,10 @@ def test_victims_take_different_stages_first():
     assert sorted(p.victims) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     first_two = p.victims[:2]
     assert {stage for _, stage in first_two} == {0, 1}
+    assert {pipeline for pipeline, _ in first_two} == {0, 1}
+    (q,) = schedule.demo_schedule(_trace([(5.0, 3)]), seed=2, dp=3, pp=2, max_events=1)
+    assert sorted(stage for _, stage in q.victims[:2]) == [0, 1]
+    assert len({pipeline for pipeline, _ in q.victims[:3]}) == 3
     assert schedule.max_survivable(dp=2, pp=2) == 2
     assert schedule.max_survivable(dp=1, pp=4) == 1
 
