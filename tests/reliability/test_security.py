@@ -188,3 +188,18 @@ def test_secrets_never_reach_logs_or_error_bodies(caplog, debug):
     logs = "\n".join(f"{r.getMessage()} {r.exc_text or ''} {r.__dict__}" for r in caplog.records)
     assert logs, "expected the 500 and 4xx to be logged"
     _assert_absent([key, webhook_secret, new_key, password], logs, *bodies)
+
+
+def test_webhooks_accept_only_the_teams_own_credential():
+    """A team's webhook key authenticates its own URL only; API tokens are no webhook credential."""
+    world = make_world()
+    _, key_a = make_webhook_credential(world.team_a, "aws_eventbridge", "api_key", header_name="x-api-key")
+    client = Client()
+    url_a = f"/api/v1/webhooks/aws/eventbridge/{world.team_a.slug}/"
+    url_b = f"/api/v1/webhooks/aws/eventbridge/{world.team_b.slug}/"
+    own = client.post(url_a, "{}", content_type="application/json", HTTP_X_API_KEY=key_a)
+    assert own.status_code == 400, own.content  # authenticated; the empty event is refused as input
+    assert client.post(url_b, "{}", content_type="application/json", HTTP_X_API_KEY=key_a).status_code == 401
+    token = client.post(url_a, "{}", content_type="application/json",
+                        HTTP_AUTHORIZATION=f"Token {world.keys['admin_a']}")
+    assert token.status_code == 401
