@@ -59,7 +59,20 @@ def _known_server_error(case) -> str | None:
 
 @pytest.fixture
 def fuzz_world(db):
-    return make_world()
+    """Team A's objects; requests run inside the test's transaction. Django's test client keeps
+    `close_old_connections` off the request signals for that reason; schemathesis calls the WSGI app
+    directly, so do the same (else PostgreSQL's connection, and the transaction, is closed after
+    the first request)."""
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
+
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield make_world()
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
 
 
 def _real_ids(world) -> dict[str, int]:
