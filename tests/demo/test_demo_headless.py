@@ -101,11 +101,16 @@ def test_headless_demo_trains_through_preemptions_and_leaves_nothing_behind(tmp_
         env["REDIS_URL"] = urlunsplit(urlsplit(env["REDIS_URL"])._replace(path=f"/{10 + os.getpid() % 6}"))
     db.create()
     try:
-        result = subprocess.run(
-            [*_spotpipe(), "demo", "--headless", "--duration", str(DURATION_S), "--port", str(_free_port()),
-             "--seed", "0"],
-            env=env, capture_output=True, text=True, timeout=TIMEOUT_S, start_new_session=True,
-        )
+        try:
+            result = subprocess.run(
+                [*_spotpipe(), "demo", "--headless", "--duration", str(DURATION_S), "--port", str(_free_port()),
+                 "--seed", "0"],
+                env=env, capture_output=True, text=True, timeout=TIMEOUT_S, start_new_session=True,
+            )
+        except subprocess.TimeoutExpired as exc:
+            partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            pytest.fail(f"the demo did not finish within {TIMEOUT_S} s (load average {os.getloadavg()}):\n"
+                        f"{partial[-6000:]}")
         output = result.stdout + result.stderr
         assert result.returncode == 0, output[-6000:]
         summary = json.loads((var_dir / "demo-summary.json").read_text())
