@@ -199,7 +199,8 @@ def all_routes(urlconf: Any = None) -> dict[str, Any]:
 def drf_methods(callback: Any) -> set[str] | None:
     """The methods a DRF view implements (None for a plain Django view, where only the table knows)."""
     if getattr(callback, "actions", None):  # a viewset route: {"get": "list", ...}
-        return {m.upper() for m in callback.actions}
+        # DRF adds "head" to this dict on the first GET it serves; HEAD is GET without a body.
+        return {m.upper() for m in callback.actions if m not in {"options", "head"}}
     cls = getattr(callback, "cls", None)
     if cls is None:
         return None
