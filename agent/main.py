@@ -10,6 +10,7 @@ the agent rides out a control-plane restart. On SIGTERM it stops its worker and 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import queue
@@ -149,6 +150,10 @@ class Agent:
                 for notice in self.watcher.poll():
                     logger.warning("notice in metadata: %s %s deadline %s", notice.kind, notice.action,
                                    notice.deadline_iso())
+                    if notice.kind == "interruption":
+                        # The worker leaves at its next step boundary without waiting for the
+                        # control plane's new generation (which follows).
+                        (self.config.work_dir / "notice").write_text(notice.deadline_iso() or "")
                     answer = self.client.notice(kind=notice.kind, action=notice.action, deadline=notice.deadline_iso(),
                                                 cloud=notice.cloud, raw=notice.raw)
                     self.notices_forwarded.append({"kind": notice.kind, "at": time.time(), "answer": answer})
@@ -170,11 +175,20 @@ class Agent:
                     return
                 raise
             if command["version"] != version or self._restart.is_set():
+                logger.info("command %s: %s", command["version"], command["action"])
+                self._record(command)
                 self._restart.clear()
                 version = command["version"]
                 self._apply(command)
             if command["action"] == "stop" and command.get("job") is None:
                 return
+
+    def _record(self, command: dict) -> None:
+        """Append what arrived and when to `commands.jsonl` (benchmarks read delivery times here)."""
+        generation = (command.get("generation") or {}).get("number")
+        with open(self.config.work_dir / "commands.jsonl", "a") as log:
+            log.write(json.dumps({"at": time.time(), "version": command["version"], "action": command["action"],
+                                  "generation": generation}) + "\n")
 
     def _apply(self, command: dict) -> None:
         self.last_command = command

@@ -45,3 +45,18 @@ class Acquisition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_token} x{self.count} ({self.status})"
+
+
+class Rendezvous(models.Model):
+    """Where a job's workers meet: the TCPStore that carries their generations, heartbeats, notices
+    and join requests. Hosted by the control plane's host in its own process (a node's death must
+    not take it down), one per job, released with the job's capacity."""
+
+    job = models.OneToOneField("jobs.TrainingJob", on_delete=models.CASCADE, related_name="rendezvous")
+    address = models.CharField(max_length=200, help_text="host:port the workers dial.")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.job_id} @ {self.address}"

@@ -114,11 +114,30 @@ def react_join(strategy: str, slots: Slots, joiners: list[int], *, min_stages: i
     return Reaction(decision="grow", slots=nxt, reason=f"{len(joiners)} node(s) joined; {len(holes(nxt))} hole(s)")
 
 
-def membership_of(slots: Slots) -> list[dict[str, Any]]:
-    """JobGeneration.membership: one entry per slotted instance; rank = order in the grid."""
+def assign_nodes(slots: Slots, previous: dict[int, int] | None) -> dict[int, int]:
+    """Runtime node ids of the slotted instances. The first generation numbers them as the
+    runtime's full layout does (pipeline p, stage s -> p * pp + s); later, members keep their id and
+    newcomers get fresh ones (a replacement is a new node to the runtime)."""
+    pp = len(slots[0]) if slots else 0
+    if not previous:
+        return {inst: p * pp + s for p, row in enumerate(slots) for s, inst in enumerate(row) if inst is not None}
+    nodes = dict(previous)
+    fresh = max(nodes.values(), default=-1) + 1
+    for inst in alive(slots):
+        if inst not in nodes:
+            nodes[inst] = fresh
+            fresh += 1
+    return nodes
+
+
+def membership_of(slots: Slots, nodes: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """JobGeneration.membership: one entry per slotted instance; rank = order in the grid; `node`
+    = the instance's runtime node id."""
+    nodes = nodes or assign_nodes(slots, None)
     members = []
     for p, row in enumerate(slots):
         for s, instance in enumerate(row):
             if instance is not None:
-                members.append({"instance": instance, "rank": len(members), "pipeline": p, "stage": s})
+                members.append({"instance": instance, "rank": len(members), "pipeline": p, "stage": s,
+                                "node": nodes[instance]})
     return members

@@ -25,7 +25,9 @@ from controlplane.fleet.services import instance_transition
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, LIVE_STATES, TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import (
     ACTIVE_JOB_STATUSES,
+    JobEvent,
     JobStatus,
+    MetricSample,
     Reconfiguration,
     ReconfigurationStatus,
     ReconfigurationTrigger,
@@ -213,9 +215,13 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
     Runs the provider call outside any transaction. If another runner holds the launch, returns
     without calling the provider; if the provider already launched for this token (a retry), it
     returns those nodes and nothing new is started."""
+    from controlplane.orchestration.rendezvous import rendezvous_ensure
+
     acquisition.refresh_from_db()
     if acquisition.status in (AcquisitionStatus.FULFILLED, AcquisitionStatus.FAILED):
         return list(Instance.objects.filter(request_token__startswith=f"{acquisition.request_token}/"))
+    # The store first: by the time the nodes enrol, the first generation can name it.
+    rendezvous_ensure(job=acquisition.job)
     if not _claim_launch(acquisition):
         return []
     provider = get_provider(acquisition.provider)
@@ -377,18 +383,22 @@ def agent_notice(
 # --- generations and reactions ---------------------------------------------------------------------------
 
 
-def _layout(job: TrainingJob, slots: reactions.Slots, *, decision: str, restart: bool) -> dict[str, Any]:
-    shape = job_shape(job=job)
-    return {"strategy": shape.strategy, "dp": shape.dp, "pp": shape.pp, "slots": slots, "decision": decision,
-            "restart_from_checkpoint": restart, "holes": [list(h) for h in reactions.holes(slots)]}
-
-
 def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason: str) -> Any:
+    """Publish the next generation for `slots`: membership with runtime node ids, and a layout that
+    names the strategy, the holes, the node ids and the rendezvous store the workers meet at."""
+    from controlplane.orchestration.rendezvous import rendezvous_address
+
     shape = job_shape(job=job)
-    restart = decision == "restart"
+    previous = job_current_generation(job=job)
+    known = {int(i): int(n) for i, n in (previous.layout.get("nodes", []) if previous else [])}
+    nodes = reactions.assign_nodes(slots, known or None)
+    layout = {
+        "strategy": shape.strategy, "dp": shape.dp, "pp": shape.pp, "slots": slots, "decision": decision,
+        "restart_from_checkpoint": decision == "restart", "holes": [list(h) for h in reactions.holes(slots)],
+        "nodes": sorted([i, n] for i, n in nodes.items()), "rendezvous": rendezvous_address(job=job),
+    }
     generation = job_generation_publish(
-        job=job, membership=reactions.membership_of(slots),
-        layout=_layout(job, slots, decision=decision, restart=restart), reason=reason,
+        job=job, membership=reactions.membership_of(slots, nodes), layout=layout, reason=reason,
     )
     degraded = bool(reactions.holes(slots))
     status = JobStatus.RECOVERING if degraded else JobStatus.RUNNING
@@ -423,6 +433,10 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     if slots is None:
         if len(running) < shape.dp * shape.pp:
             return None
+        from controlplane.orchestration.rendezvous import rendezvous_address, rendezvous_enabled
+
+        if rendezvous_enabled() and not rendezvous_address(job=locked):
+            return None  # the store is still starting; the acquiring task publishes once it is up
         return _publish(locked, reactions.full_slots(running, dp=shape.dp, pp=shape.pp), decision="start",
                         reason="initial membership")
     members = set(reactions.alive(slots))
@@ -543,11 +557,30 @@ def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | Non
 # --- reconcile and release --------------------------------------------------------------------------------
 
 
+# After the last step, how long to wait for the members' workers to exit on their own (they save
+# their final state) before the job is declared finished and its nodes released anyway.
+FINISH_GRACE = timedelta(seconds=30)
+
+
+def _workers_done(job: TrainingJob) -> bool:
+    """Every member of the current generation reported its worker's clean exit."""
+    generation = job_current_generation(job=job)
+    members = {m["instance"] for m in (generation.membership if generation else [])}
+    exited = set(JobEvent.objects.filter(job=job, kind="agent_worker_exit", data__code=0)
+                 .values_list("data__instance", flat=True))
+    return members <= exited
+
+
 @transaction.atomic
 def job_finish(*, job: TrainingJob) -> bool:
-    """Mark the job finished once its steps are done (idempotent)."""
+    """Mark the job finished once its steps are done and its workers have exited (or the grace
+    period after the last step ran out). Idempotent."""
     locked = _lock_job(job)
     if locked.status not in ACTIVE_JOB_STATUSES or locked.steps_done < locked.target_steps:
+        return False
+    reached = (MetricSample.objects.filter(job=locked, step__gte=locked.target_steps)
+               .order_by("at").values_list("at", flat=True).first())
+    if not _workers_done(locked) and reached is not None and _now() - reached < FINISH_GRACE:
         return False
     _job_set_status(locked, JobStatus.FINISHED, f"finished {locked.steps_done} steps")
     return True
@@ -571,6 +604,9 @@ def capacity_release(*, job: TrainingJob) -> list[int]:
     if released:
         job_record_event(job=job, kind="released", message=f"released {len(released)} node(s)",
                          data={"instances": released})
+    from controlplane.orchestration.rendezvous import rendezvous_release
+
+    rendezvous_release(job=job)
     return released
 
 

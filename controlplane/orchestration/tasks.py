@@ -45,7 +45,9 @@ TASK_OPTIONS = {
 @shared_task(name="orchestration.acquire_capacity", **TASK_OPTIONS)
 def acquire_capacity(job_id: int) -> dict:
     """Request the job's missing capacity and launch it (one acquisition however often it runs)."""
-    job = TrainingJob.objects.get(pk=job_id)
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None:  # deleted since it was enqueued
+        return {"requested": 0, "launched": 0}
     acquisition = services.capacity_request(job=job)
     launched = []
     for pending in Acquisition.objects.filter(job=job, status__in=("requested", "launching")):
@@ -55,14 +57,18 @@ def acquire_capacity(job_id: int) -> dict:
 
 @shared_task(name="orchestration.launch_acquisition", **TASK_OPTIONS)
 def launch_acquisition(acquisition_id: int) -> int:
-    acquisition = Acquisition.objects.get(pk=acquisition_id)
+    acquisition = Acquisition.objects.filter(pk=acquisition_id).first()
+    if acquisition is None:
+        return 0
     return len(_run_provider_call(services.acquisition_launch, acquisition=acquisition))
 
 
 @shared_task(name="orchestration.reconcile_job", **TASK_OPTIONS)
 def reconcile_job(job_id: int) -> dict:
     """Repair one job's capacity (see `services.capacity_reconcile`)."""
-    job = TrainingJob.objects.get(pk=job_id)
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None:
+        return {"job": job_id, "gone": True}
     return _run_provider_call(services.capacity_reconcile, job=job)
 
 
@@ -78,7 +84,9 @@ def reconcile_all() -> int:
 @shared_task(name="orchestration.release_job", **TASK_OPTIONS)
 def release_job(job_id: int) -> list[int]:
     """Release every node of an ended (finished, failed, cancelled) job."""
-    job = TrainingJob.objects.get(pk=job_id)
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None:
+        return []
     return _run_provider_call(services.capacity_release, job=job)
 
 
@@ -92,7 +100,9 @@ def detect_dead_agents() -> list[int]:
 @shared_task(name="orchestration.apply_reconfiguration", **TASK_OPTIONS)
 def apply_reconfiguration(reconfiguration_id: int) -> int | None:
     """Choose the strategy's reaction to a leaving node and publish the next generation."""
-    reconfiguration = Reconfiguration.objects.select_related("job").get(pk=reconfiguration_id)
+    reconfiguration = Reconfiguration.objects.select_related("job").filter(pk=reconfiguration_id).first()
+    if reconfiguration is None:
+        return None
     generation = services.reconfiguration_apply(reconfiguration=reconfiguration)
     return generation.number if generation is not None else None
 
@@ -100,8 +110,8 @@ def apply_reconfiguration(reconfiguration_id: int) -> int | None:
 @shared_task(name="orchestration.instance_joined", **TASK_OPTIONS)
 def instance_joined(instance_id: int) -> int | None:
     """A node enrolled: start the job or grow it back."""
-    instance = Instance.objects.select_related("job").get(pk=instance_id)
-    if instance.job is None:
+    instance = Instance.objects.select_related("job").filter(pk=instance_id).first()
+    if instance is None or instance.job is None:
         return None
     generation = services.job_grow(job=instance.job, instance=instance)
     return generation.number if generation is not None else None

@@ -73,3 +73,106 @@ def local_provider(tmp_path: Path):
     yield provider
     provider.terminate(provider.all_node_ids())
     assert provider.live_pids() == [], "local nodes left processes behind"
+
+
+@pytest.fixture(autouse=True)
+def _no_rendezvous_store(monkeypatch):
+    """Service and agent tests run without the per-job TCPStore process (the end-to-end test turns
+    it back on)."""
+    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "none")
+
+
+@pytest.fixture(scope="session")
+def orchestration_worker(django_db_setup, django_db_blocker):
+    """One real Celery worker thread for the session, on a queue no other process consumes (the
+    broker may be shared with a running control plane). Routing is switched once per session:
+    Celery caches its router, so switching per test would send tasks to a stale queue."""
+    import uuid
+
+    from celery.contrib.testing.worker import start_worker
+
+    from controlplane.celery import app
+
+    queue = f"orchestration-test-{uuid.uuid4().hex[:8]}"
+    previous = app.conf.task_default_queue, app.conf.task_routes
+
+    def reset_routing() -> None:
+        app.amqp.flush_routes()
+        for cached in ("queues", "router", "default_queue"):
+            app.amqp.__dict__.pop(cached, None)
+
+    from celery.signals import task_postrun
+    from django.db import connection
+
+    def close_connection(**kwargs) -> None:
+        # The worker thread must not keep a connection across a test's flush, nor at the end.
+        connection.close()
+
+    app.conf.task_default_queue = queue
+    app.conf.task_routes = {"*": {"queue": queue}}
+    reset_routing()
+    task_postrun.connect(close_connection, weak=False)
+    try:
+        with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, queues=[queue],
+                          shutdown_timeout=10, loglevel="WARNING") as worker:
+            worker.test_queue = queue
+            yield worker
+    finally:
+        task_postrun.disconnect(close_connection)
+        app.conf.task_default_queue, app.conf.task_routes = previous
+        reset_routing()
+
+
+def quiesce_worker(worker, timeout: float = 20.0) -> None:
+    """Drop queued tasks and wait until the worker runs none, so that a transactional test's
+    database flush does not race a task still writing."""
+    import time
+
+    from celery.worker import state
+    from kombu import Queue
+
+    from controlplane.celery import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with app.connection_for_write() as conn:
+            Queue(worker.test_queue, channel=conn.default_channel).purge()
+        if not state.active_requests and not state.reserved_requests:
+            time.sleep(0.3)  # a task published a moment ago may still be in flight
+            if not state.active_requests and not state.reserved_requests:
+                return
+        time.sleep(0.1)
+
+
+class ControlPlaneServer:
+    """The control plane's WSGI app on a free port, served by threads that each open their own
+    database connection. (pytest-django's `live_server` shares the test's single SQLite connection
+    with every request thread, which breaks under many concurrent agents.)"""
+
+    def __init__(self) -> None:
+        import threading
+
+        from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+        from django.core.wsgi import get_wsgi_application
+
+        class QuietHandler(WSGIRequestHandler):
+            def log_message(self, *args) -> None:
+                return
+
+        self.httpd = ThreadedWSGIServer(("127.0.0.1", 0), QuietHandler, allow_reuse_address=False)
+        self.httpd.set_app(get_wsgi_application())
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="control-plane", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def control_plane(transactional_db):
+    server = ControlPlaneServer()
+    yield server
+    server.stop()

@@ -71,7 +71,7 @@ def test_commands_long_poll(started):
     answer = client.get("/api/v1/agents/commands/", {"version": first["version"], "wait": 5}).json()
     assert answer["action"] == "run"
     assert answer["generation"]["number"] == 1
-    assert answer["assignment"] == {"instance": instance_id, "rank": 0, "pipeline": 0, "stage": 0}
+    assert answer["assignment"] == {"instance": instance_id, "rank": 0, "pipeline": 0, "stage": 0, "node": 0}
 
     bad = client.get("/api/v1/agents/commands/", {"wait": 500})
     assert bad.status_code == 400 and "wait" in bad.json()["errors"]

@@ -43,7 +43,7 @@ def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
-def test_agent_runs_its_assignment_and_forwards_a_notice(live_server, tmp_path: Path, monkeypatch):
+def test_agent_runs_its_assignment_and_forwards_a_notice(control_plane, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("FAKE_WORKER_STEP_S", "0.05")
     set_provider("local", FakeProvider())
     metadata = MetadataServer(instance_id="fake-1").start()
@@ -53,7 +53,7 @@ def test_agent_runs_its_assignment_and_forwards_a_notice(live_server, tmp_path: 
         acquisition = services.job_start(job=job)
         services.acquisition_launch(acquisition=acquisition)
         config = AgentConfig(
-            control_plane=live_server.url, enroll_key=services.acquisition_enroll_key(acquisition=acquisition),
+            control_plane=control_plane.url, enroll_key=services.acquisition_enroll_key(acquisition=acquisition),
             cloud="aws", metadata_url=metadata.url, heartbeat_s=0.2, commands_wait_s=2.0, metrics_flush_s=0.2,
             work_dir=tmp_path / "work", worker_module="tests.orchestration.fake_worker", address="127.0.0.1",
         )

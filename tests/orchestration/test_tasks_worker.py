@@ -4,15 +4,12 @@ transport by default, Redis when REDIS_URL is set), on a queue of this test's ow
 from __future__ import annotations
 
 import time
-import uuid
 from datetime import timedelta
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from controlplane.celery import app
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
 from controlplane.jobs.models import Reconfiguration
@@ -20,6 +17,7 @@ from controlplane.orchestration import services, tasks
 from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.providers import set_provider
 from tests.controlplane.factories import make_job, make_team
+from tests.orchestration.conftest import quiesce_worker
 from tests.orchestration.fakes import FakeProvider
 
 
@@ -46,30 +44,16 @@ def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def _reset_routing() -> None:
-    app.amqp.flush_routes()
-    for cached in ("queues", "router", "default_queue"):
-        app.amqp.__dict__.pop(cached, None)
-
-
 @pytest.fixture
-def worker():
-    """A real worker thread consuming a queue no other test or process uses."""
-    queue = f"orchestration-test-{uuid.uuid4().hex[:8]}"
-    previous = app.conf.task_default_queue, app.conf.task_routes
-    app.conf.task_default_queue = queue
-    app.conf.task_routes = {"*": {"queue": queue}}
-    _reset_routing()
+def worker(orchestration_worker):
+    """The session's real worker, with the in-memory provider as the local provider."""
     provider = FakeProvider()
     set_provider("local", provider)
     try:
-        with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, queues=[queue],
-                          shutdown_timeout=10, loglevel="WARNING"):
-            yield provider
+        yield provider
     finally:
+        quiesce_worker(orchestration_worker)
         set_provider("local", None)
-        app.conf.task_default_queue, app.conf.task_routes = previous
-        _reset_routing()
         connection.close()
 
 

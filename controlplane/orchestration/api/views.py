@@ -29,7 +29,7 @@ from controlplane.orchestration.api.serializers import (
 )
 
 # How often a held long-poll looks at the database: one indexed single-row query.
-POLL_INTERVAL_S = 0.05
+POLL_INTERVAL_S = 0.025
 
 
 class AgentsOnly(BasePermission):
