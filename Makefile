@@ -7,7 +7,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spotpipe-installed
-# torch comes from PyTorch's CPU index (or a local wheel) first, so nothing can pull a CUDA build.
+# torch comes from PyTorch's CPU index (or a local wheel) first, so nothing can pull a CUDA build;
+# --no-deps so only torch itself is looked up there (its dependencies come from PyPI next).
 TORCH_SPEC := torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
@@ -19,7 +20,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
-		|| $(BIN)/pip install "$(TORCH_SPEC)" --extra-index-url $(TORCH_INDEX)
+		|| $(BIN)/pip install --no-deps "$(TORCH_SPEC)" --extra-index-url $(TORCH_INDEX)
 	$(BIN)/pip install -e ".[dev]"
 	touch $(STAMP)
 
@@ -35,7 +36,8 @@ test: setup lint
 	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-demo: migrate
+# `spotpipe demo` migrates by itself.
+demo: setup
 	$(BIN)/spotpipe demo $(DEMO_ARGS)
 
 bench-quick: setup
