@@ -42,8 +42,18 @@ PG_INT_MAX = 2**31 - 1  # PositiveIntegerField is a 32-bit integer on PostgreSQL
 SQLITE_INT_MAX = 2**63 - 1
 
 
+SQLITE = django_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
+# List filters that pass an id beyond SQLite's 64-bit integers straight to the query (SQLite only).
+ID_FILTERS = ("team", "job", "instance")
+
+
 def _known_server_error(case) -> str | None:
     """The reported bugs, recognised from the request (None: send it)."""
+    if SQLITE and case.method == "GET" and isinstance(case.query, dict):
+        for name in ID_FILTERS:
+            value = case.query.get(name)
+            if isinstance(value, int) and value > SQLITE_INT_MAX:
+                return f"list filter {name} beyond a 64-bit integer (SQLite)"
     if case.method == "POST" and case.path == "/api/v1/jobs/{id}/metrics/":
         samples = case.body.get("samples") if isinstance(case.body, dict) else case.body
         for sample in samples if isinstance(samples, list) else []:
@@ -144,3 +154,21 @@ def test_known_bug_metrics_instance_out_of_range(db):
     response = client.post(f"/api/v1/jobs/{world.job.pk}/metrics/",
                            {"samples": [{"step": 1, "instance": 2**64}]}, content_type="application/json")
     assert response.status_code == 400 and "samples[0].instance" in response.json()["errors"]
+
+
+ID_FILTER_URLS = [
+    "/api/v1/tokens/?team={n}", "/api/v1/jobs/?team={n}", "/api/v1/instances/?team={n}",
+    "/api/v1/instances/?job={n}", "/api/v1/notices/?instance={n}", "/api/v1/billing/segments/?job={n}",
+    "/api/v1/billing/segments/?instance={n}", "/api/v1/jobs/{job}/metrics/?instance={n}",
+]
+
+
+@pytest.mark.xfail(condition=SQLITE, strict=True,
+                   reason="reported: on SQLite an id filter beyond 2**63-1 answers 500 (OverflowError); "
+                          "PostgreSQL answers without error")
+@pytest.mark.parametrize("url", ID_FILTER_URLS)
+def test_known_bug_id_filters_out_of_range(db, url):
+    world = make_world()
+    client = world.api_client("admin_a", raise_request_exception=False)
+    response = client.get(url.format(n=2**70, job=world.job.pk))
+    assert response.status_code < 500
