@@ -7,10 +7,8 @@ import os
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from controlplane.observability import health
-from controlplane.observability import metrics as prom
 
 LOOPBACK = {"127.0.0.1", "::1"}
 
@@ -32,6 +30,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("metrics require a bearer token\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
+    # Imported here so that the rest of the site does not depend on prometheus_client being installed.
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    from controlplane.observability import metrics as prom
+
     return HttpResponse(prom.render(), content_type=CONTENT_TYPE_LATEST)
 
 
