@@ -176,3 +176,45 @@ def control_plane(transactional_db):
     server = ControlPlaneServer()
     yield server
     server.stop()
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker` (every process these tests start
+    inherits it: nodes, agents, workers, rendezvous stores)."""
+    import os
+
+    needle = f"SPOTPIPE_TEST_SESSION={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+@pytest.fixture(scope="session")
+def _session_marker():
+    """After the whole orchestration test set, no process it started is still alive."""
+    import time
+    import uuid
+
+    marker = uuid.uuid4().hex
+    yield marker
+    deadline = time.monotonic() + 5
+    while _marked_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _marked_pids(marker)
+    assert left == [], f"processes left behind by the orchestration tests: {left}"
+
+
+@pytest.fixture(autouse=True)
+def _mark_children(_session_marker, monkeypatch):
+    """Every process a test of this directory starts inherits the session's marker (and only
+    those: other test directories' processes are not counted)."""
+    monkeypatch.setenv("SPOTPIPE_TEST_SESSION", _session_marker)
