@@ -69,10 +69,14 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves collected static files (dashboard JS/CSS, plotly.js, API docs) from gunicorn itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Login and webhooks are rate-limited per client IP (SPOTPIPE_RATELIMIT_* in the environment).
+    "controlplane.observability.ratelimit.RateLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Adds job_id / instance_id from the URL to every log line of the request.
+    "controlplane.observability.logs.LogContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -206,11 +210,19 @@ SPOTPIPE_AWS_REGION = env.str("AWS_DEFAULT_REGION", default="us-east-1")
 SPOTPIPE_AWS_ENDPOINT_URL = env.str("SPOTPIPE_AWS_ENDPOINT_URL", default="") or None
 
 # --- Logging -------------------------------------------------------------------------------------
+# JSON lines in production (with job_id / instance_id when known), plain text in development.
+LOG_FORMAT = env.str("LOG_FORMAT", default="json" if PRODUCTION else "plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "controlplane.observability.logs.ContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "controlplane.observability.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -203,7 +203,7 @@ def test_request_log_lines_carry_the_url_ids(caplog, settings):
     from controlplane.observability.logs import current_context
 
     seen: list[dict] = []
-    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "controlplane.observability.logs.LogContextMiddleware"]
+    assert "controlplane.observability.logs.LogContextMiddleware" in settings.MIDDLEWARE
     from tests.reliability.world import make_world
 
     world = make_world()

@@ -20,9 +20,13 @@ from tests.reliability.world import make_world
 pytestmark = pytest.mark.django_db
 
 RATELIMIT = "controlplane.observability.ratelimit.RateLimitMiddleware"
-# The middleware line the settings should carry, right after SecurityMiddleware (before sessions, so
-# a refused request costs no session or database work).
-WITH_RATELIMIT = [settings.MIDDLEWARE[0], RATELIMIT, *settings.MIDDLEWARE[1:]]
+
+
+def test_rate_limit_runs_before_sessions():
+    # Before sessions, so a refused request costs no session or database work.
+    middleware = settings.MIDDLEWARE
+    assert RATELIMIT in middleware
+    assert middleware.index(RATELIMIT) < middleware.index("django.contrib.sessions.middleware.SessionMiddleware")
 
 
 # --- CSRF --------------------------------------------------------------------------------------
@@ -84,8 +88,7 @@ def ratelimited(monkeypatch):
     monkeypatch.setenv("SPOTPIPE_RATELIMIT_LOGIN", "5")
     monkeypatch.setenv("SPOTPIPE_RATELIMIT_WEBHOOKS", "8")
     monkeypatch.setenv("SPOTPIPE_RATELIMIT_WINDOW_S", "3600")  # no window boundary inside the test
-    with override_settings(MIDDLEWARE=WITH_RATELIMIT):
-        yield
+    yield
 
 
 def test_login_is_rate_limited_per_client_ip(ratelimited):
