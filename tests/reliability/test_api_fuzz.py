@@ -10,8 +10,8 @@ SPOTPIPE_FUZZ_FULL=1 runs 25 per operation and then requires >= 500 requests in 
 bar); SPOTPIPE_FUZZ_EXAMPLES=N overrides both. Derandomized, so a failure reproduces with the same
 command.
 
-Known server errors (reported, see docs/reliability.md) are not sent by the fuzzer; each has its own
-strict-xfail test below asserting the documented answer, which starts passing when it is fixed.
+The server errors it found (out-of-range integers reaching the database) are fixed; the tests at
+the end pin each exact request to its 400 / non-5xx answer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import os
 
 import pytest
 import schemathesis
-from django.conf import settings as django_settings
 from hypothesis import HealthCheck, Phase, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
@@ -37,34 +36,6 @@ schema = schemathesis.openapi.from_wsgi("/api/v1/schema/", application)
 
 SENT: list[str] = []  # "METHOD path -> status" of every request, for the total below
 SERVER_ERRORS: list[str] = []
-SKIPPED_KNOWN: list[str] = []
-PG_INT_MAX = 2**31 - 1  # PositiveIntegerField is a 32-bit integer on PostgreSQL
-SQLITE_INT_MAX = 2**63 - 1
-
-
-SQLITE = django_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
-# List filters that pass an id beyond SQLite's 64-bit integers straight to the query (SQLite only).
-ID_FILTERS = ("team", "job", "instance")
-
-
-def _known_server_error(case) -> str | None:
-    """The reported bugs, recognised from the request (None: send it)."""
-    if SQLITE and case.method == "GET" and isinstance(case.query, dict):
-        for name in ID_FILTERS:
-            value = case.query.get(name)
-            if isinstance(value, int) and value > SQLITE_INT_MAX:
-                return f"list filter {name} beyond a 64-bit integer (SQLite)"
-    if case.method == "POST" and case.path == "/api/v1/jobs/{id}/metrics/":
-        samples = case.body.get("samples") if isinstance(case.body, dict) else case.body
-        for sample in samples if isinstance(samples, list) else []:
-            if not isinstance(sample, dict):
-                continue
-            generation, instance = sample.get("generation"), sample.get("instance")
-            if isinstance(generation, int) and generation > PG_INT_MAX:
-                return "metrics: generation beyond a 32-bit integer"
-            if isinstance(instance, int) and instance > SQLITE_INT_MAX:
-                return "metrics: instance beyond a 64-bit integer"
-    return None
 
 
 @pytest.fixture
@@ -105,10 +76,6 @@ def test_api_fuzz(case, fuzz_world):
             if case.path.startswith(prefix):
                 for name in case.path_parameters:
                     case.path_parameters[name] = pk
-    known = _known_server_error(case)
-    if known:
-        SKIPPED_KNOWN.append(known)
-        return
     key = world.keys["admin_a"]
     response = case.call(headers={"Authorization": f"Token {key}"})
     SENT.append(f"{case.method} {case.formatted_path} -> {response.status_code}")
@@ -124,20 +91,17 @@ def test_fuzz_volume():
     for line in SENT:
         status = line.rsplit(" ", 1)[-1]
         statuses[status] = statuses.get(status, 0) + 1
-    print(f"\nschemathesis: {len(SENT)} requests, statuses {dict(sorted(statuses.items()))}, "
-          f"{len(SKIPPED_KNOWN)} known-bug cases not sent")
+    print(f"\nschemathesis: {len(SENT)} requests, statuses {dict(sorted(statuses.items()))}")
     assert len(SENT) >= MIN_REQUESTS, f"only {len(SENT)} generated requests, the bar is {MIN_REQUESTS}"
     assert not SERVER_ERRORS, SERVER_ERRORS
     assert not any(s.startswith("5") for s in statuses), statuses
 
 
-# --- the server errors the fuzzer found, each pinned to its exact request ------------------------
+# --- the server errors the fuzzer found (fixed), each pinned to its exact request ------------------
 
 
-@pytest.mark.xfail(strict=True, reason="reported: metrics sample generation > 2**31-1 answers 500 (PostgreSQL "
-                                       "integer out of range; SQLite beyond 2**63-1) instead of 400 naming the field")
 @pytest.mark.parametrize("generation", [2**31, 2**64])
-def test_known_bug_metrics_generation_out_of_range(db, generation):
+def test_metrics_generation_out_of_range_is_a_400(db, generation):
     world = make_world()
     client = world.api_client("admin_a", raise_request_exception=False)
     response = client.post(f"/api/v1/jobs/{world.job.pk}/metrics/",
@@ -145,10 +109,7 @@ def test_known_bug_metrics_generation_out_of_range(db, generation):
     assert response.status_code == 400 and "samples[0].generation" in response.json()["errors"]
 
 
-@pytest.mark.xfail(condition=django_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"), strict=True,
-                   reason="reported: on SQLite a metrics sample instance > 2**63-1 answers 500 (OverflowError); "
-                          "PostgreSQL answers 400 already")
-def test_known_bug_metrics_instance_out_of_range(db):
+def test_metrics_instance_out_of_range_is_a_400(db):
     world = make_world()
     client = world.api_client("admin_a", raise_request_exception=False)
     response = client.post(f"/api/v1/jobs/{world.job.pk}/metrics/",
@@ -163,12 +124,10 @@ ID_FILTER_URLS = [
 ]
 
 
-@pytest.mark.xfail(condition=SQLITE, strict=True,
-                   reason="reported: on SQLite an id filter beyond 2**63-1 answers 500 (OverflowError); "
-                          "PostgreSQL answers without error")
 @pytest.mark.parametrize("url", ID_FILTER_URLS)
-def test_known_bug_id_filters_out_of_range(db, url):
+def test_id_filters_out_of_range_are_a_400_naming_the_parameter(db, url):
     world = make_world()
     client = world.api_client("admin_a", raise_request_exception=False)
     response = client.get(url.format(n=2**70, job=world.job.pk))
-    assert response.status_code < 500
+    assert response.status_code == 400
+    assert url.rsplit("?", 1)[1].split("=")[0] in response.json()["errors"]

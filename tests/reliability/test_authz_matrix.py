@@ -275,12 +275,8 @@ def ops_env(monkeypatch):
 # Cells where the code disagrees with the documented behaviour, reported for a fix. Each stays
 # `xfail(strict=True)` against the DOCUMENTED status: when the code is fixed the cell passes, strict
 # xfail turns that into a failure, and the entry must be removed here. (docs/reliability.md lists them.)
-_AGENT_OFF_ENDPOINT = "api.md: an agent token gets 403 off its endpoints; this one answers it 200"
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    **{(route, "GET"): _AGENT_OFF_ENDPOINT for route in (
-        "api/v1/instance-types/", "api/v1/zones/", "api/v1/spot-prices/", "api/v1/spot-prices/cheapest/")},
-    ("api/v1/plans/", "POST"): _AGENT_OFF_ENDPOINT + " and runs the planner on any job of its team",
-}
+# (The agent-token cells of the market and planner routes were here; fixed.)
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def _case(row: Row, principal: str):

@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from controlplane.accounts.models import ApiToken, Role, Team, TokenKind
 from controlplane.common.api import NamedChoiceField, QueryFilterSerializer
+from controlplane.common.limits import MAX_ID
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -43,15 +44,18 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 class ApiTokenCreateSerializer(serializers.Serializer):
     """Input of `POST /tokens/`. `team` may be left out when the requester has exactly one team."""
 
-    team = serializers.IntegerField(required=False, min_value=1)
+    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     kind = NamedChoiceField(choices=TokenKind.choices, enum_name="TokenKindEnum", default=TokenKind.USER)
     name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
-    instance = serializers.IntegerField(required=False, min_value=1, help_text="Required for agent tokens.")
+    instance = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_ID,
+        help_text="Required for agent tokens.",
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
 class ApiTokenFilter(QueryFilterSerializer):
-    team = serializers.IntegerField(required=False, min_value=1)
+    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     kind = serializers.ChoiceField(choices=TokenKind.choices, required=False)
     active = serializers.BooleanField(required=False, help_text="true: neither revoked nor expired; false: the rest.")
     lookups = {"team": "team_id"}

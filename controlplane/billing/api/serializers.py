@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.billing.models import BillingSegment
+from controlplane.common.limits import MAX_ID
 
 
 class BillingSegmentSerializer(serializers.ModelSerializer):
@@ -22,8 +23,11 @@ class BillingSegmentSerializer(serializers.ModelSerializer):
 
 
 class SegmentFilter(serializers.Serializer):
-    job = serializers.IntegerField(required=False, min_value=1, help_text="Only this job's segments.")
-    instance = serializers.IntegerField(required=False, min_value=1, help_text="Only this instance's segments.")
+    job = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID, help_text="Only this job's segments.")
+    instance = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_ID,
+        help_text="Only this instance's segments.",
+    )
 
 
 class CostReportQuery(serializers.Serializer):

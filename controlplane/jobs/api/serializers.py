@@ -7,6 +7,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from controlplane.common.api import QueryFilterSerializer
+from controlplane.common.limits import MAX_COUNT, MAX_ID
 from controlplane.jobs.models import (
     JobEvent,
     JobGeneration,
@@ -41,7 +42,10 @@ class JobSerializer(serializers.ModelSerializer):
 class JobSubmitSerializer(serializers.Serializer):
     """Input of `POST /jobs/`. The model spec is checked in depth by `job_submit`."""
 
-    team = serializers.IntegerField(required=False, min_value=1, help_text="Needed if you belong to several teams.")
+    team = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_ID,
+        help_text="Needed if you belong to several teams.",
+    )
     name = serializers.CharField(max_length=120)
     model_spec = serializers.JSONField(
         help_text="{kind: gpt|mlp, layers, d_model, heads, seq_len, vocab, global_batch, micro_batches}"
@@ -95,10 +99,13 @@ class MetricSampleInSerializer(serializers.Serializer):
     loss = serializers.FloatField(required=False, allow_null=True)
     samples_per_s = serializers.FloatField(required=False, allow_null=True, min_value=0)
     at = serializers.DateTimeField(required=False, help_text="Defaults to the time of the request.")
-    generation = serializers.IntegerField(required=False, min_value=0, help_text="Defaults to the job's current one.")
+    generation = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_COUNT,
+        help_text="Defaults to the job's current one.",
+    )
     stage_times = serializers.DictField(child=serializers.FloatField(min_value=0), required=False,
                                         help_text="{stage: seconds} of this step.")
-    instance = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+    instance = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_ID,
                                         help_text="Defaults to the reporting agent's instance.")
 
 
@@ -118,17 +125,23 @@ class MetricBatchResultSerializer(serializers.Serializer):
 class JobFilter(QueryFilterSerializer):
     status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
     strategy = serializers.ChoiceField(choices=Strategy.choices, required=False)
-    team = serializers.IntegerField(required=False, min_value=1)
+    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     lookups = {"team": "team_id"}
     search_fields = ("name",)
     ordering_fields = ("created_at", "name", "status", "deadline", "steps_done")
 
 
 class MetricFilter(QueryFilterSerializer):
-    since_step = serializers.IntegerField(required=False, min_value=0, help_text="Samples with step >= this.")
-    until_step = serializers.IntegerField(required=False, min_value=0, help_text="Samples with step <= this.")
-    generation = serializers.IntegerField(required=False, min_value=0)
-    instance = serializers.IntegerField(required=False, min_value=1)
+    since_step = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_COUNT,
+        help_text="Samples with step >= this.",
+    )
+    until_step = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_COUNT,
+        help_text="Samples with step <= this.",
+    )
+    generation = serializers.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
+    instance = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     lookups = {"since_step": "step__gte", "until_step": "step__lte", "instance": "instance_id"}
 
 

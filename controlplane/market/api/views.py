@@ -6,11 +6,12 @@ from __future__ import annotations
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, generics
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.api import validate_or_400
+from controlplane.common.api import UsersOnly, validate_or_400
 from controlplane.market import selectors
 from controlplane.market.api.serializers import (
     CheapestQuery,
@@ -38,6 +39,8 @@ def _query(serializer_class, request: Request) -> dict:
 class InstanceTypeList(generics.ListAPIView):
     """Instance types with specs and on-demand price (USD/hour; null when unknown)."""
 
+    permission_classes = [IsAuthenticated, UsersOnly]
+
     serializer_class = InstanceTypeSerializer
 
     def get_queryset(self):
@@ -49,6 +52,8 @@ class InstanceTypeList(generics.ListAPIView):
 class ZoneList(generics.ListAPIView):
     """Availability zones with their region and cloud."""
 
+    permission_classes = [IsAuthenticated, UsersOnly]
+
     serializer_class = ZoneSerializer
 
     def get_queryset(self):
@@ -58,6 +63,8 @@ class ZoneList(generics.ListAPIView):
 
 class SpotPriceHistory(APIView):
     """Price changes of one pool, raw or downsampled by the database into time buckets."""
+
+    permission_classes = [IsAuthenticated, UsersOnly]
 
     @extend_schema(parameters=[SpotPriceQuery], responses={200: SpotPriceHistorySerializer})
     def get(self, request: Request) -> Response:
@@ -84,6 +91,8 @@ class SpotPriceHistory(APIView):
 
 class CheapestPools(APIView):
     """The cheapest spot pools by the price in force at a moment (default now)."""
+
+    permission_classes = [IsAuthenticated, UsersOnly]
 
     @extend_schema(parameters=[CheapestQuery], responses={200: PoolSerializer(many=True)})
     def get(self, request: Request) -> Response:

@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from controlplane.common.limits import MAX_ID
 from runtime.config import ModelSpec
 
 
@@ -30,10 +31,13 @@ class ModelSpecSerializer(serializers.Serializer):
 class PlanRequestSerializer(serializers.Serializer):
     """A job to plan: either a model + batch + samples, or an existing job (its values are defaults)."""
 
-    job = serializers.IntegerField(required=False, min_value=1, help_text="Plan an existing job of your team.")
+    job = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_ID,
+        help_text="Plan an existing job of your team.",
+    )
     model = ModelSpecSerializer(required=False)
     global_batch = serializers.IntegerField(required=False, min_value=1, max_value=1_000_000)
-    samples = serializers.IntegerField(required=False, min_value=1)
+    samples = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     deadline_hours = serializers.FloatField(required=False, min_value=0.001)
     budget_usd = serializers.FloatField(required=False, min_value=0.01)
     strategy = serializers.ChoiceField(choices=["checkpoint", "bamboo", "recycle", "oobleck"], required=False)

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.accounts.scoping import team_ids_for_request
-from controlplane.common.api import validate_or_400
+from controlplane.common.api import UsersOnly, validate_or_400
 from controlplane.jobs.models import TrainingJob
 from controlplane.planning.api.serializers import ModelSpecSerializer, PlanRequestSerializer
 from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_input_from_job
@@ -20,7 +20,7 @@ from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compu
 class PlanView(APIView):
     """Plan a job; 422 with `nearest` when no plan satisfies the deadline, budget or memory."""
 
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, UsersOnly]
 
     @extend_schema(
         request=PlanRequestSerializer,
