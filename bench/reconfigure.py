@@ -46,25 +46,6 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def _atomic_filesystem_puts() -> None:
-    """kombu's filesystem transport creates a message file and then writes it, so a consumer that
-    polls fast can pick up an empty file and the worker dies on the JSON error. Write under a
-    temporary name and rename instead (this process is both producer and consumer)."""
-    import uuid
-
-    from kombu.transport import filesystem
-    from kombu.utils.json import dumps
-
-    def put(self, queue, payload, **kwargs):
-        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
-        tmp = os.path.join(self.data_folder_out, f".{name}.tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(dumps(payload).encode())
-        os.replace(tmp, os.path.join(self.data_folder_out, name))
-
-    filesystem.Channel._put = put
-
-
 class _Masking:
     """The local provider, except that it keeps reporting `masked` nodes as running after they
     died, as a cloud API can for a while: then only the heartbeat timeout can catch the death."""
@@ -133,10 +114,10 @@ class _Cluster:
 
         from controlplane.celery import app
 
-        if app.conf.broker_url.startswith("filesystem"):
-            # The virtual transport polls once a second by default; a worker on Redis is woken at once.
+        if app.conf.broker_url.startswith(("filesystem", "spotfs")):
+            # The embedded broker polls (every 0.1 s by default); a worker on Redis is woken at once.
+            # Message files are written atomically (controlplane/broker.py), so fast polling is safe.
             app.conf.broker_transport_options = {**app.conf.broker_transport_options, "polling_interval": 0.02}
-            _atomic_filesystem_puts()
         self.broker = app.conf.broker_url.split("://")[0]
         # A queue of our own: the broker may be shared with a running control plane.
         queue = f"bench-reconfigure-{os.getpid()}"

@@ -6,6 +6,10 @@ import os
 
 from celery import Celery
 
+from controlplane import broker
+
+broker.register()
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("controlplane")

@@ -173,11 +173,11 @@ SPECTACULAR_SETTINGS = {
 # Redis in production; with no server, kombu's filesystem transport, which a real worker process
 # can consume from. The dashboard reads the database, never a result backend.
 BROKER_DIR = VAR_DIR / "broker"
-_default_broker = "filesystem://"
+_default_broker = "spotfs://"  # kombu's filesystem transport with atomic writes (controlplane/broker.py)
 REDIS_URL = env.str("REDIS_URL", default="")
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or REDIS_URL or _default_broker
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
-if CELERY_BROKER_URL.startswith("filesystem://"):
+if CELERY_BROKER_URL.startswith(("filesystem://", "spotfs://")):
     for sub in ("out", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -186,6 +186,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(BROKER_DIR / "processed"),
         "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
+        # Safe with atomic message files; kombu's default of 1 s adds up to a second per hop.
+        "polling_interval": 0.1,
     }
 else:
     # Longer than the longest task, so an acks_late task is not redelivered while it runs.
