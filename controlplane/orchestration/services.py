@@ -458,12 +458,35 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     return generation
 
 
+def reconfiguration_lost_seconds(*, reconfiguration: Reconfiguration, applied_at: datetime) -> float:
+    """Training time the event cost, as the control plane can see it: the stall from the moment the
+    node stopped contributing to the moment the job's next generation was published.
+
+    - a death: from the node's last heartbeat (else the decision) to the new generation;
+    - a notice: nothing when the new generation came before the node's deadline (the graceful
+      case), else the time past the deadline;
+    - a join: nothing.
+    The in-flight step a kill makes the survivors redo is not counted (the runtime knows it, the
+    control plane does not), so this is a lower bound."""
+    if reconfiguration.trigger == ReconfigurationTrigger.JOIN:
+        return 0.0
+    if reconfiguration.trigger == ReconfigurationTrigger.NOTICE:
+        deadline = reconfiguration.notice.deadline if reconfiguration.notice_id else None
+        return max(0.0, (applied_at - deadline).total_seconds()) if deadline else 0.0
+    instance = reconfiguration.instance
+    stopped = (instance.last_heartbeat_at if instance else None) or reconfiguration.decided_at
+    return max(0.0, (applied_at - stopped).total_seconds())
+
+
 def _mark_applied(reconfiguration: Reconfiguration, *, decision: str, generation: int | None) -> None:
     reconfiguration.decision = decision
     reconfiguration.to_generation = generation
     reconfiguration.status = ReconfigurationStatus.APPLIED
     reconfiguration.applied_at = _now()
-    reconfiguration.save(update_fields=["decision", "to_generation", "status", "applied_at"])
+    # Priced by the cost report as work lost to preemptions.
+    reconfiguration.lost_seconds = reconfiguration_lost_seconds(
+        reconfiguration=reconfiguration, applied_at=reconfiguration.applied_at)
+    reconfiguration.save(update_fields=["decision", "to_generation", "status", "applied_at", "lost_seconds"])
 
 
 @transaction.atomic

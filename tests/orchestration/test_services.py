@@ -121,6 +121,8 @@ def test_silent_death_reroutes_then_replacement_grows_back(fake):
     assert generation.layout["decision"] == "reroute"
     reconfiguration = Reconfiguration.objects.get(job=job, trigger="death")
     assert (reconfiguration.status, reconfiguration.to_generation) == ("applied", 2)
+    # Stalled from the last heartbeat (5 s ago) to the new generation: what the cost report prices.
+    assert 5.0 <= reconfiguration.lost_seconds < 60.0
     assert job.status == JobStatus.RECOVERING
 
     report = services.capacity_reconcile(job=job)
@@ -160,6 +162,7 @@ def test_agent_notice_becomes_a_reconfiguration_without_the_leaving_node(fake):
     assert leaving.pk not in {m["instance"] for m in generation.membership}
     reconfiguration = Reconfiguration.objects.get(job=job, trigger="notice")
     assert reconfiguration.decision == "reroute" and reconfiguration.notice_id == first
+    assert reconfiguration.lost_seconds == 0.0  # re-routed before the node's deadline: nothing lost
     assert Acquisition.objects.filter(job=job, reason="replacement").count() == 1
 
 
