@@ -48,6 +48,7 @@ from controlplane.orchestration.selectors import (
     pools_ranked,
     setting,
 )
+from controlplane.webhooks.alerts import alert_job_status
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict |
         fields.append("finished_at")
     job.save(update_fields=fields)
     job_record_event(job=job, kind=f"job_{status}", message=message, data={"from": previous, **(data or {})})
+    # Teams' outbound alert URLs hear of recovering / recovered / failed / finished.
+    recovered = previous == JobStatus.RECOVERING and status == JobStatus.RUNNING
+    alert_job_status(job=job, status="recovered" if recovered else status, message=message)
 
 
 def _transition(instance: Instance, to: str, *, detail: dict | None = None) -> bool:

@@ -17,6 +17,8 @@ from controlplane.orchestration import services
 from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.selectors import pools_ranked
+from controlplane.webhooks.alerts import alert_endpoint_create
+from controlplane.webhooks.models import AlertDelivery
 from tests.controlplane.factories import make_instance_type, make_job, make_team, make_zone
 from tests.orchestration.fakes import FakeProvider
 
@@ -139,6 +141,24 @@ def test_silent_death_reroutes_then_replacement_grows_back(fake):
     # Nothing is left to do: a second reconcile acquires nothing.
     again = services.capacity_reconcile(job=job)
     assert again["requested"] == 0 and Acquisition.objects.filter(job=job).count() == 2
+
+
+def test_job_status_changes_reach_the_teams_alert_urls(fake):
+    job = _job()
+    alert_endpoint_create(team=job.team, url="http://127.0.0.1:9/hook")
+    instances = _start(job, fake)
+    Instance.objects.filter(job=job).update(last_heartbeat_at=timezone.now())
+    Instance.objects.filter(pk=instances[1].pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=5))
+    services.instances_detect_dead(timeout_s=2.0)  # -> recovering
+    (replacement,) = _enroll_all(_replacement(job))  # -> running again: recovered
+    events = list(AlertDelivery.objects.filter(endpoint__team=job.team).order_by("id").values_list("event", flat=True))
+    assert events == ["job.recovering", "job.recovered"]
+    assert replacement.job_id == job.pk
+
+
+def _replacement(job) -> Acquisition:
+    services.capacity_reconcile(job=job)
+    return Acquisition.objects.filter(job=job, reason="replacement").latest("id")
 
 
 def test_agent_notice_becomes_a_reconfiguration_without_the_leaving_node(fake):
