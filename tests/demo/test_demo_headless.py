@@ -87,18 +87,24 @@ def _exact_hours(start: object, end: object) -> Decimal:
     return Decimal(micros) / Decimal(1_000_000) / Decimal(3600)
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(TIMEOUT_S + 10)
-def test_headless_demo_trains_through_preemptions_and_leaves_nothing_behind(tmp_path):
-    var_dir = tmp_path / "var"
-    db = DemoDatabase(var_dir)
+def demo_env(var_dir, db: DemoDatabase, *, redis_db: int) -> dict[str, str]:
+    """The environment of a demo run with a private var dir, database and Redis database (other
+    workers on the same Redis server must not take our tasks)."""
     env = {**os.environ, "SPOTPIPE_VAR_DIR": str(var_dir), "PYTHONUNBUFFERED": "1"}
     env.pop("CELERY_BROKER_URL", None)
     if db.pg_url:
         env["DATABASE_URL"] = db.pg_url
     if env.get("REDIS_URL"):
-        # A Redis database of its own: other workers on the same server must not take our tasks.
-        env["REDIS_URL"] = urlunsplit(urlsplit(env["REDIS_URL"])._replace(path=f"/{10 + os.getpid() % 6}"))
+        env["REDIS_URL"] = urlunsplit(urlsplit(env["REDIS_URL"])._replace(path=f"/{redis_db}"))
+    return env
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(TIMEOUT_S + 10)
+def test_headless_demo_trains_through_preemptions_and_leaves_nothing_behind(tmp_path):
+    var_dir = tmp_path / "var"
+    db = DemoDatabase(var_dir)
+    env = demo_env(var_dir, db, redis_db=10 + os.getpid() % 6)
     db.create()
     try:
         try:

@@ -9,12 +9,11 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from spotpipe.processes import stray_pids
-from tests.demo.test_demo_headless import DemoDatabase, _free_port, _spotpipe
+from tests.demo.test_demo_headless import DemoDatabase, _free_port, _spotpipe, demo_env
 
 
 @pytest.mark.integration
@@ -22,12 +21,7 @@ from tests.demo.test_demo_headless import DemoDatabase, _free_port, _spotpipe
 def test_sigterm_mid_training_leaves_no_process_behind(tmp_path):
     var_dir = tmp_path / "var"
     db = DemoDatabase(var_dir)
-    env = {**os.environ, "SPOTPIPE_VAR_DIR": str(var_dir), "PYTHONUNBUFFERED": "1"}
-    env.pop("CELERY_BROKER_URL", None)
-    if db.pg_url:
-        env["DATABASE_URL"] = db.pg_url
-    if env.get("REDIS_URL"):
-        env["REDIS_URL"] = urlunsplit(urlsplit(env["REDIS_URL"])._replace(path=f"/{10 + (os.getpid() + 3) % 6}"))
+    env = demo_env(var_dir, db, redis_db=10 + (os.getpid() + 3) % 6)
     db.create()
     demo = None
     try:
