@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
 from agent.supervisor import WorkerSupervisor
+from agent.worker_entry import EXIT_JOB_FAILED
 
 logger = logging.getLogger("spotpipe.agent")
 
@@ -75,6 +76,7 @@ class Agent:
         self.last_command: dict | None = None
         self.notices_forwarded: list[dict] = []
         self._restart = threading.Event()
+        self._failure = ""  # why the runtime said the job cannot go on (from the worker's `failed` line)
 
     # --- lifecycle --------------------------------------------------------------------------------------
     def stop(self, *_args: object) -> None:
@@ -215,13 +217,18 @@ class Agent:
             self.metrics.put(sample)
         elif kind == "generation":
             self._event("generation_applied", generation=message.get("generation"), step=message.get("step"))
+        elif kind == "failed":
+            self._failure = str(message.get("reason") or "the runtime cannot go on")
 
     def _on_worker_exit(self, code: int, deliberate: bool) -> None:
         if deliberate or self.stop_event.is_set():
             return
         self._flush_metrics(final=True)
         generation = ((self.last_command or {}).get("generation") or {}).get("number")
-        self._event("worker_exit", code=code, generation=generation)
+        failure, self._failure = self._failure, ""
+        self._event("worker_exit", code=code, generation=generation, message=failure)
+        if code == EXIT_JOB_FAILED:
+            return  # the job is over (the control plane fails it); a restarted worker could not help
         if code != 0 and self.last_command and self.last_command["action"] == "run":
             self._restart.set()
 

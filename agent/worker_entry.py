@@ -8,7 +8,9 @@ step as a `SPOTPIPE {"type": "metrics", ...}` line, and watches two files at a s
 CONTROL (the newest generation: if this node is no longer a member, it asks the runtime to leave
 at its next step boundary) and `notice` in the work directory (the agent saw an interruption
 notice in the metadata endpoint: leave at once, before the control plane has even answered).
-The runtime itself forms its generations through the job's rendezvous store.
+The runtime itself forms its generations through the job's rendezvous store. When the runtime
+finds the job cannot go on, the worker prints `{"type": "failed", "reason": ...}` and exits with
+EXIT_JOB_FAILED.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 WATCH_INTERVAL_S = 0.02
+# Exit code of a worker whose job cannot go on (the runtime agreed on an impossible plan); the agent
+# reports it with the reason and does not restart the worker.
+EXIT_JOB_FAILED = 4
 
 
 def emit(message: dict[str, Any]) -> None:
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from runtime.coordinator import Coordinator, connect
-    from runtime.worker import Fenced, Worker, WorkerSpec
+    from runtime.worker import Fenced, JobCannotContinue, Worker, WorkerSpec
 
     node = int(assignment["node"])
     initial_nodes = int(layout["dp"]) * int(layout["pp"])
@@ -132,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     except Fenced as exc:
         emit({"type": "fenced", "reason": str(exc)})
         return 3
+    except JobCannotContinue as exc:
+        emit({"type": "failed", "reason": exc.reason})
+        return EXIT_JOB_FAILED
     finally:
         watcher.done.set()
         del store

@@ -7,6 +7,7 @@ the store with it):
 - `dead/<node>`: set by a supervisor that saw the process exit; faster than a stale heartbeat.
 - `notice/<node>`: a preemption notice for the node; it finishes its step, hands over, leaves.
 - `joins`, `join/<i>`: replacements asking to join; `joined/<node>`: the generation that took it.
+- `done`: the job committed its last step; `failed`: why no next generation can run.
 - `gen/<g>/alive/<node>`: a member's record for forming generation g; `gen/<g>/plan`: the plan.
 - `gen/<g>/...`: prefixes of generation g's process groups.
 """
@@ -83,15 +84,23 @@ class Coordinator:
 
     def wait_joined(self, node: int, timeout_s: float) -> int | None:
         """Block until a generation includes replacement `node`; returns that generation, or None
-        if the job finished first."""
+        if the job finished (or failed) first."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.store.check([f"joined/{node}"]):
                 return int(self.store.get(f"joined/{node}"))
-            if self.store.check(["done"]):
+            if self.store.check(["done"]) or self.store.check(["failed"]):
                 return None
             time.sleep(0.005)
         raise TimeoutError(f"replacement {node} was not taken within {timeout_s}s")
+
+    def mark_failed(self, reason: str) -> None:
+        """The job cannot go on (its members agreed on an impossible plan); first reason wins."""
+        self.store.compare_set("failed", "", reason)
+
+    def failure(self) -> str | None:
+        """Why the job failed, if it did."""
+        return self.store.get("failed").decode() if self.store.check(["failed"]) else None
 
     def mark_done(self) -> None:
         """The job committed its last step (late replacements give up)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.config import JobConfig, LayoutError
+from runtime.layout import Layout
 from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, fill_slots, full_slots
 
@@ -29,6 +30,7 @@ def initial_plan(config: JobConfig) -> Plan:
         "restore_step": None,
         "transfers": [],
         "leaving": [],
+        "deferred": [],
         "joins_consumed": 0,
         "lost": [],
         "joined": [],
@@ -49,31 +51,49 @@ def make_plan(
     """The next generation's plan.
 
     `alive` maps each responding old member to its record: `committed` (steps it knows committed),
-    `versions` (layer -> optimizer steps applied) and `leaving` (it got a notice).
+    `versions` (layer -> optimizer steps applied) and `leaving` (it got a notice). A noticed node
+    the job cannot do without yet is kept as a member and listed in `deferred`.
     """
-    from runtime.layout import Layout  # local: keeps this module importable in isolation
-
     strategy = get_strategy(config.strategy)
-    leaving = sorted(n for n, rec in alive.items() if rec.get("leaving"))
-    staying = {n for n in alive if n not in leaving}
+    noticed = sorted(n for n, rec in alive.items() if rec.get("leaving"))
     lost = sorted(set(previous["members"]) - set(alive))
-    slots: Slots = [[n if n in staying else None for n in row] for row in previous["slots"]]
-    slots, extra = fill_slots(slots, joiners)
+
+    def arrange(keep: set[int]) -> tuple[Slots, list[int], Layout | LayoutError]:
+        staying = {n for n in alive if n not in noticed or n in keep}
+        slots: Slots = [[n if n in staying else None for n in row] for row in previous["slots"]]
+        slots, extra = fill_slots(slots, joiners)
+        try:
+            if not alive:
+                raise LayoutError("no member survived")
+            return slots, extra, strategy.layout_for(config, slots)
+        except LayoutError as exc:
+            return slots, extra, exc
+
+    # A node with a notice normally leaves now. If the job cannot go on without it (it is the last
+    # holder of a stage and no replacement has joined yet), it stays -- *deferred* -- and keeps
+    # training until a replacement joins, then hands its state over (or its deadline kills it and
+    # the job fails with a named reason). Keep as few noticed nodes as the layout needs.
+    deferred: set[int] = set()
+    slots, extra, layout = arrange(deferred)
+    if isinstance(layout, LayoutError) and noticed and not isinstance(arrange(set(noticed))[2], LayoutError):
+        deferred = set(noticed)
+        for n in noticed:
+            if not isinstance(arrange(deferred - {n})[2], LayoutError):
+                deferred.discard(n)
+        slots, extra, layout = arrange(deferred)
+    leaving = [n for n in noticed if n not in deferred]
     base: Plan = {
         "generation": generation,
         "slots": slots,
         "leaving": leaving,
+        "deferred": sorted(deferred),
         "lost": lost,
         "joined": [n for n in joiners if n not in extra],
         "joins_consumed": previous["joins_consumed"] + len(joiners),
         "reason": reason,
     }
-    try:
-        if not alive:
-            raise LayoutError("no member survived")
-        layout = strategy.layout_for(config, slots)
-    except LayoutError as exc:
-        return {**base, "error": str(exc)}
+    if isinstance(layout, LayoutError):
+        return {**base, "error": str(layout)}
     start = max(int(rec["committed"]) for rec in alive.values())
     transfers: list[list[int]] = []
     restore = None

@@ -73,6 +73,16 @@ class Fenced(RuntimeError):
     """This node was declared gone by the others (e.g. it was hung too long); it must exit."""
 
 
+class JobCannotContinue(RuntimeError):
+    """The job's members agreed that no next generation can run (e.g. the last holder of a stage
+    died with no replica, checkpoint or replacement). `reason` names what is missing; every worker
+    exits with it and supervisors report it (the control plane marks the job failed)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL us when our parent dies, so no worker is ever orphaned."""
     with contextlib.suppress(Exception):
@@ -142,6 +152,10 @@ class Worker:
                 self.coord.request_join(self.node)
                 self._emit({"event": "join_requested", "ready_time": ready})
                 taken = self.coord.wait_joined(self.node, cfg.rendezvous_timeout_s)
+                failed = self.coord.failure()
+                if failed is not None:
+                    self._emit({"event": "job_failed", "reason": failed})
+                    raise JobCannotContinue(failed)
                 if taken is None:
                     self._emit({"event": "join_too_late"})
                     return {"node": self.node, "outcome": "too_late", "committed": 0}
@@ -154,7 +168,10 @@ class Worker:
             assert plan is not None
             while True:
                 if "error" in plan:
-                    raise RuntimeError(f"generation {plan['generation']} cannot run: {plan['error']}")
+                    reason = f"generation {plan['generation']} cannot run: {plan['error']}"
+                    self.coord.mark_failed(reason)  # replacements still waiting to join give up too
+                    self._emit({"event": "job_failed", "reason": reason})
+                    raise JobCannotContinue(reason)
                 if self.node not in plan["members"] and self.node not in plan["leaving"]:
                     raise Fenced(f"node {self.node} is not a member of generation {plan['generation']}")
                 self._emit(
@@ -165,6 +182,7 @@ class Worker:
                         "reason": plan["reason"],
                         "lost": plan["lost"],
                         "members": plan["members"],
+                        "deferred": plan.get("deferred", []),
                     }
                 )
                 outcome, reason = self._run_generation(plan)
@@ -280,6 +298,7 @@ class Worker:
         )
         executor = Executor(cfg, layout, self.node, self.held, self.comm)
         index = members.index(self.node)
+        deferred = set(plan.get("deferred", []))
         step = plan["start_step"]
         self.committed = step
         while step < cfg.steps:
@@ -295,7 +314,8 @@ class Worker:
             vector[0], vector[1] = result.loss_sum, result.loss_count
             if index == 0:
                 vector[2] = self.coord.join_count() - plan["joins_consumed"]
-            vector[3 + index] = float(self.notice)
+            # A deferred node already told the others; it leaves once a replacement joins.
+            vector[3 + index] = float(self.notice and self.node not in deferred)
             self.comm.commit(vector)
             if step == plan["start_step"]:
                 bury()  # the previous generation's groups, once their calls have failed

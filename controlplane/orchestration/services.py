@@ -587,6 +587,58 @@ def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | Non
 # After the last step, how long to wait for the members' workers to exit on their own (they save
 # their final state) before the job is declared finished and its nodes released anyway.
 FINISH_GRACE = timedelta(seconds=30)
+# Exit code of an agent's worker whose runtime found that the job cannot go on
+# (agent.worker_entry.EXIT_JOB_FAILED; the control plane does not import the agent).
+WORKER_EXIT_JOB_FAILED = 4
+
+
+def job_stall_timeout_s() -> float:
+    """Seconds a running job may go without progress (a committed step, a new generation) before
+    the reconcile loop fails it: the safety net for a runtime that died without saying why."""
+    return setting("SPOTPIPE_JOB_STALL_TIMEOUT_S", 600.0)
+
+
+@transaction.atomic
+def job_fail(*, job: TrainingJob, reason: str, data: dict | None = None) -> bool:
+    """Mark an active job failed with `reason` on its timeline (the status alert goes out with the
+    status change) and release its nodes once this commits. Idempotent: False when it had ended."""
+    locked = _lock_job(job)
+    if locked.status not in ACTIVE_JOB_STATUSES:
+        return False
+    _job_set_status(locked, JobStatus.FAILED, reason, data={"reason": reason, **(data or {})})
+    transaction.on_commit(lambda: task_enqueue("reconcile_job", locked.pk))
+    return True
+
+
+def worker_exit_report(*, instance: Instance, code: int | None, reason: str, generation: int | None) -> bool:
+    """An agent's worker exited. When its runtime said the job cannot go on, the job fails with
+    that reason (strategies that restart from a checkpoint do so inside the runtime, so a failure
+    that reaches here had no checkpoint to restart from). Returns True when the job was failed."""
+    if instance.job is None or code != WORKER_EXIT_JOB_FAILED:
+        return False
+    return job_fail(job=instance.job, reason=f"runtime cannot continue: {reason or 'no reason given'}",
+                    data={"instance": instance.pk, "generation": generation})
+
+
+def _last_progress(job: TrainingJob) -> datetime | None:
+    """When the job last moved: its newest metric sample or generation (None before it ran)."""
+    sample = MetricSample.objects.filter(job=job).order_by("-at").values_list("at", flat=True).first()
+    generation = job_current_generation(job=job)
+    moments = [m for m in (sample, generation.created_at if generation else None) if m is not None]
+    return max(moments) if moments else None
+
+
+def job_fail_if_stalled(*, job: TrainingJob, now: datetime | None = None) -> bool:
+    """Fail a running (or recovering) job whose members all stopped reporting progress for longer
+    than SPOTPIPE_JOB_STALL_TIMEOUT_S. Returns True when it did."""
+    if job.status not in (JobStatus.RUNNING, JobStatus.RECOVERING):
+        return False
+    last = _last_progress(job)
+    timeout = job_stall_timeout_s()
+    if last is None or ((now or _now()) - last).total_seconds() <= timeout:
+        return False
+    return job_fail(job=job, reason=f"no progress for {timeout:.0f} s (last at {last.isoformat()}): "
+                                    "its workers stopped reporting", data={"last_progress": last.isoformat()})
 
 
 def _workers_done(job: TrainingJob) -> bool:
@@ -639,7 +691,8 @@ def capacity_release(*, job: TrainingJob) -> list[int]:
 
 def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     """Compare desired and actual capacity of one job and repair the difference:
-    - a finished/cancelled/failed job has all its nodes released;
+    - a finished/cancelled/failed job has all its nodes released (a job with no progress for
+      SPOTPIPE_JOB_STALL_TIMEOUT_S is failed first);
     - nodes the provider reports gone are marked lost (and the job reacts);
     - decided reconfigurations nobody applied are applied;
     - missing capacity is requested (cheapest pool that fits, avoiding pools that just preempted us)
@@ -648,7 +701,7 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     job.refresh_from_db()
     report: dict[str, Any] = {"job": job.pk, "lost": [], "requested": 0, "launched": 0, "released": [],
                               "surplus": []}
-    if job_finish(job=job):
+    if job_finish(job=job) or job_fail_if_stalled(job=job):
         job.refresh_from_db()
     if job.status not in ACTIVE_JOB_STATUSES:
         report["released"] = capacity_release(job=job)

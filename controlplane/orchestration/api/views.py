@@ -112,8 +112,11 @@ class AgentEventView(APIView):
                 message=f"instance {instance.pk}: {data['kind']}"
                 + (f" ({data['message']})" if data["message"] else ""),
                 data={"instance": instance.pk, "generation": data["generation"], "step": data["step"],
-                      "code": data["code"]},
+                      "code": data["code"], "reason": data["message"]},
             )
             if data["kind"] == "worker_exit":
-                services.task_enqueue("reconcile_job", instance.job_id)
+                failed = services.worker_exit_report(instance=instance, code=data["code"], reason=data["message"],
+                                                     generation=data["generation"])
+                if not failed:  # a failed job's release is enqueued by job_fail
+                    services.task_enqueue("reconcile_job", instance.job_id)
         return Response(status=status.HTTP_202_ACCEPTED)

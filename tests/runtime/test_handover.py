@@ -1,0 +1,84 @@
+"""A notice for the last holder of a stage, before its replacement has joined: the node stays
+(deferred) and keeps training until the replacement joins, then hands its parameters and optimizer
+state over at the step boundary -- same math. When no replacement can come (the last holder is
+killed), every worker exits with a named reason instead of hanging. Real processes on gloo."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import DeviceTime
+from runtime.launcher import Fault, Join, run_local
+from runtime.membership import make_plan
+from tests.runtime.conftest import assert_same_math, small_config
+
+pytestmark = [pytest.mark.runtime, pytest.mark.timeout(90)]
+
+
+def _events(result, name: str) -> list[dict]:
+    return [r for r in result.records if r.get("event") == name]
+
+
+def _record(layers: list[int], *, leaving: bool = False, step: int = 3) -> dict:
+    return {"committed": step, "versions": {str(k): step for k in layers}, "leaving": leaving}
+
+
+STAGE0, STAGE1 = [0, 1, 2], [3]  # the layers of small_config's two stages
+
+
+def test_plan_defers_the_last_holder_of_a_stage_until_a_replacement_joins() -> None:
+    config = small_config(strategy="recycle")
+    # Node 2 (pipeline 1, stage 0) is already gone; node 0 holds the only copy of stage 0.
+    previous = {"generation": 1, "slots": [[0, 1], [None, 3]], "members": [0, 1, 3], "joins_consumed": 0}
+    alive = {0: _record(STAGE0, leaving=True), 1: _record(STAGE1), 3: _record(STAGE1)}
+    plan = make_plan(config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None,
+                     reason="notice")
+    assert "error" not in plan
+    assert plan["deferred"] == [0] and plan["leaving"] == [] and 0 in plan["members"]
+
+    # The replacement arrives: node 0 leaves now and sends it stage 0's layer.
+    joined = make_plan(config, generation=3, previous=plan, alive=alive, joiners=[4], checkpoint_step=None,
+                       reason="join")
+    assert "error" not in joined
+    assert joined["leaving"] == [0] and joined["deferred"] == [] and 4 in joined["members"]
+    assert joined["transfers"] == [[layer, 0, 4] for layer in STAGE0]
+
+    # A notice for a node the job can do without is not deferred.
+    alive = {0: _record(STAGE0), 1: _record(STAGE1, leaving=True), 3: _record(STAGE1)}
+    plan = make_plan(config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None,
+                     reason="notice")
+    assert plan["leaving"] == [1] and plan["deferred"] == []
+
+
+def test_notice_before_the_replacement_joined_hands_over_and_keeps_the_math() -> None:
+    config = small_config(strategy="recycle", schedule="fiw", steps=14, device_time=DeviceTime(forward_ms=4.0))
+    # Node 2 dies; node 0 (now the only stage-0 holder) gets a notice at step 3; the replacement
+    # only starts after step 6, i.e. several steps after the notice.
+    result = run_local(
+        config,
+        faults=[Fault(node=2, kind="kill", step=1), Fault(node=0, kind="notice", step=3)],
+        joins=[Join(node=4, after_step=7)],
+        timeout_s=80,
+    )
+    assert result.exit_codes[2] == -9
+    assert all(code == 0 for node, code in result.exit_codes.items() if node != 2), result.exit_codes
+    assert_same_math(result, config)
+    deferred = [e for e in _events(result, "generation") if e["deferred"] == [0]]
+    assert deferred, "node 0 was not kept after its notice"
+    assert [e["node"] for e in _events(result, "left")] == [0]
+    node0_steps = [r["step"] for r in result.steps() if r["node"] == 0]
+    assert max(node0_steps) >= 6  # it trained on after its notice at step 3, until the replacement came
+    assert [r["step"] for r in result.steps() if r["node"] == 4][-1] == config.steps - 1
+    assert not _events(result, "job_failed")
+
+
+def test_last_holder_of_a_stage_killed_fails_the_job_with_a_named_reason() -> None:
+    config = small_config(strategy="recycle", schedule="fiw", steps=10, device_time=DeviceTime(forward_ms=4.0))
+    result = run_local(
+        config, faults=[Fault(node=2, kind="kill", step=1), Fault(node=0, kind="kill", step=3)], timeout_s=80
+    )
+    assert result.exit_codes[0] == -9 and result.exit_codes[2] == -9
+    assert result.exit_codes[1] != 0 and result.exit_codes[3] != 0  # they exit: no hang, no false "done"
+    failures = _events(result, "job_failed")
+    assert sorted(e["node"] for e in failures) == [1, 3]
+    assert all("no surviving node for stage 0" in e["reason"] for e in failures), failures
