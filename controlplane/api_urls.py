@@ -10,5 +10,6 @@ urlpatterns = [
     path("", include("controlplane.billing.api.urls")),
     path("", include("controlplane.orchestration.api.urls")),
     path("", include("controlplane.planning.api.urls")),
+    path("", include("controlplane.webhooks.api.manage_urls")),
     path("webhooks/", include("controlplane.webhooks.api.urls")),
 ]

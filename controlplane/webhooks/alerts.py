@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from django.db import transaction
@@ -30,6 +31,9 @@ MAX_ATTEMPTS = 8
 BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 3600.0
 TIMEOUT_S = 5.0
+URL_MAX_LENGTH = 1000
+ROTATION_GRACE_DEFAULT = timedelta(hours=24)
+ROTATION_GRACE_MAX = timedelta(days=30)
 USER_AGENT = "spotpipe-alerts/1"
 JOB_STATUS_EVENTS = {
     "recovering": AlertEvent.JOB_RECOVERING, "recovered": AlertEvent.JOB_RECOVERED,
@@ -42,23 +46,102 @@ def backoff_s(attempt: int) -> float:
     return min(BACKOFF_BASE_S * 2 ** max(attempt - 1, 0), BACKOFF_CAP_S)
 
 
+def alert_url_check(url: str) -> str:
+    """The URL an alert may go to: absolute http(s) with a host, no credentials in it (they would
+    sit in clear in the database and in logs; the receiver checks our signature instead). The
+    messages never repeat the URL, which may hold a secret."""
+    url = (url or "").strip()
+    if not url:
+        raise DomainError("url is required", field="url")
+    if len(url) > URL_MAX_LENGTH:
+        raise DomainError(f"url is longer than {URL_MAX_LENGTH} characters", field="url")
+    if any(ch.isspace() for ch in url):
+        raise DomainError("url must not contain whitespace", field="url")
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise DomainError("url must be http(s): http:// or https://", field="url")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise DomainError("url must not contain credentials (user:password@); the alert is signed instead",
+                          field="url")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise DomainError("url has an invalid port", field="url") from None
+    if not parts.hostname:
+        raise DomainError("url must name a host", field="url")
+    if parts.fragment:
+        raise DomainError("url must not have a #fragment", field="url")
+    return url
+
+
+def _check_format(format: str) -> str:
+    if format not in AlertFormat.values:
+        raise DomainError(f"format must be one of {', '.join(AlertFormat.values)}", field="format")
+    return format
+
+
+def _check_events(events: list[str] | None) -> list[str]:
+    unknown = sorted(set(events or []) - set(AlertEvent.values))
+    if unknown:
+        raise DomainError(f"unknown events {unknown}; expected some of {', '.join(AlertEvent.values)}", field="events")
+    return list(dict.fromkeys(events or []))  # keep the order, drop repeats
+
+
 @transaction.atomic
 def alert_endpoint_create(
     *, team: Team, url: str, format: str = AlertFormat.GENERIC, events: list[str] | None = None,
     secret: str | None = None,
 ) -> AlertEndpoint:
     """Register an alert URL for `team`; its `signing_secret` is what the receiver verifies with."""
-    if not url.startswith(("https://", "http://")):
-        raise DomainError(f"url must be http(s), got {url[:80]!r}", field="url")
-    if format not in AlertFormat.values:
-        raise DomainError(f"format must be one of {', '.join(AlertFormat.values)}", field="format")
-    unknown = sorted(set(events or []) - set(AlertEvent.values))
-    if unknown:
-        raise DomainError(f"unknown events {unknown}; expected some of {', '.join(AlertEvent.values)}", field="events")
     return AlertEndpoint.objects.create(
-        team=team, url=url, format=format, events=list(events or []),
+        team=team, url=alert_url_check(url), format=_check_format(format), events=_check_events(events),
         signing_secret=secret or signing.generate_secret(),
     )
+
+
+@transaction.atomic
+def alert_endpoint_update(
+    *, endpoint: AlertEndpoint, url: str | None = None, format: str | None = None,
+    events: list[str] | None = None, active: bool | None = None,
+) -> AlertEndpoint:
+    """Change what an endpoint receives or where; the arguments left None stay as they are."""
+    fields = []
+    if url is not None:
+        endpoint.url = alert_url_check(url)
+        fields.append("url")
+    if format is not None:
+        endpoint.format = _check_format(format)
+        fields.append("format")
+    if events is not None:
+        endpoint.events = _check_events(events)
+        fields.append("events")
+    if active is not None:
+        endpoint.active = active
+        fields.append("active")
+    if fields:
+        endpoint.save(update_fields=fields)
+    return endpoint
+
+
+@transaction.atomic
+def alert_endpoint_rotate_secret(
+    *, endpoint: AlertEndpoint, grace: timedelta = ROTATION_GRACE_DEFAULT
+) -> AlertEndpoint:
+    """Give the endpoint a new signing secret. Until `grace` has passed, every delivery carries a
+    second signature made with the old secret, so the receiver may switch to the new secret at any
+    time within the grace period without refusing an alert. A rotation during a grace period ends
+    the older secret's grace at once (two signatures at most)."""
+    if not timedelta(0) <= grace <= ROTATION_GRACE_MAX:
+        raise DomainError(f"grace must be between 0 and {ROTATION_GRACE_MAX}", field="grace_hours")
+    endpoint = AlertEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+    now = timezone.now()
+    endpoint.previous_signing_secret = endpoint.signing_secret if grace else ""
+    endpoint.previous_secret_expires_at = now + grace if grace else None
+    endpoint.signing_secret = signing.generate_secret()
+    endpoint.secret_rotated_at = now
+    endpoint.save(update_fields=["previous_signing_secret", "previous_secret_expires_at", "signing_secret",
+                                 "secret_rotated_at"])
+    return endpoint
 
 
 @transaction.atomic
@@ -123,6 +206,11 @@ def _post(url: str, *, data: bytes, headers: dict[str, str]) -> int:
     return requests.post(url, data=data, headers=headers, timeout=TIMEOUT_S, allow_redirects=False).status_code
 
 
+def _signature_headers(endpoint: AlertEndpoint, *, msg_id: str, body: bytes) -> dict[str, str]:
+    current, *previous = endpoint.signing_secrets()
+    return signing.signed_headers(secret=current, msg_id=msg_id, body=body, extra_secrets=previous)
+
+
 def alert_deliver(*, delivery_id: int, post: Callable[..., int] = _post) -> str:
     """One delivery attempt. Returns "delivered", "retry" (5xx, 408, 429 or a network error, with
     `next_attempt_at` set by backoff), "failed" (other 4xx, or MAX_ATTEMPTS reached) or "skipped"."""
@@ -134,8 +222,7 @@ def alert_deliver(*, delivery_id: int, post: Callable[..., int] = _post) -> str:
         delivery.save(update_fields=["attempts"])
     body = alert_body(delivery)
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
-               **signing.signed_headers(secret=delivery.endpoint.signing_secret, msg_id=delivery.message_id,
-                                        body=body)}
+               **_signature_headers(delivery.endpoint, msg_id=delivery.message_id, body=body)}
     status_code, error = None, ""
     try:
         status_code = post(delivery.endpoint.url, data=body, headers=headers)

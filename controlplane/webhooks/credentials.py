@@ -4,6 +4,7 @@ hot path does not query them on every notice."""
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import threading
 import time
@@ -30,6 +31,18 @@ def hash_secret(value: str) -> str:
 
 
 _SECRET_SCHEMES = {CredentialScheme.API_KEY, CredentialScheme.BASIC, CredentialScheme.TOKEN}
+HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,99}")
+RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "host", "cookie", "connection",
+                              "transfer-encoding", "user-agent", "webhook-id", "webhook-timestamp",
+                              "webhook-signature"})
+# Which schemes authenticate which source (what its view checks).
+SCHEMES_BY_SOURCE: dict[str, tuple[str, ...]] = {
+    WebhookSource.AWS_EVENTBRIDGE: (CredentialScheme.API_KEY, CredentialScheme.BASIC),
+    WebhookSource.AWS_SNS: (CredentialScheme.SNS_TOPIC,),
+    WebhookSource.GCP: (CredentialScheme.TOKEN, CredentialScheme.OIDC),
+    WebhookSource.AZURE: (CredentialScheme.STANDARD_WEBHOOKS,),
+    WebhookSource.GENERIC: (CredentialScheme.STANDARD_WEBHOOKS,),
+}
 
 
 @transaction.atomic
@@ -53,12 +66,18 @@ def credential_create(
                           field="source")
     if scheme not in CredentialScheme.values:
         raise DomainError(f"unknown scheme {scheme!r}", field="scheme")
+    if scheme not in SCHEMES_BY_SOURCE[source]:
+        raise DomainError(f"scheme {scheme!r} does not apply to {source}; use one of "
+                          f"{', '.join(SCHEMES_BY_SOURCE[source])}", field="scheme")
     cred = WebhookCredential(team=team, source=source, scheme=scheme, name=name, config=config or {})
     plain = ""
     if scheme in _SECRET_SCHEMES:
         plain = secret or "sp_wh_" + secrets.token_urlsafe(32)
         cred.secret_hash = hash_secret(plain)
         if scheme == CredentialScheme.API_KEY:
+            if not HEADER_NAME.fullmatch(header_name or "") or header_name.lower() in RESERVED_HEADERS:
+                raise DomainError("header_name must be an HTTP header name (letters, digits, '-'), not a "
+                                  "standard header such as Authorization or Content-Type", field="header_name")
             cred.header_name = header_name.lower()
         if scheme == CredentialScheme.BASIC:
             if not username:
@@ -88,6 +107,8 @@ def credential_rotate(
 ) -> tuple[WebhookCredential, str]:
     """Issue a successor with the same settings and a new secret; the old one stays valid for
     `overlap` so senders can switch without losing a notice."""
+    if credential.scheme not in _SECRET_SCHEMES | {CredentialScheme.STANDARD_WEBHOOKS}:
+        raise DomainError(f"a {credential.scheme} credential has no secret to rotate", field="scheme")
     new, plain = credential_create(
         team=credential.team, source=credential.source, scheme=credential.scheme, name=credential.name,
         header_name=credential.header_name or "x-api-key", username=credential.username, secret=secret,
@@ -96,6 +117,20 @@ def credential_rotate(
     credential.expires_at = timezone.now() + overlap
     credential.save(update_fields=["expires_at"])
     return new, plain
+
+
+def credential_is_active(credential: WebhookCredential) -> bool:
+    """Neither revoked nor past its rotation's expiry."""
+    return credential.revoked_at is None and (credential.expires_at is None or credential.expires_at > timezone.now())
+
+
+def credential_revoke(*, credential: WebhookCredential) -> WebhookCredential:
+    """End a credential at once (the row stays, with `revoked_at`, for the audit trail). Revoking
+    twice keeps the first time."""
+    if credential.revoked_at is None:
+        credential.revoked_at = timezone.now()
+        credential.save(update_fields=["revoked_at"])
+    return credential
 
 
 @dataclass(frozen=True, slots=True)

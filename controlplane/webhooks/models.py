@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
+from django.utils import timezone
 
 
 class WebhookSource(models.TextChoices):
@@ -104,11 +107,25 @@ class AlertEndpoint(models.Model):
     format = models.CharField(max_length=10, choices=AlertFormat.choices, default=AlertFormat.GENERIC)
     events = models.JSONField(default=list, blank=True, help_text="Event types to send; empty means all.")
     signing_secret = models.CharField(max_length=200)
+    # While a secret rotates, deliveries carry a second signature with the previous secret until
+    # `previous_secret_expires_at`, so a receiver can switch without refusing an alert.
+    previous_signing_secret = models.CharField(max_length=200, blank=True)
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
+    secret_rotated_at = models.DateTimeField(null=True, blank=True)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return f"{self.team_id} -> {self.url}"
+
+    def signing_secrets(self, now: datetime | None = None) -> list[str]:
+        """The secrets deliveries are signed with now: the current one, and the previous one during
+        its grace period."""
+        now = now or timezone.now()
+        secrets_ = [self.signing_secret]
+        if self.previous_signing_secret and self.previous_secret_expires_at and self.previous_secret_expires_at > now:
+            secrets_.append(self.previous_signing_secret)
+        return secrets_
 
 
 class DeliveryStatus(models.TextChoices):

@@ -38,13 +38,17 @@ def sign(*, secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
-def signed_headers(*, secret: str, msg_id: str, body: bytes, timestamp: int | None = None) -> dict[str, str]:
-    """The three headers a sender adds."""
+def signed_headers(
+    *, secret: str, msg_id: str, body: bytes, timestamp: int | None = None, extra_secrets: Iterable[str] = ()
+) -> dict[str, str]:
+    """The three headers a sender adds. `extra_secrets` add signatures (space-separated), e.g. the
+    previous secret while a rotation's grace period runs."""
     timestamp = int(time.time()) if timestamp is None else timestamp
+    signatures = [sign(secret=s, msg_id=msg_id, timestamp=timestamp, body=body) for s in (secret, *extra_secrets)]
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(secret=secret, msg_id=msg_id, timestamp=timestamp, body=body),
+        "webhook-signature": " ".join(signatures),
     }
 
 

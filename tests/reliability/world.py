@@ -13,6 +13,9 @@ from django.utils import timezone
 from controlplane.accounts.models import ApiToken, Role, Team
 from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.jobs.models import TrainingJob
+from controlplane.webhooks.alerts import alert_endpoint_create
+from controlplane.webhooks.credentials import credential_create
+from controlplane.webhooks.models import AlertEndpoint, WebhookCredential
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
 
@@ -36,6 +39,8 @@ class World:
     other_instance: Instance
     notice: InterruptionNotice
     member_a_token: ApiToken  # the token member A authenticates with
+    alert_endpoint: AlertEndpoint  # team A's outbound alert URL
+    credential: WebhookCredential  # team A's inbound webhook credential
     keys: dict[str, str] = field(default_factory=dict)  # principal -> API key
 
     def ids(self) -> dict[str, Any]:
@@ -43,6 +48,7 @@ class World:
         return {
             "team": self.team_a.pk, "slug": self.team_a.slug, "job": self.job.pk, "instance": self.instance.pk,
             "notice": self.notice.pk, "token": self.member_a_token.pk, "user": self.member_a.pk,
+            "alert": self.alert_endpoint.pk, "credential": self.credential.pk,
         }
 
     def api_client(self, principal: str, **client_kwargs: Any) -> Client:
@@ -90,6 +96,8 @@ def make_world() -> World:
         "agent_other": make_api_token(team_a, instance=other_instance),
     }
     member_a_token = ApiToken.objects.get(team=team_a, user=member_a)
+    alert_endpoint = alert_endpoint_create(team=team_a, url=f"https://hooks.example.com/{MARKER}-{n}")
+    credential, _ = credential_create(team=team_a, source="gcp", scheme="token", name=f"{MARKER}-credential-{n}")
     return World(team_a=team_a, team_b=team_b, member_a=member_a, admin_a=admin_a, member_b=member_b, job=job,
                  instance=instance, other_job=other_job, other_instance=other_instance, notice=notice,
-                 member_a_token=member_a_token, keys=keys)
+                 member_a_token=member_a_token, alert_endpoint=alert_endpoint, credential=credential, keys=keys)
