@@ -179,7 +179,7 @@ class Coordinator:
 
 def wait_ready(
     coord: Coordinator,
-    generation: int,
+    generation: int | str,
     node: int,
     members: list[int],
     *,

@@ -378,6 +378,16 @@ class Worker:
         transfers = plan["transfers"]
         involved = sorted({n for _, src, dst in transfers for n in (src, dst)})
         if self.node in involved:
+            # Meet at the store first: a source that died after the plan was published is caught by
+            # its heartbeat here, instead of hanging the group's construction for the full timeout.
+            wait_ready(
+                self.coord,
+                f"{plan['generation']}/xfer",
+                self.node,
+                involved,
+                heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+                timeout_s=self.config.rendezvous_timeout_s,
+            )
             comm = transfer_group(
                 self.store_prefix(plan["generation"]),
                 prefix="xfer",

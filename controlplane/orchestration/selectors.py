@@ -122,5 +122,17 @@ def agent_command_version(*, instance_id: int) -> tuple[str, int | None]:
     )
     if row is None:
         return "gone", None
-    state, job_id, generation, status = row
-    return f"{state}:{job_id}:{generation}:{status}", job_id
+    return _version(*row), row[1]
+
+
+def _version(state: str, job_id: int | None, generation: int | None, status: str | None) -> str:
+    return f"{state}:{job_id}:{generation}:{status}"
+
+
+def instance_command_version(*, instance: Instance) -> str:
+    """`agent_command_version` of rows already read (with `instance.job`): an answer must carry the
+    version of the very rows it was built from, or an agent that got an answer built before a new
+    generation but versioned after it would hold its long-poll on that version forever."""
+    job = instance.job
+    return _version(instance.state, instance.job_id, job.current_generation if job else None,
+                    job.status if job else None)

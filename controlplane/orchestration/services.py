@@ -95,10 +95,12 @@ def _transition(instance: Instance, to: str, *, detail: dict | None = None) -> b
     if instance.state == to or to not in ALLOWED_TRANSITIONS[instance.state]:
         return False
     instance_transition(instance=instance, to=to, detail=detail or {})
+    # Billed from the very instant the instance's life starts and ends (its stamps), not from a
+    # later clock reading: the ledger must cover its life exactly.
     if to == InstanceState.RUNNING:
-        billing_open(instance=instance)
+        billing_open(instance=instance, at=instance.running_at)
     elif to in TERMINAL_STATES:
-        billing_close(instance=instance)
+        billing_close(instance=instance, at=instance.ended_at)
     return True
 
 
@@ -336,11 +338,11 @@ def agent_enroll(*, enroll_key: str, provider_instance_id: str, address: str = "
 def agent_commands(*, instance_id: int) -> dict[str, Any]:
     """What the agent of `instance_id` should do now: its job, the current generation and its own
     assignment in it, and an action (`run`, `standby`, `idle`, `stop`)."""
+    from controlplane.orchestration.selectors import instance_command_version
+
     instance = Instance.objects.select_related("job").get(pk=instance_id)
     job = instance.job
-    from controlplane.orchestration.selectors import agent_command_version
-
-    version, _ = agent_command_version(instance_id=instance_id)
+    version = instance_command_version(instance=instance)
     answer: dict[str, Any] = {"version": version, "instance": instance.pk,
                               "provider_instance_id": instance.provider_instance_id, "job": None,
                               "generation": None, "assignment": None, "action": "idle"}
