@@ -30,8 +30,9 @@ def _wait_dead(provider, node_id: str, timeout: float = 10.0) -> float:
 
 
 def test_launch_is_idempotent_and_nodes_serve_metadata(local_provider):
-    nodes = local_provider.launch(_request("job1-acq1", 2))
-    again = local_provider.launch(_request("job1-acq1", 2))
+    request = _request("job1-acq1", 2)
+    nodes = local_provider.launch(request)
+    again = local_provider.launch(request)  # a retried launch: same token, key and control plane
 
     assert [n.provider_instance_id for n in nodes] == [n.provider_instance_id for n in again]
     assert all(n.state == "running" for n in nodes)
@@ -70,3 +71,70 @@ def test_kill_without_notice_and_terminate(local_provider):
     states = [n.state for n in local_provider.describe([a.provider_instance_id, b.provider_instance_id, "local-x"])]
     assert states == ["terminated", "terminated", "missing"]
     assert local_provider.live_pids() == []
+
+
+def _bootstrap_for(token: str, url: str) -> LaunchRequest:
+    return LaunchRequest(client_token=token, count=1, pools=(Pool(instance_type="local.node", zone="local"),),
+                         bootstrap=AgentBootstrap(control_plane_url=url, enroll_key="1.x"))
+
+
+def test_a_live_leftover_of_an_earlier_run_is_cleared_not_adopted(local_provider):
+    # An earlier run (another control plane, same token: a database reset in a reused var dir).
+    (old,) = local_provider.launch(_bootstrap_for("job7-acq1", f"http://127.0.0.1:{free_port()}"))
+    old_pid = local_provider.node_info_file(old.provider_instance_id)["pid"]
+    assert pid_alive(old_pid)
+
+    request = _bootstrap_for("job7-acq1", f"http://127.0.0.1:{free_port()}")
+    (new,) = local_provider.launch(request)
+    assert new.provider_instance_id == old.provider_instance_id and new.state == "running"
+    info = local_provider.node_info_file(new.provider_instance_id)
+    assert info["pid"] != old_pid and not pid_alive(old_pid)  # the leftover was killed, a fresh node runs
+    assert info["launch"] == local_provider.launch_id(request)
+    # A retry of *this* launch adopts the fresh node as it is.
+    (again,) = local_provider.launch(request)
+    assert local_provider.node_info_file(again.provider_instance_id)["pid"] == info["pid"]
+
+
+def test_a_dead_leftover_is_replaced_but_a_dead_node_of_this_launch_is_not(local_provider):
+    request = _bootstrap_for("job8-acq1", f"http://127.0.0.1:{free_port()}")
+    (node,) = local_provider.launch(request)
+    local_provider.kill(node.provider_instance_id)
+    _wait_dead(local_provider, node.provider_instance_id, timeout=3)
+    # The same launch retried: the node it started has died since; it is reported, not restarted.
+    (same,) = local_provider.launch(request)
+    assert same.state == "terminated"
+
+    # Another run with the same token: the dead directory is a leftover; a fresh node starts.
+    (fresh,) = local_provider.launch(_bootstrap_for("job8-acq1", f"http://127.0.0.1:{free_port()}"))
+    assert fresh.state == "running"
+
+
+def test_a_reused_pid_is_neither_adopted_nor_signalled(local_provider):
+    import json
+    import subprocess
+    import sys
+
+    request = _bootstrap_for("job9-acq1", f"http://127.0.0.1:{free_port()}")
+    (node_id,) = local_provider.node_ids_for(request)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        # A directory that claims this launch's node, but its pid now belongs to another process.
+        directory = local_provider.node_dir(node_id)
+        directory.mkdir(parents=True)
+        launch = local_provider.launch_id(request)
+        (directory / "launch.json").write_text(json.dumps({"launch": launch, "spawned_at": 0}))
+        (directory / "node.json").write_text(json.dumps({
+            "node_id": node_id, "pid": bystander.pid, "pgid": bystander.pid, "metadata_url": "http://127.0.0.1:9",
+            "launch": launch, "proc_start": 1}))
+        assert local_provider.describe([node_id])[0].state == "terminated"  # not the node, whatever the pid says
+        local_provider.kill(node_id)
+        local_provider.terminate([node_id])
+        assert bystander.poll() is None, "a process that merely reused the pid was signalled"
+
+        (node,) = local_provider.launch(request)
+        assert node.state == "running"
+        assert local_provider.node_info_file(node_id)["pid"] != bystander.pid
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

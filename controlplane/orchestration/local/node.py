@@ -49,9 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     server = MetadataServer(instance_id=args.node_id, instance_type=args.instance_type, zone=args.zone,
                             on_notice=_kill_group_at).start()
     args.node_dir.mkdir(parents=True, exist_ok=True)
+    stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     write_json_atomic(args.node_dir / "node.json", {
         "node_id": args.node_id, "pid": os.getpid(), "pgid": os.getpgrp(), "metadata_url": server.url,
         "instance_type": args.instance_type, "zone": args.zone, "started_at": time.time(),
+        # Who this process is, so the provider never mistakes a leftover or a reused pid for it.
+        "launch": os.environ.get("SPOTPIPE_LOCAL_LAUNCH", ""), "proc_start": int(stat[19]),
     })
     from agent.main import main as agent_main
 

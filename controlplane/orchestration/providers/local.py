@@ -5,14 +5,24 @@ metadata endpoint and runs the agent; its directory under `root` holds `node.jso
 Preemption: `preempt()` posts a notice to the node's metadata endpoint (in the cloud's own
 format) and the node kills its own process group when the notice period ends; `kill()` pulls the
 plug with no notice.
+
+Leftovers: node ids come from the request token, so a reused root (a database reset, a crash and a
+restart) can hold a directory for the same id from an earlier run. Each launch has a *launch id*
+(hash of token, enrolment key and control-plane URL) written beside the node and into its
+`node.json`, with the process's kernel start time. A launch adopts only a node of the same launch
+whose process is the one recorded (same pid *and* start time, so a reused pid is not taken for it);
+anything else in the directory is stale: its processes (found by their `--node-dir`) are killed,
+the directory is removed and the node is started afresh.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +56,31 @@ def pid_alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def proc_start(pid: int) -> int | None:
+    """The kernel start time of `pid` (clock ticks since boot): with the pid, a process's identity."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+        return None
+
+
+def node_dir_pids(directory: Path) -> list[int]:
+    """Live processes started as a local node of `directory` (`--node-dir DIR` on their command line)."""
+    wanted = str(directory).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        named = any(a == b"--node-dir" and b == wanted for a, b in itertools.pairwise(argv))
+        if named and pid_alive(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -82,6 +117,61 @@ class LocalProvider:
         digest = hashlib.sha256(request.client_token.encode()).hexdigest()[:10]
         return [f"local-{digest}-{i}" for i in range(request.count)]
 
+    @staticmethod
+    def launch_id(request: LaunchRequest) -> str:
+        """What tells this launch's nodes from a leftover with the same id: a retry of the launch
+        has the same token, enrolment key and control plane; an earlier run differs in one."""
+        boot = request.bootstrap
+        text = f"{request.client_token}\0{boot.enroll_key}\0{boot.control_plane_url}"
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def _process_is_node(self, data: dict) -> bool:
+        """The process `node.json` names still runs and is that node (not a reused pid)."""
+        pid = int(data["pid"])
+        if not pid_alive(pid):
+            return False
+        recorded = data.get("proc_start")
+        return recorded is None or proc_start(pid) == int(recorded)
+
+    def _launch_record(self, node_id: str) -> dict | None:
+        try:
+            return json.loads((self.node_dir(node_id) / "launch.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _leftover(self, node_id: str, launch: str) -> bool:
+        """True when the node's directory holds anything but this launch's node (alive, dead or
+        still starting)."""
+        directory = self.node_dir(node_id)
+        if not directory.exists():
+            return False
+        record = self._launch_record(node_id)
+        if record is None or record.get("launch") != launch:
+            return True
+        data = self.node_info_file(node_id)
+        if data is None:
+            return not self._spawn_recent(node_id) and not node_dir_pids(directory)
+        if data.get("launch") != launch:
+            return True
+        # This launch's node: adopted whether it still runs or has died since (like EC2, a retried
+        # launch returns the instances of the first one even when they are gone) -- unless its pid
+        # was reused by another process, which is then not ours to report or to signal.
+        return pid_alive(int(data["pid"])) and not self._process_is_node(data)
+
+    def _clear(self, node_id: str) -> None:
+        """Kill whatever still runs as a node of this directory, then remove the directory."""
+        directory = self.node_dir(node_id)
+        for _ in range(3):
+            pids = node_dir_pids(directory)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+            time.sleep(0.1)
+            _reap()
+        shutil.rmtree(directory, ignore_errors=True)
+
     def node_dir(self, node_id: str) -> Path:
         if "/" in node_id or node_id.startswith("."):
             raise ProviderError(f"bad local node id {node_id!r}")
@@ -96,11 +186,11 @@ class LocalProvider:
     def _info(self, node_id: str) -> NodeInfo:
         data = self.node_info_file(node_id)
         if data is None:
-            state = "pending" if (self.node_dir(node_id) / "spawned").exists() and self._spawn_recent(node_id) else (
+            state = "pending" if self._spawn_recent(node_id) else (
                 "terminated" if self.node_dir(node_id).exists() else "missing")
             return NodeInfo(provider_instance_id=node_id, instance_type=LOCAL_INSTANCE_TYPE, zone=LOCAL_ZONE,
                             state=state)
-        alive = pid_alive(int(data["pid"]))
+        alive = self._process_is_node(data)
         return NodeInfo(
             provider_instance_id=node_id, instance_type=data.get("instance_type", LOCAL_INSTANCE_TYPE),
             zone=data.get("zone", LOCAL_ZONE), state="running" if alive else "terminated",
@@ -108,18 +198,19 @@ class LocalProvider:
         )
 
     def _spawn_recent(self, node_id: str) -> bool:
-        try:
-            spawned = float((self.node_dir(node_id) / "spawned").read_text())
-        except (FileNotFoundError, ValueError):
+        record = self._launch_record(node_id)
+        if record is None:
             return False
-        return time.time() - spawned < self.start_timeout_s
+        return time.time() - float(record.get("spawned_at", 0)) < self.start_timeout_s
 
     def _spawn(self, node_id: str, request: LaunchRequest) -> None:
         directory = self.node_dir(node_id)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "spawned").write_text(str(time.time()))
+        launch = self.launch_id(request)
+        record = {"launch": launch, "token": request.client_token, "spawned_at": time.time()}
+        (directory / "launch.json").write_text(json.dumps(record))
         env = {**os.environ, **self.extra_env, "SPOTPIPE_ENROLL_KEY": request.bootstrap.enroll_key,
-               "PYTHONUNBUFFERED": "1"}
+               "SPOTPIPE_LOCAL_LAUNCH": launch, "PYTHONUNBUFFERED": "1"}
         # The node must not inherit the test or worker's Django settings overrides; it talks HTTP only.
         env.pop("DJANGO_SETTINGS_MODULE", None)
         argv = [self.python, "-m", "controlplane.orchestration.local.node", "--node-dir", str(directory),
@@ -131,10 +222,14 @@ class LocalProvider:
 
     # --- Provider interface ------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> list[NodeInfo]:
-        """Start the request's nodes (those already started by an earlier launch are returned as
-        they are) and wait until each serves its metadata endpoint."""
+        """Start the request's nodes (those already started by an earlier try of this launch are
+        returned as they are; leftovers of another run under the same ids are cleared first) and
+        wait until each serves its metadata endpoint."""
         ids = self.node_ids_for(request)
+        launch = self.launch_id(request)
         for node_id in ids:
+            if self._leftover(node_id, launch):
+                self._clear(node_id)
             if not self.node_dir(node_id).exists():
                 self._spawn(node_id, request)
         deadline = time.monotonic() + self.start_timeout_s
@@ -157,7 +252,7 @@ class LocalProvider:
         groups = []
         for node_id in ids:
             data = self.node_info_file(node_id)
-            if data is None or not pid_alive(int(data["pid"])):
+            if data is None or not self._process_is_node(data):
                 continue
             groups.append(int(data["pgid"]))
             _signal_group(int(data["pgid"]), signal.SIGTERM)
@@ -190,7 +285,8 @@ class LocalProvider:
         data = self.node_info_file(node_id)
         if data is None:
             raise ProviderError(f"no local node {node_id!r}")
-        _signal_group(int(data["pgid"]), signal.SIGKILL)
+        if self._process_is_node(data):
+            _signal_group(int(data["pgid"]), signal.SIGKILL)
 
     def all_node_ids(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.exists() else []
