@@ -60,3 +60,17 @@ class Rendezvous(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} @ {self.address}"
+
+
+class HeartbeatWatch(models.Model):
+    """The dead-agent detector's memory (one row): when it last ran, and until when the control plane
+    was deaf to heartbeats (its web server, database or worker was down, so no node could be heard).
+    Silence is counted from the end of the last deaf spell: an outage of the control plane must not
+    make every node look dead."""
+
+    key = models.CharField(max_length=20, primary_key=True, default="heartbeats")
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    deaf_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"ran {self.last_run_at}, deaf until {self.deaf_until}"

@@ -11,7 +11,7 @@ from django.db import OperationalError
 
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import Reconfiguration, TrainingJob
-from controlplane.orchestration import services
+from controlplane.orchestration import hearing, services
 from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.providers import ProviderError
 
@@ -93,7 +93,10 @@ def release_job(job_id: int) -> list[int]:
 @shared_task(name="orchestration.detect_dead_agents", acks_late=True, ignore_result=True,
              autoretry_for=(OperationalError,), max_retries=2)
 def detect_dead_agents() -> list[int]:
-    """Periodic: nodes whose heartbeats stopped are lost; their jobs react."""
+    """Periodic: nodes whose heartbeats stopped are lost; their jobs react. Not while the control
+    plane itself has just been deaf (see `hearing`)."""
+    if not hearing.heartbeats_audible(timeout_s=services.heartbeat_timeout_s()):
+        return []
     return services.instances_detect_dead()
 
 
