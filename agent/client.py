@@ -84,10 +84,12 @@ class ControlPlaneClient:
             delay = min(delay * 2, self.max_backoff_s)
 
     # --- the protocol --------------------------------------------------------------------------------
-    def enroll(self, *, enroll_key: str, provider_instance_id: str, address: str = "") -> dict:
+    def enroll(self, *, enroll_key: str, provider_instance_id: str, address: str = "", identity_document: str = "",
+               identity_signature: str = "") -> dict:
         # 409: the control plane has not attached this node yet; keep trying.
         return self.request("POST", "agents/enroll/", json={
             "enroll_key": enroll_key, "provider_instance_id": provider_instance_id, "agent_address": address,
+            "identity_document": identity_document, "identity_signature": identity_signature,
         }, retry_on=frozenset({409}))
 
     def heartbeat(self, *, instance_id: int, address: str = "") -> dict:

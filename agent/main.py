@@ -94,8 +94,10 @@ class Agent:
         if not self.config.enroll_key:
             raise SystemExit("spotpipe-agent: give --token or SPOTPIPE_ENROLL_KEY")
         provider_id = self._retry(self.watcher.instance_id)
+        # AWS: the signed instance identity document proves this is the launched instance.
+        document, signature = self._retry(self.watcher.identity) if hasattr(self.watcher, "identity") else ("", "")
         answer = self.client.enroll(enroll_key=self.config.enroll_key, provider_instance_id=provider_id,
-                                    address=self.address)
+                                    address=self.address, identity_document=document, identity_signature=signature)
         self.client.token = answer["token"]
         self.instance_id = answer["instance"]
         self.job_id = answer.get("job")

@@ -105,6 +105,24 @@ class AwsImdsWatcher(MetadataWatcher):
         response.raise_for_status()
         return response.text.strip()
 
+    def identity(self) -> tuple[str, str]:
+        """The instance identity document (exact text) and its base64 RSA-SHA256 signature
+        (`/latest/dynamic/instance-identity/signature`), which enrolment sends as proof that this
+        is the launched instance. ("", "") when the endpoint serves none (a local node without a
+        signing key); a connection error raises (the caller retries)."""
+        texts = []
+        for leaf in ("document", "signature"):
+            url = f"{self.base_url}/latest/dynamic/instance-identity/{leaf}"
+            response = self.session.get(url, headers=self._token_header(), timeout=self.timeout_s)
+            if response.status_code == 401:
+                self._token = ""
+                response = self.session.get(url, headers=self._token_header(), timeout=self.timeout_s)
+            if response.status_code == 404:
+                return "", ""
+            response.raise_for_status()
+            texts.append(response.text)
+        return texts[0], texts[1]
+
     def _check(self) -> list[Notice]:
         notices = []
         now = time.monotonic()

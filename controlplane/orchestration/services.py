@@ -302,13 +302,19 @@ def job_start(*, job: TrainingJob) -> Acquisition | None:
 # --- agents -----------------------------------------------------------------------------------------------
 
 
-def agent_enroll(*, enroll_key: str, provider_instance_id: str, address: str = "") -> tuple[Instance, str]:
+def agent_enroll(
+    *, enroll_key: str, provider_instance_id: str, address: str = "", identity_document: str = "",
+    identity_signature: str = "",
+) -> tuple[Instance, str]:
     """Exchange an acquisition's enrolment key and the node's provider id for an agent token bound
-    to that instance. Raises DomainError (400) on a bad key and Conflict (409) when the node is not
-    attached yet (the agent retries)."""
+    to that instance. Raises DomainError (400) on a bad key, Conflict (409) when the node is not
+    attached yet (the agent retries), and IdentityRejected (403) when the provider's identity check
+    is enforced (aws) and the signed instance identity document does not prove the node is the
+    launched instance in the configured account and region."""
     from controlplane.accounts.models import TokenKind
     from controlplane.accounts.services import api_token_create
     from controlplane.common.errors import Conflict, DomainError
+    from controlplane.orchestration.identity import identity_policy_for, verify_identity_document
 
     acquisition = acquisition_from_enroll_key(key=enroll_key)
     if acquisition is None:
@@ -322,6 +328,10 @@ def agent_enroll(*, enroll_key: str, provider_instance_id: str, address: str = "
                        field="provider_instance_id")
     if instance.state in TERMINAL_STATES:
         raise Conflict(f"instance {instance.pk} is {instance.state}; it cannot enrol", field="provider_instance_id")
+    policy = identity_policy_for(acquisition.provider)
+    if policy is not None:
+        verify_identity_document(document=identity_document, signature_b64=identity_signature,
+                                 expected_instance_id=instance.provider_instance_id, policy=policy)
     with transaction.atomic():
         _token, key = api_token_create(team=instance.team, kind=TokenKind.AGENT, instance=instance,
                                       name=f"agent {provider_instance_id}")

@@ -11,6 +11,13 @@ class EnrollSerializer(serializers.Serializer):
     enroll_key = serializers.CharField(max_length=200)
     provider_instance_id = serializers.CharField(max_length=100)
     agent_address = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    # Exact bytes matter for the signature: no whitespace trimming.
+    identity_document = serializers.CharField(
+        max_length=8000, required=False, allow_blank=True, trim_whitespace=False, default="",
+        help_text="AWS: the instance identity document, as IMDSv2 serves it (required when the provider is aws).")
+    identity_signature = serializers.CharField(
+        max_length=4000, required=False, allow_blank=True, default="",
+        help_text="AWS: `/latest/dynamic/instance-identity/signature` (base64 RSA-SHA256 over the document).")
 
 
 class EnrollResultSerializer(serializers.Serializer):

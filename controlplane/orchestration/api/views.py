@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.request import Request
@@ -53,12 +53,19 @@ class EnrollView(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
-    @extend_schema(request=EnrollSerializer, responses={201: EnrollResultSerializer})
+    @extend_schema(request=EnrollSerializer, responses={
+        201: EnrollResultSerializer,
+        400: OpenApiResponse(description="bad input or an unknown enrolment key: detail and errors.<field>"),
+        403: OpenApiResponse(description="aws: the signed instance identity document does not prove this node is "
+                                         "the launched instance in the configured account and region"),
+        409: OpenApiResponse(description="the node is not attached to its acquisition yet (retry) or has ended"),
+    })
     def post(self, request: Request) -> Response:
         data = validate_or_400(EnrollSerializer(data=request.data))
         instance, key = services.agent_enroll(
             enroll_key=data["enroll_key"], provider_instance_id=data["provider_instance_id"],
-            address=data.get("agent_address", ""),
+            address=data.get("agent_address", ""), identity_document=data["identity_document"],
+            identity_signature=data["identity_signature"],
         )
         return Response({"instance": instance.pk, "job": instance.job_id, "token": key}, status=status.HTTP_201_CREATED)
 

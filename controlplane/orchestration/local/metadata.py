@@ -4,7 +4,10 @@ tests. It imports nothing from Django: a local node runs it in-process beside it
 - AWS IMDSv2: `PUT /latest/api/token` (needs `X-aws-ec2-metadata-token-ttl-seconds`), then
   `GET /latest/meta-data/...` with `X-aws-ec2-metadata-token`; `spot/instance-action` is 404 until
   a notice exists, then `{"action": "terminate", "time": "...Z"}`; `events/recommendations/rebalance`
-  likewise with `{"noticeTime": "...Z"}`.
+  likewise with `{"noticeTime": "...Z"}`. With an `IdentitySigner`, `GET
+  /latest/dynamic/instance-identity/document` serves an instance identity document (AWS's fields)
+  and `.../signature` its base64 RSA PKCS#1 v1.5 SHA-256 signature, made with a locally generated
+  key instead of AWS's (404 without a signer).
 - GCP: `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google` answers `FALSE`
   or `TRUE`; `?wait_for_change=true` blocks until the value changes (or `timeout_sec`).
 - Azure: `GET /metadata/scheduledevents?api-version=2020-07-01` with `Metadata: true` answers
@@ -34,6 +37,36 @@ def _iso_z(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(frozen=True)
+class IdentitySigner:
+    """Signs this node's instance identity document, as AWS does, with a local RSA private key."""
+
+    private_key_pem: bytes
+    account_id: str = "000000000000"
+    region: str = "local"
+
+    def document(self, *, instance_id: str, instance_type: str, zone: str) -> str:
+        fields = {
+            "accountId": self.account_id, "architecture": "x86_64", "availabilityZone": zone,
+            "billingProducts": None, "devpayProductCodes": None, "marketplaceProductCodes": None,
+            "imageId": "ami-00000000000000000", "instanceId": instance_id, "instanceType": instance_type,
+            "kernelId": None, "pendingTime": _iso_z(datetime.now(UTC)), "privateIp": "127.0.0.1",
+            "ramdiskId": None, "region": self.region, "version": "2017-09-30",
+        }
+        return json.dumps(fields, indent=2)
+
+    def sign(self, document: str) -> str:
+        """Base64 of the RSA PKCS#1 v1.5 SHA-256 signature, in 64-character lines."""
+        import base64
+
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        key = serialization.load_pem_private_key(self.private_key_pem, password=None)
+        text = base64.b64encode(key.sign(document.encode(), padding.PKCS1v15(), hashes.SHA256())).decode()
+        return "\n".join(text[i:i + 64] for i in range(0, len(text), 64))
+
+
 @dataclass
 class MetadataState:
     """What the node's metadata currently says. Guarded by `changed` (a Condition)."""
@@ -47,6 +80,7 @@ class MetadataState:
     incarnation: int = 0
     preempted: bool = False
     tokens: dict[str, float] = field(default_factory=dict)
+    identity: tuple[str, str] | None = None  # (document, signature) when the node has a signer
     changed: threading.Condition = field(default_factory=threading.Condition)
 
 
@@ -57,8 +91,12 @@ class MetadataServer:
     def __init__(
         self, *, instance_id: str, instance_type: str = "local.node", zone: str = "local",
         host: str = "127.0.0.1", port: int = 0, on_notice: Callable[[float], None] | None = None,
+        identity: IdentitySigner | None = None,
     ) -> None:
         self.state = MetadataState(instance_id=instance_id, instance_type=instance_type, zone=zone)
+        if identity is not None:
+            document = identity.document(instance_id=instance_id, instance_type=instance_type, zone=zone)
+            self.state.identity = (document, identity.sign(document))
         self.on_notice = on_notice
         handler = type("Handler", (_Handler,), {"server_ref": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
@@ -153,6 +191,11 @@ class _Handler(BaseHTTPRequestHandler):
         token = self.headers.get("X-aws-ec2-metadata-token", "")
         if st.tokens.get(token, 0) < time.monotonic():
             return self._send(HTTPStatus.UNAUTHORIZED, "Unauthorized")
+        if path.startswith("/latest/dynamic/instance-identity/"):
+            leaf = path.removeprefix("/latest/dynamic/instance-identity/")
+            if st.identity is None or leaf not in ("document", "signature"):
+                return self._send(HTTPStatus.NOT_FOUND, "Not Found")
+            return self._send(HTTPStatus.OK, st.identity[0] if leaf == "document" else st.identity[1])
         leaf = path.removeprefix("/latest/meta-data/")
         simple = {"instance-id": st.instance_id, "instance-type": st.instance_type,
                   "placement/availability-zone": st.zone, "instance-life-cycle": "spot"}
@@ -205,7 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parsed = urlparse(self.path)
         query = parse_qs(parsed.query)
-        if parsed.path.startswith("/latest/meta-data/"):
+        if parsed.path.startswith(("/latest/meta-data/", "/latest/dynamic/")):
             return self._aws_get(parsed.path)
         if parsed.path.startswith("/computeMetadata/v1/"):
             return self._gcp_get(parsed.path, query)

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from controlplane.orchestration.local.metadata import MetadataServer
+from controlplane.orchestration.local.metadata import IdentitySigner, MetadataServer
 
 
 def _kill_group_at(deadline: float) -> None:
@@ -46,8 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zone", default="local")
     args, agent_args = parser.parse_known_args(argv)
 
+    identity = None
+    if os.environ.get("SPOTPIPE_LOCAL_IDENTITY_KEY"):
+        # Sign an instance identity document as AWS would (the control plane verifies it when enforcing).
+        identity = IdentitySigner(private_key_pem=Path(os.environ["SPOTPIPE_LOCAL_IDENTITY_KEY"]).read_bytes(),
+                                  account_id=os.environ.get("SPOTPIPE_LOCAL_IDENTITY_ACCOUNT", "000000000000"),
+                                  region=os.environ.get("SPOTPIPE_LOCAL_IDENTITY_REGION", "local"))
     server = MetadataServer(instance_id=args.node_id, instance_type=args.instance_type, zone=args.zone,
-                            on_notice=_kill_group_at).start()
+                            on_notice=_kill_group_at, identity=identity).start()
     args.node_dir.mkdir(parents=True, exist_ok=True)
     stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     write_json_atomic(args.node_dir / "node.json", {
