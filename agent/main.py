@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
 from agent.supervisor import WorkerSupervisor
-from agent.worker_entry import EXIT_JOB_FAILED
+from agent.worker_entry import EXIT_FENCED, EXIT_JOB_FAILED
 
 logger = logging.getLogger("spotpipe.agent")
 
@@ -229,8 +229,10 @@ class Agent:
         generation = ((self.last_command or {}).get("generation") or {}).get("number")
         failure, self._failure = self._failure, ""
         self._event("worker_exit", code=code, generation=generation, message=failure)
-        if code == EXIT_JOB_FAILED:
-            return  # the job is over (the control plane fails it); a restarted worker could not help
+        if code in (EXIT_JOB_FAILED, EXIT_FENCED):
+            # The job is over (the control plane fails it), or it dropped this node and went on: a
+            # worker restarted as it was would fail again, in a loop.
+            return
         if code != 0 and self.last_command and self.last_command["action"] == "run":
             self._restart.set()
 

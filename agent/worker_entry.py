@@ -26,6 +26,9 @@ WATCH_INTERVAL_S = 0.02
 # Exit code of a worker whose job cannot go on (the runtime agreed on an impossible plan); the agent
 # reports it with the reason and does not restart the worker.
 EXIT_JOB_FAILED = 4
+# Exit code of a worker the job dropped (declared gone while it was hung): restarting it as it was
+# would only be dropped again.
+EXIT_FENCED = 3
 
 
 def emit(message: dict[str, Any]) -> None:
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = AgentWorker(worker_spec, on_step).run()
     except Fenced as exc:
         emit({"type": "fenced", "reason": str(exc)})
-        return 3
+        return EXIT_FENCED
     except JobCannotContinue as exc:
         emit({"type": "failed", "reason": exc.reason})
         return EXIT_JOB_FAILED
