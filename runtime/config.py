@@ -106,6 +106,10 @@ class JobConfig:
     of waiting, one that has not answered and whose heartbeat is older than 1.5 x op_timeout_s is too)."""
     rendezvous_timeout_s: float = 60.0
     """Upper bound on waiting for a generation to form."""
+    recycle_spill: bool = False
+    """recycle: False sends a lost hop to same-stage peers only (ReCycle as published); True lets it go
+    to any survivor (which fetches that stage's layers) when the schedule estimate says the step is
+    shorter -- needed when few pipelines leave one peer doing twice the work (see docs/runtime.md)."""
     min_stages: int = 1
     """oobleck: the fewest nodes a pipeline template may have (the model must fit on them)."""
     checkpoint_dir: str = ""

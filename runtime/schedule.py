@@ -136,9 +136,7 @@ def _make_tasks(layout: Layout, kind: str, durations: Durations) -> dict[tuple[i
                 )
             else:
                 # The first hop has no input gradient to hurry, so it always runs fused.
-                tasks[(m, h, BACKWARD)] = _Task(
-                    BACKWARD, m, h, node, bdeps, prio[BACKWARD], i + w, False, first
-                )
+                tasks[(m, h, BACKWARD)] = _Task(BACKWARD, m, h, node, bdeps, prio[BACKWARD], i + w, False, first)
             # bamboo: the node holding the next hop's stage as a replica runs its forward eagerly.
             succ_stage = route[(h + 1) % len(route)][0]
             if len(route) > 1 and succ_stage in replicas[node] and route[(h + 1) % len(route)][1] != node:
@@ -182,30 +180,32 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
     finish: dict[tuple[int, int, str], float] = {}
     free: dict[int, float] = defaultdict(float)
     in_flight: dict[tuple[int, int], int] = defaultdict(int)
-    ready: dict[int, set[tuple[int, int, str]]] = defaultdict(set)
+    # Per node, the ready tasks with the time their inputs are ready (fixed once they are ready).
+    ready: dict[int, dict[tuple[int, int, str], float]] = defaultdict(dict)
     for key, task in tasks.items():
         if not task.deps:
-            ready[task.node].add(key)
+            ready[task.node][key] = 0.0
     order: dict[int, list[tuple[float, _Task]]] = defaultdict(list)
     for _ in range(len(tasks)):
         best = None
         for node, keys in ready.items():
-            for key in keys:
+            node_free = free[node]
+            for key, inputs_ready in keys.items():
                 task = tasks[key]
+                start = inputs_ready if inputs_ready > node_free else node_free
+                if best is not None and start > best[0][0]:
+                    continue
                 slot = (node, layout.pipeline_of[task.mb])
                 if task.first_on_node and task.kind == FORWARD and in_flight[slot] >= caps[slot]:
                     continue
-                start = max([finish[d] for d in task.deps] + [free[node]])
                 rank = (start, task.priority, task.mb, task.hop, node)
                 if best is None or rank < best[0]:
                     best = (rank, node, key)
         if best is None:
-            raise ScheduleError(
-                "no task can start: the layout's routes form a cycle or a node's memory cap is 0"
-            )
+            raise ScheduleError("no task can start: the layout's routes form a cycle or a node's memory cap is 0")
         (start, *_), node, key = best
         task = tasks[key]
-        ready[node].discard(key)
+        del ready[node][key]
         finish[key] = start + task.duration
         free[node] = finish[key]
         in_flight[(node, layout.pipeline_of[task.mb])] += int(task.first_on_node) - int(task.releases)
@@ -213,13 +213,18 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
         for child in dependents[key]:
             waiting[child] -= 1
             if not waiting[child]:
-                ready[tasks[child].node].add(child)
+                ready[tasks[child].node][child] = max(finish[d] for d in tasks[child].deps)
     return order
 
 
-def build_schedule(
-    layout: Layout, kind: str = "1f1b", durations: Durations | None = None
-) -> dict[int, list[Action]]:
+def schedule_length(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> float:
+    """Length of one step of `layout` as `build_schedule` orders it (communication free): a cheap
+    estimate for choosing between layouts, without building the action lists."""
+    order = _list_schedule(layout, kind, durations or stage_durations(layout))
+    return max((start + task.duration for row in order.values() for start, task in row), default=0.0)
+
+
+def build_schedule(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> dict[int, list[Action]]:
     """Per-node action lists for one training step of `layout`.
 
     `kind` is `1f1b` (fused backward) or `fiw` (backward-input on the critical path, backward-weight
@@ -291,9 +296,7 @@ def action_duration(layout: Layout, durations: Durations | None = None) -> Calla
         if act.kind not in COMPUTE:
             return 0.0
         f, i, w = durations[act.stage]
-        return {FORWARD: f, REDUNDANT_FORWARD: f, BACKWARD_INPUT: i, BACKWARD_WEIGHT: w, BACKWARD: i + w}[
-            act.kind
-        ]
+        return {FORWARD: f, REDUNDANT_FORWARD: f, BACKWARD_INPUT: i, BACKWARD_WEIGHT: w, BACKWARD: i + w}[act.kind]
 
     return duration
 

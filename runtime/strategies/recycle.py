@@ -1,22 +1,31 @@
-"""`recycle`: re-route a lost node's micro-batches to its same-stage peers in the other pipelines.
+"""`recycle`: re-route a lost node's micro-batches to surviving nodes; stages and math unchanged.
 
 Only the lost hop moves: micro-batch m of pipeline p still runs every other stage on pipeline p's
-nodes, and its stage-s hop runs on a surviving stage-s node of another pipeline (round-robin over
-them, so the extra work is spread). Stage boundaries, the global batch and the data order are
-unchanged, so no state moves and the math is identical. The split-backward (`fiw`) schedule puts
-backward-input on the critical path and defers backward-weight into bubbles, which is where the
-re-routed work fits; each node steps its optimizer as soon as its own all-reduce is done.
+nodes. ReCycle sends the lost stage-s hop to the surviving stage-s nodes of the other pipelines
+(round-robin, the default); they hold the stage already, so no state moves. The
+split-backward (`fiw`) schedule puts backward-input on the critical path and defers backward-weight
+into bubbles, which is where the re-routed work fits; each node steps its optimizer as soon as its
+own all-reduce is done.
+
+With few pipelines that cannot be enough: at DP=2 the one peer computes 2M micro-batches of its
+stage per step, so against a bubble-free failure-free step no schedule exceeds M(F+I+W) / 2M(F+I+W)
+plus the bubble share (0.625 at DP=2 x PP=4, M=4; see docs/runtime.md). *Spill* (`recycle_spill`) also
+lets other survivors host a lost hop: each lost hop goes, greedily, to the survivor that gives the
+shortest step in the schedule simulation (ties: a same-stage peer, then a neighbour on the route,
+then the least-loaded node). A node that hosts a stage it did not hold fetches a copy of its layers
+at the regroup, like any layer transfer; the global batch, data order and the math are unchanged.
 """
 
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
 from runtime.layout import Layout, pipelines_layout
-from runtime.strategies.base import Slots
+from runtime.schedule import schedule_length, stage_durations
+from runtime.strategies.base import Slots, alive_nodes
 
 
 class RecycleStrategy:
-    """Keep the full layout's stages and routes; patch each missing hop with a same-stage peer."""
+    """Keep the full layout's stages and routes; patch each missing hop with a surviving node."""
 
     name = "recycle"
     restarts_from_checkpoint = False
@@ -30,26 +39,89 @@ class RecycleStrategy:
             alive = [n for row in slots if (n := row[s]) is not None]
             if not alive:
                 raise LayoutError(
-                    f"recycle has no surviving node for stage {s} (slots {slots}); "
-                    "expected at least one per stage"
+                    f"recycle has no surviving node for stage {s} (slots {slots}); expected at least one per stage"
                 )
             peers.append(alive)
-        routes = []
+        routes: list[list[tuple[int, int]]] = []
+        lost: list[tuple[int, int]] = []  # (micro-batch, hop) whose node is gone
         turn = [0] * config.pp
         for m, route in enumerate(base.routes):
             p = base.pipeline_of[m]
             hops = []
-            for stage, _ in route:
+            for h, (stage, _) in enumerate(route):
                 node = slots[p][stage]
                 if node is None:
                     node = peers[stage][turn[stage] % len(peers[stage])]
                     turn[stage] += 1
+                    lost.append((m, h))
                 hops.append((stage, node))
-            routes.append(tuple(hops))
-        return Layout(
-            num_layers=base.num_layers,
-            stages=base.stages,
-            routes=tuple(routes),
-            pipeline_of=base.pipeline_of,
-            microbatch_size=base.microbatch_size,
-        )
+            routes.append(hops)
+        layout = _layout(base, routes)
+        if config.recycle_spill and lost:
+            layout = _spill(config, base, routes, lost, peers, alive_nodes(slots))
+        return layout
+
+
+def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list[int] | None = None) -> Layout:
+    return Layout(
+        num_layers=base.num_layers,
+        stages=base.stages,
+        routes=tuple(tuple(r) for r in routes),
+        pipeline_of=tuple(pipeline_of) if pipeline_of is not None else base.pipeline_of,
+        microbatch_size=base.microbatch_size,
+    )
+
+
+def _spill(
+    config: JobConfig,
+    base: Layout,
+    routes: list[list[tuple[int, int]]],
+    lost: list[tuple[int, int]],
+    peers: list[list[int]],
+    survivors: list[int],
+) -> Layout:
+    """Place the lost hops to shorten the estimated step (`schedule_length`): greedily in micro-batch
+    order, then a second pass that may move each hop again. Candidates for a hop are its same-stage
+    peers and the least-loaded survivors, which keeps the search to a few dozen list schedules (every
+    survivor computes the plan at once at the rendezvous). Deterministic: a pure function."""
+    dt = config.device_time
+    per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
+    durations = stage_durations(base, [per_layer] * base.num_layers)
+    cost = {stage: sum(d) for stage, d in durations.items()}
+    load = dict.fromkeys(survivors, 0.0)
+    for m, h in lost:
+        routes[m][h] = (routes[m][h][0], -1)  # not placed yet
+    for route in routes:
+        for stage, node in route:
+            if node >= 0:
+                load[node] += cost[stage]
+
+    def length(trial: list[list[tuple[int, int]]]) -> float:
+        # Micro-batches with a hop not placed yet are left out of the estimate.
+        kept = [i for i, r in enumerate(trial) if all(n >= 0 for _, n in r)]
+        layout = _layout(base, [trial[i] for i in kept], [base.pipeline_of[i] for i in kept])
+        return round(schedule_length(layout, config.schedule, durations), 9)
+
+    def place(m: int, h: int) -> None:
+        stage, current = routes[m][h]
+        if current >= 0:
+            load[current] -= cost[stage]
+        least = min(load.values())
+        candidates = [n for n in survivors if load[n] <= least + 1e-9 or n in peers[stage]]
+        on_route = {n for _, n in routes[m]}
+        best: tuple | None = None
+        for node in candidates:
+            trial = [list(r) for r in routes]
+            trial[m][h] = (stage, node)
+            # Ties: a same-stage peer (no copy), a node of the route (local hand-over), the lowest id.
+            rank = (length(trial), node not in peers[stage], node not in on_route, node)
+            if best is None or rank < best[0]:
+                best = (rank, node)
+        assert best is not None
+        routes[m][h] = (stage, best[1])
+        load[best[1]] += cost[stage]
+
+    for _ in range(2):
+        for m, h in lost:
+            place(m, h)
+    return _layout(base, routes)

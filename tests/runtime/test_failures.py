@@ -7,8 +7,9 @@ from collections import Counter
 
 import pytest
 
-from runtime.config import DeviceTime
+from runtime.config import DeviceTime, ModelSpec
 from runtime.launcher import Fault, Join, RunResult, run_local
+from runtime.strategies import get_strategy
 from tests.runtime.conftest import assert_same_math, small_config
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(90)]
@@ -33,6 +34,26 @@ def test_killed_node_mid_step_same_math(strategy: str) -> None:
     assert generations and all(e["lost"] == [1] for e in generations)
     assert all(e["start_step"] == 1 for e in generations)  # continued from the current step, no restart
     assert events(result, "failure_detected")
+
+
+def test_recycle_spill_to_another_stage_node_keeps_the_math() -> None:
+    # When node 1 (stage 1) dies, the schedule estimate puts some of its micro-batches on node 0,
+    # which fetches stage 1's layers from node 3 and runs stages 0 and 1 back to back.
+    config = small_config(
+        strategy="recycle",
+        schedule="fiw",
+        recycle_spill=True,
+        model=ModelSpec(n_layer=6),
+        microbatches=3,
+        global_batch=12,
+        steps=5,
+    )
+    degraded = get_strategy("recycle").layout_for(config, [[0, None], [2, 3]])
+    assert {route[1][1] for route in degraded.routes} == {0, 3}
+    result = run_local(config, faults=[Fault(node=1, kind="kill", step=2)], timeout_s=80)
+    assert result.exit_codes[1] == -9
+    assert_same_math(result, config)
+    assert set(committed_steps(result, 0)) == set(range(config.steps))
 
 
 @pytest.mark.parametrize("strategy", ["recycle", "bamboo", "oobleck"])
@@ -69,9 +90,7 @@ def test_hung_node_is_detected_by_timeout_and_fenced() -> None:
 
 def test_replacement_joins_and_job_grows_back() -> None:
     # Emulated device time keeps steps long enough (~0.1 s) for the replacement to arrive mid-run.
-    config = small_config(
-        strategy="recycle", schedule="fiw", steps=12, device_time=DeviceTime(forward_ms=4.0)
-    )
+    config = small_config(strategy="recycle", schedule="fiw", steps=12, device_time=DeviceTime(forward_ms=4.0))
     result = run_local(
         config, faults=[Fault(node=1, kind="kill", step=1)], joins=[Join(node=4, after_step=2)], timeout_s=80
     )
@@ -93,9 +112,7 @@ def test_checkpoint_restarts_from_last_checkpoint(tmp_path) -> None:
 
 
 def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) -> None:
-    config = small_config(
-        strategy="checkpoint", steps=5, checkpoint_interval=100, checkpoint_dir=str(tmp_path)
-    )
+    config = small_config(strategy="checkpoint", steps=5, checkpoint_interval=100, checkpoint_dir=str(tmp_path))
     result = run_local(config, faults=[Fault(node=1, kind="notice", step=2)], timeout_s=80)
     assert all(code == 0 for code in result.exit_codes.values()), result.exit_codes
     assert_same_math(result, config)

@@ -10,10 +10,11 @@ from moto import mock_aws
 from runtime.checkpoint_store import LocalCheckpointStore, S3CheckpointStore
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.launcher import faults_from_trace
+from runtime.layout import Layout
 from runtime.membership import initial_plan, make_plan
 from runtime.model import build_layer
 from runtime.optim import LayerState
-from runtime.schedule import build_schedule, validate_schedule
+from runtime.schedule import action_duration, build_schedule, simulate, validate_schedule
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
 from runtime.strategies.checkpoint import checkpoint_interval_steps, young_daly_interval_s
@@ -33,7 +34,7 @@ def lose(slots, *nodes):
 
 
 def test_recycle_reroutes_only_the_lost_hop() -> None:
-    c = config(strategy="recycle")
+    c = config(strategy="recycle", recycle_spill=False)
     layout = get_strategy("recycle").layout_for(c, lose(full_slots(c), 5))
     assert 5 not in layout.nodes()
     for m, route in enumerate(layout.routes):
@@ -42,6 +43,51 @@ def test_recycle_reroutes_only_the_lost_hop() -> None:
         assert [n for _, n in route] == expected
     assert [s for s, _ in layout.routes[5]] == [0, 1, 2, 3]  # stages (and so the math) unchanged
     validate_schedule(layout, build_schedule(layout, "fiw"), "fiw")
+
+
+def simulated_step(layout) -> float:
+    timeline = simulate(build_schedule(layout, "fiw"), action_duration(layout))
+    return max(end for row in timeline.values() for _, end, _ in row)
+
+
+BENCH_GPT = ModelSpec(kind="gpt", n_layer=6, n_embd=32, n_head=2, seq_len=16, vocab_size=64)  # 2 layers a stage
+
+
+def test_recycle_spill_shortens_the_degraded_step_with_the_same_stages() -> None:
+    c = config(strategy="recycle", schedule="fiw", model=BENCH_GPT, recycle_spill=True)
+    recycle = get_strategy("recycle")
+    full = recycle.layout_for(c, full_slots(c))
+    peers_only = recycle.layout_for(
+        config(strategy="recycle", schedule="fiw", model=BENCH_GPT, recycle_spill=False), lose(full_slots(c), 5)
+    )
+    spilled = recycle.layout_for(c, lose(full_slots(c), 5))
+    assert spilled == recycle.layout_for(c, lose(full_slots(c), 5))  # a pure function
+    assert 5 not in spilled.nodes() and spilled.stages == full.stages
+    for route, before in zip(spilled.routes, full.routes, strict=True):
+        assert [s for s, _ in route] == [0, 1, 2, 3]  # same stages, so the same math
+        moved = [h for h in range(4) if route[h] != before[h]]
+        assert moved in ([], [1]) and (not moved or before[1][1] == 5)  # only the lost hop moves
+    hosts = {route[1][1] for route in spilled.routes[4:]}
+    assert len(hosts) > 1  # the lost node's work is spread, not all on node 1
+    validate_schedule(spilled, build_schedule(spilled, "fiw"), "fiw")
+    # unit costs: failure-free 30, peers-only 50 (node 1 computes 2 x 4 micro-batches of stage 1)
+    assert simulated_step(full) == 30 and simulated_step(peers_only) == 50
+    assert simulated_step(spilled) <= 34
+
+
+def test_recycle_spill_plan_copies_the_lost_stage_to_its_new_hosts() -> None:
+    c = config(strategy="recycle", schedule="fiw", model=BENCH_GPT, recycle_spill=True)
+    first = initial_plan(c)
+    layout = Layout.from_dict(first["layout"])
+    alive = {n: record(3, dict.fromkeys(layout.layers_of(n), 3)) for n in range(8) if n != 5}
+    plan = make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None, reason="x")
+    spilled = Layout.from_dict(plan["layout"])
+    new_hosts = {n for _, n in (r[1] for r in spilled.routes)} - {1}
+    assert new_hosts
+    assert sorted((dst, layer) for layer, _, dst in plan["transfers"]) == sorted(
+        (n, layer) for n in new_hosts for layer in (2, 3)
+    )
+    assert all(src == 1 for _, src, _ in plan["transfers"])  # node 1 is the only holder of stage 1 left
 
 
 def test_recycle_without_any_node_of_a_stage_names_the_stage() -> None:
@@ -69,9 +115,7 @@ def test_oobleck_templates_cover_every_count_and_reject_others() -> None:
     assert 1 not in templates and 3 in templates
     layout = get_strategy("oobleck").layout_for(c, lose(full_slots(c), 5))
     assert [len(set(n for _, n in r)) for r in layout.routes].count(4) == 5  # 5 of 8 micro-batches on 4 nodes
-    with pytest.raises(
-        LayoutError, match=r"1 nodes: no pipeline template covers this count; templates cover 2\.\.8"
-    ):
+    with pytest.raises(LayoutError, match=r"1 nodes: no pipeline template covers this count; templates cover 2\.\.8"):
         get_strategy("oobleck").layout_for(c, [[0, None, None, None], [None] * 4])
 
 
@@ -94,9 +138,7 @@ def test_plan_moves_missing_layers_from_surviving_replicas() -> None:
     first = initial_plan(c)
     stage = {n: set(range(*first_layout_range(first, n))) for n in first["members"]}
     alive = {n: record(3, dict.fromkeys(stage[n], 3)) for n in (0, 2, 3)}
-    plan = make_plan(
-        c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None, reason="x"
-    )
+    plan = make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None, reason="x")
     assert plan["start_step"] == 3 and plan["lost"] == [1]
     assert plan["transfers"] and all(src != 1 for _, src, _ in plan["transfers"])
 
@@ -166,9 +208,7 @@ def test_snapshot_rollback_restores_the_pre_step_state() -> None:
 
 
 def test_trace_becomes_timed_kills_and_joins(shared_data) -> None:
-    faults, joins = faults_from_trace(
-        shared_data / "traces" / "aws-p3.2xlarge-bamboo.csv", nodes=8, time_scale=1e-3
-    )
+    faults, joins = faults_from_trace(shared_data / "traces" / "aws-p3.2xlarge-bamboo.csv", nodes=8, time_scale=1e-3)
     assert faults and all(f.kind == "kill" and f.node >= 0 for f in faults)
     assert faults[0].time_s == 0.0
     assert all(j.node >= 8 for j in joins)
