@@ -251,6 +251,13 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             if deg and ff:
                 row["degraded_ratio_to_own_failure_free"] = deg / ff
                 row["degraded_ratio_to_7_8_share"] = deg / ff / (7 / 8)
+        # Failure-free, recycle and recycle-spill are the same job (spill only acts on a loss): the
+        # other run's failure-free speed is a second, independent reference for the spill's ratio.
+        spill, peers = rows.get("recycle-spill", {}), rows.get("recycle", {})
+        if spill.get("degraded_samples_per_s") and peers.get("failure_free_samples_per_s"):
+            spill["degraded_ratio_to_recycle_failure_free"] = (
+                spill["degraded_samples_per_s"] / peers["failure_free_samples_per_s"]
+            )
 
     cases: dict[str, Any] = {}
     progress.step("emulated: recycle with a hung node (SIGSTOP)", total - 2, total)
@@ -403,6 +410,11 @@ def _print(figures: dict[str, Any]) -> None:
             "recycle-spill (recycle_spill=True), 1 of 8 lost: degraded / failure-free",
             ">= 0.85",
             spill.get("degraded_ratio_to_own_failure_free"),
+        ],
+        [
+            "  same, degraded / recycle's failure-free (same job, other run)",
+            ">= 0.85",
+            spill.get("degraded_ratio_to_recycle_failure_free"),
         ],
         ["  same, degraded / (7/8 of failure-free)", "-", spill.get("degraded_ratio_to_7_8_share")],
         ["  same, degraded / none's failure-free (1F1B)", "-", spill.get("degraded_ratio_to_none_failure_free")],

@@ -85,34 +85,33 @@ class RunResult:
 def faults_from_trace(
     path: str | Path, *, nodes: int, time_scale: float, limit: int | None = None
 ) -> tuple[list[Fault], list[Join]]:
-    """Turn a Bamboo-format trace (`t_ms,add|remove,nodeK`) into timed kills and joins.
+    """Turn a preemption trace (any format `runtime.sim.traces.load_trace` reads) into timed kills
+    and joins.
 
     The first `nodes` names the trace adds are our nodes 0..nodes-1 (the job starts with them); a
     later `remove` of one of ours is a SIGKILL, a later `add` is a replacement with a new id.
-    Trace time starts at the first removal and is multiplied by `time_scale` (e.g. 1e-3).
+    Trace time starts at the first removal of one of ours and is multiplied by `time_scale` (e.g. 1e-3).
     """
-    events = []
-    for line in Path(path).read_text().splitlines():
-        parts = line.strip().split(",")
-        if len(parts) == 3 and parts[0].isdigit():
-            events.append((float(parts[0]) / 1000.0, parts[1], parts[2]))
+    from runtime.sim.traces import ADD, REMOVE, load_trace
+
     names: dict[str, int] = {}
     faults: list[Fault] = []
     joins: list[Join] = []
     origin = None
     next_id = nodes
-    for t, op, name in events:
-        if op == "add" and len(names) < nodes and origin is None:
+    for event in load_trace(path).events:
+        t, op, name = event.t_s, event.kind, event.node
+        if op == ADD and len(names) < nodes and origin is None:
             names[name] = len(names)
             continue
-        if origin is None and op == "remove" and name in names:
+        if origin is None and op == REMOVE and name in names:
             origin = t
         if origin is None:
             continue
         at = (t - origin) * time_scale
-        if op == "remove" and name in names:
+        if op == REMOVE and name in names:
             faults.append(Fault(node=names.pop(name), kind="kill", time_s=at))
-        elif op == "add" and faults:
+        elif op == ADD and faults:
             names[name] = next_id
             joins.append(Join(node=next_id, time_s=at))
             next_id += 1
