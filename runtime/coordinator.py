@@ -23,6 +23,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+DECIDER_GRACE_S = 0.25
+"""How long the other members wait for the lowest member's plan before computing one themselves."""
+
 
 def connect(address: str, *, timeout_s: float = 30.0) -> dist.TCPStore:
     """A client connection to the job's TCPStore at `host:port`."""
@@ -157,6 +160,7 @@ class Coordinator:
         expected = sorted(set(expected))
         began = time.monotonic()
         deadline = began + timeout_s
+        complete_since = None
         while True:
             plan = self.read_plan(generation)
             if plan is not None:
@@ -168,6 +172,13 @@ class Coordinator:
                 limit = min(limit, 1.5 * answer_timeout_s)
             missing = [n for n in missing if not self.is_gone(n, limit)]
             if not missing:
+                # The lowest answered member decides; the others give it DECIDER_GRACE_S before they
+                # decide too (first writer still wins). Planning can cost tens of ms of CPU (recycle
+                # spill), which every survivor computing at once on shared cores would multiply.
+                complete_since = complete_since or time.monotonic()
+                if node != min(answered) and time.monotonic() - complete_since < DECIDER_GRACE_S:
+                    time.sleep(0.002)
+                    continue
                 records = {n: json.loads(self.store.get(f"gen/{generation}/alive/{n}")) for n in answered}
                 return self.publish_plan(generation, decide(records))
             if time.monotonic() > deadline:
