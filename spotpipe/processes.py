@@ -121,6 +121,13 @@ class Stack:
     def start_web(self, *, host: str, port: int) -> None:
         self._start("web", ["manage.py", "runserver", f"{host}:{port}", "--noreload", "--skip-checks"])
 
+    def start_gunicorn(self, *, host: str, port: int, workers: int = 2, threads: int = 24) -> None:
+        """The production-like web server: gunicorn's threaded workers (each agent holds a thread in
+        its long-poll), a short graceful timeout so that a restart does not wait for long-polls."""
+        self._start("web", ["-m", "gunicorn", "controlplane.wsgi:application", "--bind", f"{host}:{port}",
+                            "--worker-class", "gthread", f"--workers={workers}", f"--threads={threads}",
+                            "--graceful-timeout=3", "--timeout=60"])
+
     def start_worker(self, *, concurrency: int = 3) -> None:
         # A node name of its own: on a shared Redis, other workers must not be mistaken for ours.
         self._start("worker", ["-m", "celery", "-A", "controlplane", "worker", "--loglevel=INFO",
