@@ -244,14 +244,18 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
         tags={TAG_JOB: str(acquisition.job_id), TAG_TEAM: str(acquisition.team_id)},
     )
     try:
-        nodes = provider.launch(request)
+        return acquisition_attach(acquisition=acquisition, nodes=provider.launch(request))
     except Exception as exc:
-        with transaction.atomic():
-            Acquisition.objects.filter(pk=acquisition.pk).update(
-                status=AcquisitionStatus.REQUESTED, error=f"{type(exc).__name__}: {exc}"[:2000]
-            )
+        # Give the claim back (the provider adopts what this try started), whether the provider or
+        # the attach failed: a claim left behind would hold the launch for LAUNCH_STALE_AFTER.
+        try:
+            with transaction.atomic():
+                Acquisition.objects.filter(pk=acquisition.pk, status=AcquisitionStatus.LAUNCHING).update(
+                    status=AcquisitionStatus.REQUESTED, error=f"{type(exc).__name__}: {exc}"[:2000]
+                )
+        except Exception:
+            logger.exception("could not release the launch claim of acquisition %s", acquisition.pk)
         raise
-    return acquisition_attach(acquisition=acquisition, nodes=nodes)
 
 
 @transaction.atomic

@@ -86,6 +86,20 @@ def _final_params(root: Path) -> dict[str, list[torch.Tensor]]:
     return copies
 
 
+def assert_reference_math(job: TrainingJob, nodes_dir: Path) -> None:
+    """Every parameter the finished nodes saved equals the failure-free single-process run of the
+    job's seed (`torch.testing.assert_close` float32 defaults), and together they hold the model."""
+    config = JobConfig.from_dict(job_config({"model_spec": job.model_spec, "plan": job.plan,
+                                             "target_steps": job.target_steps},
+                                            JobGeneration.objects.get(job=job, number=1).layout))
+    reference, _ = train_reference(config)
+    copies = _final_params(nodes_dir)
+    assert set(copies) == set(reference), "the finished nodes do not hold the whole model"
+    for name, expected in reference.items():
+        for copy in copies[name]:
+            torch.testing.assert_close(copy, expected, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def _node_of(job: TrainingJob, pipeline: int, stage: int) -> Instance:
     generation = JobGeneration.objects.get(job=job, number=1)
     member = next(m for m in generation.membership if (m["pipeline"], m["stage"]) == (pipeline, stage))
@@ -144,16 +158,7 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
         kinds = set(job.events.values_list("kind", flat=True))
         assert {"acquisition", "acquired", "generation", "instance_interruption", "instance_lost",
                 "job_finished", "released"} <= kinds
-
-        config = JobConfig.from_dict(job_config({"model_spec": job.model_spec, "plan": job.plan,
-                                                 "target_steps": job.target_steps},
-                                                JobGeneration.objects.get(job=job, number=1).layout))
-        reference, _ = train_reference(config)
-        copies = _final_params(nodes_dir)
-        assert set(copies) == set(reference), "the finished nodes do not hold the whole model"
-        for name, expected in reference.items():
-            for copy in copies[name]:
-                torch.testing.assert_close(copy, expected, msg=lambda m, n=name: f"{n}: {m}")
+        assert_reference_math(job, nodes_dir)
     finally:
         beat.stop.set()
         provider.terminate(provider.all_node_ids())

@@ -16,19 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from agent.worker_entry import job_config
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import JobGeneration, JobStatus, TrainingJob
 from controlplane.orchestration import tasks
 from controlplane.orchestration.models import Rendezvous
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.local import LocalProvider, pid_alive
-from runtime.config import JobConfig
-from runtime.reference import train_reference
 from tests.controlplane.factories import make_job, make_team
-from tests.orchestration.test_end_to_end import STORY, Beat, _final_params, _node_of, wait_for
+from tests.orchestration.test_end_to_end import STORY, Beat, _node_of, assert_reference_math, wait_for
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
 RUNTIME = {"op_timeout_s": 2.0, "schedule": "fiw",
@@ -136,16 +132,7 @@ def test_notice_while_the_replacement_enrols_hands_over_and_keeps_the_math(
         wait_for(lambda: not Instance.objects.filter(job=job, state__in=["running", "pending", "notice"]).exists(),
                  30, "every node released")
         assert not job.events.filter(kind="job_failed").exists()
-
-        config = JobConfig.from_dict(job_config({"model_spec": job.model_spec, "plan": job.plan,
-                                                 "target_steps": job.target_steps},
-                                                JobGeneration.objects.get(job=job, number=1).layout))
-        reference, _ = train_reference(config)
-        copies = _final_params(run.nodes_dir)
-        assert set(copies) == set(reference), "the finished nodes do not hold the whole model"
-        for name, expected in reference.items():
-            for copy in copies[name]:
-                torch.testing.assert_close(copy, expected, msg=lambda m, n=name: f"{n}: {m}")
+        assert_reference_math(job, run.nodes_dir)
 
 
 @pytest.mark.integration

@@ -1,0 +1,46 @@
+"""A launch whose attach fails after the provider call (a locked table, a lost connection) gives
+its claim back, so the task's retry launches (the provider adopts the nodes by token) instead of
+finding the acquisition held for LAUNCH_STALE_AFTER."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError
+
+from controlplane.fleet.models import Instance
+from controlplane.orchestration import services
+from controlplane.orchestration.models import AcquisitionStatus
+from controlplane.orchestration.providers import set_provider
+from tests.controlplane.factories import make_job, make_team
+from tests.orchestration.fakes import FakeProvider
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_failed_attach_releases_the_claim_and_the_retry_attaches_the_same_nodes(monkeypatch):
+    fake = FakeProvider()
+    set_provider("local", fake)
+    try:
+        job = make_job(make_team(), strategy="recycle", plan={"dp": 1, "pp": 2, "provider": "local"})
+        acquisition = services.job_start(job=job)
+        attach = services.acquisition_attach
+
+        def locked(**kwargs):
+            raise OperationalError("database table is locked: fleet_instance")
+
+        monkeypatch.setattr(services, "acquisition_attach", locked)
+        with pytest.raises(OperationalError):
+            services.acquisition_launch(acquisition=acquisition)
+        acquisition.refresh_from_db()
+        assert acquisition.status == AcquisitionStatus.REQUESTED and "locked" in acquisition.error
+
+        monkeypatch.setattr(services, "acquisition_attach", attach)
+        attached = services.acquisition_launch(acquisition=acquisition)  # the task's retry
+        assert len(attached) == 2
+        assert len(fake.by_token) == 1  # one launch at the provider: the retry adopted its nodes
+        assert sorted(Instance.objects.filter(job=job).values_list("provider_instance_id", flat=True)) == [
+            "fake-1", "fake-2"]
+        acquisition.refresh_from_db()
+        assert acquisition.status == AcquisitionStatus.FULFILLED and acquisition.attempts == 2
+    finally:
+        set_provider("local", None)
