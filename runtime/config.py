@@ -106,6 +106,9 @@ class JobConfig:
     of waiting, one that has not answered and whose heartbeat is older than 1.5 x op_timeout_s is too)."""
     rendezvous_timeout_s: float = 60.0
     """Upper bound on waiting for a generation to form."""
+    join_wait_s: float = 600.0
+    """Strategies that restart from a checkpoint: how long survivors too few for one pipeline wait for
+    replacements to join before the job fails."""
     recycle_spill: bool = False
     """recycle: False sends a lost hop to same-stage peers only (ReCycle as published); True lets it go
     to any survivor (which fetches that stage's layers) when the schedule estimate says the step is

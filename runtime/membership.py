@@ -12,7 +12,7 @@ from typing import Any
 from runtime.config import JobConfig, LayoutError
 from runtime.layout import Layout
 from runtime.strategies import get_strategy
-from runtime.strategies.base import Slots, fill_slots, full_slots
+from runtime.strategies.base import Slots, alive_nodes, fill_slots, full_slots
 
 Plan = dict[str, Any]
 
@@ -93,6 +93,18 @@ def make_plan(
         "reason": reason,
     }
     if isinstance(layout, LayoutError):
+        if strategy.restarts_from_checkpoint and alive:
+            # The state comes back from the checkpoint whoever runs it: wait for replacements
+            # (a plan with `waiting` and no layout; the next join forms the next generation).
+            return {
+                **base,
+                "waiting": str(layout),
+                "members": sorted(set(alive_nodes(slots)) | set(extra)),
+                "spare": [],
+                "start_step": max(int(rec["committed"]) for rec in alive.values()),
+                "restore_step": None,
+                "transfers": [],
+            }
         return {**base, "error": str(layout)}
     start = max(int(rec["committed"]) for rec in alive.values())
     transfers: list[list[int]] = []

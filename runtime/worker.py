@@ -210,7 +210,7 @@ class Worker:
         cfg = self.config
         generation = previous["generation"] + 1
         saved = None
-        if graceful and self.ckpt is not None:
+        if graceful and self.ckpt is not None and "waiting" not in previous:
             saved = self._save_checkpoint(Layout.from_dict(previous["layout"]), self.committed)
         record = {
             "committed": self.committed,
@@ -253,14 +253,32 @@ class Worker:
         try:
             return self._generation_body(plan)
         except (RuntimeError, TimeoutError) as exc:
-            if isinstance(exc, Fenced):
+            if isinstance(exc, Fenced | JobCannotContinue):
                 raise
             if self.comm is not None:
                 self.comm.poison_commit(3 + len(plan["members"]))
             reason = f"{type(exc).__name__}: {str(exc)[-300:]}"
         return "failure", reason
 
+    def _wait_for_joiners(self, plan: Plan) -> tuple[str, str]:
+        """Too few members for one pipeline (a strategy that restarts from its checkpoint): hold,
+        heartbeating, until a replacement asks to join, then regroup with it."""
+        if self.node in plan["leaving"]:
+            return "left", "notice"
+        deadline = time.monotonic() + self.config.join_wait_s
+        while self.coord.join_count() <= plan["joins_consumed"]:
+            if time.monotonic() > deadline:
+                reason = (f"generation {plan['generation']} waited {self.config.join_wait_s:.0f} s for replacements "
+                          f"and none joined: {plan['waiting']}")
+                self.coord.mark_failed(reason)
+                self._emit({"event": "job_failed", "reason": reason})
+                raise JobCannotContinue(reason)
+            time.sleep(0.05)
+        return "graceful", "join"
+
     def _generation_body(self, plan: Plan) -> tuple[str, str]:
+        if "waiting" in plan:
+            return self._wait_for_joiners(plan)
         cfg = self.config
         generation = plan["generation"]
         layout = Layout.from_dict(plan["layout"])

@@ -82,3 +82,39 @@ def test_last_holder_of_a_stage_killed_fails_the_job_with_a_named_reason() -> No
     failures = _events(result, "job_failed")
     assert sorted(e["node"] for e in failures) == [1, 3]
     assert all("no surviving node for stage 0" in e["reason"] for e in failures), failures
+
+
+def test_checkpoint_survivors_too_few_for_a_pipeline_wait_for_replacements(tmp_path) -> None:
+    # Nodes 0 and 1 (all of pipeline 0) and node 2 die: one survivor cannot fill a pipeline. Under a
+    # strategy that restarts from its checkpoint it waits; two replacements join and the job goes on
+    # from the last checkpoint with the same math.
+    config = small_config(strategy="checkpoint", steps=10, checkpoint_interval=2, checkpoint_dir=str(tmp_path),
+                          device_time=DeviceTime(forward_ms=4.0))
+    result = run_local(
+        config,
+        faults=[Fault(node=0, kind="kill", step=3), Fault(node=1, kind="kill", step=3),
+                Fault(node=2, kind="kill", step=3)],
+        joins=[Join(node=4, time_s=4.0), Join(node=5, time_s=4.5)],
+        timeout_s=80,
+    )
+    assert_same_math(result, config)
+    waited = [e for e in _events(result, "generation") if e["node"] == 3 and 4 not in e["members"]
+              and e["generation"] > 0]
+    assert waited, "the survivor did not hold a generation on its own"
+    restarted = [e for e in _events(result, "generation") if e["node"] == 4]
+    assert restarted and restarted[0]["start_step"] == 2  # the checkpoint before the kills at step 3
+    assert not _events(result, "job_failed")
+
+
+def test_waiting_for_replacements_is_bounded(tmp_path) -> None:
+    config = small_config(strategy="checkpoint", steps=10, checkpoint_interval=2, checkpoint_dir=str(tmp_path),
+                          device_time=DeviceTime(forward_ms=4.0), join_wait_s=1.0)
+    result = run_local(
+        config,
+        faults=[Fault(node=0, kind="kill", step=3), Fault(node=1, kind="kill", step=3),
+                Fault(node=2, kind="kill", step=3)],
+        timeout_s=60,
+    )
+    (failed,) = _events(result, "job_failed")
+    assert failed["node"] == 3 and "waited 1 s for replacements" in failed["reason"]
+    assert result.exit_codes[3] != 0
