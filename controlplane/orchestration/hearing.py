@@ -5,20 +5,23 @@ plane itself stops hearing (its web server restarts, its database restarts, its 
 down), every node's heartbeat goes stale at once, and counting that silence against the nodes would
 declare all of them dead and replace them (found by the chaos soak, `bench/chaos.py`). So:
 
-- the control plane was deaf when no running node at all was heard within the timeout, or when the
-  detector itself has not run for longer than the timeout (database, worker or beat down);
+- the control plane was deaf when at most half of the running nodes were heard within the timeout
+  (a web server going down may still serve a node or two on kept-alive connections, so "nobody
+  heard" is not enough), or when the detector itself has not run for longer than the timeout
+  (database, worker or beat down);
 - a node's silence only counts from the end of the last deaf spell: nobody is declared lost by
   heartbeat until the control plane has been listening again for a whole timeout.
 
-A job whose nodes all die at once is then left to the provider's view (`capacity_reconcile` asks the
-provider every few seconds and marks the nodes it reports gone), not to heartbeats."""
+Nodes that die together (half of them or more, or the only node) are then left to the provider's
+view (`capacity_reconcile` asks the provider every few seconds and marks the nodes it reports gone)
+and to their notices, not to heartbeats."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from controlplane.fleet.models import Instance
@@ -32,11 +35,11 @@ def heartbeats_audible(*, timeout_s: float, now: datetime | None = None) -> bool
     now = now or timezone.now()
     timeout = timedelta(seconds=timeout_s)
     watch, _ = HeartbeatWatch.objects.select_for_update().get_or_create(key="heartbeats")
-    newest = Instance.objects.filter(state__in=(InstanceState.RUNNING, InstanceState.NOTICE)).aggregate(
-        newest=Max("last_heartbeat_at"))["newest"]
+    counts = Instance.objects.filter(state__in=(InstanceState.RUNNING, InstanceState.NOTICE)).aggregate(
+        live=Count("pk"), heard=Count("pk", filter=Q(last_heartbeat_at__gte=now - timeout)))
     detector_stalled = watch.last_run_at is not None and now - watch.last_run_at > timeout
-    nobody_heard = newest is not None and now - newest > timeout
-    if detector_stalled or nobody_heard:
+    most_unheard = counts["live"] > 0 and 2 * counts["heard"] <= counts["live"]
+    if detector_stalled or most_unheard:
         watch.deaf_until = now
     watch.last_run_at = now
     watch.save(update_fields=["last_run_at", "deaf_until"])

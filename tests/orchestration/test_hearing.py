@@ -26,6 +26,12 @@ def _nodes(heard_ago: list[float]) -> None:
                       last_heartbeat_at=now - timedelta(seconds=ago))
 
 
+def test_half_of_the_nodes_unheard_means_the_control_plane_was_deaf():
+    # A web server stopping gracefully still serves a node on its kept-alive connection.
+    _nodes([0.2, 9.0, 9.0, 9.0])
+    assert not heartbeats_audible(timeout_s=TIMEOUT)
+
+
 def test_one_silent_node_among_heard_ones_can_be_declared_lost():
     _nodes([0.2, 0.3, 9.0])
     now = timezone.now()
@@ -46,8 +52,11 @@ def test_silence_counts_only_a_whole_timeout_after_the_deaf_spell():
     Instance.objects.filter(provider_instance_id="node-0").update(last_heartbeat_at=now + timedelta(seconds=0.5))
     assert not heartbeats_audible(timeout_s=TIMEOUT, now=now + timedelta(seconds=1.0))
     assert not heartbeats_audible(timeout_s=TIMEOUT, now=now + timedelta(seconds=1.5))
-    Instance.objects.filter(provider_instance_id="node-0").update(last_heartbeat_at=now + timedelta(seconds=2.0))
-    assert heartbeats_audible(timeout_s=TIMEOUT, now=now + timedelta(seconds=2.1))
+    # Two of the three are heard again; node-2 stays silent (it really died during the outage).
+    Instance.objects.exclude(provider_instance_id="node-2").update(last_heartbeat_at=now + timedelta(seconds=2.0))
+    assert not heartbeats_audible(timeout_s=TIMEOUT, now=now + timedelta(seconds=2.1))  # deaf until +1.5
+    Instance.objects.exclude(provider_instance_id="node-2").update(last_heartbeat_at=now + timedelta(seconds=3.5))
+    assert heartbeats_audible(timeout_s=TIMEOUT, now=now + timedelta(seconds=3.6))
 
 
 def test_a_detector_that_did_not_run_for_a_timeout_was_deaf():
