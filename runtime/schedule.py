@@ -306,9 +306,11 @@ def simulate(
     duration: Callable[[Action], float] = lambda a: 1.0 if a.kind in COMPUTE else 0.0,
     *,
     allreduce_time: float = 0.0,
+    send_latency: float = 0.0,
 ) -> dict[int, list[tuple[float, float, Action]]]:
     """Replay the lists: blocking receives, non-blocking sends, all-reduce completes when its last
-    member issues it, OPT waits for its all-reduce. Returns per node (start, end, action).
+    member issues it, OPT waits for its all-reduce; a message arrives `send_latency` after its send.
+    Returns per node (start, end, action).
 
     Raises `ScheduleError` on a deadlock or an unmatched send/receive. This is the reference
     semantics the executor implements and the simulator scales up.
@@ -337,7 +339,7 @@ def simulate(
                     queue = sent.get((direction, act.microbatch, act.peer, node))
                     if not queue:
                         break
-                    start = max(start, queue.popleft())
+                    start = max(start, queue.popleft() + send_latency)
                 elif act.kind == ALL_REDUCE:
                     issued[(act.layers, act.group)][node] = start
                 elif act.kind == OPTIMIZER:

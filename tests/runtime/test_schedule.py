@@ -17,6 +17,7 @@ from runtime.schedule import (
     action_duration,
     build_schedule,
     format_grid,
+    schedule_length,
     simulate,
     validate_schedule,
 )
@@ -155,3 +156,17 @@ def test_heterogeneous_pipelines_schedule() -> None:
     layout = pipelines_layout(c, [[0, 1, 2, 3], [4, 5, 6]])
     assert sum(1 for p in layout.pipeline_of if p == 0) == 5
     validate_schedule(layout, build_schedule(layout, "fiw"), "fiw")
+
+
+def test_send_latency_delays_each_hop_and_schedule_length_matches_the_replay() -> None:
+    # One micro-batch through 4 stages: 3 activations forward and 3 gradients back, one after another.
+    layout = initial_layout(config(dp=1, pp=4, microbatches=1, global_batch=2))
+    for kind in ("1f1b", "fiw"):
+        schedule = build_schedule(layout, kind)
+
+        def end(latency: float, schedule=schedule) -> float:
+            timeline = simulate(schedule, action_duration(layout), send_latency=latency)
+            return max(e for row in timeline.values() for _, e, _ in row)
+
+        assert end(0.5) == pytest.approx(end(0.0) + 6 * 0.5)
+        assert schedule_length(layout, kind) == pytest.approx(end(0.0))
