@@ -56,6 +56,29 @@ def test_recycle_spill_to_another_stage_node_keeps_the_math() -> None:
     assert set(committed_steps(result, 0)) == set(range(config.steps))
 
 
+def test_recycle_spill_kill_then_notice_moves_layers_twice_and_keeps_the_math() -> None:
+    # Generation 1 (node 1 killed): node 0 also hosts stage 1 for one micro-batch. Generation 2
+    # (node 2 leaves on notice): node 0 drops stage 1 again, node 3 fetches stage 0 and hosts it
+    # for one micro-batch.
+    config = small_config(
+        strategy="recycle",
+        schedule="fiw",
+        recycle_spill=True,
+        model=ModelSpec(n_layer=6),
+        microbatches=3,
+        global_batch=12,
+        steps=6,
+    )
+    recycle = get_strategy("recycle")
+    assert [n for _, n in recycle.layout_for(config, [[0, None], [2, 3]]).routes[2]] == [0, 0]
+    assert [n for _, n in recycle.layout_for(config, [[0, None], [None, 3]]).routes[4]] == [3, 3]
+    faults = [Fault(node=1, kind="kill", step=1), Fault(node=2, kind="notice", step=3)]
+    result = run_local(config, faults=faults, timeout_s=80)
+    assert result.exit_codes[1] == -9 and result.exit_codes[2] == 0
+    assert_same_math(result, config)
+    assert set(committed_steps(result, 0)) == set(range(config.steps))
+
+
 def test_trace_driven_kills_and_join_keep_the_math(shared_data) -> None:
     # Bamboo's p3 trace on 4 nodes: node 2 is taken at once, a replacement arrives 0.54 trace-s
     # later and fills its slot, node 0 is taken at 1.02 trace-s (run 4x slower than the trace, so
