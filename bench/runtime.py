@@ -171,7 +171,9 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
     tables and returns the figures."""
     steps = 14 if quick else 30
     fault_step = 7 if quick else 14
-    join_step = fault_step + 3
+    # The replacement joins halfway through the rest of the run, so the degraded phase it ends has
+    # enough steps to measure (quick: 3, full: 8).
+    join_step = fault_step + max(3, (steps - fault_step) // 2)
     figures: dict[str, Any] = {
         "setup": {
             "nodes": 8,
@@ -181,6 +183,7 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             "global_batch": 32,
             "steps": steps,
             "fault": f"SIGKILL of node {KILLED} (pipeline 1, stage 1) mid-step {fault_step}",
+            "replacement": f"recycle rows: node 8 joins after step {join_step}",
             "failure_free_window": f"steps 2..{fault_step - 1} of the same run",
             "device_time_ms_per_layer": {"F": 4.0, "I": 4.0, "W": 4.0},
             "model": "gpt, 6 blocks, width 32, seq 16 (8 layers, 2 per stage)",
