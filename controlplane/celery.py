@@ -17,9 +17,12 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-@signals.task_prerun.connect
-def _drop_broken_db_connections(**_: object) -> None:
-    # A worker process must not be left failing every task after a database restart.
-    from controlplane.common.connections import drop_broken_connections
+# Per-task database connection upkeep, as Django does per request (see common/connections.py).
+def _connect_connection_upkeep() -> None:
+    from controlplane.common.connections import task_connections_checked
 
-    drop_broken_connections()
+    signals.task_prerun.connect(task_connections_checked, weak=False)
+    signals.task_postrun.connect(task_connections_checked, weak=False)
+
+
+_connect_connection_upkeep()

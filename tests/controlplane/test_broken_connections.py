@@ -1,26 +1,33 @@
-"""A connection the driver reports closed is dropped before a task (`common.connections`), so a
-Celery worker process recovers after a database restart (found by the chaos soak)."""
+"""Celery tasks get Django's per-request connection upkeep (`common.connections`), so a worker
+process recovers from a PostgreSQL restart instead of failing every task (found by the chaos soak)."""
 
 from __future__ import annotations
 
 import pytest
+from celery import signals
 from django.db import connection
 
-from controlplane.common.connections import drop_broken_connections
+from controlplane.common.connections import task_connections_checked
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="a server restart breaks PostgreSQL connections; SQLite "
                     "has no server (the suite's PostgreSQL pass runs this)")
 @pytest.mark.django_db(transaction=True)
-def test_a_closed_driver_connection_is_dropped_and_the_next_query_reconnects():
+def test_a_connection_broken_between_tasks_is_replaced_before_the_next_query(settings):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
-    assert drop_broken_connections() == []  # a healthy connection is kept
+    connection.health_check_done = True  # as after the first task of a long-lived worker process
     kept = connection.connection
     kept.close()  # what a server restart leaves behind, as the driver sees it
-    connection.closed_in_transaction = True  # and Django's close() would now do nothing
-    assert drop_broken_connections() == ["default"]
+    task_connections_checked()  # task_prerun
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         assert cursor.fetchone()[0] == 1
     assert connection.connection is not kept
+
+
+def test_the_upkeep_runs_before_and_after_every_task():
+    import controlplane.celery  # noqa: F401 - connects the handlers
+
+    for signal in (signals.task_prerun, signals.task_postrun):
+        assert task_connections_checked in [receiver for _key, receiver in signal.receivers]
