@@ -1,5 +1,5 @@
-"""Webhook ingest benchmark: the real server (gunicorn sync workers, PostgreSQL, Redis, a Celery
-worker) on loopback, driven by a bounded burst of EventBridge spot notices with 20% duplicates.
+"""Webhook ingest benchmark: the real server (gunicorn, PostgreSQL, Redis, a Celery worker) on
+loopback, driven by a bounded burst of EventBridge spot notices with 20% duplicates.
 
 Variants, each against the same server code and a fresh set of rows:
 - `batched`: the default hand-off (idempotent insert + coalesced kick; workers drain in batches);
@@ -8,10 +8,18 @@ Variants, each against the same server code and a fresh set of rows:
 - `parse_only`: a route that only reads and parses the body (mounted when
   SPOTPIPE_BENCH_ENDPOINTS=1): what this server costs per request at best.
 
+The server: gunicorn with gthread workers and keep-alive (as docker-compose runs it), or sync
+workers (`--worker-class sync`, one connection per request), or granian (`--server granian`, if
+installed). The client: wrk with bench/webhooks_wrk.lua over keep-alive connections when wrk is
+installed (Debian's `wrk`), else the Python client (one connection per request); `--client`
+chooses, and the table and JSON say which client produced the figures. Every server process is
+warmed up (a few hundred requests that write nothing) before the clock starts.
+
 Figures: notices/s sustained by the burst, p50/p99 time to the 2xx, rows stored, rows processed,
 notices lost (answered 2xx but not stored, or not processed in the bound), duplicates acted on
 (a duplicate that made a row, or a notice that reacted twice), and the time from storing a notice
-to its reaction, under the burst and on a quiet system.
+to its reaction, under the burst and on a quiet system; CPU per request of the web server, per
+notice of the worker, and per request of the client.
 
 Needs PostgreSQL and Redis on this machine: `BENCH_DATABASE_ADMIN_URL` (default
 postgres://postgres@127.0.0.1:5432/postgres) to create the scratch database
@@ -24,6 +32,8 @@ import argparse
 import json
 import os
 import random
+import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,7 +61,14 @@ def parse_args(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench webhooks")
     parser.add_argument("--requests", type=int, help="requests per variant (default 6000, quick 2000)")
     parser.add_argument("--connections", type=int, default=8, help="concurrent client connections")
-    parser.add_argument("--web-workers", type=int, default=3, help="gunicorn sync workers")
+    parser.add_argument("--web-workers", type=int, default=3, help="gunicorn worker processes")
+    parser.add_argument("--server", choices=["gunicorn", "granian"], default="gunicorn",
+                        help="HTTP server: gunicorn (the product's), or granian (Rust HTTP, WSGI; pip install granian)")
+    parser.add_argument("--worker-class", choices=["gthread", "sync"], default="gthread",
+                        help="gunicorn worker class: gthread keeps connections alive, sync closes each one")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn gthread or granian worker")
+    parser.add_argument("--client", choices=["auto", "wrk", "python"], default="auto",
+                        help="load generator: wrk (keep-alive, Lua script) when installed, else the Python client")
     parser.add_argument("--variants", default="parse_only,insert_only,batched,per_request")
     return vars(parser.parse_args(argv))
 
@@ -78,6 +95,9 @@ def _env(**extra: str) -> dict[str, str]:
         AWS_SECRET_ACCESS_KEY="bench",
         AWS_EC2_METADATA_DISABLED="true",
         SPOTPIPE_PULL_SPOT_PRICES="0",
+        # The whole burst comes from one loopback address; the per-IP limit (6,000 a minute by
+        # default) would refuse it after 6 s. The limiter still runs on every request.
+        SPOTPIPE_RATELIMIT_WEBHOOKS="1000000000",
     )
     env.update(extra)
     return env
@@ -313,6 +333,74 @@ def _burst(port: int, requests: list[bytes], connections: int, time_cap_s: float
     }
 
 
+WRK_SCRIPT = Path(__file__).resolve().parent / "webhooks_wrk.lua"
+PARSE_ONLY_PATH = "/api/v1/webhooks/bench/parse-only/"
+
+
+def _wrk_binary() -> str | None:
+    return shutil.which("wrk")
+
+
+def _burst_wrk(port: int, bodies: list[bytes], path: str, connections: int, time_cap_s: float, work: Path) -> dict:
+    """The same burst sent by wrk over keep-alive connections: each wrk thread sends its share of
+    the stream exactly once (bench/webhooks_wrk.lua), and stops once every request of its share is
+    answered. Less client CPU per request than the Python client, and no connection set-up per
+    request."""
+    threads = max(1, min(2, connections))
+    work.mkdir(parents=True, exist_ok=True)
+    for n in range(threads):
+        (work / f"stream-{n + 1}.txt").write_bytes(b"\n".join(bodies[n::threads]) + b"\n")
+    env = dict(
+        os.environ,
+        SPOTPIPE_WRK_STREAM_DIR=str(work),
+        SPOTPIPE_WRK_PATH=path,
+        SPOTPIPE_WRK_API_KEY=API_KEY,
+        SPOTPIPE_WRK_FILLER_PATH=PARSE_ONLY_PATH,
+        SPOTPIPE_WRK_COUNT_PARSED="1" if path == PARSE_ONLY_PATH else "0",
+    )
+    cmd = [_wrk_binary() or "wrk", "-t", str(threads), "-c", str(connections), "-d", f"{int(time_cap_s)}s",
+           "--timeout", "10s", "-s", str(WRK_SCRIPT), f"http://127.0.0.1:{port}/"]
+    for marker in work.glob("done-*"):
+        marker.unlink()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # wrk runs for its whole -d even when every thread has stopped; each thread leaves a marker
+    # once all its requests are answered, and SIGINT makes wrk report at once.
+    deadline = time.monotonic() + time_cap_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if len(list(work.glob("done-*"))) >= threads:
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=time_cap_s + 30)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    line = next((ln for ln in out.splitlines() if ln.startswith("WRK_RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    result = json.loads(line.removeprefix("WRK_RESULT "))
+    elapsed = (result["burst_us"] or result["duration_us"]) / 1e6
+    answered = result["answered"]
+    lat = result["latency_us"]
+    statuses = {int(code): n for code, n in result["statuses"].items()}
+    unanswered = len(bodies) - answered
+    if unanswered:
+        statuses[0] = statuses.get(0, 0) + unanswered
+    return {
+        "sent": len(bodies),
+        "elapsed_s": round(elapsed, 3),
+        "notices_per_s": round(answered / elapsed, 1),
+        "p50_ms": round(lat["p50"] / 1000, 2),
+        "p99_ms": round(lat["p99"] / 1000, 2),
+        "max_ms": round(lat["max"] / 1000, 2),
+        "statuses": statuses,
+        "taken": list(range(len(bodies))),
+        "wrk_fillers": result["fillers"],
+        "wrk_threads": result["threads"],
+        "wrk_errors": result["errors"],
+        "client_cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+    }
+
+
 # --- processes ---------------------------------------------------------------------------------
 
 
@@ -365,6 +453,17 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> No
         except OSError:
             time.sleep(0.1)
     raise RuntimeError("gunicorn did not start")
+
+
+def _warm_up(port: int, connections: int, rounds: int = 25) -> None:
+    """Bring every server process and thread past its first request (URL configuration, views,
+    credentials cache, database connection) before the clock starts: requests that are answered
+    without writing anything (the parse-only route, and an EventBridge event of an unknown type,
+    which passes authentication and is refused with 400)."""
+    parse = _request(port, b'{"warm": "up"}', PARSE_ONLY_PATH)
+    refused = _request(port, json.dumps({"version": "0", "id": "warm-up", "detail-type": "warm-up",
+                                         "source": "aws.ec2", "detail": {}}).encode())
+    _burst(port, [parse, refused] * (connections * rounds), connections * 2, time_cap_s=60)
 
 
 def _counts() -> dict[str, Any]:
@@ -438,8 +537,30 @@ def _quiet_path(port: int, instance_ids: list[str], n: int) -> dict:
     }
 
 
+def _server_cmd(port: int, *, server: str, web_workers: int, worker_class: str, threads: int) -> list[str]:
+    if server == "granian":
+        return [str(BIN / "granian"), "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", str(web_workers), "--blocking-threads", str(threads), "--no-ws", "--log-level",
+                "warning", "controlplane.wsgi:application"]
+    cmd = [str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{port}",
+           "-w", str(web_workers), "-k", worker_class, "--backlog", "2048", "--log-level", "warning"]
+    if worker_class == "gthread":
+        # Threads per process, and connections kept open between requests (what a load balancer or
+        # a cloud's HTTP client does): no TCP set-up and teardown per notice.
+        cmd += ["--threads", str(threads), "--keep-alive", "30"]
+    return cmd
+
+
+def _server_label(server: str, web_workers: int, worker_class: str, threads: int) -> str:
+    if server == "granian":
+        return f"granian x{web_workers} x{threads} threads"
+    return f"gunicorn x{web_workers} {worker_class}" + (f" x{threads} threads" if worker_class == "gthread" else "")
+
+
 def _variant(
-    name: str, *, n: int, connections: int, web_workers: int, instance_ids: list[str], progress: Progress, logs: Path
+    name: str, *, n: int, connections: int, server: str, web_workers: int, worker_class: str, threads: int,
+    client: str,
+    instance_ids: list[str], progress: Progress, logs: Path,
 ) -> dict:
     from controlplane.celery import app as celery_app
 
@@ -448,24 +569,8 @@ def _variant(
     path = "/api/v1/webhooks/bench/parse-only/" if name == "parse_only" else f"/api/v1/webhooks/aws/eventbridge/{TEAM}/"
     port = _free_port()
     env = _env(SPOTPIPE_NOTICE_HANDOFF=handoff, SPOTPIPE_BENCH_ENDPOINTS="1")
-    web = _start(
-        [
-            str(BIN / "gunicorn"),
-            "controlplane.wsgi:application",
-            "-b",
-            f"127.0.0.1:{port}",
-            "-w",
-            str(web_workers),
-            "-k",
-            "sync",
-            "--backlog",
-            "2048",
-            "--log-level",
-            "warning",
-        ],
-        env,
-        logs / "bench-webhooks-gunicorn.log",
-    )
+    web = _start(_server_cmd(port, server=server, web_workers=web_workers, worker_class=worker_class,
+                             threads=threads), env, logs / "bench-webhooks-gunicorn.log")
     # No beat: other apps' periodic tasks (reconcile, dead-agent detection) are not part of this
     # measurement; `_wait_processed` sends the notice sweep every 5 s as beat would.
     worker = _start(
@@ -488,17 +593,22 @@ def _variant(
     )
     try:
         _wait_ready(port, web)
+        _warm_up(port, connections)
         stream, unique = _stream(n, instance_ids, seed=42)
-        requests = [_request(port, json.dumps(e).encode(), path) for e in stream]
-        progress.step(f"{name}: burst of {n} notices ({n - unique} duplicates) over {connections} connections")
+        bodies = [json.dumps(e).encode() for e in stream]
+        progress.step(f"{name}: burst of {n} notices ({n - unique} duplicates) over {connections} connections "
+                      f"({client} client)")
         web_cpu0, worker_cpu0, client_cpu0 = _session_cpu_s(web.pid), _session_cpu_s(worker.pid), time.process_time()
         load0 = os.getloadavg()[0]
-        burst = _burst(port, requests, connections, time_cap_s=120)
+        if client == "wrk":
+            burst = _burst_wrk(port, bodies, path, connections, time_cap_s=120, work=logs / "bench-webhooks-wrk")
+        else:
+            burst = _burst(port, [_request(port, b, path) for b in bodies], connections, time_cap_s=120)
         taken = burst.pop("taken")
         # The time cap may stop the burst early: count only what was sent.
         unique = len({stream[i]["id"] for i in taken})
         web_cpu = _session_cpu_s(web.pid) - web_cpu0
-        client_cpu = time.process_time() - client_cpu0
+        client_cpu = burst.pop("client_cpu_s", None) or (time.process_time() - client_cpu0)
         after_burst = _counts()
         if name == "insert_only":
             celery_app.send_task("fleet.sweep_notices")  # what beat would send
@@ -513,6 +623,8 @@ def _variant(
     accepted = burst["statuses"].get(202, 0) + burst["statuses"].get(200, 0)
     return {
         "variant": name,
+        "client": client,
+        "server": _server_label(server, web_workers, worker_class, threads),
         "requests": burst["sent"],
         "unique_notices": unique,
         "duplicates_sent": burst["sent"] - unique,
@@ -552,10 +664,20 @@ def run(
     requests: int | None = None,
     connections: int = 8,
     web_workers: int = 3,
+    server: str = "gunicorn",
+    worker_class: str = "gthread",
+    threads: int = 4,
+    client: str = "auto",
     variants: str = "parse_only,insert_only,batched,per_request",
 ) -> dict:
     """Run every variant and print one table; returns the figures per variant and the ratios."""
     n = requests or (2000 if quick else 6000)
+    if client == "auto":
+        client = "wrk" if _wrk_binary() else "python"
+    elif client == "wrk" and not _wrk_binary():
+        raise SystemExit("wrk is not installed (apt-get install wrk), or use --client python")
+    if server == "granian" and not (BIN / "granian").exists():
+        raise SystemExit("granian is not installed (pip install granian), or use --server gunicorn")
     logs = ROOT / "var" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     _prepare_database(progress)
@@ -568,6 +690,10 @@ def run(
             n=n,
             connections=connections,
             web_workers=web_workers,
+            server=server,
+            worker_class=worker_class,
+            threads=threads,
+            client=client,
             instance_ids=instance_ids,
             progress=progress,
             logs=logs,
@@ -589,13 +715,15 @@ def run(
             r["web_cpu_ms_per_request"],
             r["web_ceiling_per_s_on_2_cores"],
             r["worker_cpu_ms_per_notice"],
+            r["client_cpu_ms_per_request"],
             r["load_average_before"],
         ]
         for r in results.values()
     ]
     print_table(
         f"webhook ingest, {n} EventBridge notices (20% duplicates), {connections} connections, "
-        f"gunicorn x{web_workers} sync, PostgreSQL, Redis, celery -c 2, {os.cpu_count()} cores",
+        f"client {client}, {_server_label(server, web_workers, worker_class, threads)}, PostgreSQL, Redis, "
+        f"celery -c 2, {os.cpu_count()} cores",
         [
             "variant",
             "requests",
@@ -612,6 +740,7 @@ def run(
             "web CPU ms/req",
             "web ceiling/s on 2 cores",
             "worker CPU ms/notice",
+            "client CPU ms/req",
             "load before",
         ],
         rows,

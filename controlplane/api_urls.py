@@ -3,6 +3,8 @@
 from django.urls import include, path
 
 urlpatterns = [
+    # First: the webhook receivers are the busiest routes, and resolving walks the list in order.
+    path("webhooks/", include("controlplane.webhooks.api.urls")),
     path("", include("controlplane.accounts.api.urls")),
     path("", include("controlplane.market.api.urls")),
     path("", include("controlplane.fleet.api.urls")),
@@ -11,5 +13,4 @@ urlpatterns = [
     path("", include("controlplane.orchestration.api.urls")),
     path("", include("controlplane.planning.api.urls")),
     path("", include("controlplane.webhooks.api.manage_urls")),
-    path("webhooks/", include("controlplane.webhooks.api.urls")),
 ]

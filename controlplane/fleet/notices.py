@@ -23,10 +23,18 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.fleet.models import Instance, InterruptionNotice, Lifecycle, NoticeKind, NoticeStatus
-from controlplane.fleet.services import instance_transition
+from controlplane.fleet.bulk import bulk_update_by_pk
+from controlplane.fleet.models import (
+    Instance,
+    InstanceEvent,
+    InterruptionNotice,
+    Lifecycle,
+    NoticeKind,
+    NoticeStatus,
+)
+from controlplane.fleet.services import TRANSITION_FIELDS, instance_transition, instance_transition_locked
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, IllegalTransition, InstanceState
-from controlplane.jobs.models import JobEvent, ReconfigurationTrigger
+from controlplane.jobs.models import JobEvent, Reconfiguration, ReconfigurationTrigger
 
 logger = logging.getLogger(__name__)
 
@@ -75,14 +83,55 @@ class StoreResult:
     duplicates: list[str]
 
 
-_INSERT_FIELDS: list | None = None
+# Columns the insert fills from each draft; the other columns get their defaults as literals in the
+# SQL (status "received", no attempts, ...), so a row costs 11 parameters and no model instance.
+_DRAFT_COLUMNS = ("team_id", "source", "kind", "action", "dedup_key", "cloud_event_id", "provider_instance_id",
+                  "event_time", "deadline", "received_at", "payload")
+_DEFAULT_COLUMNS = (("instance_id", "NULL"), ("unknown_instance", "%s"), ("status", "%s"), ("enqueued_at", "NULL"),
+                    ("processed_at", "NULL"), ("attempts", "0"), ("error", "''"))
+_insert_sql_cache: dict[tuple[str, int], str] = {}
 
 
-def _insert_fields() -> list:
-    global _INSERT_FIELDS
-    if _INSERT_FIELDS is None:
-        _INSERT_FIELDS = [f for f in InterruptionNotice._meta.concrete_fields if not f.primary_key]
-    return _INSERT_FIELDS
+def _insert_sql(rows: int) -> str:
+    key = (connection.vendor, rows)
+    sql = _insert_sql_cache.get(key)
+    if sql is None:
+        qn = connection.ops.quote_name
+        columns = [*_DRAFT_COLUMNS, *(c for c, _ in _DEFAULT_COLUMNS)]
+        row = "(" + ", ".join(["%s"] * len(_DRAFT_COLUMNS) + [v for _, v in _DEFAULT_COLUMNS]) + ")"
+        sql = (
+            f"INSERT INTO {qn(InterruptionNotice._meta.db_table)} ({', '.join(qn(c) for c in columns)}) "
+            f"VALUES {', '.join([row] * rows)} ON CONFLICT ({qn('dedup_key')}) DO NOTHING "
+            f"RETURNING {qn('id')}, {qn('dedup_key')}"
+        )
+        _insert_sql_cache[key] = sql
+    return sql
+
+
+def _insert(sql: str, params: list) -> list[tuple[int, str]]:
+    """Run the one-statement insert. On the request path (autocommit) it skips Django's per-request
+    connection health check (`CONN_HEALTH_CHECKS`: a `SELECT 1` round trip, and PostgreSQL CPU, on
+    every notice) and instead retries once on a fresh connection if the kept-alive one turns out to
+    be dead. The retry is safe: the insert is idempotent (`ON CONFLICT DO NOTHING`)."""
+    from django.db import InterfaceError, OperationalError
+
+    if connection.in_atomic_block:  # a caller's transaction: no retry possible, keep Django's rules
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    connection.health_check_done = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    except (OperationalError, InterfaceError):
+        if connection.connection is not None and connection.is_usable():
+            raise  # the statement failed, not the connection
+        logger.warning("database connection was dead; retrying the notice insert on a new one")
+        connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
 
 
 def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:
@@ -92,38 +141,32 @@ def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:
     A duplicate (same dedup key) inserts nothing and kicks nothing."""
     if not drafts:
         return StoreResult(stored={}, duplicates=[])
-    now = timezone.now()
-    fields = _insert_fields()
-    qn = connection.ops.quote_name
-    rows_sql, params = [], []
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    adapt_dt = connection.ops.adapt_datetimefield_value
+    adapt_json = _payload_field().get_db_prep_save
+    params: list = []
     seen: set[str] = set()
     for draft in drafts:
         if draft.dedup_key in seen:  # the same event twice in one body
             continue
         seen.add(draft.dedup_key)
-        obj = InterruptionNotice(
-            team_id=draft.team_id, source=draft.source, kind=draft.kind, action=draft.action,
-            dedup_key=draft.dedup_key, cloud_event_id=draft.cloud_event_id,
-            provider_instance_id=draft.provider_instance_id, event_time=draft.event_time,
-            deadline=draft.deadline, received_at=now, payload=draft.payload,
+        params += (
+            draft.team_id, draft.source, draft.kind, draft.action, draft.dedup_key, draft.cloud_event_id,
+            draft.provider_instance_id, adapt_dt(draft.event_time), adapt_dt(draft.deadline), now,
+            adapt_json(draft.payload, connection), False, NoticeStatus.RECEIVED.value,
         )
-        rows_sql.append("(" + ", ".join(["%s"] * len(fields)) + ")")
-        params.extend(f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields)
-    sql = (
-        f"INSERT INTO {qn(InterruptionNotice._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
-        f"VALUES {', '.join(rows_sql)} ON CONFLICT ({qn('dedup_key')}) DO NOTHING "
-        f"RETURNING {qn('id')}, {qn('dedup_key')}"
-    )
     # One statement needs no explicit transaction: in autocommit mode it commits by itself, which
     # saves the BEGIN and COMMIT round trips on the hot path. Inside a caller's transaction the
     # hand-off waits for that transaction's commit.
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        stored = {key: pk for pk, key in cursor.fetchall()}
+    stored = {key: pk for pk, key in _insert(_insert_sql(len(seen)), params)}
     if stored:
         ids = list(stored.values())
         transaction.on_commit(lambda: notices_handoff(notice_ids=ids))  # runs now in autocommit mode
     return StoreResult(stored=stored, duplicates=[key for key in seen if key not in stored])
+
+
+def _payload_field() -> Any:
+    return InterruptionNotice._meta.get_field("payload")
 
 
 # --- hand-over to workers ---------------------------------------------------------------------
@@ -318,28 +361,40 @@ def _transition_if_allowed(notice: InterruptionNotice, instance: Instance, targe
     """Move the instance unless a concurrent notice already moved it past `target` (the state we
     read was not locked; `instance_transition` re-checks under the row lock)."""
     try:
-        instance_transition(
-            # Stamped when we learn of it, so the instance's log stays in order; the cloud's own time
-            # is in the detail.
-            instance=instance, to=target,
-            detail={"notice": notice.pk, "source": notice.source, "kind": notice.kind, "action": notice.action,
-                    "event_time": notice.event_time.isoformat() if notice.event_time else None},
-        )
+        instance_transition(instance=instance, to=target, detail=_transition_detail(notice))
     except IllegalTransition:
         instance.refresh_from_db(fields=["state"])
         return False
     return True
 
 
-def _react(
-    notice: InterruptionNotice, known: InstanceMap | None = None, events: list[JobEvent] | None = None
-) -> None:
+def _transition_detail(notice: InterruptionNotice) -> dict:
+    # The event is stamped when we learn of it, so the instance's log stays in order; the cloud's
+    # own time is in the detail.
+    return {"notice": notice.pk, "source": notice.source, "kind": notice.kind, "action": notice.action,
+            "event_time": notice.event_time.isoformat() if notice.event_time else None}
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What a batch collects for its bulk writes: the instances it locked and loaded (`known`),
+    the rows to insert, the instances it moved, and the reconfigurations already decided."""
+
+    known: InstanceMap
+    now: datetime
+    job_events: list[JobEvent] = field(default_factory=list)
+    instance_events: list[InstanceEvent] = field(default_factory=list)
+    moved: dict[int, Instance] = field(default_factory=dict)
+    decided: set[tuple[int, str]] = field(default_factory=set)
+
+
+def _react(notice: InterruptionNotice, batch: _Batch | None = None) -> None:
     """Move the instance, record the event on the job's timeline, and ask for a reconfiguration.
-    In a batch, `known` holds the batch's instances and `events` collects the timeline rows for one
-    bulk insert."""
+    In a batch, the instances are already locked and loaded, and the rows are written in bulk by
+    the caller."""
     from controlplane.jobs.reconfiguration import reconfiguration_decide
 
-    instance = _find_instance(notice, known)
+    instance = _find_instance(notice, batch.known if batch is not None else None)
     if instance is None:
         # Kept and flagged: an instance we do not know yet (or another team's) is worth seeing.
         notice.unknown_instance = True
@@ -350,7 +405,14 @@ def _react(
     target = _target_state(notice, instance)
     transitioned = False
     if target and instance.state != target and target in ALLOWED_TRANSITIONS[instance.state]:
-        transitioned = _transition_if_allowed(notice, instance, target)
+        if batch is not None and batch.known.get((instance.team_id, instance.provider_instance_id)) is instance:
+            # The batch locked and loaded this row, so it is current: move it in memory, save in bulk.
+            batch.instance_events.append(instance_transition_locked(
+                instance=instance, to=target, at=batch.now, detail=_transition_detail(notice)))
+            batch.moved[instance.pk] = instance
+            transitioned = True
+        else:
+            transitioned = _transition_if_allowed(notice, instance, target)
     job = instance.job
     if job is None:
         return
@@ -365,24 +427,28 @@ def _react(
         },
         at=timezone.now(),
     )
-    if events is not None:
-        events.append(event)
+    if batch is not None:
+        batch.job_events.append(event)
     else:
         event.save()
     if target is not None:
         # One reconfiguration per leaving node, whichever notice (warning, state change) comes first.
+        trigger_key = f"leave:instance:{instance.pk}"
+        if batch is not None and (job.pk, trigger_key) in batch.decided:
+            return  # already decided (reconfiguration_decide would find it and return it)
         reconfiguration_decide(
-            job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=f"leave:instance:{instance.pk}",
-            instance=instance, notice=notice,
+            job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=trigger_key, instance=instance, notice=notice,
         )
+        if batch is not None:
+            batch.decided.add((job.pk, trigger_key))
 
 
 _DONE_FIELDS = ["status", "processed_at", "error", "unknown_instance", "instance", "team"]
 
 
-def _mark_processed(notice: InterruptionNotice) -> None:
+def _mark_processed(notice: InterruptionNotice, at: datetime | None = None) -> None:
     notice.status = NoticeStatus.PROCESSED
-    notice.processed_at = timezone.now()
+    notice.processed_at = at or timezone.now()
     notice.error = ""
 
 
@@ -414,11 +480,24 @@ def _lock_instances(rows: list[InterruptionNotice]) -> InstanceMap | None:
     return {(i.team_id, i.provider_instance_id): i for i in qs.filter(team_id__in=teams).order_by("id")}
 
 
+def _decided(known: InstanceMap) -> set[tuple[int, str]]:
+    """(job, trigger key) of the leave reconfigurations already recorded for the batch's instances."""
+    keys = {f"leave:instance:{i.pk}" for i in known.values() if i.job_id is not None}
+    jobs = {i.job_id for i in known.values() if i.job_id is not None}
+    if not keys:
+        return set()
+    return set(Reconfiguration.objects.filter(job_id__in=jobs, trigger_key__in=keys).values_list("job_id",
+                                                                                                  "trigger_key"))
+
+
 def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
     """Process claimed notices in one transaction (one commit for the batch rather than one per
-    notice: on a busy disk the commit is most of the wall time). If any notice fails, the batch is
-    rolled back and each notice is processed on its own, so one bad notice cannot block the rest.
-    Returns (processed, failed)."""
+    notice: on a busy disk the commit is most of the wall time), with a constant number of
+    statements for the batch's own rows: lock the notices, lock and load their instances, read the
+    reconfigurations already decided, then one insert each for the instance and job events and one
+    update each for the instances and the notices. (Each new reconfiguration is still one insert.)
+    If any notice fails, the batch is rolled back and each notice is processed on its own, so one
+    bad notice cannot block the rest. Returns (processed, failed)."""
     try:
         with transaction.atomic():
             rows = list(
@@ -426,12 +505,20 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
                 .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED]).order_by("id")
             )
             known = _lock_instances(rows)
-            events: list[JobEvent] = []
+            if known is None:  # a notice without a team: the one-by-one path resolves it
+                for notice in rows:
+                    _react(notice)
+                    _mark_processed(notice)
+                    notice.save(update_fields=_DONE_FIELDS)
+                return len(notice_ids), 0
+            batch = _Batch(known=known, now=timezone.now(), decided=_decided(known))
             for notice in rows:
-                _react(notice, known, events)
-                _mark_processed(notice)
-            JobEvent.objects.bulk_create(events)
-            InterruptionNotice.objects.bulk_update(rows, _DONE_FIELDS)
+                _react(notice, batch)
+                _mark_processed(notice, batch.now)
+            InstanceEvent.objects.bulk_create(batch.instance_events)
+            bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
+            JobEvent.objects.bulk_create(batch.job_events)
+            bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
         return len(notice_ids), 0
     except Exception:
         logger.warning("batch of %d notices failed; processing them one by one", len(notice_ids), exc_info=True)

@@ -46,3 +46,26 @@ def instance_transition(
     for field in fields:
         setattr(instance, field, getattr(locked, field))
     return instance
+
+
+def instance_transition_locked(
+    *, instance: Instance, to: str, at: datetime, detail: dict[str, Any] | None = None
+) -> InstanceEvent:
+    """`instance_transition` for a caller that already holds the row lock and loaded the row in the
+    same transaction (the notice processor locks a batch's instances at once): moves the object in
+    memory and returns the unsaved InstanceEvent; the caller saves both in bulk (the instance's
+    TRANSITION_FIELDS). Raises IllegalTransition like `instance_transition`."""
+    check_transition(instance.state, to)
+    previous = instance.state
+    instance.state = to
+    instance.state_changed_at = at
+    instance.updated_at = at
+    stamp = _STAMP_FIELD.get(InstanceState(to))
+    if stamp and getattr(instance, stamp) is None:
+        setattr(instance, stamp, at)
+    return InstanceEvent(instance=instance, kind="state", from_state=previous, to_state=to, at=at,
+                         detail=detail or {})
+
+
+TRANSITION_FIELDS = ("state", "state_changed_at", "updated_at", "running_at", "notice_at", "ended_at")
+
