@@ -12,7 +12,6 @@ import pytest
 from django.utils import timezone
 
 from controlplane.webhooks import alerts, signing
-from controlplane.webhooks.credentials import credentials_cache_clear
 from controlplane.webhooks.models import AlertEndpoint, WebhookCredential
 from tests.controlplane.api_helpers import make_team_world
 from tests.controlplane.factories import make_job
@@ -28,11 +27,8 @@ EVENT = {
 
 
 @pytest.fixture(autouse=True)
-def _isolated(settings):
-    settings.SPOTPIPE_NOTICE_HANDOFF = "none"
-    credentials_cache_clear()
-    yield
-    credentials_cache_clear()
+def _isolated(webhook_isolation):
+    """No hand-off, empty credential caches (tests/controlplane/conftest.py)."""
 
 
 @pytest.fixture

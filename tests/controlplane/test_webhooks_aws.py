@@ -16,7 +16,6 @@ from controlplane.fleet.notices import notices_drain
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, Reconfiguration
 from controlplane.webhooks import sns
-from controlplane.webhooks.credentials import credentials_cache_clear
 from controlplane.webhooks.models import SnsSubscription
 from tests.controlplane.factories import (
     make_instance,
@@ -39,13 +38,8 @@ TOPIC = "arn:aws:sns:us-east-1:123456789012:spot-notices"
 
 
 @pytest.fixture(autouse=True)
-def _isolated(settings):
-    settings.SPOTPIPE_NOTICE_HANDOFF = "none"  # these tests drain by hand
-    credentials_cache_clear()
-    sns.cert_cache_clear()
-    yield
-    credentials_cache_clear()
-    sns.cert_cache_clear()
+def _isolated(webhook_isolation):
+    """No hand-off, empty credential caches (tests/controlplane/conftest.py)."""
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import pytest
 
 from controlplane.fleet.models import InterruptionNotice
 from controlplane.webhooks import signing
-from controlplane.webhooks.credentials import credentials_cache_clear
 from controlplane.webhooks.views import MAX_BODY_BYTES
 from tests.controlplane.factories import make_team, make_webhook_credential
 
@@ -22,11 +21,8 @@ NOTICE = "/api/v1/webhooks/notice/ml-team/"
 
 
 @pytest.fixture(autouse=True)
-def _isolated(settings):
-    settings.SPOTPIPE_NOTICE_HANDOFF = "none"
-    credentials_cache_clear()
-    yield
-    credentials_cache_clear()
+def _isolated(webhook_isolation):
+    """No hand-off, empty credential caches (tests/controlplane/conftest.py)."""
 
 
 @pytest.fixture

@@ -24,11 +24,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _isolated(settings):
-    settings.SPOTPIPE_NOTICE_HANDOFF = "none"
-    credentials_cache_clear()
-    yield
-    credentials_cache_clear()
+def _isolated(webhook_isolation):
+    """No hand-off, empty credential caches (tests/controlplane/conftest.py)."""
 
 
 @pytest.fixture

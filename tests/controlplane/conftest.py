@@ -1,0 +1,20 @@
+"""Fixtures shared by the control-plane tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.webhooks import sns
+from controlplane.webhooks.credentials import credentials_cache_clear
+
+
+@pytest.fixture
+def webhook_isolation(settings):
+    """Webhook tests drain notices by hand (no hand-off) and start and end with empty credential and
+    SNS certificate caches, so no test sees another's credentials."""
+    settings.SPOTPIPE_NOTICE_HANDOFF = "none"
+    credentials_cache_clear()
+    sns.cert_cache_clear()
+    yield
+    credentials_cache_clear()
+    sns.cert_cache_clear()
