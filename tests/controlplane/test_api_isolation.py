@@ -12,6 +12,9 @@ from django.utils import timezone
 from controlplane.accounts.models import ApiToken
 from controlplane.fleet.models import InstanceEvent, InterruptionNotice
 from controlplane.jobs.models import JobEvent, JobGeneration, MetricSample, Reconfiguration, TrainingJob
+from controlplane.webhooks.alerts import alert_endpoint_create
+from controlplane.webhooks.credentials import credential_create
+from controlplane.webhooks.models import AlertEndpoint, WebhookCredential
 from tests.controlplane.api_helpers import TeamWorld, make_team_world, token_client
 
 pytestmark = pytest.mark.django_db
@@ -46,6 +49,15 @@ ROUTES = [
     Route("post", "/api/v1/instances/{instance}/heartbeat/", "write", {}),
     Route("get", "/api/v1/notices/", "list"),
     Route("get", "/api/v1/notices/{notice}/", "detail"),
+    Route("get", "/api/v1/alert-endpoints/", "list"),
+    Route("get", "/api/v1/alert-endpoints/{alert}/", "detail"),
+    Route("patch", "/api/v1/alert-endpoints/{alert}/", "write", {"active": False}),
+    Route("delete", "/api/v1/alert-endpoints/{alert}/", "write"),
+    Route("post", "/api/v1/alert-endpoints/{alert}/rotate-secret/", "write", {}),
+    Route("get", "/api/v1/webhook-credentials/", "list"),
+    Route("get", "/api/v1/webhook-credentials/{credential}/", "detail"),
+    Route("delete", "/api/v1/webhook-credentials/{credential}/", "write"),
+    Route("post", "/api/v1/webhook-credentials/{credential}/rotate/", "write", {}),
 ]
 
 
@@ -63,8 +75,10 @@ def _populate(world: TeamWorld) -> dict[str, int]:
         provider_instance_id=world.instance.provider_instance_id, instance=world.instance, received_at=now,
     )
     token = ApiToken.objects.filter(team=world.team, user=world.member).get()
+    alert = alert_endpoint_create(team=world.team, url=f"https://hooks.example.com/{world.team.pk}")
+    credential, _ = credential_create(team=world.team, source="gcp", scheme="token")
     return {"team": world.team.pk, "job": world.job.pk, "instance": world.instance.pk, "token": token.pk,
-            "notice": notice.pk}
+            "notice": notice.pk, "alert": alert.pk, "credential": credential.pk}
 
 
 @pytest.fixture
@@ -86,6 +100,8 @@ def _snapshot(world: TeamWorld) -> tuple:
     return (
         job.status, job.steps_done, MetricSample.objects.filter(job=job).count(),
         instance.last_heartbeat_at, ApiToken.objects.filter(team=world.team, revoked_at__isnull=False).count(),
+        sorted(AlertEndpoint.objects.filter(team=world.team).values_list("id", "active", "signing_secret")),
+        sorted(WebhookCredential.objects.filter(team=world.team).values_list("id", "revoked_at", "expires_at")),
     )
 
 
