@@ -201,7 +201,12 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Celery's own file scheduler with the schedule in code: beat needs no database. With
+# django_celery_beat's DatabaseScheduler, a PostgreSQL restart followed by Redis restarts left beat
+# sending detect_dead_agents ~100 times a second instead of twice (the chaos soak, bench/chaos.py):
+# the flood starved every other task. django_celery_beat stays installed (its tables exist).
+CELERY_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Without this Celery's Django fixup reconnects to the database for every task (MEASURED.md).
