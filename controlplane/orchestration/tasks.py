@@ -95,9 +95,10 @@ def release_job(job_id: int) -> list[int]:
 def detect_dead_agents() -> list[int]:
     """Periodic: nodes whose heartbeats stopped are lost; their jobs react. Not while the control
     plane itself has just been deaf (see `hearing`)."""
-    if not hearing.heartbeats_audible(timeout_s=services.heartbeat_timeout_s()):
+    heard_until = hearing.heard_until(timeout_s=services.heartbeat_timeout_s())
+    if heard_until is None:
         return []
-    return services.instances_detect_dead()
+    return services.instances_detect_dead(now=heard_until)
 
 
 @shared_task(name="orchestration.apply_reconfiguration", **TASK_OPTIONS)
