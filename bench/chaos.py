@@ -59,10 +59,10 @@ class Profile:
     timeout_s: float
 
 
-# Full: 22 faults over a job of ~10 minutes on this loaded 2-core machine (~6 steps/s under faults).
-# Quick (CI): one fault of each kind.
-FULL = Profile(steps=3600, faults={"notice": 4, "notice_webhook": 3, "kill": 4, "worker": 3, "redis": 3, "web": 3,
-                                   "postgres": 2}, min_gap_s=8.0, timeout_s=1500.0)
+# Full: 22 faults, at least 24 s apart, so that they span 10 minutes whatever the machine's speed; the
+# job's 5400 steps last ~10-15 minutes here (~6-9 steps/s under faults). Quick (CI): one fault of each kind.
+FULL = Profile(steps=5400, faults={"notice": 4, "notice_webhook": 3, "kill": 4, "worker": 3, "redis": 3, "web": 3,
+                                   "postgres": 2}, min_gap_s=24.0, timeout_s=2100.0)
 QUICK = Profile(steps=440, faults={"notice": 1, "notice_webhook": 1, "kill": 1, "worker": 1, "redis": 1, "web": 1,
                                    "postgres": 1}, min_gap_s=4.0, timeout_s=200.0)
 # The job: the end-to-end tests' MLP (tests/orchestration/test_end_to_end.py), 4 layers for DP=2 x PP=2,
