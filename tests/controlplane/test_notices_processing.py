@@ -258,3 +258,35 @@ def test_failed_publish_releases_the_pending_flag(monkeypatch):
     with pytest.raises(ConnectionError):
         notices._publish_drain()
     assert fake.keys == {}
+
+
+def _batch_statements(team, count: int, tag: str) -> tuple[int, list]:
+    """Statements of `notices_process_batch` for `count` interruption notices, each for its own
+    running instance of one job (so every notice moves an instance and adds a timeline event), all
+    leaving nodes already decided (so no reconfiguration insert is counted)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job = make_job(team)
+    instances = [running(team, job=job, provider_instance_id=f"i-{tag}-{n}") for n in range(count)]
+    for instance in instances:
+        reconfiguration_decide(job=job, trigger="notice", trigger_key=f"leave:instance:{instance.pk}",
+                               instance=instance)
+    stored = notices_store(drafts=[draft(team, i.provider_instance_id, f"{tag}-{n}") for n, i in enumerate(instances)])
+    with CaptureQueriesContext(connection) as queries:
+        assert notices.notices_process_batch(notice_ids=list(stored.stored.values())) == (count, 0)
+    return len(queries.captured_queries), instances
+
+
+def test_a_batch_costs_the_same_statements_for_2_notices_as_for_20():
+    team = make_team()
+    small, _ = _batch_statements(team, 2, "small")
+    large, instances = _batch_statements(team, 20, "large")
+    assert large == small, (small, large)
+    # ... and the bulk writes did what instance_transition does, for every instance.
+    for instance in instances:
+        instance.refresh_from_db()
+        assert instance.state == "notice" and instance.notice_at is not None
+        assert list(instance.events.values_list("from_state", "to_state"))[-1] == ("running", "notice")
+    assert InterruptionNotice.objects.filter(status=NoticeStatus.PROCESSED).count() == 22
+    assert JobEvent.objects.filter(kind="instance_interruption").count() == 22
