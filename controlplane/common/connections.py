@@ -11,9 +11,15 @@ that failed or outlived CONN_MAX_AGE is closed, and the next query checks the co
 
 from __future__ import annotations
 
-from django.db import close_old_connections
+from django.db import connections
 
 
 def task_connections_checked(**_: object) -> None:
-    """Celery `task_prerun`/`task_postrun` handler: Django's per-request connection upkeep."""
-    close_old_connections()
+    """Celery `task_prerun`/`task_postrun` handler: Django's per-request connection upkeep.
+
+    A connection inside an atomic block is left alone: the task then runs in its caller's
+    transaction (`.apply()`, eager mode, a test), and closing it would break that transaction;
+    Django's test client skips its request upkeep for the same reason."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()

@@ -31,3 +31,15 @@ def test_the_upkeep_runs_before_and_after_every_task():
 
     for signal in (signals.task_prerun, signals.task_postrun):
         assert task_connections_checked in [receiver for _key, receiver in signal.receivers]
+
+
+@pytest.mark.django_db
+def test_a_task_run_inside_its_callers_transaction_keeps_the_connection():
+    # `.apply()` in a test (or eager mode) runs the task inside the caller's atomic block.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    assert connection.in_atomic_block
+    task_connections_checked()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
