@@ -175,6 +175,31 @@ class Comm:
         with contextlib.suppress(RuntimeError):  # the peer may be gone too
             self.send(poison_like(like), dst, tag)
 
+    def drain(self, like: torch.Tensor, src: int, tag: int) -> None:
+        """Accept (and ignore) a message of a step we abandoned: post its receive, never wait for it.
+
+        gloo completes a send only once its receiver posted the matching receive, and a group we
+        close with calls pending is parked with its sockets open, so a peer that already sent us
+        this message would otherwise wait in `wait_sends` for its full timeout. The peer sends it
+        for real, or poisoned when it abandons the step too, or dies: the receive always completes.
+        """
+        buf = torch.empty_like(like)
+        with contextlib.suppress(RuntimeError):  # the pair to a dead peer may be broken already
+            self.pending.append((False, self._world().recv([buf], self.rank_of[src], tag), buf))
+
+    def drain_allreduce(
+        self, numel: int, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = ()
+    ) -> None:
+        """Post the receives of an all-reduce we will not take part in (see `drain`)."""
+        computing = tuple(n for n in owners if n not in replicas)
+        like = torch.empty(numel)
+        if self.node in replicas:
+            self.drain(like, computing[replicas.index(self.node) % len(computing)], _ALLREDUCE_TAG + tag)
+            return
+        for other in computing:
+            if other != self.node:
+                self.drain(like, other, _ALLREDUCE_TAG + tag)
+
     def poison_allreduce(self, numel: int, owners: tuple[int, ...], tag: int) -> None:
         """Poison the messages of an all-reduce we will not take part in."""
         for other in owners:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from runtime import _pipelining
-from runtime.comm import Comm
+from runtime.comm import Comm, PeerAborted
 from runtime.config import JobConfig
 from runtime.layout import Layout
 from runtime.model import activation_shape, loss_fn, microbatch_data
@@ -132,7 +132,7 @@ class Executor:
                 reduces,
             )
         except RuntimeError as exc:
-            self._poison(actions, started_reduces=reduces)
+            self._poison(actions, started_reduces=reduces, consumed=isinstance(exc, PeerAborted))
             # Name the action that failed and how long it waited: that is how a dead peer shows up.
             waited = time.perf_counter() - started
             raise RuntimeError(
@@ -143,19 +143,27 @@ class Executor:
         del keep_alive
         return result
 
-    def _poison(self, actions: list[Action], *, started_reduces: dict) -> None:
-        """We abandon the step: poison every message we still owe, so peers fail now, not at timeout."""
+    def _poison(self, actions: list[Action], *, started_reduces: dict, consumed: bool) -> None:
+        """We abandon the step: poison every message we still owe, and accept every message we are
+        still owed (a peer's send completes only once we posted its receive), so peers fail or move
+        on now, not at their timeout. `consumed`: the current action's receive got a poison message."""
         if self.comm is None or self.current is None:
             return
-        for act in actions[actions.index(self.current) :]:
-            if act.kind in (SEND_ACT, SEND_GRAD):
+        current = self.current
+        for act in actions[actions.index(current) :]:
+            if act.kind in (SEND_ACT, SEND_GRAD, RECV_ACT, RECV_GRAD):
                 lo, hi = self.layout.stages[act.stage]
-                boundary = hi if act.kind == SEND_ACT else lo
-                tag = self._tag(act.microbatch, boundary, act.kind == SEND_GRAD)
-                self.comm.send_poison(torch.empty(self.act_shape), act.peer, tag)
+                backward = act.kind in (SEND_GRAD, RECV_GRAD)
+                boundary = lo if (act.kind in (SEND_GRAD, RECV_ACT)) else hi
+                tag = self._tag(act.microbatch, boundary, backward)
+                if act.kind in (SEND_ACT, SEND_GRAD):
+                    self.comm.send_poison(torch.empty(self.act_shape), act.peer, tag)
+                elif not (act is current and consumed):
+                    self.comm.drain(torch.empty(self.act_shape), act.peer, tag)
             elif act.kind == ALL_REDUCE and (act.layers, act.group) not in started_reduces:
                 numel = sum(p.numel() for i in range(*act.layers) for p in self.held[i].params)
                 self.comm.poison_allreduce(numel, act.group, act.layers[0])
+                self.comm.drain_allreduce(numel, act.group, act.layers[0], self._replica_owners(act))
 
     def _loop(
         self, step, actions, result, inputs, outputs, out_grads, param_groups, rf_inputs, keep_alive, reduces
