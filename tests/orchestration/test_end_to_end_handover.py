@@ -153,10 +153,14 @@ def test_last_holder_of_a_stage_killed_fails_the_job_with_the_runtimes_reason(
         wait_for(lambda: TrainingJob.objects.get(pk=job.pk).status == JobStatus.FAILED, 60, "the job to fail")
         job.refresh_from_db()
         assert job.status_message.startswith("runtime cannot continue: ")
-        assert "no surviving node for stage 0" in job.status_message
+        # Stage 0's state is gone. Which check names it depends on whether the first node's
+        # replacement joined the generation before the second kill was seen (seen in CI): then the
+        # layout has a node for stage 0 again, but layer 0 has no copy to fetch.
+        stage_0_lost = ("no surviving node for stage 0", "layer 0 has no surviving copy")
+        assert any(reason in job.status_message for reason in stage_0_lost), job.status_message
         assert job.steps_done < job.target_steps
         reasons = [e.data.get("reason", "") for e in job.events.filter(kind="agent_worker_exit")]
-        assert any("no surviving node for stage 0" in r for r in reasons), reasons
+        assert any(reason in r for r in reasons for reason in stage_0_lost), reasons
         wait_for(lambda: not Instance.objects.filter(job=job, state__in=["running", "pending", "notice"]).exists(),
                  30, "every node released")
         assert job.events.filter(kind="released").exists()
