@@ -36,18 +36,16 @@ def test_killed_node_mid_step_same_math(strategy: str) -> None:
     assert events(result, "failure_detected")
 
 
+def _spill_config(*, steps: int):
+    """DP=2 x PP=2 recycle with spill, 6 layers and 3 micro-batches of 2 pipelines' share."""
+    return small_config(strategy="recycle", schedule="fiw", recycle_spill=True, model=ModelSpec(n_layer=6),
+                        microbatches=3, global_batch=12, steps=steps)
+
+
 def test_recycle_spill_to_another_stage_node_keeps_the_math() -> None:
     # When node 1 (stage 1) dies, the schedule estimate puts some of its micro-batches on node 0,
     # which fetches stage 1's layers from node 3 and runs stages 0 and 1 back to back.
-    config = small_config(
-        strategy="recycle",
-        schedule="fiw",
-        recycle_spill=True,
-        model=ModelSpec(n_layer=6),
-        microbatches=3,
-        global_batch=12,
-        steps=5,
-    )
+    config = _spill_config(steps=5)
     degraded = get_strategy("recycle").layout_for(config, [[0, None], [2, 3]])
     assert {route[1][1] for route in degraded.routes} == {0, 3}
     result = run_local(config, faults=[Fault(node=1, kind="kill", step=2)], timeout_s=80)
@@ -60,15 +58,7 @@ def test_recycle_spill_kill_then_notice_moves_layers_twice_and_keeps_the_math() 
     # Generation 1 (node 1 killed): node 0 also hosts stage 1 for one micro-batch. Generation 2
     # (node 2 leaves on notice): node 0 drops stage 1 again, node 3 fetches stage 0 and hosts it
     # for one micro-batch.
-    config = small_config(
-        strategy="recycle",
-        schedule="fiw",
-        recycle_spill=True,
-        model=ModelSpec(n_layer=6),
-        microbatches=3,
-        global_batch=12,
-        steps=6,
-    )
+    config = _spill_config(steps=6)
     recycle = get_strategy("recycle")
     assert [n for _, n in recycle.layout_for(config, [[0, None], [2, 3]]).routes[2]] == [0, 0]
     assert [n for _, n in recycle.layout_for(config, [[0, None], [None, 3]]).routes[4]] == [3, 3]
