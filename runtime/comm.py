@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -118,12 +118,19 @@ class Comm:
         self.pending.clear()
 
     def allreduce(
-        self, tensor: torch.Tensor, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = ()
+        self,
+        tensor: torch.Tensor,
+        owners: tuple[int, ...],
+        tag: int,
+        replicas: tuple[int, ...] = (),
+        sizes: Mapping[int, int] | None = None,
     ) -> AllReduce:
         """Start a sum of `tensor` over `owners`; finish with `finish_allreduce`.
 
         Owners that only keep a replica (`replicas`, bamboo) have nothing to add: they receive the
-        finished sum from one computing owner instead of joining the exchange.
+        finished sum from one computing owner instead of joining the exchange. `sizes`: how many
+        elements each other computing owner contributes, when that differs from ours (the units of
+        `grad_order`); a replica's `tensor` has the size of the finished sum.
         """
         computing = tuple(n for n in owners if n not in replicas)
         recvs: dict[int, tuple[torch.Tensor, Any]] = {}
@@ -137,7 +144,7 @@ class Comm:
             if other == self.node:
                 continue
             self.send(tensor, other, _ALLREDUCE_TAG + tag)
-            buf = torch.empty_like(tensor)
+            buf = torch.empty(sizes[other]) if sizes is not None else torch.empty_like(tensor)
             work = self._world().recv([buf], self.rank_of[other], _ALLREDUCE_TAG + tag)
             self.pending.append((False, work, buf))
             recvs[other] = (buf, work)
@@ -145,26 +152,35 @@ class Comm:
         forward = tuple(r for i, r in enumerate(replicas) if i % len(computing) == mine)
         return AllReduce(computing, tensor, recvs, forward_to=forward, tag=tag)
 
-    def finish_allreduce(self, handle: AllReduce) -> torch.Tensor:
-        """Wait for the other owners' contributions; the sum in owner order (same bits everywhere),
-        then pass it on to the replicas this node serves."""
+    def finish_allreduce(
+        self, handle: AllReduce, combine: Callable[[dict[int, torch.Tensor]], torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Wait for the other owners' contributions; their sum in owner order, or `combine` of them
+        (owner -> contribution; it must give the same bits everywhere), then pass it on to the
+        replicas this node serves."""
         if handle.receive_only:
             ((source, (part, work)),) = handle.recvs.items()
             work.wait(self.timeout)
             if is_poison(part):
                 raise PeerAborted(f"node {source} aborted the step (all-reduce)")
             return part
-        total = None
+        parts = {}
         for owner in handle.owners:
             if owner == self.node:
-                part = handle.mine
+                parts[owner] = handle.mine
             else:
                 part, work = handle.recvs[owner]
                 work.wait(self.timeout)
                 if is_poison(part):
                     raise PeerAborted(f"node {owner} aborted the step (all-reduce)")
-            total = part.clone() if total is None else total.add_(part)
-        assert total is not None
+                parts[owner] = part
+        if combine is not None:
+            total = combine(parts)
+        else:
+            total = None
+            for part in parts.values():
+                total = part.clone() if total is None else total.add_(part)
+            assert total is not None
         for replica in handle.forward_to:
             self.send(total, replica, _ALLREDUCE_TAG + handle.tag)
         return total
@@ -188,21 +204,29 @@ class Comm:
             self.pending.append((False, self._world().recv([buf], self.rank_of[src], tag), buf))
 
     def drain_allreduce(
-        self, numel: int, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = ()
+        self,
+        numel: int,
+        owners: tuple[int, ...],
+        tag: int,
+        replicas: tuple[int, ...] = (),
+        sizes: Mapping[int, int] | None = None,
     ) -> None:
-        """Post the receives of an all-reduce we will not take part in (see `drain`)."""
+        """Post the receives of an all-reduce we will not take part in (see `drain`). `numel`: the
+        finished sum's size; `sizes`: each computing owner's contribution, as in `allreduce`."""
         computing = tuple(n for n in owners if n not in replicas)
-        like = torch.empty(numel)
         if self.node in replicas:
-            self.drain(like, computing[replicas.index(self.node) % len(computing)], _ALLREDUCE_TAG + tag)
+            source = computing[replicas.index(self.node) % len(computing)]
+            self.drain(torch.empty(numel), source, _ALLREDUCE_TAG + tag)
             return
         for other in computing:
             if other != self.node:
+                like = torch.empty(sizes[other] if sizes is not None else numel)
                 self.drain(like, other, _ALLREDUCE_TAG + tag)
 
-    def poison_allreduce(self, numel: int, owners: tuple[int, ...], tag: int) -> None:
-        """Poison the messages of an all-reduce we will not take part in."""
-        for other in owners:
+    def poison_allreduce(self, numel_for: Mapping[int, int], tag: int) -> None:
+        """Poison the messages of an all-reduce we will not take part in (`numel_for`: each other
+        owner -> the size of what it expects from us)."""
+        for other, numel in numel_for.items():
             if other != self.node:
                 self.send_poison(torch.empty(numel), other, _ALLREDUCE_TAG + tag)
 

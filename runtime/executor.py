@@ -2,8 +2,9 @@
 
 Every compute action can be padded to an emulated device time (see `DeviceTime`) so that, on a
 laptop, stages that sleep overlap like devices would. Gradients are scaled by 1/num_microbatches,
-so the all-reduced sum is the global-batch mean whatever the routes are: the math does not depend
-on which node ran which micro-batch.
+so the all-reduced sum is the global-batch mean whatever the routes are, and `grad_order` adds the
+micro-batches' gradients in one fixed order, so not even the low bits depend on which node ran
+which micro-batch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 from runtime import _pipelining
 from runtime.comm import Comm, PeerAborted
 from runtime.config import JobConfig
+from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines
 from runtime.layout import Layout
 from runtime.model import activation_shape, loss_fn, microbatch_data
 from runtime.optim import LayerState
@@ -67,6 +69,9 @@ class Executor:
         }
         self.act_shape = activation_shape(config.model, layout.microbatch_size)
         self.device = config.device_time
+        self.plan = grad_plan(layout, home_pipelines(config))
+        self.layer_numel = {i: sum(p.numel() for p in state.params) for i, state in held.items()}
+        self.grads: GradAccumulator | None = None
         self.snapshot = config.strategy != "none"
         self.current: Action | None = None
         self.hook: Callable[[int, int], None] | None = None
@@ -115,6 +120,9 @@ class Executor:
         param_groups: dict[tuple[int, int], _pipelining.ParamGroups] = {}
         rf_inputs: dict[tuple[int, int], torch.Tensor] = {}
         keep_alive: list[torch.Tensor] = []
+        self.grads = GradAccumulator(
+            self.plan, self.node, {i: list(state.params) for i, state in self.held.items()}
+        )
         reduces: dict[tuple[tuple[int, int], tuple[int, ...]], tuple[torch.Tensor, object]] = {}
         comm = self.comm
         started = time.perf_counter()
@@ -161,9 +169,13 @@ class Executor:
                 elif not (act is current and consumed):
                     self.comm.drain(torch.empty(self.act_shape), act.peer, tag)
             elif act.kind == ALL_REDUCE and (act.layers, act.group) not in started_reduces:
-                numel = sum(p.numel() for i in range(*act.layers) for p in self.held[i].params)
-                self.comm.poison_allreduce(numel, act.group, act.layers[0])
-                self.comm.drain_allreduce(numel, act.group, act.layers[0], self._replica_owners(act))
+                numel = sum(self.layer_numel[i] for i in range(*act.layers))
+                replicas = self._replica_owners(act)
+                ours = numel if self.node in replicas else self._contribution_numel(act, self.node)
+                owed = {n: numel if n in replicas else ours for n in act.group}
+                self.comm.poison_allreduce(owed, act.layers[0])
+                sizes = {n: self._contribution_numel(act, n) for n in act.group if n not in replicas}
+                self.comm.drain_allreduce(numel, act.group, act.layers[0], replicas, sizes)
 
     def _loop(
         self, step, actions, result, inputs, outputs, out_grads, param_groups, rf_inputs, keep_alive, reduces
@@ -196,7 +208,9 @@ class Executor:
             elif act.kind in (BACKWARD, BACKWARD_INPUT):
                 self._backward(act, inputs, outputs, out_grads, param_groups)
             elif act.kind == BACKWARD_WEIGHT:
+                self.grads.begin(range(*self.layout.stages[act.stage]), act.microbatch)
                 _pipelining.backward_weight(self._params(act.stage), param_groups.pop(key))
+                self.grads.end()
             elif act.kind == REDUNDANT_FORWARD:
                 self._redundant_forward(step, act, rf_inputs)
             elif act.kind == ALL_REDUCE:
@@ -263,7 +277,9 @@ class Executor:
                 grad = inputs.pop((route[hop + 1][0], act.microbatch)).grad
         x = inputs[key]
         if act.kind == BACKWARD:
+            self.grads.begin(range(*self.layout.stages[act.stage]), act.microbatch)
             torch.autograd.backward(out, grad)
+            self.grads.end()
         else:
             dx, groups = _pipelining.backward_input(out, grad, x, self._params(act.stage))
             x.grad = dx
@@ -275,14 +291,21 @@ class Executor:
 
     def _start_allreduce(self, act: Action):
         lo, hi = act.layers
-        grads = []
-        for i in range(lo, hi):
-            for p in self.held[i].params:
-                grads.append((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1))
-        flat = torch.cat(grads)
+        replicas = self._replica_owners(act)
+        if self.node in replicas:  # computes nothing here: receives the finished sum
+            flat = torch.zeros(sum(self.layer_numel[i] for i in range(lo, hi)))
+            return flat, self.comm.allreduce(flat, act.group, tag=lo, replicas=replicas)
+        flat = self.grads.contribution(lo, hi)
         if self.comm is None or len(act.group) == 1:
             return flat, None
-        return flat, self.comm.allreduce(flat, act.group, tag=lo, replicas=self._replica_owners(act))
+        sizes = {n: self._contribution_numel(act, n) for n in act.group if n not in replicas}
+        return flat, self.comm.allreduce(flat, act.group, tag=lo, replicas=replicas, sizes=sizes)
+
+    def _contribution_numel(self, act: Action, node: int) -> int:
+        return contribution_numel(self.plan, node, *act.layers, self.layer_numel)
+
+    def _fold(self, act: Action, parts: dict[int, torch.Tensor]) -> torch.Tensor:
+        return fold(self.plan, parts, *act.layers, self.layer_numel)
 
     def _replica_owners(self, act: Action) -> tuple[int, ...]:
         """Owners of the run that only keep a replica (they compute nothing for these layers)."""
@@ -297,7 +320,9 @@ class Executor:
 
     def _optimizer_step(self, act: Action, flat: torch.Tensor, handle) -> None:
         if handle is not None:
-            flat = self.comm.finish_allreduce(handle)
+            flat = self.comm.finish_allreduce(handle, lambda parts: self._fold(act, parts))
+        else:
+            flat = self._fold(act, {self.node: flat})
         lo, hi = act.layers
         offset = 0
         for i in range(lo, hi):

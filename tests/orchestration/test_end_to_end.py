@@ -88,7 +88,7 @@ def _final_params(root: Path) -> dict[str, list[torch.Tensor]]:
 
 def assert_reference_math(job: TrainingJob, nodes_dir: Path) -> None:
     """Every parameter the finished nodes saved equals the failure-free single-process run of the
-    job's seed (`torch.testing.assert_close` float32 defaults), and together they hold the model."""
+    job's seed bit for bit (`runtime.grad_order`), and together they hold the model."""
     config = JobConfig.from_dict(job_config({"model_spec": job.model_spec, "plan": job.plan,
                                              "target_steps": job.target_steps},
                                             JobGeneration.objects.get(job=job, number=1).layout))
@@ -97,7 +97,7 @@ def assert_reference_math(job: TrainingJob, nodes_dir: Path) -> None:
     assert set(copies) == set(reference), "the finished nodes do not hold the whole model"
     for name, expected in reference.items():
         for copy in copies[name]:
-            torch.testing.assert_close(copy, expected, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(copy, expected, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _node_of(job: TrainingJob, pipeline: int, stage: int) -> Instance:

@@ -39,10 +39,12 @@ class RecordingComm:
     def drain(self, like: torch.Tensor, src: int, tag: int) -> None:
         self.drained.append((src, tag))
 
-    def poison_allreduce(self, numel: int, owners: tuple[int, ...], tag: int) -> None:
+    def poison_allreduce(self, numel_for: dict[int, int], tag: int) -> None:
         pass
 
-    def drain_allreduce(self, numel: int, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = ()) -> None:
+    def drain_allreduce(
+        self, numel: int, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = (), sizes=None
+    ) -> None:
         self.drained_reduces.append((tag, owners))
 
 
