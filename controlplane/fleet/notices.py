@@ -34,7 +34,13 @@ from controlplane.fleet.models import (
 )
 from controlplane.fleet.services import TRANSITION_FIELDS, instance_transition, instance_transition_locked
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, IllegalTransition, InstanceState
-from controlplane.jobs.models import JobEvent, Reconfiguration, ReconfigurationTrigger
+from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration, ReconfigurationTrigger
+from controlplane.jobs.reconfiguration import (
+    current_generations,
+    reconfiguration_decide,
+    reconfiguration_draft,
+    reconfigurations_create,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -378,13 +384,18 @@ def _transition_detail(notice: InterruptionNotice) -> dict:
 @dataclass(slots=True)
 class _Batch:
     """What a batch collects for its bulk writes: the instances it locked and loaded (`known`),
-    the rows to insert, the instances it moved, and the reconfigurations already decided."""
+    the rows to insert, the instances it moved, and the reconfigurations it decided."""
 
     known: InstanceMap
     now: datetime
     job_events: list[JobEvent] = field(default_factory=list)
     instance_events: list[InstanceEvent] = field(default_factory=list)
     moved: dict[int, Instance] = field(default_factory=dict)
+    # The current generation of each of the batch's jobs that has one (read once for the batch),
+    # the reconfigurations to record (one per leaving node: the first notice of a node wins) and
+    # their keys.
+    generations: dict[int, JobGeneration] = field(default_factory=dict)
+    drafts: list[Reconfiguration] = field(default_factory=list)
     decided: set[tuple[int, str]] = field(default_factory=set)
 
 
@@ -392,8 +403,6 @@ def _react(notice: InterruptionNotice, batch: _Batch | None = None) -> None:
     """Move the instance, record the event on the job's timeline, and ask for a reconfiguration.
     In a batch, the instances are already locked and loaded, and the rows are written in bulk by
     the caller."""
-    from controlplane.jobs.reconfiguration import reconfiguration_decide
-
     instance = _find_instance(notice, batch.known if batch is not None else None)
     if instance is None:
         # Kept and flagged: an instance we do not know yet (or another team's) is worth seeing.
@@ -434,13 +443,23 @@ def _react(notice: InterruptionNotice, batch: _Batch | None = None) -> None:
     if target is not None:
         # One reconfiguration per leaving node, whichever notice (warning, state change) comes first.
         trigger_key = f"leave:instance:{instance.pk}"
-        if batch is not None and (job.pk, trigger_key) in batch.decided:
-            return  # already decided (reconfiguration_decide would find it and return it)
-        reconfiguration_decide(
-            job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=trigger_key, instance=instance, notice=notice,
-        )
-        if batch is not None:
-            batch.decided.add((job.pk, trigger_key))
+        if batch is None:
+            reconfiguration_decide(
+                job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=trigger_key, instance=instance,
+                notice=notice,
+            )
+            return
+        if (job.pk, trigger_key) in batch.decided:
+            return  # this batch already decided it (reconfiguration_decide would return that row)
+        batch.decided.add((job.pk, trigger_key))
+        # The decision input is taken now, as reconfiguration_decide would; the batch inserts the
+        # drafts together (and skips keys decided before the batch), with one statement.
+        known_generation = job.pk in batch.generations or not job.current_generation
+        extra = {"generation": batch.generations.get(job.pk)} if known_generation else {}
+        batch.drafts.append(reconfiguration_draft(
+            job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=trigger_key, instance=instance,
+            notice=notice, **extra,
+        ))
 
 
 _DONE_FIELDS = ["status", "processed_at", "error", "unknown_instance", "instance", "team"]
@@ -480,22 +499,14 @@ def _lock_instances(rows: list[InterruptionNotice]) -> InstanceMap | None:
     return {(i.team_id, i.provider_instance_id): i for i in qs.filter(team_id__in=teams).order_by("id")}
 
 
-def _decided(known: InstanceMap) -> set[tuple[int, str]]:
-    """(job, trigger key) of the leave reconfigurations already recorded for the batch's instances."""
-    keys = {f"leave:instance:{i.pk}" for i in known.values() if i.job_id is not None}
-    jobs = {i.job_id for i in known.values() if i.job_id is not None}
-    if not keys:
-        return set()
-    return set(Reconfiguration.objects.filter(job_id__in=jobs, trigger_key__in=keys).values_list("job_id",
-                                                                                                  "trigger_key"))
-
-
 def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
     """Process claimed notices in one transaction (one commit for the batch rather than one per
     notice: on a busy disk the commit is most of the wall time), with a constant number of
-    statements for the batch's own rows: lock the notices, lock and load their instances, read the
-    reconfigurations already decided, then one insert each for the instance and job events and one
-    update each for the instances and the notices. (Each new reconfiguration is still one insert.)
+    statements for the batch's own rows: lock the notices, lock and load their instances (and read
+    their jobs' current generations, when any has one), then one insert each for the instance and
+    job events, one query for the reconfigurations already decided and one insert for the new ones,
+    and one update each for the instances and the notices. Orchestration applies the new
+    reconfigurations together once this commits (`orchestration.signals`).
     If any notice fails, the batch is rolled back and each notice is processed on its own, so one
     bad notice cannot block the rest. Returns (processed, failed)."""
     try:
@@ -511,13 +522,16 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
                     _mark_processed(notice)
                     notice.save(update_fields=_DONE_FIELDS)
                 return len(notice_ids), 0
-            batch = _Batch(known=known, now=timezone.now(), decided=_decided(known))
+            generations = current_generations(jobs=[i.job for i in known.values() if i.job is not None])
+            batch = _Batch(known=known, now=timezone.now(), generations=generations)
             for notice in rows:
                 _react(notice, batch)
                 _mark_processed(notice, batch.now)
             InstanceEvent.objects.bulk_create(batch.instance_events)
             bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
             JobEvent.objects.bulk_create(batch.job_events)
+            # One reconfiguration per leaving node; orchestration applies the batch's on commit.
+            reconfigurations_create(drafts=batch.drafts)
             bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
         return len(notice_ids), 0
     except Exception:

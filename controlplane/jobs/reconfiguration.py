@@ -1,12 +1,23 @@
 """The job-reconfiguration service: the one place that decides how a job reacts to a node leaving
 or joining. This module records the decision *input* idempotently; the orchestration issue fills
-in the decision itself (re-route, take over, re-instantiate, restart) from that input."""
+in the decision itself (re-route, take over, re-instantiate, restart) from that input.
+
+Two forms, with the same rows as a result: `reconfiguration_decide` records one decision (a few
+statements), and `reconfiguration_draft` + `reconfigurations_create` record a batch of them (the
+notice processor's) with a constant number of statements: one query for the jobs' current
+generations, one for the decisions already recorded, one insert. A bulk insert sends no
+`post_save`, so the batch form sends `reconfigurations_decided` instead, which orchestration
+listens to for applying the batch on commit."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 from controlplane.jobs.models import JobGeneration, Reconfiguration, TrainingJob
@@ -14,18 +25,33 @@ from controlplane.jobs.models import JobGeneration, Reconfiguration, TrainingJob
 if TYPE_CHECKING:
     from controlplane.fleet.models import Instance, InterruptionNotice
 
+# Sent after `reconfigurations_create` inserted rows (a bulk insert sends no post_save), with
+# `reconfigurations=[...]` (the new rows, with their ids), inside the caller's transaction.
+reconfigurations_decided = Signal()
+
+_QUERY = object()  # "look the generation up" (the one-decision form)
+
 
 def _iso(value) -> str | None:
     return value.isoformat() if value else None
 
 
 def reconfiguration_decision_input(
-    *, job: TrainingJob, instance: Instance | None, notice: InterruptionNotice | None
+    *,
+    job: TrainingJob,
+    instance: Instance | None,
+    notice: InterruptionNotice | None,
+    generation: JobGeneration | object | None = _QUERY,
+    now: datetime | None = None,
 ) -> dict:
     """What the decision needs to know, as JSON: strategy, the leaving instance, the membership of
-    the job's current generation, and how long is left before the VM goes (the notice's lead time)."""
-    now = timezone.now()
-    generation = JobGeneration.objects.filter(job=job, number=job.current_generation).first()
+    the job's current generation, and how long is left before the VM goes (the notice's lead time).
+
+    `generation` is the job's current generation when the caller already read it (a batch reads
+    them all in one query); otherwise it is looked up."""
+    now = now or timezone.now()
+    if generation is _QUERY:
+        generation = JobGeneration.objects.filter(job=job, number=job.current_generation).first()
     membership = list(generation.membership) if generation else []
     leaving_id = instance.pk if instance else None
     member = next((m for m in membership if isinstance(m, dict) and m.get("instance") == leaving_id), None)
@@ -57,6 +83,71 @@ def reconfiguration_decision_input(
     }
 
 
+def reconfiguration_draft(
+    *,
+    job: TrainingJob,
+    trigger: str,
+    trigger_key: str,
+    instance: Instance | None = None,
+    notice: InterruptionNotice | None = None,
+    generation: JobGeneration | object | None = _QUERY,
+) -> Reconfiguration:
+    """The row `reconfiguration_decide` would insert, not saved: its decision input is taken now
+    (the instance's state as it is at this moment), so a batch that records it later records the
+    same thing."""
+    now = timezone.now()
+    return Reconfiguration(
+        job=job,
+        trigger=trigger,
+        trigger_key=trigger_key,
+        strategy=job.strategy,
+        decision_input=reconfiguration_decision_input(
+            job=job, instance=instance, notice=notice, generation=generation, now=now),
+        instance=instance,
+        notice=notice,
+        from_generation=job.current_generation,
+        decided_at=now,
+    )
+
+
+def current_generations(*, jobs: Iterable[TrainingJob]) -> dict[int, JobGeneration]:
+    """The current generation of each job, in one query (none when no job has one yet)."""
+    numbers = {job.pk: job.current_generation for job in jobs if job.current_generation}
+    if not numbers:
+        return {}
+    # The numbers as the caller read them (what `job.current_generation` says), as one lookup each.
+    condition = Q()
+    for job_id, number in numbers.items():
+        condition |= Q(job_id=job_id, number=number)
+    return {generation.job_id: generation for generation in JobGeneration.objects.filter(condition)}
+
+
+def reconfigurations_create(*, drafts: list[Reconfiguration]) -> list[Reconfiguration]:
+    """Record a batch of drafts, once per `(job, trigger_key)`: the first draft of a key wins, and a
+    key already recorded is skipped (what `reconfiguration_decide` for each draft in turn would
+    do). Two statements: one query for the keys already recorded, one insert. Returns the new rows.
+
+    Callers hold the leaving instances' row locks (as every decider of a `leave:instance:` key
+    does), so no concurrent decider can insert one of these keys in between; if one did, the
+    insert fails and the caller's transaction with it (the notice batch then falls back to one by
+    one)."""
+    wanted: dict[tuple[int, str], Reconfiguration] = {}
+    for draft in drafts:
+        wanted.setdefault((draft.job_id, draft.trigger_key), draft)
+    if not wanted:
+        return []
+    done = Reconfiguration.objects.filter(
+        job_id__in={job_id for job_id, _ in wanted}, trigger_key__in={key for _, key in wanted}
+    ).values_list("job_id", "trigger_key")
+    for pair in done:  # a superset of what we asked for: pairs we did not ask about are ignored
+        wanted.pop(pair, None)
+    if not wanted:
+        return []
+    created = Reconfiguration.objects.bulk_create(list(wanted.values()))
+    reconfigurations_decided.send(sender=Reconfiguration, reconfigurations=created)
+    return created
+
+
 def reconfiguration_decide(
     *,
     job: TrainingJob,
@@ -72,20 +163,12 @@ def reconfiguration_decide(
     existing = Reconfiguration.objects.filter(job=job, trigger_key=trigger_key).first()
     if existing is not None:
         return existing
-    decision_input = reconfiguration_decision_input(job=job, instance=instance, notice=notice)
+    draft = reconfiguration_draft(job=job, trigger=trigger, trigger_key=trigger_key, instance=instance,
+                                  notice=notice)
     try:
         # A savepoint, so a concurrent winner's row does not break the caller's transaction.
         with transaction.atomic():
-            return Reconfiguration.objects.create(
-                job=job,
-                trigger=trigger,
-                trigger_key=trigger_key,
-                strategy=job.strategy,
-                decision_input=decision_input,
-                instance=instance,
-                notice=notice,
-                from_generation=job.current_generation,
-                decided_at=timezone.now(),
-            )
+            draft.save(force_insert=True)
+            return draft
     except IntegrityError:
         return Reconfiguration.objects.get(job=job, trigger_key=trigger_key)

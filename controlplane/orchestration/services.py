@@ -33,7 +33,7 @@ from controlplane.jobs.models import (
     ReconfigurationTrigger,
     TrainingJob,
 )
-from controlplane.jobs.reconfiguration import reconfiguration_decide
+from controlplane.jobs.reconfiguration import current_generations, reconfiguration_decide
 from controlplane.jobs.services import job_generation_publish, job_record_event
 from controlplane.market.models import Cloud, InstanceType, Region, Zone
 from controlplane.orchestration import reactions
@@ -498,7 +498,11 @@ def reconfiguration_lost_seconds(*, reconfiguration: Reconfiguration, applied_at
     return max(0.0, (applied_at - stopped).total_seconds())
 
 
-def _mark_applied(reconfiguration: Reconfiguration, *, decision: str, generation: int | None) -> None:
+_APPLIED_FIELDS = ["decision", "to_generation", "status", "applied_at", "lost_seconds"]
+
+
+def _set_applied(reconfiguration: Reconfiguration, *, decision: str, generation: int | None) -> None:
+    """Mark applied in memory (the caller saves)."""
     reconfiguration.decision = decision
     reconfiguration.to_generation = generation
     reconfiguration.status = ReconfigurationStatus.APPLIED
@@ -506,7 +510,11 @@ def _mark_applied(reconfiguration: Reconfiguration, *, decision: str, generation
     # Priced by the cost report as work lost to preemptions.
     reconfiguration.lost_seconds = reconfiguration_lost_seconds(
         reconfiguration=reconfiguration, applied_at=reconfiguration.applied_at)
-    reconfiguration.save(update_fields=["decision", "to_generation", "status", "applied_at", "lost_seconds"])
+
+
+def _mark_applied(reconfiguration: Reconfiguration, *, decision: str, generation: int | None) -> None:
+    _set_applied(reconfiguration, decision=decision, generation=generation)
+    reconfiguration.save(update_fields=_APPLIED_FIELDS)
 
 
 @transaction.atomic
@@ -544,6 +552,84 @@ def reconfiguration_apply(*, reconfiguration: Reconfiguration) -> Any:
     _mark_applied(reconfiguration, decision=reaction.decision, generation=generation.number)
     transaction.on_commit(lambda: task_enqueue("reconcile_job", locked.pk))
     return generation
+
+
+@transaction.atomic
+def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[int, Any]:
+    """Apply a batch of decided leave reconfigurations (the notice processor's, on commit) in one
+    transaction, with the same end state as `reconfiguration_apply` called for each in turn, in
+    the order they were decided (id order).
+
+    Applying in turn, each one locks its job, reads the current generation and the job's running
+    nodes, and either does nothing (`none`: the job is not active, has no generation yet, or the
+    node is no longer a member), waits for replacements, or publishes a generation without every
+    member that is not running. Between two of them only the generation and the job's status
+    change (nothing here moves an instance), so this reads the jobs (locked, in id order), the
+    reconfigurations (locked), the current generations and the running nodes once for the batch,
+    replays that sequence in memory, and writes the reconfigurations with one statement. What
+    does change a job (a new generation, a status change: one per job and batch in practice, as
+    the first publish already leaves out every node that is not running) goes through the same
+    `_publish` / `_job_set_status` as `reconfiguration_apply`.
+
+    Returns {reconfiguration id: the generation it published, or None}. Reconfigurations that are
+    no longer `decided` (applied by someone else meanwhile) or are joins are left alone."""
+    from controlplane.fleet.bulk import bulk_update_by_pk
+
+    job_ids = sorted({r.job_id for r in reconfigurations})
+    if not job_ids:
+        return {}
+    # Jobs first, then reconfigurations: the lock order of reconfiguration_apply (no deadlock).
+    jobs = {job.pk: job for job in TrainingJob.objects.select_for_update().filter(pk__in=job_ids).order_by("pk")}
+    rows = list(
+        Reconfiguration.objects.select_for_update(of=("self",)).select_related("notice", "instance")
+        .filter(pk__in=[r.pk for r in reconfigurations], status=ReconfigurationStatus.DECIDED)
+        .exclude(trigger=ReconfigurationTrigger.JOIN).order_by("pk")
+    )
+    if not rows:
+        return {}
+    # Slots of each active job's current generation, and its running nodes: read once.
+    generations = current_generations(jobs=[job for job in jobs.values() if job.status in ACTIVE_JOB_STATUSES])
+    slots = {pk: [list(row) for row in g.layout.get("slots", [])] for pk, g in generations.items()}
+    running: dict[int, set[int]] = {pk: set() for pk in slots}
+    if slots:
+        for job_id, pk in Instance.objects.filter(job_id__in=slots, state=InstanceState.RUNNING).values_list(
+                "job_id", "pk"):
+            running[job_id].add(pk)
+    published: dict[int, Any] = {}
+    reconcile: list[int] = []
+    for reconfiguration in rows:
+        job = jobs[reconfiguration.job_id]
+        published[reconfiguration.pk] = None
+        if job.status not in ACTIVE_JOB_STATUSES:
+            _set_applied(reconfiguration, decision="none", generation=None)
+            continue
+        current = slots.get(job.pk)
+        alive = set(reactions.alive(current or []))
+        leaving = alive - running.get(job.pk, set())
+        if reconfiguration.instance_id:
+            leaving.add(reconfiguration.instance_id)
+        if current is None or not leaving & alive:
+            _set_applied(reconfiguration, decision="none", generation=None)
+            continue
+        shape = job_shape(job=job)
+        reaction = reactions.react_leave(shape.strategy, current, leaving, min_stages=shape.min_stages)
+        if job.pk not in reconcile:
+            reconcile.append(job.pk)
+        if reaction.slots is None:
+            _set_applied(reconfiguration, decision="wait", generation=None)
+            _job_set_status(job, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
+            continue
+        generation = _publish(job, reaction.slots, decision=reaction.decision,
+                              reason=f"{reconfiguration.trigger} {sorted(leaving)}: {reaction.decision}")
+        slots[job.pk] = [list(row) for row in generation.layout.get("slots", [])]
+        _set_applied(reconfiguration, decision=reaction.decision, generation=generation.number)
+        published[reconfiguration.pk] = generation
+    bulk_update_by_pk(Reconfiguration, rows, _APPLIED_FIELDS)
+    # One reconcile per job (applying in turn enqueues one per reconfiguration that waited or
+    # published; the task is idempotent, so the extra ones did nothing).
+    if reconcile:
+        transaction.on_commit(lambda: [task_enqueue("reconcile_job", pk) for pk in reconcile])
+    return published
 
 
 def reconfigurations_pending(*, job: TrainingJob | None = None) -> list[int]:
