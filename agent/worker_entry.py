@@ -60,7 +60,8 @@ def job_config(job: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Watcher(threading.Thread):
-    """Turns the agent's files into runtime notices for this node."""
+    """Turns the agent's files into runtime notices for this node, and tells the runtime about
+    members the control plane dropped before their worker ever started."""
 
     def __init__(self, control: Path, notice: Path, node: int, coordinator: Any) -> None:
         super().__init__(name="control-watch", daemon=True)
@@ -77,8 +78,20 @@ class _Watcher(threading.Thread):
             self.coordinator.notify(self.node)
             emit({"type": "leaving", "reason": why})
 
+    def _forget_unstarted(self, dropped: set[int]) -> None:
+        """A member the control plane dropped whose worker never started (no heartbeat ever: e.g.
+        declared dead while its node was still starting) would be waited for at the rendezvous,
+        since the runtime counts a member as gone only once its heartbeats stop. It has no state
+        to hand over, so mark it dead and let the survivors go on without it. A dropped member
+        that did start leaves by itself (its own agent's watcher gives it the notice)."""
+        for node in sorted(dropped - {self.node}):
+            if not self.coordinator.store.check([f"hb/{node}"]):
+                self.coordinator.mark_dead(node)
+                emit({"type": "forgot", "node": node})
+
     def run(self) -> None:
         seen = None
+        members: set[int] | None = None
         while not self.done.wait(WATCH_INTERVAL_S):
             try:
                 if self.notice.exists():
@@ -87,7 +100,9 @@ class _Watcher(threading.Thread):
                 if text != seen:
                     seen = text
                     generation = json.loads(text)
-                    members = {m.get("node") for m in generation.get("membership", [])}
+                    previous, members = members, {m.get("node") for m in generation.get("membership", [])}
+                    if previous is not None:
+                        self._forget_unstarted(previous - members)
                     if self.node not in members:
                         self._leave(f"not a member of generation {generation.get('number')}")
             except (OSError, ValueError):
