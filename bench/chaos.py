@@ -189,7 +189,9 @@ class Soak:
         deadline = started + timeout_s
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{self.base}/healthz", timeout=2):
+                # /healthz pings the Celery workers for 1 s and opens fresh database and broker
+                # connections: on a loaded machine the first answer of a new server took over 2 s.
+                with urllib.request.urlopen(f"{self.base}/healthz", timeout=15):
                     return time.monotonic() - started
             except urllib.error.HTTPError:  # it answers (an unhealthy broker or worker is not its fault)
                 return time.monotonic() - started
