@@ -8,6 +8,9 @@ the store with it):
 - `notice/<node>`: a preemption notice for the node; it finishes its step, hands over, leaves.
 - `joins`, `join/<i>`: replacements asking to join; `joined/<node>`: the generation that took it.
 - `done`: the job committed its last step; `failed`: why no next generation can run.
+- `left/<node>`: the node left on its notice (its state handed over); it is gone, not dead.
+- `gen/<g>/abort`: a member gave generation g up (first reason wins); members still setting g up
+  (transfers, store barriers) stop waiting for it. `gen/<g>/started`: g committed its first step.
 - `gen/<g>/alive/<node>`: a member's record for forming generation g; `gen/<g>/plan`: the plan.
 - `gen/<g>/...`: prefixes of generation g's process groups.
 """
@@ -105,6 +108,31 @@ class Coordinator:
         """Why the job failed, if it did."""
         return self.store.get("failed").decode() if self.store.check(["failed"]) else None
 
+    def mark_left(self, node: int) -> None:
+        """`node` left on its notice after handing over; the others stop waiting for it."""
+        self.store.set(f"left/{node}", "1")
+
+    def abort(self, generation: int, reason: str) -> None:
+        """A member gave `generation` up; whoever still sets it up stops waiting (first reason wins)."""
+        self.store.compare_set(f"gen/{generation}/abort", "", reason)
+
+    def aborted(self, generation: int) -> str | None:
+        """Why `generation` was given up, if it was."""
+        key = f"gen/{generation}/abort"
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def mark_started(self, generation: int) -> None:
+        """`generation` committed its first step (a node that handed its state over may leave now)."""
+        self.store.set(f"gen/{generation}/started", "1")
+
+    def started(self, generation: int) -> bool:
+        """True once `generation` committed its first step."""
+        return self.store.check([f"gen/{generation}/started"])
+
+    def is_over(self) -> bool:
+        """The job finished or failed."""
+        return self.store.check(["done"]) or self.store.check(["failed"])
+
     def mark_done(self) -> None:
         """The job committed its last step (late replacements give up)."""
         self.store.set("done", "1")
@@ -114,8 +142,8 @@ class Coordinator:
         self.store.set(f"gen/{generation}/alive/{node}", json.dumps(record))
 
     def is_gone(self, node: int, heartbeat_timeout_s: float) -> bool:
-        """Marked dead by a supervisor, or no heartbeat for longer than the timeout."""
-        if self.store.check([f"dead/{node}"]):
+        """Marked dead by a supervisor, left on its notice, or no heartbeat for longer than the timeout."""
+        if self.store.check([f"dead/{node}"]) or self.store.check([f"left/{node}"]):
             return True
         if not self.store.check([f"hb/{node}"]):
             return False
@@ -182,9 +210,7 @@ class Coordinator:
                 records = {n: json.loads(self.store.get(f"gen/{generation}/alive/{n}")) for n in answered}
                 return self.publish_plan(generation, decide(records))
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"generation {generation} did not form within {timeout_s}s; missing {missing}"
-                )
+                raise TimeoutError(f"generation {generation} did not form within {timeout_s}s; missing {missing}")
             time.sleep(0.002)
 
 
@@ -196,11 +222,15 @@ def wait_ready(
     *,
     heartbeat_timeout_s: float,
     timeout_s: float,
+    abort_of: int | None = None,
 ) -> None:
     """Store barrier before building a generation's process group.
 
     gloo's group constructor waits for every peer while holding the GIL, which starves our
     heartbeat thread; meeting here first (sleeping, GIL released) keeps that wait short.
+    `abort_of`: the generation being set up; the barrier fails at once when a member gave it up
+    (e.g. a hand-over it took part in failed), instead of waiting for that live member until
+    `timeout_s`.
     """
     store = coord.store
     store.set(f"gen/{generation}/ready/{node}", "1")
@@ -220,6 +250,8 @@ def wait_ready(
             ]
             if gone:
                 raise RuntimeError(f"generation {generation}: members {gone} are gone before it formed")
+            if abort_of is not None and (why := coord.aborted(abort_of)) is not None:
+                raise RuntimeError(f"generation {abort_of} was given up by a member: {why}")
         time.sleep(0.002)
 
 

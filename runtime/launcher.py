@@ -41,9 +41,14 @@ class Fault:
     step: int | None = None
     """Inject inside this step (the worker does it itself at action `at`; -1 = mid-step)."""
     at: int = -1
-    """Action index within the step (with `step`)."""
+    """Action index within the step (with `step`), or message index within a hand-over (`phase`)."""
     time_s: float | None = None
     """Or: inject from outside this many seconds after training started (the first committed step)."""
+    phase: str = "step"
+    """`step`: inside a training step. `transfer`: inside a state hand-over at a generation change
+    (the first one starting at `step` or later, any if `step` is None), before the node's transfer
+    message `at` (-1: the middle one; their number: after the last); a node not in the hand-over
+    fires once the nodes in it have met (see `Worker._transfer_fault_hook`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -146,6 +151,9 @@ def run_local(
     Validates the layout before anything starts (an impossible layout raises `LayoutError`).
     """
     initial_layout(config)  # raises before any process starts
+    for fault in faults:
+        if fault.phase not in ("step", "transfer"):
+            raise ValueError(f"fault phase {fault.phase!r} is unknown; expected 'step' or 'transfer'")
     ctx = _context()
     store = serve(0)
     job = f"job-{uuid.uuid4().hex[:8]}"
@@ -161,9 +169,9 @@ def run_local(
 
     def start(node: int, joining: bool) -> None:
         own = [
-            {"kind": f.kind, "step": f.step, "at": f.at}
+            {"kind": f.kind, "step": f.step, "at": f.at, "phase": f.phase}
             for f in faults
-            if f.node == node and f.step is not None
+            if f.node == node and (f.step is not None or f.phase == "transfer")
         ]
         spec = {
             "job_id": job,
@@ -209,9 +217,7 @@ def run_local(
                     injected.append({"kind": "join", "node": join.node, "time": time.time()})
                     start(join.node, True)
             running = [
-                n
-                for n, p in procs.items()
-                if p.exitcode is None and n not in stopped and not _is_stopped(p.pid)
+                n for n, p in procs.items() if p.exitcode is None and n not in stopped and not _is_stopped(p.pid)
             ]
             if not running and not pending_joins:
                 break

@@ -38,6 +38,29 @@ def initial_plan(config: JobConfig) -> Plan:
     }
 
 
+def _give_back_slots(config: JobConfig, previous: Plan, alive: dict[int, dict[str, Any]]) -> Slots:
+    """The previous slots, with a node that was leaving but is still here given a slot back.
+
+    Such a node's hand-over failed (its receiver or another member died before the receiving
+    generation committed a step), so it still holds what it was handing over. It goes back into an
+    empty slot whose layers (in the full layout) are the ones it holds, so that, if the job still
+    needs it, it is kept as `deferred` where its state is; otherwise it simply leaves again."""
+    slots: Slots = [[n if n in alive else None for n in row] for row in previous["slots"]]
+    placed = set(alive_nodes(slots))
+    returning = [n for n in previous.get("leaving", []) if n in alive and n not in placed]
+    if not returning:
+        return slots
+    full = get_strategy(config.strategy).layout_for(config, full_slots(config))
+    for node in returning:
+        held = {int(layer) for layer in alive[node].get("versions", {})}
+        empty = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
+        fits = [(p, s) for p, s in empty if full.layers_of(p * config.pp + s) <= held]
+        if fits:
+            p, s = fits[0]
+            slots[p][s] = node
+    return slots
+
+
 def make_plan(
     config: JobConfig,
     *,
@@ -57,10 +80,11 @@ def make_plan(
     strategy = get_strategy(config.strategy)
     noticed = sorted(n for n, rec in alive.items() if rec.get("leaving"))
     lost = sorted(set(previous["members"]) - set(alive))
+    grid = _give_back_slots(config, previous, alive)
 
     def arrange(keep: set[int]) -> tuple[Slots, list[int], Layout | LayoutError]:
         staying = {n for n in alive if n not in noticed or n in keep}
-        slots: Slots = [[n if n in staying else None for n in row] for row in previous["slots"]]
+        slots: Slots = [[n if n in staying else None for n in row] for row in grid]
         slots, extra = fill_slots(slots, joiners)
         try:
             if not alive:
@@ -128,7 +152,8 @@ def make_plan(
                 if not sources:
                     return {
                         **base,
-                        "error": f"layer {layer} has no surviving copy at step {start}; expected a replica",
+                        "error": f"layer {layer} has no surviving copy at step {start} "
+                        "(every node that held it is gone; no replica had it)",
                     }
                 transfers.append([layer, sources[0], node])
     return {

@@ -66,7 +66,8 @@ class WorkerSpec:
     out_dir: str = ""
     """If set: metrics (`metrics-<node>.jsonl`) and final parameters (`node-<node>.pt`) go here."""
     faults: list[dict[str, Any]] = field(default_factory=list)
-    """Injected faults: {"kind": "kill"|"stop"|"notice", "step": k, "at": action index or -1 (mid-step)}."""
+    """Injected faults: {"kind": "kill"|"stop"|"notice", "step": k, "at": action index or -1 (mid-step)};
+    with "phase": "transfer", during a state hand-over instead (see `Worker._transfer_fault_hook`)."""
 
 
 class Fenced(RuntimeError):
@@ -123,19 +124,44 @@ class Worker:
     # -- fault injection (tests and benchmarks) -----------------------------------------------
     def _fault_hook(self, step: int, index: int, total: int) -> None:
         for i, fault in enumerate(self.spec.faults):
-            if i in self.fired or fault["step"] != step:
+            if i in self.fired or fault.get("phase", "step") != "step" or fault["step"] != step:
                 continue
             at = fault.get("at", -1)
             if (at if at >= 0 else total // 2) != index:
                 continue
-            self.fired.add(i)
-            self._emit({"event": f"inject_{fault['kind']}", "step": step})
-            if fault["kind"] == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault["kind"] == "stop":
-                os.kill(os.getpid(), signal.SIGSTOP)
-            elif fault["kind"] == "notice":
-                self.notice = True
+            self._inject(i, fault, step)
+
+    def _transfer_fault_hook(self, plan: Plan, index: int, total: int) -> None:
+        """Faults with phase "transfer" fire in the first hand-over whose start step is at least
+        the fault's `step` (any, if None): before this node's transfer message `at` (messages it
+        sends or receives, in plan order; -1 = the middle one; `at` == their number = after the
+        last one, before waiting for its sends). A node not taking part fires at its index 0, once
+        every node that does has met at the transfer barrier (so the hand-over is under way)."""
+        for i, fault in enumerate(self.spec.faults):
+            if i in self.fired or fault.get("phase") != "transfer":
+                continue
+            if fault.get("step") is not None and plan["start_step"] < fault["step"]:
+                continue
+            at = fault.get("at", -1)
+            if (at if at >= 0 else total // 2) != index:
+                continue
+            if total == 0:
+                involved = sorted({n for _, src, dst in plan["transfers"] for n in (src, dst)})
+                keys = [f"gen/{plan['generation']}/xfer/ready/{n}" for n in involved]
+                deadline = time.monotonic() + self.config.rendezvous_timeout_s
+                while not self.coord.store.check(keys) and time.monotonic() < deadline:
+                    time.sleep(0.002)
+            self._inject(i, fault, plan["start_step"])
+
+    def _inject(self, i: int, fault: dict[str, Any], step: int) -> None:
+        self.fired.add(i)
+        self._emit({"event": f"inject_{fault['kind']}", "step": step, "phase": fault.get("phase", "step")})
+        if fault["kind"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault["kind"] == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault["kind"] == "notice":
+            self.notice = True
 
     # -- the main loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -191,9 +217,7 @@ class Worker:
                     return {"node": self.node, "outcome": outcome, "committed": self.committed}
                 self._close_comm()
                 if outcome == "failure":
-                    self._emit(
-                        {"event": "failure_detected", "generation": plan["generation"], "reason": reason}
-                    )
+                    self._emit({"event": "failure_detected", "generation": plan["generation"], "reason": reason})
                 plan = self._next_plan(plan, reason, graceful=outcome == "graceful")
         finally:
             heartbeat.stop()
@@ -241,7 +265,9 @@ class Worker:
             generation,
             node=self.node,
             record=record,
-            expected=previous["members"],
+            # A node that was leaving is expected too: if its hand-over failed it still holds the
+            # state it was handing over (one that did leave marked itself `left`, so is not waited for).
+            expected=[*previous["members"], *previous["leaving"]],
             decide=decide,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
             timeout_s=cfg.rendezvous_timeout_s,
@@ -258,6 +284,10 @@ class Worker:
             if self.comm is not None:
                 self.comm.poison_commit(3 + len(plan["members"]))
             reason = f"{type(exc).__name__}: {str(exc)[-300:]}"
+            # Members still setting this generation up (in a hand-over or a store barrier, where no
+            # gloo call of ours can wake them) stop waiting for us now rather than at their timeout.
+            with contextlib.suppress(Exception):
+                self.coord.abort(plan["generation"], f"node {self.node}: {reason}")
         return "failure", reason
 
     def _wait_for_joiners(self, plan: Plan) -> tuple[str, str]:
@@ -268,8 +298,10 @@ class Worker:
         deadline = time.monotonic() + self.config.join_wait_s
         while self.coord.join_count() <= plan["joins_consumed"]:
             if time.monotonic() > deadline:
-                reason = (f"generation {plan['generation']} waited {self.config.join_wait_s:.0f} s for replacements "
-                          f"and none joined: {plan['waiting']}")
+                reason = (
+                    f"generation {plan['generation']} waited {self.config.join_wait_s:.0f} s for replacements "
+                    f"and none joined: {plan['waiting']}"
+                )
                 self.coord.mark_failed(reason)
                 self._emit({"event": "job_failed", "reason": reason})
                 raise JobCannotContinue(reason)
@@ -283,7 +315,10 @@ class Worker:
         generation = plan["generation"]
         layout = Layout.from_dict(plan["layout"])
         self._apply_state(plan, layout)
+        handover = any(src in plan["leaving"] for _, src, _ in plan["transfers"])
         if self.node in plan["leaving"]:
+            if any(src == self.node for _, src, _ in plan["transfers"]):
+                self._await_handover(plan)
             return "left", "notice"
         members = plan["members"]
         began = time.perf_counter()
@@ -294,6 +329,7 @@ class Worker:
             members,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
             timeout_s=cfg.rendezvous_timeout_s,
+            abort_of=generation,
         )
         ready = time.perf_counter()
         self.comm = Comm(
@@ -337,6 +373,8 @@ class Worker:
             self.comm.commit(vector)
             if step == plan["start_step"]:
                 bury()  # the previous generation's groups, once their calls have failed
+                if handover and index == 0:
+                    self.coord.mark_started(generation)  # a node that handed its state over may go
             step += 1
             self.committed = step
             if self.ckpt is not None and step % self.ckpt_every == 0 and index == 0:
@@ -356,6 +394,26 @@ class Worker:
             if vector[2] > 0 or vector[3:].sum() > 0:
                 return "graceful", "notice" if vector[3:].sum() > 0 else "join"
         return "done", ""
+
+    def _await_handover(self, plan: Plan) -> None:
+        """A leaving node that sent state stays until the generation that received it committed its
+        first step. If that generation is given up first (a receiver or another member died during
+        the hand-over), it still holds the state -- perhaps the only copy -- and raises, so it joins
+        the next rendezvous (kept as `deferred` again if the job needs it) instead of leaving."""
+        generation = plan["generation"]
+        receivers = sorted({dst for _, src, dst in plan["transfers"] if src == self.node})
+        deadline = time.monotonic() + self.config.rendezvous_timeout_s
+        while not self.coord.started(generation) and not self.coord.is_over():
+            why = self.coord.aborted(generation)
+            if why is not None:
+                raise RuntimeError(f"hand-over: generation {generation} was given up: {why}")
+            gone = [n for n in receivers if self.coord.is_gone(n, self.config.heartbeat_timeout_s)]
+            if gone:
+                raise RuntimeError(f"hand-over: receivers {gone} of generation {generation} are gone")
+            if time.monotonic() > deadline:  # the state was sent; do not outstay the notice for ever
+                self._emit({"event": "handover_unconfirmed", "generation": generation})
+                return
+            time.sleep(0.005)
 
     def store_prefix(self, generation: int) -> dist.Store:
         """The store namespace of one generation's groups."""
@@ -405,27 +463,39 @@ class Worker:
                 involved,
                 heartbeat_timeout_s=self.config.heartbeat_timeout_s,
                 timeout_s=self.config.rendezvous_timeout_s,
+                abort_of=plan["generation"],
             )
+            # Every call is bounded by the op timeout, like the training group's: a peer killed
+            # mid-transfer fails our calls at once (closed connection), a hung one within it.
             comm = transfer_group(
                 self.store_prefix(plan["generation"]),
                 prefix="xfer",
                 node=self.node,
                 members=involved,
-                timeout_s=self.config.rendezvous_timeout_s,
+                timeout_s=self.config.op_timeout_s,
             )
+            mine_moves = [t for t in transfers if self.node in t[1:]]
             try:
-                for layer, src, dst in transfers:
+                for index, (layer, src, dst) in enumerate(mine_moves):
+                    if self.spec.faults:
+                        self._transfer_fault_hook(plan, index, len(mine_moves))
                     if src == self.node:
                         comm.send(self.held[layer].flat(), dst, layer)
-                    elif dst == self.node:
+                    else:
                         state = self._new_layer(layer)
                         buf = torch.empty(state.numel() + 1, dtype=torch.float64)
                         comm.recv(buf, src, layer)
                         state.load_flat(buf)
                         self.held[layer] = state
+                if self.spec.faults:
+                    self._transfer_fault_hook(plan, len(mine_moves), len(mine_moves))
                 comm.wait_sends()
             finally:
                 comm.close()
+        elif transfers and self.spec.faults:
+            self._transfer_fault_hook(plan, 0, 0)
+        if self.node in plan["leaving"]:
+            return  # keep what we sent until the receivers are training with it (_await_handover)
         for i in sorted(mine):
             if i not in self.held:
                 if start != 0:
@@ -444,6 +514,8 @@ class Worker:
         return step
 
     def _finish(self, outcome: str) -> None:
+        if outcome == "left":
+            self.coord.mark_left(self.node)  # the others stop expecting us at a rendezvous
         self._emit({"event": outcome, "committed": self.committed})
         if outcome == "done":
             self.coord.mark_done()

@@ -31,27 +31,32 @@ def test_plan_defers_the_last_holder_of_a_stage_until_a_replacement_joins() -> N
     # Node 2 (pipeline 1, stage 0) is already gone; node 0 holds the only copy of stage 0.
     previous = {"generation": 1, "slots": [[0, 1], [None, 3]], "members": [0, 1, 3], "joins_consumed": 0}
     alive = {0: _record(STAGE0, leaving=True), 1: _record(STAGE1), 3: _record(STAGE1)}
-    plan = make_plan(config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None,
-                     reason="notice")
+    plan = make_plan(
+        config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None, reason="notice"
+    )
     assert "error" not in plan
     assert plan["deferred"] == [0] and plan["leaving"] == [] and 0 in plan["members"]
 
     # The replacement arrives: node 0 leaves now and sends it stage 0's layer.
-    joined = make_plan(config, generation=3, previous=plan, alive=alive, joiners=[4], checkpoint_step=None,
-                       reason="join")
+    joined = make_plan(
+        config, generation=3, previous=plan, alive=alive, joiners=[4], checkpoint_step=None, reason="join"
+    )
     assert "error" not in joined
     assert joined["leaving"] == [0] and joined["deferred"] == [] and 4 in joined["members"]
     assert joined["transfers"] == [[layer, 0, 4] for layer in STAGE0]
 
     # A notice for a node the job can do without is not deferred.
     alive = {0: _record(STAGE0), 1: _record(STAGE1, leaving=True), 3: _record(STAGE1)}
-    plan = make_plan(config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None,
-                     reason="notice")
+    plan = make_plan(
+        config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None, reason="notice"
+    )
     assert plan["leaving"] == [1] and plan["deferred"] == []
 
 
 def test_notice_before_the_replacement_joined_hands_over_and_keeps_the_math() -> None:
-    config = small_config(strategy="recycle", schedule="fiw", steps=14, device_time=DeviceTime(forward_ms=4.0))
+    # 18 steps: the replacement, started after step 7, must be in before the last one even when a
+    # loaded machine takes a second to start it (with 14 it came too late once, at load 10).
+    config = small_config(strategy="recycle", schedule="fiw", steps=18, device_time=DeviceTime(forward_ms=4.0))
     # Node 2 dies; node 0 (now the only stage-0 holder) gets a notice at step 3; the replacement
     # only starts after step 6, i.e. several steps after the notice.
     result = run_local(
@@ -88,18 +93,27 @@ def test_checkpoint_survivors_too_few_for_a_pipeline_wait_for_replacements(tmp_p
     # Nodes 0 and 1 (all of pipeline 0) and node 2 die: one survivor cannot fill a pipeline. Under a
     # strategy that restarts from its checkpoint it waits; two replacements join and the job goes on
     # from the last checkpoint with the same math.
-    config = small_config(strategy="checkpoint", steps=10, checkpoint_interval=2, checkpoint_dir=str(tmp_path),
-                          device_time=DeviceTime(forward_ms=4.0))
+    config = small_config(
+        strategy="checkpoint",
+        steps=10,
+        checkpoint_interval=2,
+        checkpoint_dir=str(tmp_path),
+        device_time=DeviceTime(forward_ms=4.0),
+    )
     result = run_local(
         config,
-        faults=[Fault(node=0, kind="kill", step=3), Fault(node=1, kind="kill", step=3),
-                Fault(node=2, kind="kill", step=3)],
+        faults=[
+            Fault(node=0, kind="kill", step=3),
+            Fault(node=1, kind="kill", step=3),
+            Fault(node=2, kind="kill", step=3),
+        ],
         joins=[Join(node=4, time_s=4.0), Join(node=5, time_s=4.5)],
         timeout_s=80,
     )
     assert_same_math(result, config)
-    waited = [e for e in _events(result, "generation") if e["node"] == 3 and 4 not in e["members"]
-              and e["generation"] > 0]
+    waited = [
+        e for e in _events(result, "generation") if e["node"] == 3 and 4 not in e["members"] and e["generation"] > 0
+    ]
     assert waited, "the survivor did not hold a generation on its own"
     restarted = [e for e in _events(result, "generation") if e["node"] == 4]
     assert restarted and restarted[0]["start_step"] == 2  # the checkpoint before the kills at step 3
@@ -107,12 +121,21 @@ def test_checkpoint_survivors_too_few_for_a_pipeline_wait_for_replacements(tmp_p
 
 
 def test_waiting_for_replacements_is_bounded(tmp_path) -> None:
-    config = small_config(strategy="checkpoint", steps=10, checkpoint_interval=2, checkpoint_dir=str(tmp_path),
-                          device_time=DeviceTime(forward_ms=4.0), join_wait_s=1.0)
+    config = small_config(
+        strategy="checkpoint",
+        steps=10,
+        checkpoint_interval=2,
+        checkpoint_dir=str(tmp_path),
+        device_time=DeviceTime(forward_ms=4.0),
+        join_wait_s=1.0,
+    )
     result = run_local(
         config,
-        faults=[Fault(node=0, kind="kill", step=3), Fault(node=1, kind="kill", step=3),
-                Fault(node=2, kind="kill", step=3)],
+        faults=[
+            Fault(node=0, kind="kill", step=3),
+            Fault(node=1, kind="kill", step=3),
+            Fault(node=2, kind="kill", step=3),
+        ],
         timeout_s=60,
     )
     (failed,) = _events(result, "job_failed")
