@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -35,6 +36,10 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     if isinstance(exc, DomainError):
         errors = {exc.field: [exc.message]} if exc.field else {}
         return Response({"detail": exc.message, "errors": errors}, status=exc.status_code)
+    if isinstance(exc, ObjectDoesNotExist):
+        # A row the request refers to went away after the request was authorised (e.g. an instance
+        # deleted while its agent polls): that is "not found", not a server error.
+        return Response({"detail": f"{exc}", "errors": {}}, status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DjangoValidationError):
         if hasattr(exc, "message_dict"):
             exc = exceptions.ValidationError(exc.message_dict)

@@ -110,3 +110,18 @@ def test_worker_events_go_on_the_timeline(started):
     assert response.status_code == 202
     event = job.events.get(kind="agent_generation_applied")
     assert event.data["step"] == 4
+
+
+def test_a_row_deleted_after_authorisation_is_not_found_not_a_server_error(started, monkeypatch):
+    # Seen when an instance's rows went away while its agent was polling: the service's lookup raised
+    # DoesNotExist after the token had been accepted, and the API answered 500.
+    _job, acquisition = started
+    client, _instance_id = _agent(acquisition, "fake-1")
+
+    def gone(**_kwargs):
+        raise Instance.DoesNotExist("Instance matching query does not exist.")
+
+    monkeypatch.setattr(services, "agent_commands", gone)
+    answer = client.get("/api/v1/agents/commands/")
+    assert answer.status_code == 404
+    assert answer.json() == {"detail": "Instance matching query does not exist.", "errors": {}}
