@@ -91,10 +91,28 @@ class StoreResult:
 
 # Columns the insert fills from each draft; the other columns get their defaults as literals in the
 # SQL (status "received", no attempts, ...), so a row costs 11 parameters and no model instance.
-_DRAFT_COLUMNS = ("team_id", "source", "kind", "action", "dedup_key", "cloud_event_id", "provider_instance_id",
-                  "event_time", "deadline", "received_at", "payload")
-_DEFAULT_COLUMNS = (("instance_id", "NULL"), ("unknown_instance", "%s"), ("status", "%s"), ("enqueued_at", "NULL"),
-                    ("processed_at", "NULL"), ("attempts", "0"), ("error", "''"))
+_DRAFT_COLUMNS = (
+    "team_id",
+    "source",
+    "kind",
+    "action",
+    "dedup_key",
+    "cloud_event_id",
+    "provider_instance_id",
+    "event_time",
+    "deadline",
+    "received_at",
+    "payload",
+)
+_DEFAULT_COLUMNS = (
+    ("instance_id", "NULL"),
+    ("unknown_instance", "%s"),
+    ("status", "%s"),
+    ("enqueued_at", "NULL"),
+    ("processed_at", "NULL"),
+    ("attempts", "0"),
+    ("error", "''"),
+)
 _insert_sql_cache: dict[tuple[str, int], str] = {}
 
 
@@ -157,9 +175,19 @@ def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:
             continue
         seen.add(draft.dedup_key)
         params += (
-            draft.team_id, draft.source, draft.kind, draft.action, draft.dedup_key, draft.cloud_event_id,
-            draft.provider_instance_id, adapt_dt(draft.event_time), adapt_dt(draft.deadline), now,
-            adapt_json(draft.payload, connection), False, NoticeStatus.RECEIVED.value,
+            draft.team_id,
+            draft.source,
+            draft.kind,
+            draft.action,
+            draft.dedup_key,
+            draft.cloud_event_id,
+            draft.provider_instance_id,
+            adapt_dt(draft.event_time),
+            adapt_dt(draft.deadline),
+            now,
+            adapt_json(draft.payload, connection),
+            False,
+            NoticeStatus.RECEIVED.value,
         )
     # One statement needs no explicit transaction: in autocommit mode it commits by itself, which
     # saves the BEGIN and COMMIT round trips on the hot path. Inside a caller's transaction the
@@ -377,8 +405,13 @@ def _transition_if_allowed(notice: InterruptionNotice, instance: Instance, targe
 def _transition_detail(notice: InterruptionNotice) -> dict:
     # The event is stamped when we learn of it, so the instance's log stays in order; the cloud's
     # own time is in the detail.
-    return {"notice": notice.pk, "source": notice.source, "kind": notice.kind, "action": notice.action,
-            "event_time": notice.event_time.isoformat() if notice.event_time else None}
+    return {
+        "notice": notice.pk,
+        "source": notice.source,
+        "kind": notice.kind,
+        "action": notice.action,
+        "event_time": notice.event_time.isoformat() if notice.event_time else None,
+    }
 
 
 @dataclass(slots=True)
@@ -416,8 +449,11 @@ def _react(notice: InterruptionNotice, batch: _Batch | None = None) -> None:
     if target and instance.state != target and target in ALLOWED_TRANSITIONS[instance.state]:
         if batch is not None and batch.known.get((instance.team_id, instance.provider_instance_id)) is instance:
             # The batch locked and loaded this row, so it is current: move it in memory, save in bulk.
-            batch.instance_events.append(instance_transition_locked(
-                instance=instance, to=target, at=batch.now, detail=_transition_detail(notice)))
+            batch.instance_events.append(
+                instance_transition_locked(
+                    instance=instance, to=target, at=batch.now, detail=_transition_detail(notice)
+                )
+            )
             batch.moved[instance.pk] = instance
             transitioned = True
         else:
@@ -430,9 +466,14 @@ def _react(notice: InterruptionNotice, batch: _Batch | None = None) -> None:
         kind=f"instance_{notice.kind}",
         message=_describe(notice),
         data={
-            "notice": notice.pk, "instance": instance.pk, "source": notice.source, "kind": notice.kind,
-            "action": notice.action, "deadline": notice.deadline.isoformat() if notice.deadline else None,
-            "instance_state": instance.state, "transitioned": transitioned,
+            "notice": notice.pk,
+            "instance": instance.pk,
+            "source": notice.source,
+            "kind": notice.kind,
+            "action": notice.action,
+            "deadline": notice.deadline.isoformat() if notice.deadline else None,
+            "instance_state": instance.state,
+            "transitioned": transitioned,
         },
         at=timezone.now(),
     )
@@ -445,7 +486,10 @@ def _react(notice: InterruptionNotice, batch: _Batch | None = None) -> None:
         trigger_key = f"leave:instance:{instance.pk}"
         if batch is None:
             reconfiguration_decide(
-                job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=trigger_key, instance=instance,
+                job=job,
+                trigger=ReconfigurationTrigger.NOTICE,
+                trigger_key=trigger_key,
+                instance=instance,
                 notice=notice,
             )
             return
@@ -456,10 +500,16 @@ def _react(notice: InterruptionNotice, batch: _Batch | None = None) -> None:
         # drafts together (and skips keys decided before the batch), with one statement.
         known_generation = job.pk in batch.generations or not job.current_generation
         extra = {"generation": batch.generations.get(job.pk)} if known_generation else {}
-        batch.drafts.append(reconfiguration_draft(
-            job=job, trigger=ReconfigurationTrigger.NOTICE, trigger_key=trigger_key, instance=instance,
-            notice=notice, **extra,
-        ))
+        batch.drafts.append(
+            reconfiguration_draft(
+                job=job,
+                trigger=ReconfigurationTrigger.NOTICE,
+                trigger_key=trigger_key,
+                instance=instance,
+                notice=notice,
+                **extra,
+            )
+        )
 
 
 _DONE_FIELDS = ["status", "processed_at", "error", "unknown_instance", "instance", "team"]
@@ -512,8 +562,10 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
     try:
         with transaction.atomic():
             rows = list(
-                InterruptionNotice.objects.select_for_update().filter(id__in=notice_ids)
-                .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED]).order_by("id")
+                InterruptionNotice.objects.select_for_update()
+                .filter(id__in=notice_ids)
+                .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED])
+                .order_by("id")
             )
             known = _lock_instances(rows)
             if known is None:  # a notice without a team: the one-by-one path resolves it
@@ -551,9 +603,7 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
 def notice_record_failure(*, notice_id: int, error: str) -> None:
     """Keep a failed attempt's error; the row stays claimed and the sweep retries it after
     CLAIM_STALE_AFTER, or gives up after MAX_ATTEMPTS."""
-    InterruptionNotice.objects.filter(pk=notice_id).exclude(status=NoticeStatus.PROCESSED).update(
-        error=error[:2000]
-    )
+    InterruptionNotice.objects.filter(pk=notice_id).exclude(status=NoticeStatus.PROCESSED).update(error=error[:2000])
 
 
 @dataclass(kw_only=True, slots=True)

@@ -61,14 +61,18 @@ def reconfiguration_decision_input(
         "job_status": job.status,
         "generation": job.current_generation,
         "membership": membership,
-        "leaving_instance": None if instance is None else {
+        "leaving_instance": None
+        if instance is None
+        else {
             "id": instance.pk,
             "provider_instance_id": instance.provider_instance_id,
             "state": instance.state,
             "member": member,
         },
         "survivors": sum(1 for m in membership if isinstance(m, dict) and m.get("instance") != leaving_id),
-        "notice": None if notice is None else {
+        "notice": None
+        if notice is None
+        else {
             "id": notice.pk,
             "source": notice.source,
             "kind": notice.kind,
@@ -102,7 +106,8 @@ def reconfiguration_draft(
         trigger_key=trigger_key,
         strategy=job.strategy,
         decision_input=reconfiguration_decision_input(
-            job=job, instance=instance, notice=notice, generation=generation, now=now),
+            job=job, instance=instance, notice=notice, generation=generation, now=now
+        ),
         instance=instance,
         notice=notice,
         from_generation=job.current_generation,
@@ -163,8 +168,7 @@ def reconfiguration_decide(
     existing = Reconfiguration.objects.filter(job=job, trigger_key=trigger_key).first()
     if existing is not None:
         return existing
-    draft = reconfiguration_draft(job=job, trigger=trigger, trigger_key=trigger_key, instance=instance,
-                                  notice=notice)
+    draft = reconfiguration_draft(job=job, trigger=trigger, trigger_key=trigger_key, instance=instance, notice=notice)
     try:
         # A savepoint, so a concurrent winner's row does not break the caller's transaction.
         with transaction.atomic():

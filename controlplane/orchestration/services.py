@@ -150,8 +150,11 @@ def _zone_row(provider: str, code: str) -> Zone | None:
 
 
 def _pool_json(pool: Pool) -> dict[str, Any]:
-    return {"instance_type": pool.instance_type, "zone": pool.zone,
-            "price": str(pool.price) if pool.price is not None else None}
+    return {
+        "instance_type": pool.instance_type,
+        "zone": pool.zone,
+        "price": str(pool.price) if pool.price is not None else None,
+    }
 
 
 # --- acquisition ----------------------------------------------------------------------------------------
@@ -173,23 +176,40 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     number = Acquisition.objects.filter(job=locked).count() + 1
     now = _now()
     acquisition = Acquisition.objects.create(
-        team_id=locked.team_id, job=locked, request_token=f"job{locked.pk}-acq{number}", provider=shape.provider,
-        count=missing, pools=[_pool_json(p) for p in pools], avoided_pools=[_pool_json(p) for p in avoided],
-        reason=reason, requested_at=now,
+        team_id=locked.team_id,
+        job=locked,
+        request_token=f"job{locked.pk}-acq{number}",
+        provider=shape.provider,
+        count=missing,
+        pools=[_pool_json(p) for p in pools],
+        avoided_pools=[_pool_json(p) for p in avoided],
+        reason=reason,
+        requested_at=now,
     )
     itype = _instance_type_row(shape.provider, pools[0].instance_type)
     zone = _zone_row(shape.provider, pools[0].zone)
     for index in range(missing):
         Instance.objects.create(
-            team_id=locked.team_id, job=locked, provider=shape.provider, instance_type=itype, zone=zone,
-            lifecycle=Lifecycle.SPOT, request_token=f"{acquisition.request_token}/{index}",
+            team_id=locked.team_id,
+            job=locked,
+            provider=shape.provider,
+            instance_type=itype,
+            zone=zone,
+            lifecycle=Lifecycle.SPOT,
+            request_token=f"{acquisition.request_token}/{index}",
         )
     if locked.status == JobStatus.PENDING:
         _job_set_status(locked, JobStatus.PROVISIONING, f"acquiring {shape.nodes} node(s) from {shape.provider}")
     job_record_event(
-        job=locked, kind="acquisition", message=f"requested {missing} {shape.provider} node(s) ({reason})",
-        data={"acquisition": acquisition.pk, "count": missing, "pools": acquisition.pools,
-              "avoided_pools": acquisition.avoided_pools},
+        job=locked,
+        kind="acquisition",
+        message=f"requested {missing} {shape.provider} node(s) ({reason})",
+        data={
+            "acquisition": acquisition.pk,
+            "count": missing,
+            "pools": acquisition.pools,
+            "avoided_pools": acquisition.avoided_pools,
+        },
         at=now,
     )
     return acquisition
@@ -236,8 +256,10 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
         count=acquisition.count,
         pools=tuple(Pool(instance_type=p["instance_type"], zone=p.get("zone") or "") for p in acquisition.pools),
         bootstrap=AgentBootstrap(
-            control_plane_url=control_plane_url(), enroll_key=acquisition_enroll_key(acquisition=acquisition),
-            cloud="aws" if acquisition.provider == ProviderKind.AWS
+            control_plane_url=control_plane_url(),
+            enroll_key=acquisition_enroll_key(acquisition=acquisition),
+            cloud="aws"
+            if acquisition.provider == ProviderKind.AWS
             else setting("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws"),
             heartbeat_s=setting("SPOTPIPE_HEARTBEAT_S", 0.5),
         ),
@@ -282,8 +304,11 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
         instance.zone = _zone_row(locked.provider, node.zone)
         instance.agent_address = node.address[:200]
         instance.save(update_fields=["provider_instance_id", "instance_type", "zone", "agent_address", "updated_at"])
-        _transition(instance, InstanceState.PENDING,
-                    detail={"acquisition": locked.pk, "pool": f"{node.instance_type}@{node.zone}"})
+        _transition(
+            instance,
+            InstanceState.PENDING,
+            detail={"acquisition": locked.pk, "pool": f"{node.instance_type}@{node.zone}"},
+        )
         attached.append(instance)
     locked.status = AcquisitionStatus.FULFILLED
     locked.launched = len(attached)
@@ -291,9 +316,14 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
     locked.error = ""
     locked.save(update_fields=["status", "launched", "fulfilled_at", "error"])
     job_record_event(
-        job=locked.job, kind="acquired", message=f"{len(attached)} of {locked.count} node(s) launched",
-        data={"acquisition": locked.pk, "instances": [i.pk for i in attached],
-              "provider_ids": [i.provider_instance_id for i in attached]},
+        job=locked.job,
+        kind="acquired",
+        message=f"{len(attached)} of {locked.count} node(s) launched",
+        data={
+            "acquisition": locked.pk,
+            "instances": [i.pk for i in attached],
+            "provider_ids": [i.provider_instance_id for i in attached],
+        },
     )
     return attached
 
@@ -307,7 +337,11 @@ def job_start(*, job: TrainingJob) -> Acquisition | None:
 
 
 def agent_enroll(
-    *, enroll_key: str, provider_instance_id: str, address: str = "", identity_document: str = "",
+    *,
+    enroll_key: str,
+    provider_instance_id: str,
+    address: str = "",
+    identity_document: str = "",
     identity_signature: str = "",
 ) -> tuple[Instance, str]:
     """Exchange an acquisition's enrolment key and the node's provider id for an agent token bound
@@ -324,21 +358,29 @@ def agent_enroll(
     if acquisition is None:
         raise DomainError("unknown or invalid enrolment key", field="enroll_key")
     instance = Instance.objects.filter(
-        job_id=acquisition.job_id, provider_instance_id=provider_instance_id,
+        job_id=acquisition.job_id,
+        provider_instance_id=provider_instance_id,
         request_token__startswith=f"{acquisition.request_token}/",
     ).first()
     if instance is None:
-        raise Conflict(f"node {provider_instance_id!r} is not attached to acquisition {acquisition.pk} yet; retry",
-                       field="provider_instance_id")
+        raise Conflict(
+            f"node {provider_instance_id!r} is not attached to acquisition {acquisition.pk} yet; retry",
+            field="provider_instance_id",
+        )
     if instance.state in TERMINAL_STATES:
         raise Conflict(f"instance {instance.pk} is {instance.state}; it cannot enrol", field="provider_instance_id")
     policy = identity_policy_for(acquisition.provider)
     if policy is not None:
-        verify_identity_document(document=identity_document, signature_b64=identity_signature,
-                                 expected_instance_id=instance.provider_instance_id, policy=policy)
+        verify_identity_document(
+            document=identity_document,
+            signature_b64=identity_signature,
+            expected_instance_id=instance.provider_instance_id,
+            policy=policy,
+        )
     with transaction.atomic():
-        _token, key = api_token_create(team=instance.team, kind=TokenKind.AGENT, instance=instance,
-                                      name=f"agent {provider_instance_id}")
+        _token, key = api_token_create(
+            team=instance.team, kind=TokenKind.AGENT, instance=instance, name=f"agent {provider_instance_id}"
+        )
         if address:
             instance.agent_address = address[:200]
         instance.last_heartbeat_at = _now()
@@ -357,24 +399,41 @@ def agent_commands(*, instance_id: int) -> dict[str, Any]:
     instance = Instance.objects.select_related("job").get(pk=instance_id)
     job = instance.job
     version = instance_command_version(instance=instance)
-    answer: dict[str, Any] = {"version": version, "instance": instance.pk,
-                              "provider_instance_id": instance.provider_instance_id, "job": None,
-                              "generation": None, "assignment": None, "action": "idle"}
+    answer: dict[str, Any] = {
+        "version": version,
+        "instance": instance.pk,
+        "provider_instance_id": instance.provider_instance_id,
+        "job": None,
+        "generation": None,
+        "assignment": None,
+        "action": "idle",
+    }
     if instance.state in TERMINAL_STATES:
         answer["action"] = "stop"
         return answer
     if job is None:
         return answer
-    answer["job"] = {"id": job.pk, "status": job.status, "strategy": job.strategy, "target_steps": job.target_steps,
-                     "model_spec": job.model_spec, "plan": job.plan, "steps_done": job.steps_done}
+    answer["job"] = {
+        "id": job.pk,
+        "status": job.status,
+        "strategy": job.strategy,
+        "target_steps": job.target_steps,
+        "model_spec": job.model_spec,
+        "plan": job.plan,
+        "steps_done": job.steps_done,
+    }
     if job.status not in ACTIVE_JOB_STATUSES:
         answer["action"] = "stop"
         return answer
     generation = job_current_generation(job=job)
     if generation is None:
         return answer
-    answer["generation"] = {"number": generation.number, "membership": generation.membership,
-                            "layout": generation.layout, "created_at": generation.created_at.isoformat()}
+    answer["generation"] = {
+        "number": generation.number,
+        "membership": generation.membership,
+        "layout": generation.layout,
+        "created_at": generation.created_at.isoformat(),
+    }
     member = next((m for m in generation.membership if m.get("instance") == instance.pk), None)
     answer["assignment"] = member
     answer["action"] = "run" if member is not None else "standby"
@@ -382,7 +441,12 @@ def agent_commands(*, instance_id: int) -> dict[str, Any]:
 
 
 def agent_notice(
-    *, instance: Instance, kind: str, action: str = "", deadline: datetime | None = None, cloud: str = "",
+    *,
+    instance: Instance,
+    kind: str,
+    action: str = "",
+    deadline: datetime | None = None,
+    cloud: str = "",
     payload: dict | None = None,
 ) -> int | None:
     """Store a notice the agent saw in its metadata endpoint (once per instance and kind) and hand it
@@ -391,9 +455,14 @@ def agent_notice(
     from controlplane.fleet.notices import NoticeDraft, notices_store
 
     draft = NoticeDraft(
-        team_id=instance.team_id, source=NoticeSource.AGENT, kind=kind, action=action,
+        team_id=instance.team_id,
+        source=NoticeSource.AGENT,
+        kind=kind,
+        action=action,
         dedup_key=f"agent:{instance.provider or 'local'}:{instance.provider_instance_id}:{kind}",
-        provider_instance_id=instance.provider_instance_id or "", event_time=_now(), deadline=deadline,
+        provider_instance_id=instance.provider_instance_id or "",
+        event_time=_now(),
+        deadline=deadline,
         payload={"cloud": cloud, "metadata": payload or {}},
     )
     result = notices_store(drafts=[draft])
@@ -413,18 +482,31 @@ def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason:
     known = {int(i): int(n) for i, n in (previous.layout.get("nodes", []) if previous else [])}
     nodes = reactions.assign_nodes(slots, known or None)
     layout = {
-        "strategy": shape.strategy, "dp": shape.dp, "pp": shape.pp, "slots": slots, "decision": decision,
-        "restart_from_checkpoint": decision == "restart", "holes": [list(h) for h in reactions.holes(slots)],
-        "nodes": sorted([i, n] for i, n in nodes.items()), "rendezvous": rendezvous_address(job=job),
+        "strategy": shape.strategy,
+        "dp": shape.dp,
+        "pp": shape.pp,
+        "slots": slots,
+        "decision": decision,
+        "restart_from_checkpoint": decision == "restart",
+        "holes": [list(h) for h in reactions.holes(slots)],
+        "nodes": sorted([i, n] for i, n in nodes.items()),
+        "rendezvous": rendezvous_address(job=job),
     }
     generation = job_generation_publish(
-        job=job, membership=reactions.membership_of(slots, nodes), layout=layout, reason=reason,
+        job=job,
+        membership=reactions.membership_of(slots, nodes),
+        layout=layout,
+        reason=reason,
     )
     degraded = bool(reactions.holes(slots))
     status = JobStatus.RECOVERING if degraded else JobStatus.RUNNING
     if job.status in ACTIVE_JOB_STATUSES:
-        _job_set_status(job, status, f"generation {generation.number}: {reason}",
-                        data={"generation": generation.number, "strategy": shape.strategy})
+        _job_set_status(
+            job,
+            status,
+            f"generation {generation.number}: {reason}",
+            data={"generation": generation.number, "strategy": shape.strategy},
+        )
     return generation
 
 
@@ -457,8 +539,12 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
 
         if rendezvous_enabled() and not rendezvous_address(job=locked):
             return None  # the store is still starting; the acquiring task publishes once it is up
-        return _publish(locked, reactions.full_slots(running, dp=shape.dp, pp=shape.pp), decision="start",
-                        reason="initial membership")
+        return _publish(
+            locked,
+            reactions.full_slots(running, dp=shape.dp, pp=shape.pp),
+            decision="start",
+            reason="initial membership",
+        )
     members = set(reactions.alive(slots))
     joiners = [i for i in running if i not in members]
     if not joiners or not reactions.holes(slots):
@@ -468,8 +554,9 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
         return None
     key = "join:" + ",".join(str(i) for i in joiners[: len(reactions.holes(slots))])
     trigger_instance = instance if instance is not None else Instance.objects.get(pk=joiners[0])
-    reconfiguration = reconfiguration_decide(job=locked, trigger=ReconfigurationTrigger.JOIN, trigger_key=key,
-                                             instance=trigger_instance)
+    reconfiguration = reconfiguration_decide(
+        job=locked, trigger=ReconfigurationTrigger.JOIN, trigger_key=key, instance=trigger_instance
+    )
     if reconfiguration.status != ReconfigurationStatus.DECIDED:
         return None
     decision = "restart" if shape.strategy in ("checkpoint", "none") else "grow"
@@ -509,7 +596,8 @@ def _set_applied(reconfiguration: Reconfiguration, *, decision: str, generation:
     reconfiguration.applied_at = _now()
     # Priced by the cost report as work lost to preemptions.
     reconfiguration.lost_seconds = reconfiguration_lost_seconds(
-        reconfiguration=reconfiguration, applied_at=reconfiguration.applied_at)
+        reconfiguration=reconfiguration, applied_at=reconfiguration.applied_at
+    )
 
 
 def _mark_applied(reconfiguration: Reconfiguration, *, decision: str, generation: int | None) -> None:
@@ -547,8 +635,12 @@ def reconfiguration_apply(*, reconfiguration: Reconfiguration) -> Any:
         _job_set_status(locked, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
         transaction.on_commit(lambda: task_enqueue("reconcile_job", locked.pk))
         return None
-    generation = _publish(locked, reaction.slots, decision=reaction.decision,
-                          reason=f"{reconfiguration.trigger} {sorted(leaving)}: {reaction.decision}")
+    generation = _publish(
+        locked,
+        reaction.slots,
+        decision=reaction.decision,
+        reason=f"{reconfiguration.trigger} {sorted(leaving)}: {reaction.decision}",
+    )
     _mark_applied(reconfiguration, decision=reaction.decision, generation=generation.number)
     transaction.on_commit(lambda: task_enqueue("reconcile_job", locked.pk))
     return generation
@@ -581,9 +673,11 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
     # Jobs first, then reconfigurations: the lock order of reconfiguration_apply (no deadlock).
     jobs = {job.pk: job for job in TrainingJob.objects.select_for_update().filter(pk__in=job_ids).order_by("pk")}
     rows = list(
-        Reconfiguration.objects.select_for_update(of=("self",)).select_related("notice", "instance")
+        Reconfiguration.objects.select_for_update(of=("self",))
+        .select_related("notice", "instance")
         .filter(pk__in=[r.pk for r in reconfigurations], status=ReconfigurationStatus.DECIDED)
-        .exclude(trigger=ReconfigurationTrigger.JOIN).order_by("pk")
+        .exclude(trigger=ReconfigurationTrigger.JOIN)
+        .order_by("pk")
     )
     if not rows:
         return {}
@@ -593,7 +687,8 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
     running: dict[int, set[int]] = {pk: set() for pk in slots}
     if slots:
         for job_id, pk in Instance.objects.filter(job_id__in=slots, state=InstanceState.RUNNING).values_list(
-                "job_id", "pk"):
+            "job_id", "pk"
+        ):
             running[job_id].add(pk)
     published: dict[int, Any] = {}
     reconcile: list[int] = []
@@ -619,8 +714,12 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
             _set_applied(reconfiguration, decision="wait", generation=None)
             _job_set_status(job, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
             continue
-        generation = _publish(job, reaction.slots, decision=reaction.decision,
-                              reason=f"{reconfiguration.trigger} {sorted(leaving)}: {reaction.decision}")
+        generation = _publish(
+            job,
+            reaction.slots,
+            decision=reaction.decision,
+            reason=f"{reconfiguration.trigger} {sorted(leaving)}: {reaction.decision}",
+        )
         slots[job.pk] = [list(row) for row in generation.layout.get("slots", [])]
         _set_applied(reconfiguration, decision=reaction.decision, generation=generation.number)
         published[reconfiguration.pk] = generation
@@ -634,7 +733,8 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
 
 def reconfigurations_pending(*, job: TrainingJob | None = None) -> list[int]:
     qs = Reconfiguration.objects.filter(status=ReconfigurationStatus.DECIDED).exclude(
-        trigger=ReconfigurationTrigger.JOIN)
+        trigger=ReconfigurationTrigger.JOIN
+    )
     if job is not None:
         qs = qs.filter(job=job)
     return list(qs.order_by("decided_at").values_list("pk", flat=True))
@@ -651,11 +751,16 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
         moved = _transition(instance, target, detail={"reason": reason})
         if not moved or instance.job_id is None:
             return None
-        job_record_event(job=instance.job, kind="instance_lost",
-                         message=f"instance {instance.pk} ({instance.provider_instance_id}) lost: {reason}",
-                         data={"instance": instance.pk, "reason": reason})
+        job_record_event(
+            job=instance.job,
+            kind="instance_lost",
+            message=f"instance {instance.pk} ({instance.provider_instance_id}) lost: {reason}",
+            data={"instance": instance.pk, "reason": reason},
+        )
         reconfiguration = reconfiguration_decide(
-            job=instance.job, trigger=ReconfigurationTrigger.DEATH, trigger_key=f"leave:instance:{instance.pk}",
+            job=instance.job,
+            trigger=ReconfigurationTrigger.DEATH,
+            trigger_key=f"leave:instance:{instance.pk}",
             instance=instance,
         )
     return reconfiguration
@@ -666,10 +771,16 @@ def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | Non
     enrolled: mark them lost and react. Returns the instance ids."""
     now = now or _now()
     cutoff = now - timedelta(seconds=timeout_s if timeout_s is not None else heartbeat_timeout_s())
-    dead = list(Instance.objects.select_related("job").filter(
-        state__in=(InstanceState.RUNNING, InstanceState.NOTICE), last_heartbeat_at__lt=cutoff))
-    stuck = list(Instance.objects.select_related("job").filter(
-        state__in=(InstanceState.REQUESTED, InstanceState.PENDING), created_at__lt=now - ENROLL_TIMEOUT))
+    dead = list(
+        Instance.objects.select_related("job").filter(
+            state__in=(InstanceState.RUNNING, InstanceState.NOTICE), last_heartbeat_at__lt=cutoff
+        )
+    )
+    stuck = list(
+        Instance.objects.select_related("job").filter(
+            state__in=(InstanceState.REQUESTED, InstanceState.PENDING), created_at__lt=now - ENROLL_TIMEOUT
+        )
+    )
     lost = []
     for instance in dead:
         reconfiguration = instance_mark_lost(instance=instance, reason="heartbeat timeout")
@@ -718,8 +829,11 @@ def worker_exit_report(*, instance: Instance, code: int | None, reason: str, gen
     that reaches here had no checkpoint to restart from). Returns True when the job was failed."""
     if instance.job is None or code != WORKER_EXIT_JOB_FAILED:
         return False
-    return job_fail(job=instance.job, reason=f"runtime cannot continue: {reason or 'no reason given'}",
-                    data={"instance": instance.pk, "generation": generation})
+    return job_fail(
+        job=instance.job,
+        reason=f"runtime cannot continue: {reason or 'no reason given'}",
+        data={"instance": instance.pk, "generation": generation},
+    )
 
 
 def _last_progress(job: TrainingJob) -> datetime | None:
@@ -739,16 +853,22 @@ def job_fail_if_stalled(*, job: TrainingJob, now: datetime | None = None) -> boo
     timeout = job_stall_timeout_s()
     if last is None or ((now or _now()) - last).total_seconds() <= timeout:
         return False
-    return job_fail(job=job, reason=f"no progress for {timeout:.0f} s (last at {last.isoformat()}): "
-                                    "its workers stopped reporting", data={"last_progress": last.isoformat()})
+    return job_fail(
+        job=job,
+        reason=f"no progress for {timeout:.0f} s (last at {last.isoformat()}): its workers stopped reporting",
+        data={"last_progress": last.isoformat()},
+    )
 
 
 def _workers_done(job: TrainingJob) -> bool:
     """Every member of the current generation reported its worker's clean exit."""
     generation = job_current_generation(job=job)
     members = {m["instance"] for m in (generation.membership if generation else [])}
-    exited = set(JobEvent.objects.filter(job=job, kind="agent_worker_exit", data__code=0)
-                 .values_list("data__instance", flat=True))
+    exited = set(
+        JobEvent.objects.filter(job=job, kind="agent_worker_exit", data__code=0).values_list(
+            "data__instance", flat=True
+        )
+    )
     return members <= exited
 
 
@@ -759,8 +879,12 @@ def job_finish(*, job: TrainingJob) -> bool:
     locked = _lock_job(job)
     if locked.status not in ACTIVE_JOB_STATUSES or locked.steps_done < locked.target_steps:
         return False
-    reached = (MetricSample.objects.filter(job=locked, step__gte=locked.target_steps)
-               .order_by("at").values_list("at", flat=True).first())
+    reached = (
+        MetricSample.objects.filter(job=locked, step__gte=locked.target_steps)
+        .order_by("at")
+        .values_list("at", flat=True)
+        .first()
+    )
     if not _workers_done(locked) and reached is not None and _now() - reached < FINISH_GRACE:
         return False
     _job_set_status(locked, JobStatus.FINISHED, f"finished {locked.steps_done} steps")
@@ -783,8 +907,9 @@ def capacity_release(*, job: TrainingJob) -> list[int]:
             if _transition(instance, InstanceState.TERMINATED, detail={"reason": f"job {job.status}"}):
                 released.append(instance.pk)
     if released:
-        job_record_event(job=job, kind="released", message=f"released {len(released)} node(s)",
-                         data={"instances": released})
+        job_record_event(
+            job=job, kind="released", message=f"released {len(released)} node(s)", data={"instances": released}
+        )
     from controlplane.orchestration.rendezvous import rendezvous_release
 
     rendezvous_release(job=job)
@@ -801,22 +926,28 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
       and launched; surplus nodes that are not members are terminated.
     Idempotent: run it as often as you like."""
     job.refresh_from_db()
-    report: dict[str, Any] = {"job": job.pk, "lost": [], "requested": 0, "launched": 0, "released": [],
-                              "surplus": []}
+    report: dict[str, Any] = {"job": job.pk, "lost": [], "requested": 0, "launched": 0, "released": [], "surplus": []}
     if job_finish(job=job) or job_fail_if_stalled(job=job):
         job.refresh_from_db()
     if job.status not in ACTIVE_JOB_STATUSES:
         report["released"] = capacity_release(job=job)
         return report
     # Drift: ask the provider about the nodes we believe alive.
-    live = [i for i in Instance.objects.filter(job=job, state__in=(InstanceState.PENDING, InstanceState.RUNNING,
-                                                                      InstanceState.NOTICE)) if i.provider_instance_id]
+    live = [
+        i
+        for i in Instance.objects.filter(
+            job=job, state__in=(InstanceState.PENDING, InstanceState.RUNNING, InstanceState.NOTICE)
+        )
+        if i.provider_instance_id
+    ]
     by_provider: dict[str, list[Instance]] = {}
     for instance in live:
         by_provider.setdefault(instance.provider, []).append(instance)
     for provider_kind, group in by_provider.items():
-        states = {n.provider_instance_id: n.state for n in get_provider(provider_kind).describe(
-            [i.provider_instance_id for i in group])}
+        states = {
+            n.provider_instance_id: n.state
+            for n in get_provider(provider_kind).describe([i.provider_instance_id for i in group])
+        }
         for instance in group:
             if states.get(instance.provider_instance_id) in ("terminated", "missing", "stopping"):
                 reconfiguration = instance_mark_lost(instance=instance, reason="provider reports it gone")
@@ -830,8 +961,9 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     acquisition = capacity_request(job=job, reason=reason)
     if acquisition is not None:
         report["requested"] = acquisition.count
-    for pending in Acquisition.objects.filter(job=job, status__in=(AcquisitionStatus.REQUESTED,
-                                                                   AcquisitionStatus.LAUNCHING)):
+    for pending in Acquisition.objects.filter(
+        job=job, status__in=(AcquisitionStatus.REQUESTED, AcquisitionStatus.LAUNCHING)
+    ):
         report["launched"] += len(acquisition_launch(acquisition=pending))
     job_grow(job=job)
     report["surplus"] = _terminate_surplus(job)
@@ -859,10 +991,18 @@ def _terminate_surplus(job: TrainingJob) -> list[int]:
 
 def active_job_ids() -> list[int]:
     """Jobs that hold or want capacity (and ended jobs that still hold some)."""
-    ids = {pk for pk, status, plan in TrainingJob.objects.filter(status__in=ACTIVE_JOB_STATUSES)
-           .values_list("pk", "status", "plan") if status != JobStatus.PENDING or plan}
-    ids |= set(Instance.objects.filter(state__in=COUNTED_STATES | {InstanceState.NOTICE}, job__isnull=False)
-               .values_list("job_id", flat=True))
+    ids = {
+        pk
+        for pk, status, plan in TrainingJob.objects.filter(status__in=ACTIVE_JOB_STATUSES).values_list(
+            "pk", "status", "plan"
+        )
+        if status != JobStatus.PENDING or plan
+    }
+    ids |= set(
+        Instance.objects.filter(state__in=COUNTED_STATES | {InstanceState.NOTICE}, job__isnull=False).values_list(
+            "job_id", flat=True
+        )
+    )
     return sorted(ids)
 
 

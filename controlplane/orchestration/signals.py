@@ -53,8 +53,9 @@ def _apply_many(reconfigurations: list[Reconfiguration]) -> None:
             services.reconfigurations_apply(reconfigurations=reconfigurations)
             return
         except Exception:
-            logger.exception("applying %d reconfigurations together failed; applying them one by one",
-                             len(reconfigurations))
+            logger.exception(
+                "applying %d reconfigurations together failed; applying them one by one", len(reconfigurations)
+            )
     for reconfiguration in reconfigurations:
         _apply(reconfiguration.pk)
 
@@ -70,8 +71,11 @@ def _on_reconfiguration_saved(sender, instance: Reconfiguration, created: bool, 
 def _on_reconfigurations_decided(sender, reconfigurations: list[Reconfiguration], **kwargs) -> None:
     """`jobs.reconfiguration.reconfigurations_create` inserted a batch (a bulk insert sends no
     post_save): apply it once the batch commits."""
-    rows = [r for r in reconfigurations
-            if r.trigger != ReconfigurationTrigger.JOIN and r.status == ReconfigurationStatus.DECIDED]
+    rows = [
+        r
+        for r in reconfigurations
+        if r.trigger != ReconfigurationTrigger.JOIN and r.status == ReconfigurationStatus.DECIDED
+    ]
     if rows:
         transaction.on_commit(lambda: _apply_many(rows))
 

@@ -75,8 +75,10 @@ def _world() -> World:
     and a notice for an instance nobody knows."""
     world = World(team=make_team())
     alert_endpoint_create(team=world.team, url="http://127.0.0.1:9/hook")
-    nodes = {name: _started(world, name, strategy)
-             for name, strategy in (("two", "recycle"), ("stage", "recycle"), ("ckpt", "checkpoint"))}
+    nodes = {
+        name: _started(world, name, strategy)
+        for name, strategy in (("two", "recycle"), ("stage", "recycle"), ("ckpt", "checkpoint"))
+    }
     fresh_job = make_job(world.team, plan={"dp": 1, "pp": 1, "provider": "local"})
     fresh = make_instance(world.team, job=fresh_job, provider="local")
     for state in ("pending", "running"):
@@ -101,8 +103,16 @@ def _world() -> World:
     drafts = []
     for n, (name, index, kind, action) in enumerate(stream):
         provider_id = nodes[name][index].provider_instance_id if name else f"i-nobody-{world.team.pk}"
-        drafts.append(NoticeDraft(team_id=world.team.pk, source=NoticeSource.GENERIC, kind=kind, action=action,
-                                  dedup_key=f"{world.team.pk}:test:{n}", provider_instance_id=provider_id))
+        drafts.append(
+            NoticeDraft(
+                team_id=world.team.pk,
+                source=NoticeSource.GENERIC,
+                kind=kind,
+                action=action,
+                dedup_key=f"{world.team.pk}:test:{n}",
+                provider_instance_id=provider_id,
+            )
+        )
     stored = notices_store(drafts=drafts)
     world.notice_ids = [stored.stored[d.dedup_key] for d in drafts]
     world.notice_labels = {pk: f"n{n}" for n, pk in enumerate(world.notice_ids)}
@@ -134,8 +144,11 @@ def _relabel(world: World, value):
         return [_relabel(world, item) for item in value]
     if isinstance(value, str):
         # A generation's reason names the leaving instances: "notice [12, 15]: reroute".
-        value = re.sub(r"(notice|death) \[([\d, ]+)\]",
-                       lambda m: f"{m.group(1)} {sorted(world.labels[int(i)] for i in m.group(2).split(', '))}", value)
+        value = re.sub(
+            r"(notice|death) \[([\d, ]+)\]",
+            lambda m: f"{m.group(1)} {sorted(world.labels[int(i)] for i in m.group(2).split(', '))}",
+            value,
+        )
         return re.sub(r"[\w.-]+", lambda m: world.provider_ids.get(m.group(0), m.group(0)), value)
     return value
 
@@ -158,9 +171,18 @@ def _end_state(world: World) -> dict:
                 for g in JobGeneration.objects.filter(job=job).order_by("number")
             ],
             "reconfigurations": sorted(
-                (world.labels[r.instance_id], r.trigger, r.strategy, world.notice_labels.get(r.notice_id),
-                 r.status, r.decision, r.from_generation, r.to_generation, r.lost_seconds,
-                 repr(_relabel(world, r.decision_input)))
+                (
+                    world.labels[r.instance_id],
+                    r.trigger,
+                    r.strategy,
+                    world.notice_labels.get(r.notice_id),
+                    r.status,
+                    r.decision,
+                    r.from_generation,
+                    r.to_generation,
+                    r.lost_seconds,
+                    repr(_relabel(world, r.decision_input)),
+                )
                 for r in Reconfiguration.objects.filter(job=job)
             ),
             "timeline": Counter(
@@ -168,8 +190,9 @@ def _end_state(world: World) -> dict:
                 for e in JobEvent.objects.filter(job=job)
             ),
         }
-    state["instances"] = {world.labels[pk]: s for pk, s in
-                          Instance.objects.filter(team=world.team).values_list("pk", "state")}
+    state["instances"] = {
+        world.labels[pk]: s for pk, s in Instance.objects.filter(team=world.team).values_list("pk", "state")
+    }
     state["notices"] = [
         (world.notice_labels[n.pk], n.status, n.unknown_instance, world.labels.get(n.instance_id))
         for n in InterruptionNotice.objects.filter(pk__in=world.notice_ids).order_by("id")
@@ -255,11 +278,19 @@ def _leave_batch_statements(team, count: int, tag: str, capture) -> int:
         for state in ("pending", "running"):
             instance_transition(instance=instance, to=state)
         instances.append(instance)
-    stored = notices_store(drafts=[
-        NoticeDraft(team_id=team.pk, source=NoticeSource.GENERIC, kind=NoticeKind.INTERRUPTION, action="terminate",
-                    dedup_key=f"{team.pk}:{tag}:{n}", provider_instance_id=i.provider_instance_id)
-        for n, i in enumerate(instances)
-    ])
+    stored = notices_store(
+        drafts=[
+            NoticeDraft(
+                team_id=team.pk,
+                source=NoticeSource.GENERIC,
+                kind=NoticeKind.INTERRUPTION,
+                action="terminate",
+                dedup_key=f"{team.pk}:{tag}:{n}",
+                provider_instance_id=i.provider_instance_id,
+            )
+            for n, i in enumerate(instances)
+        ]
+    )
     with CaptureQueriesContext(connection) as queries, capture(execute=True) as callbacks:
         assert notices.notices_process_batch(notice_ids=list(stored.stored.values())) == (count, 0)
     assert len(callbacks) == 1  # the batch's apply
