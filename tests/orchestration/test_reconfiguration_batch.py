@@ -222,8 +222,17 @@ def test_a_batch_ends_where_one_after_another_ends(django_capture_on_commit_call
     reference = _world()
     _one_after_another(reference, django_capture_on_commit_callbacks)
     batched = _world()
+    applied_together: list[int] = []
+    real_apply = services.reconfigurations_apply
+
+    def spy(*, reconfigurations):
+        applied_together.append(len(reconfigurations))
+        return real_apply(reconfigurations=reconfigurations)
+
+    monkeypatch.setattr(services, "reconfigurations_apply", spy)
     _as_one_batch(batched, django_capture_on_commit_callbacks)
-    # The batch's own path, not the one-by-one fallback: its rows went in with one insert.
+    # The batch's own path, not the one-by-one fallback: its six new rows applied in one call.
+    assert applied_together == [6]
     expected = _end_state(reference)
     assert _end_state(batched) == expected
 
