@@ -193,9 +193,9 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
     }
     # `none` runs 1F1B (the baseline of every ratio); `none-fiw` runs recycle's split-backward
     # schedule without fault tolerance, to separate the schedule's gain from recycle's own cost.
-    # `recycle` is ReCycle as published (a lost hop goes to same-stage peers only); `recycle-spill`
-    # also spills lost hops to other survivors when the schedule estimate says that is faster.
-    strategies = ["none", "none-fiw", "recycle", "recycle-spill", "bamboo", "oobleck", "checkpoint"]
+    # `recycle` is the default (spill: a lost hop may go to any survivor when the schedule estimate says
+    # that is faster); `recycle-peers` is ReCycle as published (same-stage peers only).
+    strategies = ["none", "none-fiw", "recycle", "recycle-peers", "bamboo", "oobleck", "checkpoint"]
     plan = [("emulated", True, s) for s in strategies]
     plan += [("real", False, s) for s in (["none", "recycle"] if quick else strategies)]
     total = len(plan) + 2
@@ -208,7 +208,7 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             steps=steps,
             emulated=emulated,
             schedule="fiw" if key == "none-fiw" else None,
-            recycle_spill=key == "recycle-spill",
+            recycle_spill=key != "recycle-peers",
         )
         faults = [] if strategy == "none" else [Fault(node=KILLED, kind="kill", step=fault_step)]
         joins = [Join(node=8, after_step=join_step)] if strategy == "recycle" else []
@@ -254,11 +254,11 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             if deg and ff:
                 row["degraded_ratio_to_own_failure_free"] = deg / ff
                 row["degraded_ratio_to_7_8_share"] = deg / ff / (7 / 8)
-        # Failure-free, recycle and recycle-spill are the same job (spill only acts on a loss): the
+        # Failure-free, recycle and recycle-peers are the same job (spill only acts on a loss): the
         # other run's failure-free speed is a second, independent reference for the spill's ratio.
-        spill, peers = rows.get("recycle-spill", {}), rows.get("recycle", {})
+        spill, peers = rows.get("recycle", {}), rows.get("recycle-peers", {})
         if spill.get("degraded_samples_per_s") and peers.get("failure_free_samples_per_s"):
-            spill["degraded_ratio_to_recycle_failure_free"] = (
+            spill["degraded_ratio_to_peers_run_failure_free"] = (
                 spill["degraded_samples_per_s"] / peers["failure_free_samples_per_s"]
             )
 
@@ -388,7 +388,7 @@ def _print(figures: dict[str, Any]) -> None:
     cases = figures["recycle_cases"]
     ck = figures["emulated"].get("checkpoint", {})
     em = figures["emulated"]
-    rec, bam, spill = em["recycle"], em["bamboo"], em.get("recycle-spill", {})
+    rec, bam, peers = em["recycle"], em["bamboo"], em.get("recycle-peers", {})
     sim = figures["schedule_simulation"]
 
     def speed(key: str) -> float:
@@ -403,32 +403,31 @@ def _print(figures: dict[str, Any]) -> None:
         ],
         ["bamboo failure-free overhead vs none", "<= 10%", _pct(1 - speed("bamboo") / speed("none"))],
         [
-            "recycle (same-stage peers, as published), 1 of 8 lost: degraded / failure-free",
+            "recycle (default: spill), 1 of 8 lost: degraded / failure-free",
             ">= 0.85",
             rec.get("degraded_ratio_to_own_failure_free"),
+        ],
+        [
+            "  same, degraded / recycle-peers' failure-free (same job, other run)",
+            ">= 0.85",
+            rec.get("degraded_ratio_to_peers_run_failure_free"),
         ],
         ["  same, degraded / (7/8 of failure-free)", "-", rec.get("degraded_ratio_to_7_8_share")],
         ["  same, degraded / none's failure-free (1F1B)", "-", rec.get("degraded_ratio_to_none_failure_free")],
         [
-            "recycle-spill (recycle_spill=True), 1 of 8 lost: degraded / failure-free",
-            ">= 0.85",
-            spill.get("degraded_ratio_to_own_failure_free"),
+            "recycle-peers (same-stage peers, as published), 1 of 8 lost: degraded / failure-free",
+            "-",
+            peers.get("degraded_ratio_to_own_failure_free"),
         ],
+        ["  same, degraded / (7/8 of failure-free)", "-", peers.get("degraded_ratio_to_7_8_share")],
+        ["  same, kill -> next committed step (s)", "-", peers.get("failure_to_next_commit_s")],
+        ["simulation: recycle-peers degraded / failure-free", "-", sim["recycle_peers_degraded_ratio"]],
         [
-            "  same, degraded / recycle's failure-free (same job, other run)",
-            ">= 0.85",
-            spill.get("degraded_ratio_to_recycle_failure_free"),
-        ],
-        ["  same, degraded / (7/8 of failure-free)", "-", spill.get("degraded_ratio_to_7_8_share")],
-        ["  same, degraded / none's failure-free (1F1B)", "-", spill.get("degraded_ratio_to_none_failure_free")],
-        ["  same, kill -> next committed step (s)", "<= 0.5", spill.get("failure_to_next_commit_s")],
-        ["simulation: recycle degraded / failure-free", "-", sim["recycle_peers_degraded_ratio"]],
-        [
-            "simulation: recycle bound, any schedule (busiest node back to back)",
+            "simulation: recycle-peers bound, any schedule (busiest node back to back)",
             "-",
             sim["recycle_peers_degraded_ratio_bound_any_schedule"],
         ],
-        ["simulation: recycle-spill degraded / failure-free", "-", sim["recycle_spill_degraded_ratio"]],
+        ["simulation: recycle (spill) degraded / failure-free", "-", sim["recycle_spill_degraded_ratio"]],
         ["recycle kill -> next committed step (s)", "<= 0.5", rec.get("failure_to_next_commit_s")],
         ["bamboo kill -> next committed step (s)", "-", bam.get("failure_to_next_commit_s")],
         ["recycle hang (SIGSTOP) -> next committed step (s)", "<= 3", cases.get("hang_to_next_commit_s")],

@@ -109,10 +109,11 @@ class JobConfig:
     join_wait_s: float = 600.0
     """Strategies that restart from a checkpoint: how long survivors too few for one pipeline wait for
     replacements to join before the job fails."""
-    recycle_spill: bool = False
-    """recycle: False sends a lost hop to same-stage peers only (ReCycle as published); True lets it go
-    to any survivor (which fetches that stage's layers) when the schedule estimate says the step is
-    shorter -- needed when few pipelines leave one peer doing twice the work (see docs/runtime.md)."""
+    recycle_spill: bool = True
+    """recycle: True (the default) lets a lost hop go to any survivor (which fetches that stage's
+    layers) when the schedule estimate says the step is shorter -- needed when few pipelines leave one
+    peer doing twice the work; False sends it to same-stage peers only, ReCycle as published (see
+    docs/runtime.md)."""
     min_stages: int = 1
     """oobleck: the fewest nodes a pipeline template may have (the model must fit on them)."""
     checkpoint_dir: str = ""

@@ -10,10 +10,11 @@ own all-reduce is done.
 With few pipelines that cannot be enough: at DP=2 the one peer computes 2M micro-batches of its
 stage per step, and no schedule (not even one overlapping consecutive steps) runs a step faster
 than that node's work: at DP=2 x PP=4, M=4, 192 ms against the 120 ms failure-free `fiw` step,
-a bound of 0.625 (see docs/runtime.md). *Spill* (`recycle_spill`) also lets other survivors host a
-lost hop: each lost hop goes, greedily and then once more, to the candidate (its same-stage peers
-and the least-loaded survivors) that gives the shortest `schedule_length` (ties: a same-stage peer,
-then a node already on the route, then the lowest id). A node that hosts a stage it did not hold
+a bound of 0.625 (see docs/runtime.md). *Spill* (`recycle_spill`, on by default; off is ReCycle as
+published) also lets other survivors host a lost hop, even of a stage whose slot holders are all
+gone: each lost hop goes, greedily and then once more, to the candidate (its same-stage peers and
+the least-loaded survivors) that gives the shortest `schedule_length` (ties: a same-stage peer, then
+a node already on the route, then the lowest id). A node that hosts a stage it did not hold
 fetches a copy of its layers at the regroup, like any layer transfer; the global batch, data order
 and the math are unchanged.
 """
@@ -39,7 +40,10 @@ class RecycleStrategy:
         peers: list[list[int]] = []
         for s in range(config.pp):
             alive = [n for row in slots if (n := row[s]) is not None]
-            if not alive:
+            # With spill, a stage whose slot holders are all gone can still be hosted by other
+            # survivors (they fetch its layers from any node that holds a copy, e.g. an earlier
+            # spill host; the plan fails naming the layer when none does).
+            if not alive and not (config.recycle_spill and alive_nodes(slots)):
                 raise LayoutError(
                     f"recycle has no surviving node for stage {s} (slots {slots}); expected at least one per stage"
                 )
@@ -53,15 +57,14 @@ class RecycleStrategy:
             for h, (stage, _) in enumerate(route):
                 node = slots[p][stage]
                 if node is None:
-                    node = peers[stage][turn[stage] % len(peers[stage])]
+                    node = peers[stage][turn[stage] % len(peers[stage])] if peers[stage] else -1
                     turn[stage] += 1
                     lost.append((m, h))
                 hops.append((stage, node))
             routes.append(hops)
-        layout = _layout(base, routes)
         if config.recycle_spill and lost:
-            layout = _spill(config, base, routes, lost, peers, alive_nodes(slots))
-        return layout
+            return _spill(config, base, routes, lost, peers, alive_nodes(slots))
+        return _layout(base, routes)
 
 
 def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list[int] | None = None) -> Layout:

@@ -28,7 +28,9 @@ from tests.orchestration.test_end_to_end import STORY, Beat, _node_of, assert_re
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
 NOTICE_S = 45.0
-RUNTIME = {"op_timeout_s": 2.0, "schedule": "fiw",
+# Recycle peers-only: with spill (the default) a spill host may hold a copy of the leaver's stage,
+# and then the leaver is not the last holder (tests/runtime/test_failures.py covers that case).
+RUNTIME = {"op_timeout_s": 2.0, "schedule": "fiw", "recycle_spill": False,
            "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
 
 

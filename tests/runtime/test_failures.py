@@ -90,6 +90,24 @@ def test_trace_driven_kills_and_join_keep_the_math(shared_data) -> None:
     assert {e["generation"] for e in events(result, "generation")} >= {0, 1, 2, 3}  # kill, join, kill
 
 
+@pytest.mark.parametrize("second", ["notice", "kill"])
+def test_recycle_spill_survives_losing_every_slot_holder_of_a_stage(second: str) -> None:
+    # Spill is recycle's default. Node 2 (stage 0 of pipeline 1) dies: spill hosts some of pipeline
+    # 1's stage-0 hops on stage-1 nodes, which fetch stage 0's layers. Then node 0, stage 0's last
+    # slot holder, goes too (a notice, or a kill): the spill hosts hold copies, so the job trains on
+    # without waiting for a replacement (as published, recycle would have to stop or defer).
+    config = small_config(strategy="recycle", schedule="fiw", steps=8, device_time=DeviceTime(forward_ms=4.0))
+    degraded = get_strategy("recycle").layout_for(config, [[0, 1], [None, 3]])
+    assert {route[0][1] for route in degraded.routes} - {0}, "spill puts some stage-0 hops off node 0"
+    faults = [Fault(node=2, kind="kill", step=1), Fault(node=0, kind=second, step=4)]
+    result = run_local(config, faults=faults, timeout_s=80)
+    assert result.exit_codes[2] == -9 and result.exit_codes[0] == (0 if second == "notice" else -9)
+    assert result.exit_codes[1] == 0 and result.exit_codes[3] == 0, result.exit_codes
+    assert_same_math(result, config)
+    assert set(committed_steps(result, 1)) == set(range(config.steps))
+    assert not events(result, "job_failed")
+
+
 @pytest.mark.parametrize("strategy", ["recycle", "bamboo", "oobleck"])
 def test_notice_leaves_cleanly_with_zero_steps_lost(strategy: str) -> None:
     config = small_config(strategy=strategy)

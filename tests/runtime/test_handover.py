@@ -1,7 +1,11 @@
 """A notice for the last holder of a stage, before its replacement has joined: the node stays
 (deferred) and keeps training until the replacement joins, then hands its parameters and optimizer
 state over at the step boundary -- same math. When no replacement can come (the last holder is
-killed), every worker exits with a named reason instead of hanging. Real processes on gloo."""
+killed), every worker exits with a named reason instead of hanging. Real processes on gloo.
+
+Recycle runs peers-only here (`recycle_spill=False`): with spill, the default, an earlier spill host
+may hold a copy of the leaver's stage, so the leaver is not the last holder and just leaves
+(`tests/runtime/test_failures.py` covers that)."""
 
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ STAGE0, STAGE1 = [0, 1, 2], [3]  # the layers of small_config's two stages
 
 
 def test_plan_defers_the_last_holder_of_a_stage_until_a_replacement_joins() -> None:
-    config = small_config(strategy="recycle")
+    config = small_config(strategy="recycle", recycle_spill=False)
     # Node 2 (pipeline 1, stage 0) is already gone; node 0 holds the only copy of stage 0.
     previous = {"generation": 1, "slots": [[0, 1], [None, 3]], "members": [0, 1, 3], "joins_consumed": 0}
     alive = {0: _record(STAGE0, leaving=True), 1: _record(STAGE1), 3: _record(STAGE1)}
@@ -56,7 +60,8 @@ def test_plan_defers_the_last_holder_of_a_stage_until_a_replacement_joins() -> N
 def test_notice_before_the_replacement_joined_hands_over_and_keeps_the_math() -> None:
     # 18 steps: the replacement, started after step 7, must be in before the last one even when a
     # loaded machine takes a second to start it (with 14 it came too late once, at load 10).
-    config = small_config(strategy="recycle", schedule="fiw", steps=18, device_time=DeviceTime(forward_ms=4.0))
+    config = small_config(strategy="recycle", recycle_spill=False, schedule="fiw", steps=18,
+                          device_time=DeviceTime(forward_ms=4.0))
     # Node 2 dies; node 0 (now the only stage-0 holder) gets a notice at step 3; the replacement
     # only starts after step 6, i.e. several steps after the notice.
     result = run_local(
@@ -78,7 +83,8 @@ def test_notice_before_the_replacement_joined_hands_over_and_keeps_the_math() ->
 
 
 def test_last_holder_of_a_stage_killed_fails_the_job_with_a_named_reason() -> None:
-    config = small_config(strategy="recycle", schedule="fiw", steps=10, device_time=DeviceTime(forward_ms=4.0))
+    config = small_config(strategy="recycle", recycle_spill=False, schedule="fiw", steps=10,
+                          device_time=DeviceTime(forward_ms=4.0))
     result = run_local(
         config, faults=[Fault(node=2, kind="kill", step=1), Fault(node=0, kind="kill", step=3)], timeout_s=80
     )

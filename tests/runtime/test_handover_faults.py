@@ -1,4 +1,5 @@
-"""A node SIGKILLed *during* a state hand-over (real processes on gloo).
+"""A node SIGKILLed *during* a state hand-over (real processes on gloo; recycle peers-only, as in
+tests/runtime/test_handover.py).
 
 The setting is the deferred hand-over of tests/runtime/test_handover.py: DP=2 x PP=2 recycle, node 2
 killed at step 1 leaves node 0 the only holder of stage 0; node 0 gets a notice at step 3 and stays
@@ -34,7 +35,8 @@ SETUP = [Fault(node=2, kind="kill", step=1), Fault(node=0, kind="notice", step=3
 
 def _config(steps: int = 16):
     # Joins come at step 5 or 9 and must be in before the last step even on a loaded machine.
-    return small_config(strategy="recycle", schedule="fiw", steps=steps, device_time=DeviceTime(forward_ms=4.0))
+    return small_config(strategy="recycle", recycle_spill=False, schedule="fiw", steps=steps,
+                        device_time=DeviceTime(forward_ms=4.0))
 
 
 def _events(result: RunResult, name: str) -> list[dict]:
@@ -57,7 +59,7 @@ def _injected_in_transfer(result: RunResult, node: int) -> None:
 
 
 def test_plan_gives_a_leaver_whose_handover_failed_its_slot_back_and_defers_it() -> None:
-    config = small_config(strategy="recycle")
+    config = small_config(strategy="recycle", recycle_spill=False)
     # Generation 3 was the hand-over: node 0 leaving, replacement 4 in the stage-0 slot of pipeline 0.
     handover = {
         "generation": 3,
@@ -176,6 +178,7 @@ def test_source_killed_mid_transfer_another_holder_sends_instead() -> None:
     # takes it from there and the job trains on.
     config = small_config(
         strategy="recycle",
+        recycle_spill=False,
         schedule="fiw",
         dp=3,
         global_batch=12,

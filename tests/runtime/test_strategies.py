@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import boto3
 import pytest
 import torch
@@ -10,7 +12,7 @@ from moto import mock_aws
 from runtime.checkpoint_store import LocalCheckpointStore, S3CheckpointStore
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.launcher import faults_from_trace
-from runtime.layout import Layout
+from runtime.layout import Layout, initial_layout
 from runtime.membership import initial_plan, make_plan
 from runtime.model import build_layer
 from runtime.optim import LayerState
@@ -91,9 +93,18 @@ def test_recycle_spill_plan_copies_the_lost_stage_to_its_new_hosts() -> None:
 
 
 def test_recycle_without_any_node_of_a_stage_names_the_stage() -> None:
-    c = config(strategy="recycle")
+    c = config(strategy="recycle", recycle_spill=False)  # as published: only same-stage peers may host
     with pytest.raises(LayoutError, match="no surviving node for stage 1"):
         get_strategy("recycle").layout_for(c, lose(full_slots(c), 1, 5))
+
+
+def test_recycle_spill_hosts_a_stage_with_no_slot_holder_left_on_other_survivors() -> None:
+    # Whether any survivor still holds the stage's layers is the plan's question (next test).
+    c = config(strategy="recycle", schedule="fiw")
+    layout = get_strategy("recycle").layout_for(c, lose(full_slots(c), 1, 5))
+    hosts = {route[1][1] for route in layout.routes}
+    assert hosts and not hosts & {1, 5} and layout.stages == initial_layout(c).stages
+    validate_schedule(layout, build_schedule(layout, "fiw"), "fiw")
 
 
 def test_bamboo_predecessor_takes_over_and_replicas_follow_successors() -> None:
@@ -161,7 +172,20 @@ def test_plan_error_when_no_copy_survives() -> None:
         checkpoint_step=None,
         reason="x",
     )
-    assert "no surviving node for stage 1" in plan["error"]
+    # With spill (the default) node 0 could host stage 1, but nobody holds its layer any more.
+    assert plan["error"] == (
+        "layer 2 has no surviving copy at step 2 (every node that held it is gone; no replica had it)"
+    )
+    peers_only = make_plan(
+        dataclasses.replace(c, recycle_spill=False),
+        generation=1,
+        previous=first,
+        alive={0: record(2, {0: 2, 1: 2})},
+        joiners=[],
+        checkpoint_step=None,
+        reason="x",
+    )
+    assert "no surviving node for stage 1" in peers_only["error"]
 
 
 def state(index: int) -> LayerState:
