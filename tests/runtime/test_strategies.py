@@ -162,29 +162,16 @@ def first_layout_range(plan: dict, node: int) -> tuple[int, int]:
 
 def test_plan_error_when_no_copy_survives() -> None:
     c = config(strategy="recycle", dp=1, pp=2, microbatches=2, global_batch=4, model=ModelSpec(n_layer=2))
-    first = initial_plan(c)
-    plan = make_plan(
-        c,
-        generation=1,
-        previous=first,
-        alive={0: record(2, {0: 2, 1: 2})},
-        joiners=[],
-        checkpoint_step=None,
-        reason="x",
-    )
+
+    def plan_without_node_1(cfg: JobConfig) -> dict:
+        return make_plan(cfg, generation=1, previous=initial_plan(cfg), alive={0: record(2, {0: 2, 1: 2})},
+                         joiners=[], checkpoint_step=None, reason="x")
+
     # With spill (the default) node 0 could host stage 1, but nobody holds its layer any more.
-    assert plan["error"] == (
+    assert plan_without_node_1(c)["error"] == (
         "layer 2 has no surviving copy at step 2 (every node that held it is gone; no replica had it)"
     )
-    peers_only = make_plan(
-        dataclasses.replace(c, recycle_spill=False),
-        generation=1,
-        previous=first,
-        alive={0: record(2, {0: 2, 1: 2})},
-        joiners=[],
-        checkpoint_step=None,
-        reason="x",
-    )
+    peers_only = plan_without_node_1(dataclasses.replace(c, recycle_spill=False))
     assert "no surviving node for stage 1" in peers_only["error"]
 
 
