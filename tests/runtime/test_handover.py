@@ -95,24 +95,23 @@ def test_last_holder_of_a_stage_killed_fails_the_job_with_a_named_reason() -> No
     assert all("no surviving node for stage 0" in e["reason"] for e in failures), failures
 
 
+THREE_KILLED_AT_STEP_3 = [Fault(node=n, kind="kill", step=3) for n in (0, 1, 2)]
+"""All of pipeline 0 and node 2: the one survivor cannot fill a pipeline."""
+
+
+def _checkpoint_config(tmp_path, **kw):
+    return small_config(strategy="checkpoint", steps=10, checkpoint_interval=2, checkpoint_dir=str(tmp_path),
+                        device_time=DeviceTime(forward_ms=4.0), **kw)
+
+
 def test_checkpoint_survivors_too_few_for_a_pipeline_wait_for_replacements(tmp_path) -> None:
     # Nodes 0 and 1 (all of pipeline 0) and node 2 die: one survivor cannot fill a pipeline. Under a
     # strategy that restarts from its checkpoint it waits; two replacements join and the job goes on
     # from the last checkpoint with the same math.
-    config = small_config(
-        strategy="checkpoint",
-        steps=10,
-        checkpoint_interval=2,
-        checkpoint_dir=str(tmp_path),
-        device_time=DeviceTime(forward_ms=4.0),
-    )
+    config = _checkpoint_config(tmp_path)
     result = run_local(
         config,
-        faults=[
-            Fault(node=0, kind="kill", step=3),
-            Fault(node=1, kind="kill", step=3),
-            Fault(node=2, kind="kill", step=3),
-        ],
+        faults=THREE_KILLED_AT_STEP_3,
         joins=[Join(node=4, time_s=4.0), Join(node=5, time_s=4.5)],
         timeout_s=80,
     )
@@ -127,21 +126,10 @@ def test_checkpoint_survivors_too_few_for_a_pipeline_wait_for_replacements(tmp_p
 
 
 def test_waiting_for_replacements_is_bounded(tmp_path) -> None:
-    config = small_config(
-        strategy="checkpoint",
-        steps=10,
-        checkpoint_interval=2,
-        checkpoint_dir=str(tmp_path),
-        device_time=DeviceTime(forward_ms=4.0),
-        join_wait_s=1.0,
-    )
+    config = _checkpoint_config(tmp_path, join_wait_s=1.0)
     result = run_local(
         config,
-        faults=[
-            Fault(node=0, kind="kill", step=3),
-            Fault(node=1, kind="kill", step=3),
-            Fault(node=2, kind="kill", step=3),
-        ],
+        faults=THREE_KILLED_AT_STEP_3,
         timeout_s=60,
     )
     (failed,) = _events(result, "job_failed")
