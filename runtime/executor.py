@@ -20,7 +20,7 @@ from torch import nn
 from runtime import _pipelining
 from runtime.comm import Comm, PeerAborted
 from runtime.config import JobConfig
-from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines
+from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
 from runtime.model import activation_shape, loss_fn, microbatch_data
 from runtime.optim import LayerState
@@ -72,6 +72,7 @@ class Executor:
         self.plan = grad_plan(layout, home_pipelines(config))
         self.layer_numel = {i: sum(p.numel() for p in state.params) for i, state in held.items()}
         self.grads: GradAccumulator | None = None
+        self._in_order: tuple[list[Action], bool] | None = None
         self.snapshot = config.strategy != "none"
         self.current: Action | None = None
         self.hook: Callable[[int, int], None] | None = None
@@ -121,7 +122,10 @@ class Executor:
         rf_inputs: dict[tuple[int, int], torch.Tensor] = {}
         keep_alive: list[torch.Tensor] = []
         self.grads = GradAccumulator(
-            self.plan, self.node, {i: list(state.params) for i, state in self.held.items()}
+            self.plan,
+            self.node,
+            {i: list(state.params) for i, state in self.held.items()},
+            in_order=self._runs_in_order(actions),
         )
         reduces: dict[tuple[tuple[int, int], tuple[int, ...]], tuple[torch.Tensor, object]] = {}
         comm = self.comm
@@ -300,6 +304,17 @@ class Executor:
             return flat, None
         sizes = {n: self._contribution_numel(act, n) for n in act.group if n not in replicas}
         return flat, self.comm.allreduce(flat, act.group, tag=lo, replicas=replicas, sizes=sizes)
+
+    def _runs_in_order(self, actions: list[Action]) -> bool:
+        """`grad_order.runs_in_order` for this action list (the same list every step of a generation)."""
+        if self._in_order is None or self._in_order[0] is not actions:
+            backwards = [
+                (range(*self.layout.stages[act.stage]), act.microbatch)
+                for act in actions
+                if act.kind in (BACKWARD, BACKWARD_WEIGHT)
+            ]
+            self._in_order = (actions, runs_in_order(self.plan, self.node, backwards))
+        return self._in_order[1]
 
     def _contribution_numel(self, act: Action, node: int) -> int:
         return contribution_numel(self.plan, node, *act.layers, self.layer_numel)

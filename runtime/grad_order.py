@@ -92,12 +92,24 @@ class GradAccumulator:
     then adds into it, as it always does) and `end` takes the result back. A micro-batch whose turn
     in its unit has not come yet is computed into a fresh gradient and added when its turn comes, so
     the schedule's order never changes the sum.
+
+    `in_order` (see `runs_in_order`): this node holds one unit per layer and its schedule runs the
+    unit's micro-batches in summation order, so autograd's own accumulation into `.grad` already is
+    the unit: `begin` and `end` have nothing to do (the failure-free case: no cost at all).
     """
 
-    def __init__(self, plan: GradPlan, node: int, params_of_layer: dict[int, list[torch.nn.Parameter]]) -> None:
+    def __init__(
+        self,
+        plan: GradPlan,
+        node: int,
+        params_of_layer: dict[int, list[torch.nn.Parameter]],
+        *,
+        in_order: bool = False,
+    ) -> None:
         self.plan = plan
         self.node = node
         self.params_of_layer = params_of_layer
+        self.in_order = in_order
         self.sums: dict[tuple[int, Unit], list[torch.Tensor]] = {}
         self.added: dict[tuple[int, Unit], int] = {}
         self.early: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -107,6 +119,8 @@ class GradAccumulator:
         """Before the backward of `mb` over `layers`: set each parameter's `.grad` to what autograd
         should add this micro-batch's gradient into."""
         self._open = []
+        if self.in_order:
+            return
         for layer in layers:
             unit = self.plan.unit_of[(layer, mb)]
             key = (layer, unit)
@@ -139,6 +153,12 @@ class GradAccumulator:
     def contribution(self, lo: int, hi: int) -> torch.Tensor:
         """This node's units for layers [lo, hi), flattened in the order every owner expects."""
         pieces = []
+        if self.in_order:
+            for layer in range(lo, hi):
+                if self.plan.units(self.node, layer):
+                    pieces += [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                               for p in self.params_of_layer[layer]]
+            return torch.cat(pieces) if pieces else torch.empty(0)
         for layer in range(lo, hi):
             for unit in self.plan.units(self.node, layer):
                 key = (layer, unit)
@@ -149,6 +169,21 @@ class GradAccumulator:
                     )
                 pieces += [g.reshape(-1) for g in self.sums.pop(key)]
         return torch.cat(pieces) if pieces else torch.empty(0)
+
+
+def runs_in_order(plan: GradPlan, node: int, backwards: list[tuple[range, int]]) -> bool:
+    """Whether `node` holds at most one unit per layer and `backwards` (its schedule's parameter-
+    gradient actions in order, as (layers, micro-batch)) add each unit's micro-batches in their
+    summation order: then `GradAccumulator(in_order=True)` gives the same bits with no work."""
+    seen: dict[int, list[int]] = {}
+    for layers, mb in backwards:
+        for layer in layers:
+            seen.setdefault(layer, []).append(mb)
+    for layer, mbs in seen.items():
+        units = plan.units(node, layer)
+        if len(units) != 1 or tuple(mbs) != plan.members[(layer, units[0])]:
+            return False
+    return True
 
 
 def contribution_numel(plan: GradPlan, node: int, lo: int, hi: int, layer_numel: dict[int, int]) -> int:

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines
+from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout, initial_layout
 from runtime.strategies import get_strategy
 from tests.runtime.conftest import small_config
@@ -127,3 +127,20 @@ def test_home_pipelines_must_cover_the_layout() -> None:
     config = _config(strategy="recycle")
     with pytest.raises(ValueError, match="home pipelines cover 1 micro-batches; expected 4"):
         grad_plan(initial_layout(config), (0,))
+
+
+def test_runs_in_order_only_when_autograd_alone_gives_the_unit() -> None:
+    # Then the executor leaves `.grad` to autograd (no per-backward work); anything else takes the
+    # general path. The bit-for-bit tests in test_failures.py cover both paths end to end.
+    config = _config(strategy="recycle", dp=2, pp=2, microbatches=3, global_batch=24)
+    layout = initial_layout(config)
+    plan = grad_plan(layout, home_pipelines(config))
+    stage1 = range(*layout.stages[1])
+    assert runs_in_order(plan, 1, [(stage1, m) for m in (0, 1, 2)])
+    assert not runs_in_order(plan, 1, [(stage1, m) for m in (0, 2, 1)])  # the schedule's order differs
+    degraded = get_strategy("recycle").layout_for(
+        _config(strategy="recycle", recycle_spill=False, dp=2, pp=2, microbatches=3, global_batch=24),
+        [[0, 1], [2, None]],
+    )
+    plan = grad_plan(degraded, home_pipelines(config))
+    assert not runs_in_order(plan, 1, [(stage1, m) for m in range(6)])  # two units: its own and the lost one
