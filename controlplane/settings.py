@@ -113,6 +113,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "timeout": 20,
         }
     )
+    # Tests on a file too, not Django's default in-memory database: that one is shared between
+    # threads in SQLite's shared-cache mode, whose table locks fail at once ("database table is
+    # locked") instead of waiting out `timeout`, and the live-server tests run many threads at once.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_spotpipe.sqlite3")}
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
