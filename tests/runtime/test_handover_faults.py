@@ -39,6 +39,13 @@ def _config(steps: int = 16):
                         device_time=DeviceTime(forward_ms=4.0))
 
 
+def _kill_in_transfer(config, *, node: int, at: int) -> RunResult:
+    """The deferred hand-over of SETUP to replacement 4, with `node` SIGKILLed before its transfer
+    message `at`."""
+    faults = [*SETUP, Fault(node=node, kind="kill", phase="transfer", at=at)]
+    return run_local(config, faults=faults, joins=[Join(node=4, after_step=5)], timeout_s=80)
+
+
 def _events(result: RunResult, name: str) -> list[dict]:
     return [r for r in result.records if r.get("event") == name]
 
@@ -142,8 +149,7 @@ def test_third_node_killed_during_the_handover_keeps_the_math() -> None:
     # given up; in the next one node 4 already holds stage 0 at the right step, so node 0 leaves
     # without sending again, and nodes 4 and 1 train on as one pipeline.
     config = _config()
-    faults = [*SETUP, Fault(node=3, kind="kill", phase="transfer", at=0)]
-    result = run_local(config, faults=faults, joins=[Join(node=4, after_step=5)], timeout_s=80)
+    result = _kill_in_transfer(config, node=3, at=0)
     assert result.exit_codes[3] == -9 and result.exit_codes[2] == -9
     assert all(code == 0 for node, code in result.exit_codes.items() if node not in (2, 3)), result.exit_codes
     _injected_in_transfer(result, 3)
@@ -157,8 +163,7 @@ def test_third_node_killed_during_the_handover_keeps_the_math() -> None:
 
 def test_leaver_killed_mid_transfer_fails_the_job_naming_the_lost_layer() -> None:
     config = _config()
-    faults = [*SETUP, Fault(node=0, kind="kill", phase="transfer", at=1)]
-    result = run_local(config, faults=faults, joins=[Join(node=4, after_step=5)], timeout_s=80)
+    result = _kill_in_transfer(config, node=0, at=1)
     assert result.exit_codes[0] == -9 and result.exit_codes[2] == -9
     _injected_in_transfer(result, 0)
     # Everyone left exits with the reason: no hang, no false "done", the replacement included.
