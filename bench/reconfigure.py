@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Progress, print_table
+from runtime.metrics_log import read_records
 
 NOTICE_S = 3.0
 HEARTBEAT_TIMEOUT_S = 2.0
@@ -200,7 +201,7 @@ def _runtime_losses(nodes_dir: Path) -> list[dict[str, Any]]:
     """Per runtime generation change: committed steps rolled back and whether it followed a failure."""
     records = []
     for path in nodes_dir.glob("*/work/out/metrics-*.jsonl"):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records += read_records(path)
     records.sort(key=lambda r: r["time"])
     committed = 0
     failed_since = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,9 +80,19 @@ class Comm:
     """
 
     def __init__(
-        self, store: dist.Store, *, prefix: str, node: int, members: Sequence[int], timeout_s: float
+        self,
+        store: dist.Store,
+        *,
+        prefix: str,
+        node: int,
+        members: Sequence[int],
+        timeout_s: float,
+        watch: Callable[[], str | None] | None = None,
     ) -> None:
         self.node = node
+        self.watch = watch
+        """If set (hand-overs), blocking waits ask it every WATCH_POLL_S and give up with its answer
+        (see `wait_watched`); training steps wait plainly, their timeout is short."""
         self.members = tuple(members)
         self.rank_of = {n: i for i, n in enumerate(self.members)}
         self.timeout = datetime.timedelta(seconds=timeout_s)
@@ -105,7 +116,7 @@ class Comm:
         """Blocking receive, bounded by the generation's timeout."""
         work = self._world().recv([tensor], self.rank_of[src], tag)
         self.pending.append((False, work, tensor))
-        work.wait(self.timeout)
+        self._wait(work)
         if is_poison(tensor):
             raise PeerAborted(f"node {src} aborted the step (message tag {tag})")
 
@@ -114,8 +125,14 @@ class Comm:
         and waiting twice for a gloo receive blocks), then forget all of them."""
         for is_send, work, _ in self.pending:
             if is_send:
-                work.wait(self.timeout)
+                self._wait(work)
         self.pending.clear()
+
+    def _wait(self, work: Any) -> None:
+        if self.watch is None:
+            work.wait(self.timeout)
+        else:
+            wait_watched(work, self.timeout.total_seconds(), self.watch)
 
     def allreduce(
         self,
@@ -295,8 +312,49 @@ def bury() -> int:
     return len(keep)
 
 
+WATCH_POLL_S = 0.1
+"""How often a watched wait asks whether to give up (a store round trip or a few per ask)."""
+
+
+def wait_watched(work: Any, timeout_s: float, watch: Callable[[], str | None]) -> None:
+    """`work.wait(timeout_s)`, but give up (RuntimeError with `watch()`'s reason) as soon as `watch`
+    answers one, e.g. "the peer has no heartbeat" or "the generation was given up".
+
+    A hand-over's timeout must cover moving big layers (tens of seconds), so a peer hung (SIGSTOP)
+    mid-transfer would hold us that long. gloo cannot cut a wait short: a shorter timeout breaks
+    every pair of the group, and `abort()`/`shutdown()` of the group do not wake a pending wait
+    (tried, torch 2.13). So the wait runs in a daemon thread (it releases the GIL) and we poll.
+    An abandoned wait ends at its own timeout; its group is parked by `close()` meanwhile.
+    """
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work.wait(datetime.timedelta(seconds=timeout_s))
+        except BaseException as exc:  # re-raised in the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="watched-wait", daemon=True).start()
+    while not done.wait(WATCH_POLL_S):
+        reason = watch()
+        if reason is not None:
+            raise RuntimeError(reason)
+    if failed:
+        raise failed[0]
+
+
 def transfer_group(
-    store: dist.Store, *, prefix: str, node: int, members: Sequence[int], timeout_s: float
+    store: dist.Store,
+    *,
+    prefix: str,
+    node: int,
+    members: Sequence[int],
+    timeout_s: float,
+    watch: Callable[[], str | None] | None = None,
 ) -> Comm:
-    """A short-lived group for state hand-over (may include leaving nodes, which then exit)."""
-    return Comm(store, prefix=prefix, node=node, members=members, timeout_s=timeout_s)
+    """A short-lived group for state hand-over (may include leaving nodes, which then exit); `watch`
+    lets its waits give up early (`wait_watched`)."""
+    return Comm(store, prefix=prefix, node=node, members=members, timeout_s=timeout_s, watch=watch)

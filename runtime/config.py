@@ -7,6 +7,7 @@ the node agent can hand them to `python -m runtime.worker --spec JSON` unchanged
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,17 @@ class JobConfig:
     device_time: DeviceTime | None = None
     """Emulated device time per action (None: real compute time only)."""
     op_timeout_s: float = 1.5
-    """Timeout of every blocking collective / point-to-point call; bounds hang detection."""
+    """Timeout of every blocking collective / point-to-point call of a training step; bounds hang
+    detection. Kept short (about 1 s), so it does not bound state hand-overs (`transfer_timeout_s`)."""
+    transfer_timeout_s: float = 0.0
+    """Timeout of every call of a state hand-over (layers and optimizer state moved at a regroup, on a
+    short-lived transfer group); 0 (the default) derives it per hand-over (`transfer_timeout`). A
+    layer of hundreds of MB takes seconds over a network, far over `op_timeout_s`; a hung peer in a
+    hand-over is detected within this bound (bystanders within `heartbeat_timeout_s`)."""
+    transfer_floor_mb_s: float = 50.0
+    """The bandwidth (MB/s, 10^6 bytes) a hand-over is assumed to get at least, to derive
+    `transfer_timeout_s`: 50 MB/s (400 Mbit/s) is below what one TCP flow gets between cloud VMs,
+    even across zones, so the derived bound fails a slow transfer only when something is wrong."""
     heartbeat_timeout_s: float = 3.0
     """A member whose heartbeat is older than this is declared dead at rendezvous (after op_timeout_s
     of waiting, one that has not answered and whose heartbeat is older than 1.5 x op_timeout_s is too)."""
@@ -142,6 +153,22 @@ class JobConfig:
         """Nodes of the full layout."""
         return self.dp * self.pp
 
+    def transfer_timeout(self, nbytes: int) -> float:
+        """The bound of each call of a hand-over that moves `nbytes` in all (every message of it).
+
+        `transfer_timeout_s` if set, else op_timeout_s + nbytes / transfer_floor_mb_s: the op timeout
+        covers a message's latency and scheduling hiccups, as in a step, and the second term is the
+        time the bytes take at the floor bandwidth. All the hand-over's bytes are counted, not one
+        message's: a receiver's call may wait while its source sends to others first, so the
+        hand-over's whole traffic through one link is the most any call can legitimately wait.
+        Every node derives the same bound from the plan. Tiny test models get about op_timeout_s; a
+        GPT-2 XL block (d=1600, 30.7M parameters, sent as params + two AdamW moments in float64,
+        738 MB) gets op_timeout_s + 14.8 s.
+        """
+        if self.transfer_timeout_s > 0:
+            return self.transfer_timeout_s
+        return self.op_timeout_s + nbytes / (self.transfer_floor_mb_s * 1e6)
+
     def validate(self) -> None:
         """Raise `LayoutError` naming the bad value and what was expected; no process is started."""
         self.model.validate()
@@ -172,6 +199,17 @@ class JobConfig:
             raise LayoutError(f"min_stages={self.min_stages} must be between 1 and pp={self.pp}")
         if self.steps < 0:
             raise LayoutError(f"steps={self.steps} must be >= 0")
+        if not self.op_timeout_s > 0:  # `not >` also rejects NaN
+            raise LayoutError(f"op_timeout_s={self.op_timeout_s} must be a positive number of seconds")
+        if not (self.transfer_timeout_s == 0 or self.op_timeout_s <= self.transfer_timeout_s < math.inf):
+            raise LayoutError(
+                f"transfer_timeout_s={self.transfer_timeout_s} is invalid; expected 0 (derive it from the "
+                f"bytes moved) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}"
+            )
+        if not 0 < self.transfer_floor_mb_s < math.inf:
+            raise LayoutError(
+                f"transfer_floor_mb_s={self.transfer_floor_mb_s} must be a positive, finite bandwidth in MB/s"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (inverse of `from_dict`)."""

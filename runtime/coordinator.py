@@ -7,6 +7,11 @@ the store with it):
 - `dead/<node>`: set by a supervisor that saw the process exit; faster than a stale heartbeat.
 - `notice/<node>`: a preemption notice for the node; it finishes its step, hands over, leaves.
 - `joins`, `join/<i>`: replacements asking to join; `joined/<node>`: the generation that took it.
+- `spare/<node>`: a joiner the job has no slot for, with the generation that said so (its plan's
+  `spare`, or its first member when the generation has no empty slot); it stands by, heartbeating,
+  until a later generation takes it (`joined/<node>`) or the job ends.
+- `starts/<n>`: how many workers the agent of control-plane node n started; each restart joins as a
+  new node id, so a node id's keys above never need clearing (`agent/worker_entry.py::runtime_node`).
 - `done`: the job committed its last step; `failed`: why no next generation can run.
 - `left/<node>`: the node left on its notice (its state handed over); it is gone, not dead.
 - `gen/<g>/abort`: a member gave generation g up (first reason wins); members still setting g up
@@ -88,13 +93,16 @@ class Coordinator:
             self.store.wait(keys)
         return [int(self.store.get(k)) for k in keys]
 
-    def wait_joined(self, node: int, timeout_s: float) -> int | None:
-        """Block until a generation includes replacement `node`; returns that generation, or None
-        if the job finished (or failed) first."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.store.check([f"joined/{node}"]):
-                return int(self.store.get(f"joined/{node}"))
+    def wait_joined(self, node: int, timeout_s: float | None, *, spare: bool = True) -> int | None:
+        """Block until a generation includes replacement `node` -- as a member, or (with `spare`) as
+        a spare -- and return that generation; None if the job finished (or failed) first.
+        `timeout_s` None: no bound (a spare stands by until it is taken or the job ends)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        keys = [f"joined/{node}", *([f"spare/{node}"] if spare else [])]
+        while deadline is None or time.monotonic() < deadline:
+            for key in keys:  # `joined/` first: a spare taken since it was listed is a member
+                if self.store.check([key]):
+                    return int(self.store.get(key))
             if self.store.check(["done"]) or self.store.check(["failed"]):
                 return None
             time.sleep(0.005)
@@ -163,7 +171,15 @@ class Coordinator:
             self.store.add("generation", 1)
             for node in plan.get("joined", []):
                 self.store.set(f"joined/{node}", str(generation))
+            # A joiner that got no slot learns it now (it used to wait for `joined/` until the job
+            # ended or its rendezvous timeout, 60 s, and then exited as a failed worker).
+            for node in plan.get("spare", []):
+                self.tell_spare(node, generation)
         return result
+
+    def tell_spare(self, node: int, generation: int) -> None:
+        """Tell joiner `node` that `generation` has no slot for it: it stands by as a spare."""
+        self.store.set(f"spare/{node}", str(generation))
 
     def form_generation(
         self,

@@ -11,7 +11,6 @@ die with their parent via PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -27,7 +26,10 @@ import torch
 
 from runtime.config import JobConfig
 from runtime.coordinator import Coordinator, serve
+from runtime.metrics_log import read_records
 from runtime.strategies import initial_layout
+
+FAULT_KINDS = ("kill", "stop", "notice", "delay")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,7 +39,8 @@ class Fault:
     node: int
     """Victim node id."""
     kind: str
-    """`kill` (SIGKILL), `stop` (SIGSTOP: a hung node) or `notice` (graceful leave)."""
+    """`kill` (SIGKILL), `stop` (SIGSTOP: a hung node), `notice` (graceful leave) or `delay` (the
+    worker sleeps `delay_s` at that point: a slow link or a slow step; with `step` or `phase` only)."""
     step: int | None = None
     """Inject inside this step (the worker does it itself at action `at`; -1 = mid-step)."""
     at: int = -1
@@ -49,6 +52,8 @@ class Fault:
     (the first one starting at `step` or later, any if `step` is None), before the node's transfer
     message `at` (-1: the middle one; their number: after the last); a node not in the hand-over
     fires once the nodes in it have met (see `Worker._transfer_fault_hook`)."""
+    delay_s: float = 0.0
+    """`delay`: how long the worker sleeps."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,6 +86,8 @@ class RunResult:
     """Seconds from start to the last worker's exit."""
     injected: list[dict[str, Any]] = field(default_factory=list)
     """External injections the launcher made (kind, node, time)."""
+    pids: dict[int, int] = field(default_factory=dict)
+    """Per node: its process id (all of them are killed and reaped when `run_local` returns)."""
 
     def steps(self) -> list[dict[str, Any]]:
         """Per-step metrics records."""
@@ -154,6 +161,14 @@ def run_local(
     for fault in faults:
         if fault.phase not in ("step", "transfer"):
             raise ValueError(f"fault phase {fault.phase!r} is unknown; expected 'step' or 'transfer'")
+        # A worker ignores a kind it does not know, so a typo would silently inject nothing.
+        if fault.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind {fault.kind!r} is unknown; expected one of {FAULT_KINDS}")
+        if fault.kind == "delay" and (fault.time_s is not None or not fault.delay_s > 0):
+            raise ValueError(
+                f"a delay fault needs delay_s > 0 (got {fault.delay_s}) and a step or phase='transfer', "
+                f"not time_s={fault.time_s}: the worker sleeps itself"
+            )
     ctx = _context()
     store = serve(0)
     job = f"job-{uuid.uuid4().hex[:8]}"
@@ -169,7 +184,7 @@ def run_local(
 
     def start(node: int, joining: bool) -> None:
         own = [
-            {"kind": f.kind, "step": f.step, "at": f.at, "phase": f.phase}
+            {"kind": f.kind, "step": f.step, "at": f.at, "phase": f.phase, "delay_s": f.delay_s}
             for f in faults
             if f.node == node and (f.step is not None or f.phase == "transfer")
         ]
@@ -230,7 +245,7 @@ def run_local(
         for proc in procs.values():
             if proc.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]  # stopped ones too
         for proc in procs.values():
             proc.join(timeout=5)
         if tmp is not None:
@@ -264,17 +279,16 @@ def _inject(fault: Fault, procs: dict[int, Any], coord: Coordinator, stopped: se
 def _max_committed(out: Path) -> int:
     best = -1
     for path in out.glob("metrics-*.jsonl"):
-        with contextlib.suppress(OSError):
-            for line in path.read_text().splitlines():
-                if '"step_time_s"' in line:
-                    best = max(best, json.loads(line)["step"] + 1)
+        for record in read_records(path):
+            if "step_time_s" in record:
+                best = max(best, record["step"] + 1)
     return best
 
 
 def _collect(out: Path, procs: dict[int, Any], started: float, wall: float, injected: list) -> RunResult:
     records: list[dict[str, Any]] = []
     for path in out.glob("metrics-*.jsonl"):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+        records += read_records(path)
     records.sort(key=lambda r: r["time"])
     params: dict[str, torch.Tensor] = {}
     replicas: dict[str, list[torch.Tensor]] = {}
@@ -292,4 +306,5 @@ def _collect(out: Path, procs: dict[int, Any], started: float, wall: float, inje
         started=started,
         wall_s=wall,
         injected=injected,
+        pids={node: proc.pid for node, proc in procs.items()},
     )

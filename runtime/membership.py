@@ -70,14 +70,19 @@ def make_plan(
     joiners: list[int],
     checkpoint_step: int | None,
     reason: str,
+    spares: list[int] | None = None,
 ) -> Plan:
     """The next generation's plan.
 
     `alive` maps each responding old member to its record: `committed` (steps it knows committed),
     `versions` (layer -> optimizer steps applied) and `leaving` (it got a notice). A noticed node
     the job cannot do without yet is kept as a member and listed in `deferred`.
+    `joiners` are the join requests new since `previous`; `spares` the previous plan's spares that
+    are still alive (standing by outside the group). Both fill empty slots, spares first (they
+    waited longest); whoever gets no slot is listed in `spare` and stands by for a later plan.
     """
     strategy = get_strategy(config.strategy)
+    candidates = [*(spares or []), *(n for n in joiners if n not in (spares or []))]
     noticed = sorted(n for n, rec in alive.items() if rec.get("leaving"))
     lost = sorted(set(previous["members"]) - set(alive))
     grid = _give_back_slots(config, previous, alive)
@@ -85,7 +90,7 @@ def make_plan(
     def arrange(keep: set[int]) -> tuple[Slots, list[int], Layout | LayoutError]:
         staying = {n for n in alive if n not in noticed or n in keep}
         slots: Slots = [[n if n in staying else None for n in row] for row in grid]
-        slots, extra = fill_slots(slots, joiners)
+        slots, extra = fill_slots(slots, candidates)
         try:
             if not alive:
                 raise LayoutError("no member survived")
@@ -112,7 +117,7 @@ def make_plan(
         "leaving": leaving,
         "deferred": sorted(deferred),
         "lost": lost,
-        "joined": [n for n in joiners if n not in extra],
+        "joined": [n for n in candidates if n not in extra],
         "joins_consumed": previous["joins_consumed"] + len(joiners),
         "reason": reason,
     }
@@ -124,6 +129,7 @@ def make_plan(
                 **base,
                 "waiting": str(layout),
                 "members": sorted(set(alive_nodes(slots)) | set(extra)),
+                "joined": candidates,  # every candidate is a member here (none is a spare)
                 "spare": [],
                 "start_step": max(int(rec["committed"]) for rec in alive.values()),
                 "restore_step": None,

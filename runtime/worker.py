@@ -66,8 +66,9 @@ class WorkerSpec:
     out_dir: str = ""
     """If set: metrics (`metrics-<node>.jsonl`) and final parameters (`node-<node>.pt`) go here."""
     faults: list[dict[str, Any]] = field(default_factory=list)
-    """Injected faults: {"kind": "kill"|"stop"|"notice", "step": k, "at": action index or -1 (mid-step)};
-    with "phase": "transfer", during a state hand-over instead (see `Worker._transfer_fault_hook`)."""
+    """Injected faults: {"kind": "kill"|"stop"|"notice"|"delay", "step": k, "at": action index or -1
+    (mid-step), "delay_s": seconds for "delay"}; with "phase": "transfer", during a state hand-over
+    instead (see `Worker._transfer_fault_hook`)."""
 
 
 class Fenced(RuntimeError):
@@ -104,6 +105,7 @@ class Worker:
         self.committed = 0
         self.notice = False
         self.fired: set[int] = set()
+        self._state_bytes: dict[int, int] = {}
         self.comm: Comm | None = None
         self.out = Path(spec.out_dir) if spec.out_dir else None
         self.ckpt: CheckpointStore | None = None
@@ -162,6 +164,8 @@ class Worker:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault["kind"] == "notice":
             self.notice = True
+        elif fault["kind"] == "delay":
+            time.sleep(fault["delay_s"])  # a slow link or a slow step: late, not lost
 
     # -- the main loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -178,6 +182,14 @@ class Worker:
                 self.coord.request_join(self.node)
                 self._emit({"event": "join_requested", "ready_time": ready})
                 taken = self.coord.wait_joined(self.node, cfg.rendezvous_timeout_s)
+                if taken is not None:
+                    if not self.coord.store.check([f"joined/{self.node}"]):
+                        # No empty slot for us: stand by outside the group (heartbeating, so the
+                        # plan that next finds a hole -- a member dies or leaves -- takes us) until
+                        # a generation takes us or the job ends. No bound: idling is the control
+                        # plane's call (it can stop the node); the others never wait for a spare.
+                        self._emit({"event": "spare", "generation": taken})
+                    taken = self.coord.wait_joined(self.node, None, spare=False)
                 failed = self.coord.failure()
                 if failed is not None:
                     self._emit({"event": "job_failed", "reason": failed})
@@ -245,6 +257,8 @@ class Worker:
 
         def decide(records: dict[int, dict[str, Any]]) -> Plan:
             joiners = self.coord.joiners(previous["joins_consumed"], self.coord.join_count())
+            # Spares stand by outside the group; one that died (dead mark, stale heartbeat) is dropped.
+            spares = [n for n in previous.get("spare", []) if not self.coord.is_gone(n, cfg.heartbeat_timeout_s)]
             step = None
             if self.ckpt is not None:
                 committed = max(r["committed"] for r in records.values())
@@ -259,6 +273,7 @@ class Worker:
                 joiners=joiners,
                 checkpoint_step=step,
                 reason=reason,
+                spares=spares,
             )
 
         return self.coord.form_generation(
@@ -328,7 +343,9 @@ class Worker:
             self.node,
             members,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-            timeout_s=cfg.rendezvous_timeout_s,
+            # Members not in the hand-over wait here while it runs: a legitimately long one (big
+            # layers) must not run them out of time; a hung one is caught by heartbeat or abort.
+            timeout_s=cfg.rendezvous_timeout_s + (self._transfer_timeout(plan) if plan["transfers"] else 0.0),
             abort_of=generation,
         )
         ready = time.perf_counter()
@@ -353,6 +370,12 @@ class Worker:
         executor = Executor(cfg, layout, self.node, self.held, self.comm)
         index = members.index(self.node)
         deferred = set(plan.get("deferred", []))
+        # Join requests up to `told` are dealt with. When every slot is filled and nobody waits for a
+        # replacement to leave (deferred), a new joiner could only be a spare: the first member tells
+        # it so itself rather than have everyone regroup (same layout) just to say it. The next plan,
+        # whatever forms it, still sees it among the joiners since `joins_consumed`.
+        told = plan["joins_consumed"]
+        no_room = "waiting" not in plan and not deferred and all(n is not None for row in plan["slots"] for n in row)
         step = plan["start_step"]
         self.committed = step
         while step < cfg.steps:
@@ -367,7 +390,12 @@ class Worker:
             vector = torch.zeros(3 + len(members), dtype=torch.float64)
             vector[0], vector[1] = result.loss_sum, result.loss_count
             if index == 0:
-                vector[2] = self.coord.join_count() - plan["joins_consumed"]
+                pending = self.coord.join_count()
+                if no_room and pending > told:
+                    for joiner in self.coord.joiners(told, pending):
+                        self.coord.tell_spare(joiner, generation)
+                    told = pending
+                vector[2] = pending - told
             # A deferred node already told the others; it leaves once a replacement joins.
             vector[3 + index] = float(self.notice and self.node not in deferred)
             self.comm.commit(vector)
@@ -432,6 +460,31 @@ class Worker:
     def _new_layer(self, index: int) -> LayerState:
         return LayerState(index, build_layer(self.config.model, index, self.config.seed))
 
+    def _transfer_bytes(self, index: int) -> int:
+        """Bytes of layer `index`'s hand-over message (`LayerState.flat`: params and both AdamW
+        moments in float64, plus the version); shapes only, built on the meta device."""
+        if index not in self._state_bytes:
+            with torch.device("meta"):
+                module = build_layer(self.config.model, index, self.config.seed)
+            self._state_bytes[index] = 8 * (3 * sum(p.numel() for p in module.parameters()) + 1)
+        return self._state_bytes[index]
+
+    def _handover_trouble(self, generation: int, peers: list[int]) -> str | None:
+        """Why a hand-over wait should stop before its timeout: the generation was given up, or a
+        peer we exchange state with is gone (dead mark, or no heartbeat: hung)."""
+        why = self.coord.aborted(generation)
+        if why is not None:
+            return f"hand-over: generation {generation} was given up: {why}"
+        gone = [n for n in peers if self.coord.is_gone(n, self.config.heartbeat_timeout_s)]
+        if gone:
+            return f"hand-over: peers {gone} of generation {generation} are gone (dead or no heartbeat)"
+        return None
+
+    def _transfer_timeout(self, plan: Plan) -> float:
+        """The bound of every call of this plan's hand-over (`JobConfig.transfer_timeout`), from all
+        the bytes it moves: the same on every node."""
+        return self.config.transfer_timeout(sum(self._transfer_bytes(layer) for layer, _, _ in plan["transfers"]))
+
     def _apply_state(self, plan: Plan, layout: Layout) -> None:
         """Roll back / restore / receive so that we hold exactly our layers at the plan's step."""
         start = plan["start_step"]
@@ -465,16 +518,22 @@ class Worker:
                 timeout_s=self.config.rendezvous_timeout_s,
                 abort_of=plan["generation"],
             )
-            # Every call is bounded by the op timeout, like the training group's: a peer killed
-            # mid-transfer fails our calls at once (closed connection), a hung one within it.
+            # Every call is bounded by the transfer timeout, not the (short) op timeout: moving a
+            # big layer legitimately takes longer than any message of a step. A peer killed
+            # mid-transfer fails our calls at once (closed connection); one hung (SIGSTOP) is seen
+            # by its stale heartbeat, or by a member giving the generation up, not at the bound.
+            timeout = self._transfer_timeout(plan)
+            mine_moves = [t for t in transfers if self.node in t[1:]]
+            peers = sorted({n for _, src, dst in mine_moves for n in (src, dst)} - {self.node})
+            began = time.perf_counter()
             comm = transfer_group(
                 self.store_prefix(plan["generation"]),
                 prefix="xfer",
                 node=self.node,
                 members=involved,
-                timeout_s=self.config.op_timeout_s,
+                timeout_s=timeout,
+                watch=lambda: self._handover_trouble(plan["generation"], peers),
             )
-            mine_moves = [t for t in transfers if self.node in t[1:]]
             try:
                 for index, (layer, src, dst) in enumerate(mine_moves):
                     if self.spec.faults:
@@ -492,6 +551,15 @@ class Worker:
                 comm.wait_sends()
             finally:
                 comm.close()
+            self._emit(
+                {
+                    "event": "transfer",
+                    "generation": plan["generation"],
+                    "bytes": sum(self._transfer_bytes(layer) for layer, _, _ in mine_moves),
+                    "timeout_s": timeout,
+                    "seconds": time.perf_counter() - began,
+                }
+            )
         elif transfers and self.spec.faults:
             self._transfer_fault_hook(plan, 0, 0)
         if self.node in plan["leaving"]:

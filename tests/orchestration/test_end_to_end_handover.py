@@ -11,7 +11,6 @@ DP=2 x PP=2 under recycle), the two cases where a stage loses its last holder:
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from controlplane.orchestration import tasks
 from controlplane.orchestration.models import Rendezvous
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.local import LocalProvider, pid_alive
+from runtime.metrics_log import read_records
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.test_end_to_end import STORY, Beat, _node_of, assert_reference_math, wait_for
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
@@ -36,9 +36,7 @@ RUNTIME = {"op_timeout_s": 2.0, "schedule": "fiw", "recycle_spill": False,
 
 def _runtime_events(nodes_dir: Path, instance: Instance, node: int) -> list[dict]:
     path = nodes_dir / instance.provider_instance_id / "work" / "out" / f"metrics-{node}.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line and '"event"' in line]
+    return [record for record in read_records(path) if "event" in record]
 
 
 def _runtime_node(job: TrainingJob, instance: Instance) -> int:

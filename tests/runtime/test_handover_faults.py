@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config import DeviceTime, ModelSpec
+from runtime.config import DeviceTime, JobConfig, ModelSpec
 from runtime.launcher import Fault, Join, RunResult, run_local
 from runtime.membership import make_plan
 from runtime.strategies import initial_layout
@@ -44,6 +44,21 @@ def _kill_in_transfer(config, *, node: int, at: int) -> RunResult:
     message `at`."""
     faults = [*SETUP, Fault(node=node, kind="kill", phase="transfer", at=at)]
     return run_local(config, faults=faults, joins=[Join(node=4, after_step=5)], timeout_s=80)
+
+
+def dp3_config(**overrides) -> JobConfig:
+    """DP=3 x PP=2 recycle (peers only), 6 layers: stage 1 has two holders besides the lost node."""
+    return small_config(
+        strategy="recycle",
+        recycle_spill=False,
+        schedule="fiw",
+        dp=3,
+        global_batch=12,
+        steps=14,
+        model=ModelSpec(n_layer=4),
+        device_time=DeviceTime(forward_ms=4.0),
+        **overrides,
+    )
 
 
 def _events(result: RunResult, name: str) -> list[dict]:
@@ -181,16 +196,7 @@ def test_source_killed_mid_transfer_another_holder_sends_instead() -> None:
     # DP=3 x PP=2, 6 layers: node 1 (stage 1 of pipeline 0) dies; replacement 6 fetches stage 1
     # from node 3, which is killed in the middle of it. Node 5 still holds stage 1: the next plan
     # takes it from there and the job trains on.
-    config = small_config(
-        strategy="recycle",
-        recycle_spill=False,
-        schedule="fiw",
-        dp=3,
-        global_batch=12,
-        steps=14,
-        model=ModelSpec(n_layer=4),
-        device_time=DeviceTime(forward_ms=4.0),
-    )
+    config = dp3_config()
     stage1 = initial_layout(config).layers_of(1)
     assert len(stage1) >= 2, "the transfer must have a middle"
     faults = [Fault(node=1, kind="kill", step=1), Fault(node=3, kind="kill", phase="transfer", at=-1)]
