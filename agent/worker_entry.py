@@ -10,12 +10,14 @@ at its next step boundary) and `notice` in the work directory (the agent saw an 
 notice in the metadata endpoint: leave at once, before the control plane has even answered).
 The runtime itself forms its generations through the job's rendezvous store. When the runtime
 finds the job cannot go on, the worker prints `{"type": "failed", "reason": ...}` and exits with
-EXIT_JOB_FAILED.
+EXIT_JOB_FAILED. A worker started again for the same node (the agent restarts a crashed one) joins
+the running job as a replacement under a new runtime node id (`runtime_node`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
@@ -29,6 +31,23 @@ EXIT_JOB_FAILED = 4
 # Exit code of a worker the job dropped (declared gone while it was hung): restarting it as it was
 # would only be dropped again.
 EXIT_FENCED = 3
+# Runtime node id of incarnation k of control-plane node n: n + k * INCARNATION_STRIDE. Incarnation 0
+# (a node's first worker) keeps n, so nothing changes for a job without restarts; control-plane node
+# ids stay far below the stride (one per instance a job ever had).
+INCARNATION_STRIDE = 1_000_000
+
+
+def runtime_node(node: int, incarnation: int) -> int:
+    """The runtime's node id for incarnation `incarnation` (0 = first start) of control-plane node `node`.
+
+    Why a new id rather than reusing `node` for a restarted worker: in the job's store a node id
+    dies once. `dead/<id>` (and `left/<id>`, `joined/<id>`, `notice/<id>`) are never cleared,
+    because survivors may still be reading them for the crashed process -- e.g. at a rendezvous
+    that expects it -- and clearing them would make that process look alive again (a fresh
+    heartbeat under the same id: the survivors would wait for it until their rendezvous timeout)
+    or let a member with a new process and no state answer as the old one. A new id keeps every
+    key's meaning: the old incarnation stays dead, the new one is a replacement like any other."""
+    return node + incarnation * INCARNATION_STRIDE
 
 
 def emit(message: dict[str, Any]) -> None:
@@ -63,11 +82,15 @@ class _Watcher(threading.Thread):
     """Turns the agent's files into runtime notices for this node, and tells the runtime about
     members the control plane dropped before their worker ever started."""
 
-    def __init__(self, control: Path, notice: Path, node: int, coordinator: Any) -> None:
+    def __init__(self, control: Path, notice: Path, node: int, coordinator: Any, *,
+                 runtime_node: int | None = None) -> None:
         super().__init__(name="control-watch", daemon=True)
         self.control = control
         self.notice = notice
         self.node = node
+        """The control plane's node id (membership lists use it)."""
+        self.runtime_node = node if runtime_node is None else runtime_node
+        """This worker's id in the runtime (differs from `node` after a restart: `runtime_node()`)."""
         self.coordinator = coordinator
         self.done = threading.Event()
         self.notified = False
@@ -75,7 +98,7 @@ class _Watcher(threading.Thread):
     def _leave(self, why: str) -> None:
         if not self.notified:
             self.notified = True
-            self.coordinator.notify(self.node)
+            self.coordinator.notify(self.runtime_node)
             emit({"type": "leaving", "reason": why})
 
     def _forget_unstarted(self, dropped: set[int]) -> None:
@@ -130,9 +153,26 @@ def main(argv: list[str] | None = None) -> int:
 
     node = int(assignment["node"])
     initial_nodes = int(layout["dp"]) * int(layout["pp"])
+    job_id = f"job{job['id']}"
+    store = connect(layout["rendezvous"], timeout_s=60)
+    coordinator = Coordinator(store, job_id)
+    # Which start of this node's worker this is, counted in the job's store (atomic, and it survives
+    # an agent restart). The agent starts a worker again after a crash (exit code other than 0/3/4)
+    # or when the control plane gives a node that had left a `run` again. The survivors have formed
+    # a generation without the old process by then, so coming back as an original member would be
+    # fenced (exit 3): a later start joins as a replacement (the runtime's join path: an empty slot,
+    # layers fetched from their holders, or a spare) under a new incarnation id.
+    incarnation = coordinator.store.add(f"starts/{node}", 1) - 1
+    if incarnation > 0:
+        # The agent starts a worker only once the previous one exited: say so at once, so survivors
+        # still waiting for that process (a rendezvous, a store barrier) need not wait for its
+        # heartbeat to go stale.
+        coordinator.mark_dead(runtime_node(node, incarnation - 1))
+        emit({"type": "rejoining", "incarnation": incarnation, "runtime_node": runtime_node(node, incarnation)})
+    me = runtime_node(node, incarnation)
     worker_spec = WorkerSpec(
-        job_id=f"job{job['id']}", node=node, rendezvous=layout["rendezvous"], config=job_config(job, layout),
-        generation=0, joining=node >= initial_nodes, out_dir=str(out_dir),
+        job_id=job_id, node=me, rendezvous=layout["rendezvous"], config=job_config(job, layout),
+        generation=0, joining=incarnation > 0 or node >= initial_nodes, out_dir=str(out_dir),
     )
 
     class AgentWorker(Worker):
@@ -147,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
               "samples_per_s": record.get("samples_per_s"), "stage_times": record.get("stage_times_s") or {},
               "generation": generation["number"], "runtime_generation": record.get("generation")})
 
-    store = connect(layout["rendezvous"], timeout_s=60)
-    watcher = _Watcher(args.control, work_dir / "notice", node, Coordinator(store, worker_spec.job_id))
+    watcher = _Watcher(args.control, work_dir / "notice", node, coordinator, runtime_node=me)
     watcher.start()
     try:
         summary = AgentWorker(worker_spec, on_step).run()
@@ -158,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     except JobCannotContinue as exc:
         emit({"type": "failed", "reason": exc.reason})
         return EXIT_JOB_FAILED
+    except Exception:
+        # A crash: this process is about to go. Say so in the store at once, so the survivors
+        # regroup without waiting for its heartbeat to go stale (2.5 s in the restart test); the
+        # agent starts the worker again as a new incarnation. Best effort: the store may be gone.
+        with contextlib.suppress(Exception):
+            coordinator.mark_dead(me)
+        raise
     finally:
         watcher.done.set()
         del store

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
 
 from controlplane.orchestration.providers.local import LocalProvider
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll `predicate` every 20 ms until it holds (True) or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def free_port() -> int:

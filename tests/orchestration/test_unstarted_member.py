@@ -17,6 +17,7 @@ from agent.worker_entry import _Watcher
 from runtime.coordinator import Coordinator, serve
 from runtime.reference import train_reference
 from runtime.worker import WorkerSpec, spec_json
+from tests.orchestration.conftest import wait_for
 from tests.runtime.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,15 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _generation(number: int, nodes: list[int]) -> str:
     return json.dumps({"number": number, "membership": [{"node": n} for n in nodes]})
-
-
-def _wait(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.timeout(30)
@@ -48,7 +40,7 @@ def test_watcher_marks_dead_only_dropped_members_that_never_started(tmp_path) ->
         time.sleep(0.2)  # the watcher read generation 1
         assert not store.check(["dead/3"]), "nothing is dropped yet"
         control.write_text(_generation(2, [0, 2, 4]))  # 1 and 3 dropped, 4 a replacement
-        assert _wait(lambda: store.check(["dead/3"]))
+        assert wait_for(lambda: store.check(["dead/3"]))
         time.sleep(0.2)
         assert not store.check(["dead/1"]), "a started member leaves by its own notice, it is not dead"
         assert not store.check(["notice/0"]), "this node is still a member"
@@ -72,7 +64,7 @@ def test_survivors_train_without_a_member_that_never_started_once_it_is_marked_d
             procs.append(subprocess.Popen([sys.executable, "-m", "runtime.worker", "--spec", spec_json(spec)],
                                           cwd=REPO, stdout=subprocess.PIPE, text=True))
         coordinator = Coordinator(store, "job-u")
-        assert _wait(lambda: all(coordinator.store.check([f"hb/{n}"]) for n in (0, 1, 2)), timeout_s=60)
+        assert wait_for(lambda: all(coordinator.store.check([f"hb/{n}"]) for n in (0, 1, 2)), timeout_s=60)
         time.sleep(1.0)  # they are waiting for node 3 at the rendezvous
         coordinator.mark_dead(3)  # what the watcher does when the control plane drops it
         outs = [p.communicate(timeout=60)[0] for p in procs]
