@@ -16,4 +16,4 @@ COPY spotpipe ./spotpipe
 COPY manage.py ./
 RUN pip install -e .
 EXPOSE 8000
-CMD ["gunicorn", "controlplane.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]
+CMD ["python", "-m", "granian", "--interface", "wsgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "3", "--blocking-threads", "16", "--no-ws", "controlplane.wsgi:application"]

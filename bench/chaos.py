@@ -3,7 +3,7 @@
     python -m bench chaos [--quick] [--json PATH] [--seed N] [--steps N] [--var-dir DIR]
 
 The stack is real and private to the soak: its own PostgreSQL cluster and Redis server (free ports,
-data in the var dir), the web server (gunicorn, threaded), a Celery worker and Celery beat, and the
+data in the var dir), the web server (granian, threaded), a Celery worker and Celery beat, and the
 local provider's nodes (agent + torch runtime) training a DP=2 x PP=2 GPT job with the recycle
 strategy. Faults, in a seeded order, spread over the job's progress:
 
@@ -178,11 +178,11 @@ class Soak:
 
         self.stack = processes.Stack(var_dir=self.var_dir, env={})
         self.provider = LocalProvider(self.var_dir / "nodes", start_timeout_s=60)
-        self.stack.start_gunicorn(host="127.0.0.1", port=self.web_port, workers=1, threads=48)
+        self.stack.start_granian(host="127.0.0.1", port=self.web_port, workers=1, threads=48)
         self.stack.start_worker(concurrency=3)
         self.stack.start_beat()
         self.wait_web(timeout_s=60)
-        self.say(f"stack up: web (gunicorn gthread) {self.base}, Celery worker and beat; logs in {self.stack.log_dir}")
+        self.say(f"stack up: web (granian) {self.base}, Celery worker and beat; logs in {self.stack.log_dir}")
 
     def wait_web(self, *, timeout_s: float) -> float:
         started = time.monotonic()
@@ -316,7 +316,7 @@ class Soak:
             from spotpipe import processes
 
             processes.stop(self.stack.procs.pop("web"), timeout=8.0)
-            self.stack.start_gunicorn(host="127.0.0.1", port=self.web_port, workers=1, threads=48)
+            self.stack.start_granian(host="127.0.0.1", port=self.web_port, workers=1, threads=48)
             self.wait_web(timeout_s=60)
             record.detail = "stopped the web server (SIGTERM) and started it again"
         elif kind == "postgres":
@@ -386,7 +386,7 @@ class Soak:
         elif name == "beat":
             self.stack.start_beat()
         else:
-            self.stack.start_gunicorn(host="127.0.0.1", port=self.web_port, workers=1, threads=48)
+            self.stack.start_granian(host="127.0.0.1", port=self.web_port, workers=1, threads=48)
         self.say(f"UNPLANNED: the {name} exited by itself (code {code}); restarted it as a supervisor would "
                  f"(see {self.stack.log_dir}/{name}.log)")
 

@@ -1,5 +1,7 @@
-"""WSGI entry point (gunicorn controlplane.wsgi). The inbound webhooks take a shorter middleware
-stack (controlplane/webhooks/wsgi.py); every other path takes Django's usual handler."""
+"""WSGI entry point (`granian --interface wsgi controlplane.wsgi:application`). The inbound
+webhooks take a shorter middleware stack (controlplane/webhooks/wsgi.py); every other path takes
+Django's usual handler. No request sees the server process's environment variables
+(controlplane/common/wsgi_environ.py)."""
 
 import os
 
@@ -8,6 +10,7 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 application = get_wsgi_application()
 
+from controlplane.common.wsgi_environ import DropProcessEnviron  # noqa: E402
 from controlplane.webhooks.wsgi import WebhookDispatch  # noqa: E402  (needs Django set up)
 
-application = WebhookDispatch(application)
+application = DropProcessEnviron(WebhookDispatch(application))

@@ -31,6 +31,18 @@ def start(args: list[str], *, log_path: Path, env: dict[str, str] | None = None)
         )
 
 
+def granian_args(*, host: str, port: int, workers: int, threads: int, kill_timeout_s: int = 3) -> list[str]:
+    """`python -m granian ...` arguments for the control plane's WSGI application: the product's
+    web server (docker-compose, `spotpipe`'s local stacks, the benchmarks). Why granian and not
+    gunicorn: it parses HTTP in Rust, which halved the web server's CPU per webhook notice
+    (docs/webhooks.md, "Measured"). Each WSGI request holds one of a worker's `threads` blocking
+    threads for its whole duration, as in gunicorn's gthread workers (agents' long-polls included)."""
+    return ["-m", "granian", "--interface", "wsgi", "--host", host, "--port", str(port),
+            "--workers", str(workers), "--blocking-threads", str(threads), "--no-ws",
+            "--workers-kill-timeout", str(kill_timeout_s), "--log-level", "warning",
+            "controlplane.wsgi:application"]
+
+
 def stop(proc: subprocess.Popen, *, timeout: float = 10.0) -> None:
     """SIGTERM the process group, then SIGKILL what is left of it after `timeout` seconds."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -121,12 +133,11 @@ class Stack:
     def start_web(self, *, host: str, port: int) -> None:
         self._start("web", ["manage.py", "runserver", f"{host}:{port}", "--noreload", "--skip-checks"])
 
-    def start_gunicorn(self, *, host: str, port: int, workers: int = 2, threads: int = 24) -> None:
-        """The production-like web server: gunicorn's threaded workers (each agent holds a thread in
-        its long-poll), a short graceful timeout so that a restart does not wait for long-polls."""
-        self._start("web", ["-m", "gunicorn", "controlplane.wsgi:application", "--bind", f"{host}:{port}",
-                            "--worker-class", "gthread", f"--workers={workers}", f"--threads={threads}",
-                            "--graceful-timeout=3", "--timeout=60"])
+    def start_granian(self, *, host: str, port: int, workers: int = 2, threads: int = 24) -> None:
+        """The production web server (as docker-compose runs it): granian's WSGI workers, each with
+        `threads` blocking threads (each agent holds one in its long-poll), and a short kill timeout
+        so that a restart does not wait for long-polls."""
+        self._start("web", granian_args(host=host, port=port, workers=workers, threads=threads))
 
     def start_worker(self, *, concurrency: int = 3) -> None:
         # A node name of its own: on a shared Redis, other workers must not be mistaken for ours.

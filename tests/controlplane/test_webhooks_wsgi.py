@@ -13,6 +13,7 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections, connection
 from django.test.utils import CaptureQueriesContext
 
+from controlplane.common.wsgi_environ import DropProcessEnviron
 from controlplane.fleet.models import InterruptionNotice
 from controlplane.fleet.notices import NoticeDraft, notices_store
 from controlplane.webhooks.credentials import credentials_cache_clear
@@ -66,7 +67,7 @@ def call(method: str, path: str, body: bytes = b"", **headers: str) -> tuple[int
 
 
 def test_the_entry_point_dispatches_webhooks_to_their_own_handler():
-    assert isinstance(application, WebhookDispatch)
+    assert isinstance(application, DropProcessEnviron) and isinstance(application.app, WebhookDispatch)
     # Loading the webhook stack left the site's middleware setting as it was.
     assert "django.contrib.sessions.middleware.SessionMiddleware" in settings.MIDDLEWARE
     assert set(settings.MIDDLEWARE) >= WEBHOOK_MIDDLEWARE

@@ -1,0 +1,134 @@
+"""The product's web server (granian, started exactly as `spotpipe.processes.granian_args` and
+docker-compose start it) in front of the control plane: a real process on loopback, the test's
+database, real HTTP. What only a real server shows: the notice is stored and answered, a replay
+is answered without a second row, an oversized body is refused by the view, and the server's own
+environment variables never reach a request."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from controlplane.common.wsgi_environ import DropProcessEnviron, process_only_keys
+from controlplane.fleet.models import InterruptionNotice
+from spotpipe.processes import granian_args
+from tests.controlplane.factories import make_team, make_webhook_credential
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEAM = "server-team"
+
+
+def _database_url() -> str:
+    """The URL of the database this test runs on (pytest-django's test database)."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{Path(s['NAME']).resolve()}"
+    user = s.get("USER") or "postgres"
+    return f"postgres://{user}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "SPOTPIPE_NOTICE_HANDOFF": "none",  # no broker needed: the stored rows are what is checked
+        "SPOTPIPE_VAR_DIR": str(tmp_path),
+    }
+    log = (tmp_path / "web.log").open("wb")
+    proc = subprocess.Popen([sys.executable, *granian_args(host="127.0.0.1", port=port, workers=1, threads=4)],
+                            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "web.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"{base}/api/v1/webhooks/aws/eventbridge/{TEAM}/", timeout=2).close()
+                break
+            except urllib.error.HTTPError:
+                break  # 405 for a GET: the server and Django answer
+            except OSError:
+                assert time.monotonic() < deadline, "granian did not answer within 60 s"
+                time.sleep(0.2)
+        yield base
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
+EVENT = {
+    "version": "0", "id": "server-ev-1", "source": "aws.ec2", "detail-type": "EC2 Spot Instance Interruption Warning",
+    "account": "123456789012", "time": "2026-11-20T14:02:00Z", "region": "us-east-1", "resources": [],
+    "detail": {"instance-id": "i-0aaaabbbbccccdddd", "instance-action": "terminate"},
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_granian_serves_the_webhooks_stores_once_and_refuses_an_oversized_body(server):
+    team = make_team(TEAM)
+    _, key = make_webhook_credential(team, "aws_eventbridge", "api_key", header_name="x-api-key")
+    url = f"{server}/api/v1/webhooks/aws/eventbridge/{TEAM}/"
+    headers = {"Content-Type": "application/json", "x-api-key": key}
+
+    status, body = _post(url, json.dumps(EVENT).encode(), headers)
+    assert status == 202, body
+    replay_status, _ = _post(url, json.dumps(EVENT).encode(), headers)
+    assert replay_status == 200
+    rows = InterruptionNotice.objects.values_list("cloud_event_id", "provider_instance_id", "status")
+    assert list(rows) == [("server-ev-1", "i-0aaaabbbbccccdddd", "received")]
+
+    big = json.dumps({**EVENT, "id": "server-ev-big", "pad": "x" * (1024 * 1024)}).encode()
+    status, body = _post(url, big, headers)
+    assert status == 413 and "1048576-byte limit" in body["detail"]
+    bad_key_status, body = _post(url, json.dumps({**EVENT, "id": "server-ev-2"}).encode(),
+                                 {**headers, "x-api-key": "wrong"})
+    assert bad_key_status == 401, body
+    assert InterruptionNotice.objects.count() == 1
+
+
+def test_the_process_environment_is_dropped_from_every_request():
+    seen: dict = {}
+
+    def inner(environ, start_response):
+        seen.update(environ)
+        return [b""]
+
+    app = DropProcessEnviron(inner, env=["DATABASE_URL", "SECRET_KEY", "HTTP_PROXY", "SERVER_NAME", "PATH"])
+    app({"DATABASE_URL": "postgres://secret", "SECRET_KEY": "k", "PATH": "/usr/bin", "PATH_INFO": "/x",
+         "HTTP_PROXY": "from-a-header", "SERVER_NAME": "host", "REQUEST_METHOD": "GET", "wsgi.input": None},
+        lambda *a: None)
+    assert set(seen) == {"PATH_INFO", "HTTP_PROXY", "SERVER_NAME", "REQUEST_METHOD", "wsgi.input"}
+    # A request's own keys are never dropped, whatever the process environment holds.
+    assert process_only_keys(["HTTP_X", "wsgi.errors", "CONTENT_TYPE", "REMOTE_ADDR", "HOME"]) == {"HOME"}
