@@ -1,18 +1,21 @@
-"""Webhook ingest benchmark: the real server (gunicorn, PostgreSQL, Redis, a Celery worker) on
+"""Webhook ingest benchmark: the real server (granian, PostgreSQL, Redis, a Celery worker) on
 loopback, driven by a bounded burst of EventBridge spot notices with 20% duplicates.
 
 Variants, each against the same server code and a fresh set of rows:
 - `batched`: the default hand-off (idempotent insert + coalesced kick; workers drain in batches);
 - `batched_nice`: the same, with the Celery worker at nice 10 (ingest has the CPU first when the
   web server and the worker share the machine, as here);
+- `batched_gunicorn`: `batched` on gunicorn (gthread workers), the web server the product ran
+  before granian: the baseline for the server's share;
 - `per_request`: the baseline, one Celery publish per stored notice (`process_notice.delay`);
 - `insert_only`: no hand-off at all (the sweep picks up the rows later): the ingest ceiling;
 - `parse_only`: a route that only reads and parses the body (mounted when
   SPOTPIPE_BENCH_ENDPOINTS=1): what this server costs per request at best.
 
-The server: gunicorn with gthread workers and keep-alive (as docker-compose runs it), or sync
-workers (`--worker-class sync`, one connection per request), or granian (`--server granian`, if
-installed). The client: wrk with bench/webhooks_wrk.lua over keep-alive connections when wrk is
+The server: granian's WSGI workers with blocking threads and keep-alive (as docker-compose runs
+it, `spotpipe.processes.granian_args`), or gunicorn (`--server gunicorn`, or a variant's `_gunicorn`
+suffix) with gthread workers and keep-alive, or sync workers (`--worker-class sync`, one connection
+per request). The client: wrk with bench/webhooks_wrk.lua over keep-alive connections when wrk is
 installed (Debian's `wrk`), else the Python client (one connection per request); `--client`
 chooses, and the table and JSON say which client produced the figures. Every server process is
 warmed up (a few hundred requests that write nothing) before the clock starts.
@@ -57,22 +60,24 @@ REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 TEAM = "bench-team"
 API_KEY = "sp_wh_bench-key-not-secret"
 TARGET_RATE, TARGET_P99_MS = 1000.0, 50.0
-DEFAULT_VARIANTS = "parse_only,insert_only,batched,batched_nice,per_request"
+DEFAULT_VARIANTS = "parse_only,insert_only,batched,batched_nice,batched_gunicorn,per_request"
+SERVERS = ("granian", "gunicorn")
 
 
 def parse_args(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench webhooks")
     parser.add_argument("--requests", type=int, help="requests per variant (default 6000, quick 2000)")
     parser.add_argument("--connections", type=int, default=8, help="concurrent client connections")
-    parser.add_argument("--web-workers", type=int, default=3, help="gunicorn worker processes")
-    parser.add_argument("--server", choices=["gunicorn", "granian"], default="gunicorn",
-                        help="HTTP server: gunicorn (the product's), or granian (Rust HTTP, WSGI; pip install granian)")
+    parser.add_argument("--web-workers", type=int, default=3, help="web server worker processes")
+    parser.add_argument("--server", choices=list(SERVERS), default="granian",
+                        help="HTTP server of variants without a server suffix: granian (the product's) or gunicorn")
     parser.add_argument("--worker-class", choices=["gthread", "sync"], default="gthread",
                         help="gunicorn worker class: gthread keeps connections alive, sync closes each one")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn gthread or granian worker")
     parser.add_argument("--client", choices=["auto", "wrk", "python"], default="auto",
                         help="load generator: wrk (keep-alive, Lua script) when installed, else the Python client")
-    parser.add_argument("--variants", default=DEFAULT_VARIANTS)
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS,
+                        help="comma-separated; a suffix _granian or _gunicorn runs that variant on that server")
     return vars(parser.parse_args(argv))
 
 
@@ -449,7 +454,7 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> No
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {proc.returncode}; see var/logs/bench-webhooks-gunicorn.log")
+            raise RuntimeError(f"the web server exited with {proc.returncode}; see var/logs/bench-webhooks-web.log")
         try:
             _send(
                 port,
@@ -459,7 +464,7 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> No
             return
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError("gunicorn did not start")
+    raise RuntimeError("the web server did not start")
 
 
 def _warm_up(port: int, connections: int, rounds: int = 25) -> None:
@@ -544,11 +549,19 @@ def _quiet_path(port: int, instance_ids: list[str], n: int) -> dict:
     }
 
 
+def _split_server(name: str, default: str) -> tuple[str, str]:
+    """`batched_gunicorn` -> (`batched`, `gunicorn`); a name without a server suffix runs on `default`."""
+    for server in SERVERS:
+        if name.endswith(f"_{server}"):
+            return name.removesuffix(f"_{server}"), server
+    return name, default
+
+
 def _server_cmd(port: int, *, server: str, web_workers: int, worker_class: str, threads: int) -> list[str]:
     if server == "granian":
-        return [str(BIN / "granian"), "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
-                "--workers", str(web_workers), "--blocking-threads", str(threads), "--no-ws", "--log-level",
-                "warning", "controlplane.wsgi:application"]
+        from spotpipe.processes import granian_args
+
+        return [PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers, threads=threads)]
     cmd = [str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{port}",
            "-w", str(web_workers), "-k", worker_class, "--backlog", "2048", "--log-level", "warning"]
     if worker_class == "gthread":
@@ -565,7 +578,7 @@ def _server_label(server: str, web_workers: int, worker_class: str, threads: int
 
 
 def _variant(
-    name: str, *, n: int, connections: int, server: str, web_workers: int, worker_class: str, threads: int,
+    name: str, *, label: str, n: int, connections: int, server: str, web_workers: int, worker_class: str, threads: int,
     client: str,
     instance_ids: list[str], progress: Progress, logs: Path,
 ) -> dict:
@@ -578,7 +591,7 @@ def _variant(
     port = _free_port()
     env = _env(SPOTPIPE_NOTICE_HANDOFF=handoff, SPOTPIPE_BENCH_ENDPOINTS="1")
     web = _start(_server_cmd(port, server=server, web_workers=web_workers, worker_class=worker_class,
-                             threads=threads), env, logs / "bench-webhooks-gunicorn.log")
+                             threads=threads), env, logs / "bench-webhooks-web.log")
     # No beat: other apps' periodic tasks (reconcile, dead-agent detection) are not part of this
     # measurement; `_wait_processed` sends the notice sweep every 5 s as beat would.
     # batched_nice: the same product path, with the Celery worker at a lower CPU priority than the
@@ -597,7 +610,7 @@ def _variant(
             "--prefetch-multiplier",
             "1",
             "-n",
-            f"bench-{name}@%h",
+            f"bench-{label}@%h",
         ],
         env,
         logs / "bench-webhooks-worker.log",
@@ -633,7 +646,7 @@ def _variant(
         _stop(worker)
     accepted = burst["statuses"].get(202, 0) + burst["statuses"].get(200, 0)
     return {
-        "variant": name,
+        "variant": label,
         "client": client,
         "server": _server_label(server, web_workers, worker_class, threads),
         "requests": burst["sent"],
@@ -675,7 +688,7 @@ def run(
     requests: int | None = None,
     connections: int = 8,
     web_workers: int = 3,
-    server: str = "gunicorn",
+    server: str = "granian",
     worker_class: str = "gthread",
     threads: int = 4,
     client: str = "auto",
@@ -687,8 +700,6 @@ def run(
         client = "wrk" if _wrk_binary() else "python"
     elif client == "wrk" and not _wrk_binary():
         raise SystemExit("wrk is not installed (apt-get install wrk), or use --client python")
-    if server == "granian" and not (BIN / "granian").exists():
-        raise SystemExit("granian is not installed (pip install granian), or use --server gunicorn")
     logs = ROOT / "var" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     _prepare_database(progress)
@@ -696,12 +707,14 @@ def run(
     instance_ids = _seed(400 if quick else 1200)
     results = {}
     for name in [v.strip() for v in variants.split(",") if v.strip()]:
+        base, variant_server = _split_server(name, server)
         results[name] = _variant(
-            name,
+            base,
+            label=name,
             n=n,
             connections=connections,
             web_workers=web_workers,
-            server=server,
+            server=variant_server,
             worker_class=worker_class,
             threads=threads,
             client=client,
@@ -712,6 +725,7 @@ def run(
     rows = [
         [
             r["variant"],
+            r["server"],
             r["requests"],
             r["notices_per_s"],
             r["p50_ms"],
@@ -733,10 +747,11 @@ def run(
     ]
     print_table(
         f"webhook ingest, {n} EventBridge notices (20% duplicates), {connections} connections, "
-        f"client {client}, {_server_label(server, web_workers, worker_class, threads)}, PostgreSQL, Redis, "
+        f"client {client}, {web_workers} web workers x {threads} threads, PostgreSQL, Redis, "
         f"celery -c 2, {os.cpu_count()} cores",
         [
             "variant",
+            "server",
             "requests",
             "notices/s",
             "p50 ms",
@@ -778,6 +793,12 @@ def run(
             ratios[f"{product}_vs_per_request_p99"] = round(b["p99_ms"] / p["p99_ms"], 2)
             ratios[f"{product}_vs_per_request_e2e_processed_per_s"] = round(
                 b["end_to_end_processed_per_s"] / max(p["end_to_end_processed_per_s"], 1e-9), 2
+            )
+        if f"{product}_gunicorn" in results and server == "granian":
+            g = results[f"{product}_gunicorn"]
+            ratios[f"{product}_vs_{product}_gunicorn_notices_per_s"] = round(b["notices_per_s"] / g["notices_per_s"], 2)
+            ratios[f"{product}_vs_{product}_gunicorn_web_cpu_per_request"] = round(
+                b["web_cpu_ms_per_request"] / g["web_cpu_ms_per_request"], 2
             )
         for base in ("insert_only", "parse_only"):
             if base in results:

@@ -18,8 +18,9 @@ logger = logging.getLogger(__name__)
 )
 def drain_notices() -> dict:
     """Claim stored notices in batches and react to each. Safe to run twice or concurrently."""
+    notices.drain_pace()
     notices.drain_started()
-    result = notices.notices_drain()
+    result = notices.notices_drain(paced=True)
     if result.more:
         # Hand the rest to a fresh task instead of holding this worker past its budget.
         drain_notices.delay()

@@ -113,7 +113,8 @@ class Reconfiguration(models.Model):
     `trigger_key` makes the decision idempotent: a replayed notice or a task that runs twice finds
     the existing row instead of reconfiguring again."""
 
-    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="reconfigurations")
+    # (job, trigger_key)'s unique index serves lookups by job: no single-column index to write.
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="reconfigurations", db_index=False)
     trigger = models.CharField(max_length=20, choices=ReconfigurationTrigger.choices)
     trigger_key = models.CharField(max_length=200)
     strategy = models.CharField(max_length=20, choices=Strategy.choices)
@@ -173,7 +174,8 @@ class MetricSample(models.Model):
 class JobEvent(models.Model):
     """The job's timeline: submitted, node acquired, notice, preempted, re-routed, joined, finished."""
 
-    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    # (job, at) serves lookups by job: no single-column index to write on every event.
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events", db_index=False)
     kind = models.CharField(max_length=40)
     message = models.CharField(max_length=300)
     data = models.JSONField(default=dict, blank=True)

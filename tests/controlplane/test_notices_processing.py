@@ -224,6 +224,9 @@ class _FakeRedis:
         self.keys[key] = value
         return True
 
+    def get(self, key):
+        return self.keys.get(key)
+
     def delete(self, key):
         self.keys.pop(key, None)
 
@@ -290,3 +293,42 @@ def test_a_batch_costs_the_same_statements_for_2_notices_as_for_20():
         assert list(instance.events.values_list("from_state", "to_state"))[-1] == ("running", "notice")
     assert InterruptionNotice.objects.filter(status=NoticeStatus.PROCESSED).count() == 22
     assert JobEvent.objects.filter(kind="instance_interruption").count() == 22
+
+
+def test_a_paced_drain_stops_once_it_has_caught_up(monkeypatch):
+    """The kicked drain ends after a claim that came back short: what arrives later gets its own
+    paced drain (one big batch) instead of a stream of small claims from this one."""
+    team = make_team()
+    claims: list[list[int]] = []
+    real_claim = notices.notices_claim
+
+    def claim(*, limit):
+        claims.append(real_claim(limit=limit))
+        return claims[-1]
+
+    monkeypatch.setattr(notices, "notices_claim", claim)
+    notices_store(drafts=[draft(team, f"i-{n}", f"a{n}") for n in range(5)])
+    assert notices_drain(batch_size=3, paced=True).processed == 5
+    assert [len(c) for c in claims] == [3, 2]  # no claim after the short one
+    claims.clear()
+    notices_store(drafts=[draft(team, f"i-{n}", f"b{n}") for n in range(5)])
+    assert notices_drain(batch_size=3).processed == 5  # the sweep's drain claims until nothing is left
+    assert [len(c) for c in claims] == [3, 2, 0]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "per-process"])
+def test_drains_start_at_most_once_per_spacing(monkeypatch, settings, shared):
+    settings.SPOTPIPE_NOTICE_DRAIN_SPACING_S = 0.25
+    fake = _FakeRedis()
+    monkeypatch.setattr(notices, "_pending_store", lambda: fake if shared else None)
+    monkeypatch.setattr(notices, "_last_drain_start", 0.0)
+    slept: list[float] = []
+    monkeypatch.setattr(notices.time, "sleep", slept.append)
+    notices.drain_pace()  # the first drain after a quiet spell starts at once
+    assert slept == []
+    notices.drain_pace()  # the next one waits out the rest of the spacing
+    assert len(slept) == 1 and 0.2 < slept[0] <= 0.25
+    assert bool(fake.keys) is shared  # shared by every worker process through Redis when there is one
+    settings.SPOTPIPE_NOTICE_DRAIN_SPACING_S = 0  # pacing off
+    notices.drain_pace()
+    assert len(slept) == 1
