@@ -295,11 +295,52 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             "overall_samples_per_s": cfg.global_batch * (len(commits) - 1) / span if span else None,
         }
     figures["recycle_cases"] = cases
+    figures["paired_rounds"] = paired_rounds(quick=quick, progress=progress)
     figures["schedule_simulation"] = simulated_steps()
     # Other work on the machine skews every figure; say how busy it was.
     figures["setup"]["load_average_at_end"] = os.getloadavg()[0]
     _print(figures)
     return figures
+
+
+# Failure-free runs compared in pairs, and the kill repeated: one run's figure moves by a few
+# percent with whatever else the machine does, which is more than the 2% target it is held to.
+PAIRS = (("recycle", "none-fiw"), ("bamboo", "none"))
+
+
+def paired_rounds(*, quick: bool, progress: Progress) -> dict[str, Any]:
+    """Rounds of short failure-free runs of each strategy next to its baseline (the order flips every
+    round, so a drift in the machine's load hits both alike), and of recycle with one SIGKILL.
+    Returns per-round overheads and kill -> next commit times with their medians and ranges."""
+    rounds, steps = (3, 16) if quick else (5, 30)
+    keys = sorted({k for pair in PAIRS for k in pair})
+    speeds: dict[str, list[float]] = {k: [] for k in keys}
+    kills: list[float] = []
+    for r in range(rounds):
+        progress.step(f"paired rounds: round {r + 1}/{rounds} (failure-free {', '.join(keys)}; recycle kill)")
+        for key in keys if r % 2 == 0 else reversed(keys):
+            cfg = _config(key.split("-")[0], steps=steps, emulated=True, schedule="fiw" if key == "none-fiw" else None)
+            speeds[key].append(analyze(_run(cfg), cfg, fault_step=None)["failure_free_samples_per_s"])
+        cfg = _config("recycle", steps=steps, emulated=True)
+        killed = analyze(_run(cfg, faults=[Fault(node=KILLED, kind="kill", step=steps // 2)]), cfg,
+                         fault_step=steps // 2)
+        if killed.get("failure_to_next_commit_s") is not None:
+            kills.append(killed["failure_to_next_commit_s"])
+    out: dict[str, Any] = {"rounds": rounds, "steps_per_run": steps, "mode": "emulated"}
+    for strategy, base in PAIRS:
+        overheads = [1 - s / b for s, b in zip(speeds[strategy], speeds[base], strict=True)]
+        out[f"{strategy}_vs_{base}_failure_free_overhead"] = {
+            "per_round": overheads,
+            "median": statistics.median(overheads),
+            "min": min(overheads),
+            "max": max(overheads),
+        }
+    out["recycle_kill_to_next_commit_s"] = {
+        "per_round": kills,
+        "median": statistics.median(kills) if kills else None,
+        "max": max(kills) if kills else None,
+    }
+    return out
 
 
 def simulated_steps() -> dict[str, Any]:
@@ -394,14 +435,36 @@ def _print(figures: dict[str, Any]) -> None:
     def speed(key: str) -> float:
         return em[key].get("failure_free_samples_per_s") or float("nan")
 
+    paired = figures["paired_rounds"]
+    n = paired["rounds"]
+
+    def spread(entry: dict[str, Any], fmt: Any) -> str:
+        return f"{fmt(entry['median'])} (range {fmt(entry['min'])} .. {fmt(entry['max'])})"
+
+    kill_rounds = paired["recycle_kill_to_next_commit_s"]
     targets = [
-        ["recycle failure-free overhead vs none (1F1B)", "<= 2%", _pct(1 - speed("recycle") / speed("none"))],
         [
-            "recycle failure-free overhead vs none-fiw (same schedule)",
+            f"recycle failure-free overhead vs none-fiw, median of {n} paired rounds",
+            "<= 2%",
+            spread(paired["recycle_vs_none-fiw_failure_free_overhead"], _pct),
+        ],
+        [
+            f"bamboo failure-free overhead vs none, median of {n} paired rounds",
+            "<= 10%",
+            spread(paired["bamboo_vs_none_failure_free_overhead"], _pct),
+        ],
+        [
+            f"recycle kill -> next committed step (s), median of {n} rounds",
+            "<= 0.5",
+            f"{kill_rounds['median']:.3f} (max {kill_rounds['max']:.3f})" if kill_rounds["per_round"] else "-",
+        ],
+        ["recycle failure-free overhead vs none (1F1B), one run", "<= 2%", _pct(1 - speed("recycle") / speed("none"))],
+        [
+            "recycle failure-free overhead vs none-fiw (same schedule), one run",
             "<= 2%",
             _pct(1 - speed("recycle") / speed("none-fiw")),
         ],
-        ["bamboo failure-free overhead vs none", "<= 10%", _pct(1 - speed("bamboo") / speed("none"))],
+        ["bamboo failure-free overhead vs none, one run", "<= 10%", _pct(1 - speed("bamboo") / speed("none"))],
         [
             "recycle (default: spill), 1 of 8 lost: degraded / failure-free",
             ">= 0.85",
@@ -428,7 +491,7 @@ def _print(figures: dict[str, Any]) -> None:
             sim["recycle_peers_degraded_ratio_bound_any_schedule"],
         ],
         ["simulation: recycle (spill) degraded / failure-free", "-", sim["recycle_spill_degraded_ratio"]],
-        ["recycle kill -> next committed step (s)", "<= 0.5", rec.get("failure_to_next_commit_s")],
+        ["recycle kill -> next committed step (s), main run", "<= 0.5", rec.get("failure_to_next_commit_s")],
         ["bamboo kill -> next committed step (s)", "-", bam.get("failure_to_next_commit_s")],
         ["recycle hang (SIGSTOP) -> next committed step (s)", "<= 3", cases.get("hang_to_next_commit_s")],
         [
