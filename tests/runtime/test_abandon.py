@@ -114,6 +114,7 @@ def _gloo_pair(rank: int, port: int, drain: bool, results) -> None:
         os._exit(0)  # destroying the parked group would wait for the pending receive's timeout
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("drain", [True, False])
 def test_a_peers_send_completes_only_when_the_abandoning_member_drains(drain: bool) -> None:
     ctx = mp.get_context("spawn")
