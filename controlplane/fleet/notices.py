@@ -60,6 +60,7 @@ HANDOFF_SETTING = "SPOTPIPE_NOTICE_HANDOFF"
 KICK_WINDOW_SETTING = "SPOTPIPE_NOTICE_KICK_WINDOW_S"
 # Least time between the starts of two drains (see `drain_pace`); 0 turns pacing off.
 DRAIN_SPACING_SETTING = "SPOTPIPE_NOTICE_DRAIN_SPACING_S"
+PREPARED_INSERT_SETTING = "SPOTPIPE_NOTICE_INSERT_PREPARED"
 CLAIM_STALE_AFTER = timedelta(seconds=30)
 MAX_ATTEMPTS = 5
 
@@ -142,22 +143,33 @@ def _insert(sql: str, params: list) -> list[tuple[int, str]]:
     from django.db import InterfaceError, OperationalError
 
     if connection.in_atomic_block:  # a caller's transaction: no retry possible, keep Django's rules
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
+        return _execute(sql, params)
     connection.health_check_done = True
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
+        return _execute(sql, params)
     except (OperationalError, InterfaceError):
         if connection.connection is not None and connection.is_usable():
             raise  # the statement failed, not the connection
         logger.warning("database connection was dead; retrying the notice insert on a new one")
         connection.close()
+        return _execute(sql, params)
+
+
+def _execute(sql: str, params: list) -> list[tuple[int, str]]:
+    """On PostgreSQL, a prepared statement with server-side parameters: the server skips parsing
+    and planning, and the client sends the values as they are instead of quoting them into the
+    SQL text (Django's cursors bind client-side and never prepare, so that transaction-mode
+    connection poolers work: set SPOTPIPE_NOTICE_INSERT_PREPARED=0 behind one)."""
+    if connection.vendor != "postgresql" or not _setting(PREPARED_INSERT_SETTING, True):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()
+    import psycopg
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        return cursor.fetchall()
 
 
 def notices_store(*, drafts: list[NoticeDraft]) -> StoreResult:

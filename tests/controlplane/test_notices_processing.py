@@ -45,7 +45,14 @@ def running(team, **kw):
     return instance
 
 
-def test_store_is_idempotent_within_and_across_calls():
+# On PostgreSQL the insert is a prepared statement with server-side parameters unless turned off
+# (behind a transaction-mode pooler); elsewhere the setting changes nothing. Both paths must agree.
+INSERT_PATHS = pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "django-cursor"])
+
+
+@INSERT_PATHS
+def test_store_is_idempotent_within_and_across_calls(settings, prepared):
+    settings.SPOTPIPE_NOTICE_INSERT_PREPARED = prepared
     team = make_team()
     first = notices_store(drafts=[draft(team, "i-1", "a"), draft(team, "i-1", "a"), draft(team, "i-2", "b")])
     assert sorted(first.stored) == [f"{team.pk}:test:a", f"{team.pk}:test:b"]
@@ -53,6 +60,22 @@ def test_store_is_idempotent_within_and_across_calls():
     assert list(second.stored) == [f"{team.pk}:test:c"]
     assert second.duplicates == [f"{team.pk}:test:a"]
     assert InterruptionNotice.objects.count() == 3
+
+
+@INSERT_PATHS
+def test_every_column_round_trips_through_the_insert(settings, prepared):
+    settings.SPOTPIPE_NOTICE_INSERT_PREPARED = prepared
+    team = make_team()
+    at = timezone.now().replace(microsecond=123456)
+    payload = {"detail": {"instance-id": "i-9", "note": "quote ' and \\ and unicode \u00e9"}, "n": [1, 2.5, None]}
+    stored = notices_store(drafts=[draft(team, "i-9", "x", event_time=at, deadline=at + timedelta(minutes=2),
+                                         cloud_event_id="evt-1", payload=payload)])
+    row = InterruptionNotice.objects.get(pk=stored.stored[f"{team.pk}:test:x"])
+    assert (row.team_id, row.source, row.kind) == (team.pk, NoticeSource.GENERIC, "interruption")
+    assert row.action == "terminate"
+    assert (row.cloud_event_id, row.provider_instance_id, row.payload) == ("evt-1", "i-9", payload)
+    assert (row.event_time, row.deadline) == (at, at + timedelta(minutes=2))
+    assert (row.status, row.unknown_instance, row.attempts, row.instance_id) == (NoticeStatus.RECEIVED, False, 0, None)
 
 
 def test_claim_takes_batches_oldest_first_and_counts_attempts():
