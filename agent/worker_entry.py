@@ -47,6 +47,12 @@ def runtime_node(node: int, incarnation: int) -> int:
     heartbeat under the same id: the survivors would wait for it until their rendezvous timeout)
     or let a member with a new process and no state answer as the old one. A new id keeps every
     key's meaning: the old incarnation stays dead, the new one is a replacement like any other."""
+    if not 0 <= node < INCARNATION_STRIDE or incarnation < 0:
+        # Past the stride, incarnation 1 of one node would take another node's id.
+        raise ValueError(
+            f"node id {node} / incarnation {incarnation}: "
+            f"expected 0 <= node < {INCARNATION_STRIDE:,} and incarnation >= 0"
+        )
     return node + incarnation * INCARNATION_STRIDE
 
 

@@ -34,6 +34,10 @@ def test_runtime_ids_of_incarnations_are_distinct() -> None:
     assert runtime_node(3, 0) == 3  # a first start keeps the control plane's node id
     ids = {runtime_node(n, k) for n in range(8) for k in range(3)}
     assert len(ids) == 24 and runtime_node(3, 2) == 3 + 2 * INCARNATION_STRIDE
+    with pytest.raises(ValueError, match="node id 1000000 / incarnation 1"):
+        runtime_node(INCARNATION_STRIDE, 1)  # would be incarnation 2 of node 0
+    with pytest.raises(ValueError, match="incarnation -1"):
+        runtime_node(3, -1)
 
 
 def test_crashed_member_restarted_by_its_agent_rejoins_and_trains_to_the_end(tmp_path: Path) -> None:
