@@ -172,6 +172,7 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
 
 
 @pytest.mark.integration
+@pytest.mark.scenario
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(240)
 def test_recycle_survives_a_notice_and_a_kill(control_plane, worker, tmp_path, monkeypatch):  # noqa: F811
@@ -181,6 +182,7 @@ def test_recycle_survives_a_notice_and_a_kill(control_plane, worker, tmp_path, m
 
 
 @pytest.mark.integration
+@pytest.mark.scenario
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(240)
 def test_checkpoint_survives_a_notice_and_a_kill(control_plane, worker, tmp_path, monkeypatch):  # noqa: F811

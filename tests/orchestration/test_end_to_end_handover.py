@@ -100,6 +100,7 @@ class Scenario:
 
 
 @pytest.mark.integration
+@pytest.mark.scenario
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(420)
 def test_notice_while_the_replacement_enrols_hands_over_and_keeps_the_math(
@@ -142,6 +143,7 @@ def test_notice_while_the_replacement_enrols_hands_over_and_keeps_the_math(
 
 
 @pytest.mark.integration
+@pytest.mark.scenario
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(240)
 def test_last_holder_of_a_stage_killed_fails_the_job_with_the_runtimes_reason(
