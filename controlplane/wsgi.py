@@ -14,3 +14,9 @@ from controlplane.common.wsgi_environ import DropProcessEnviron  # noqa: E402
 from controlplane.webhooks.wsgi import WebhookDispatch  # noqa: E402  (needs Django set up)
 
 application = DropProcessEnviron(WebhookDispatch(application))
+
+# Load every URL pattern (and so every view module) now, while the server starts, rather than on
+# the first request, which would otherwise wait for it: a notice must be answered in milliseconds.
+from django.urls import get_resolver  # noqa: E402
+
+get_resolver().url_patterns  # noqa: B018 - the lookup is the point: it imports the URLconf

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from runtime.config import LayoutError, ModelSpec
-from runtime.model import build_layer, microbatch_data
 
 
 def estimate_layer_costs(spec: ModelSpec) -> list[float]:
@@ -21,6 +18,12 @@ def estimate_layer_costs(spec: ModelSpec) -> list[float]:
 
 def profile_layer_costs(spec: ModelSpec, *, batch: int, seed: int = 0, repeats: int = 3) -> list[float]:
     """Measured forward+backward seconds per layer on this machine for one micro-batch."""
+    # Imported here: the control plane plans layouts with this module, and its web and worker
+    # processes should not load torch (2 s and about 200 MB each) for that.
+    import torch
+
+    from runtime.model import build_layer, microbatch_data
+
     x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=batch)
     costs = []
     for i in range(spec.num_layers):

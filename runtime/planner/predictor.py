@@ -13,15 +13,10 @@ come from running it once on the `meta` device, so any model size costs nothing 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import cache
 
 import numpy as np
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from runtime.config import ModelSpec
-from runtime.model import build_layer
 from runtime.planner.profile import DeviceSpec, LayerProfile, ModelProfile
 
 DIRECTIONS = ("forward_s", "backward_input_s", "backward_weight_s")
@@ -38,66 +33,14 @@ class LayerFeatures:
     """Kernels the forward launches (the per-op overhead term of small layers)."""
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts kernels and their FLOPs (torch's own per-op formulas) while a layer runs on `meta`.
-
-    Lighter than `FlopCounterMode`, whose first use imports the compiler stack (seconds)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-        self.flops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        self.count += 1
-        formula = flop_registry.get(func._overloadpacket)
-        if formula is not None:
-            self.flops += formula(*args, **kwargs, out_val=out)
-        return out
-
-
 def layer_features(spec: ModelSpec, *, microbatch_size: int, dtype: str = "float32") -> list[LayerFeatures]:
     """FLOPs and bytes of every layer for one micro-batch, computed on the meta device (no compute)."""
+    # Imported on first use: the control plane imports the planner in every web and worker process,
+    # and only a plan that predicts needs torch (about 2 s and 200 MB to load).
+    from runtime.planner.meta_features import meta_layer_features
+
     spec.validate()
-    return list(_layer_features(tuple(sorted(asdict(spec).items())), microbatch_size, dtype))
-
-
-@cache
-def _layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> tuple[LayerFeatures, ...]:
-    spec = ModelSpec(**dict(spec_items))
-    kind = getattr(torch, dtype)
-    out: list[LayerFeatures] = []
-    if spec.kind == "gpt":
-        x = torch.zeros((microbatch_size, spec.seq_len), dtype=torch.long, device="meta")
-    else:
-        x = torch.zeros((microbatch_size, spec.in_features), device="meta", dtype=kind)
-    for index in range(spec.num_layers):
-        with torch.device("meta"):
-            layer = build_layer(spec, index, 0).to(kind)
-        takes_grad = x.is_floating_point() and index > 0
-        inp = x.detach().requires_grad_(takes_grad)
-        saved: dict[int, float] = {}
-
-        def pack(t: torch.Tensor, saved: dict[int, float] = saved) -> torch.Tensor:
-            saved[id(t)] = t.numel() * t.element_size()
-            return t
-
-        with _OpCounter() as ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = layer(inp)
-        out.append(
-            LayerFeatures(
-                forward_flops=float(ops.flops),
-                param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
-                activation_bytes=float(sum(saved.values())),
-                output_bytes=float(y.numel() * y.element_size()),
-                has_input_grad=takes_grad,
-                ops=ops.count,
-            )
-        )
-        x = y.detach()
-    return tuple(out)
+    return list(meta_layer_features(tuple(sorted(asdict(spec).items())), microbatch_size, dtype))
 
 
 def _row(flops: float, nbytes: float, ops: int, device: DeviceSpec) -> list[float]:

@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from runtime.config import ModelSpec
-from runtime.model import build_layer, microbatch_data
+
+# torch is imported inside the measuring functions: the control plane imports this module (profile
+# records and their store) in every web and worker process, which should not load torch for that.
 
 BYTES_PER_PARAM_TRAINING = 16
 """fp32 parameter + gradient + two AdamW moments."""
@@ -96,6 +96,8 @@ def model_key(spec: ModelSpec, microbatch_size: int) -> str:
 
 def measure_local_device(*, threads: int = 1, name: str | None = None, dtype: str = "float32") -> DeviceSpec:
     """Peak matmul throughput and copy bandwidth of this machine's CPU with `threads` threads."""
+    import torch
+
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     kind = getattr(torch, dtype)
@@ -137,6 +139,10 @@ def profile_model(
 ) -> ModelProfile:
     """Measure every layer of `spec` on this machine's CPU with `threads` torch threads, computing in
     `dtype` (the device's dtype when a device is given)."""
+    import torch
+
+    from runtime.model import build_layer, microbatch_data
+
     spec.validate()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

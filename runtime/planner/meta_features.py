@@ -1,0 +1,71 @@
+"""Features of a model's layers (FLOPs, bytes, kernels) from one forward pass on torch's `meta`
+device: no memory, no compute, any model size. The predictor (`runtime.planner.predictor`) imports
+this module on first use, so that importing the planner does not load torch."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from runtime.config import ModelSpec
+from runtime.model import build_layer
+from runtime.planner.predictor import LayerFeatures
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts kernels and their FLOPs (torch's own per-op formulas) while a layer runs on `meta`.
+
+    Lighter than `FlopCounterMode`, whose first use imports the compiler stack (seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.count += 1
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+
+@cache
+def meta_layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> tuple[LayerFeatures, ...]:
+    spec = ModelSpec(**dict(spec_items))
+    kind = getattr(torch, dtype)
+    out: list[LayerFeatures] = []
+    if spec.kind == "gpt":
+        x = torch.zeros((microbatch_size, spec.seq_len), dtype=torch.long, device="meta")
+    else:
+        x = torch.zeros((microbatch_size, spec.in_features), device="meta", dtype=kind)
+    for index in range(spec.num_layers):
+        with torch.device("meta"):
+            layer = build_layer(spec, index, 0).to(kind)
+        takes_grad = x.is_floating_point() and index > 0
+        inp = x.detach().requires_grad_(takes_grad)
+        saved: dict[int, float] = {}
+
+        def pack(t: torch.Tensor, saved: dict[int, float] = saved) -> torch.Tensor:
+            saved[id(t)] = t.numel() * t.element_size()
+            return t
+
+        with _OpCounter() as ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = layer(inp)
+        out.append(
+            LayerFeatures(
+                forward_flops=float(ops.flops),
+                param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+                activation_bytes=float(sum(saved.values())),
+                output_bytes=float(y.numel() * y.element_size()),
+                has_input_grad=takes_grad,
+                ops=ops.count,
+            )
+        )
+        x = y.detach()
+    return tuple(out)
