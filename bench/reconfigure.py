@@ -21,7 +21,6 @@ pads compute to an emulated device time of 4 ms per layer action).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -186,11 +185,7 @@ def _received(nodes_dir: Path, node_ids: list[str], after_generation: int) -> di
     """Per node: wall time its agent first received a generation newer than `after_generation`."""
     out = {}
     for node_id in node_ids:
-        path = nodes_dir / node_id / "work" / "commands.jsonl"
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
+        for record in read_records(nodes_dir / node_id / "work" / "commands.jsonl"):  # the agent may be writing
             if (record.get("generation") or 0) > after_generation:
                 out[node_id] = record["at"]
                 break

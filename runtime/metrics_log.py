@@ -1,8 +1,8 @@
-"""The per-node metrics log (`metrics-<node>.jsonl`): one JSON record per line, appended by a worker.
+"""Append-only JSON-lines logs: the per-node metrics log (`metrics-<node>.jsonl`, one record per
+line, appended by a worker) and the agent's `commands.jsonl` are read while they are written.
 
-Readers run while workers write, and a worker can be killed or stopped (SIGSTOP) in the middle of
-a write, so a line without its newline is a record not yet (or never) written: skip it rather than
-fail on half a JSON object.
+A writer can also be killed or stopped (SIGSTOP) in the middle of a write, so a line without its
+newline is a record not yet (or never) written: skip it rather than fail on half a JSON object.
 """
 
 from __future__ import annotations
