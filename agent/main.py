@@ -221,12 +221,19 @@ class Agent:
             self._event("generation_applied", generation=message.get("generation"), step=message.get("step"))
         elif kind == "failed":
             self._failure = str(message.get("reason") or "the runtime cannot go on")
+        elif kind == "spare":
+            # The runtime had no slot for this replacement (more joined than there were holes): it
+            # stands by outside the group until a later generation takes it or the job ends, and the
+            # node is paid for meanwhile, so the job's timeline says so.
+            self._event("worker_spare", generation=self._command_generation(),
+                        message=f"runtime generation {message.get('generation')} has no slot for this node; "
+                                "it stands by as a spare")
 
     def _on_worker_exit(self, code: int, deliberate: bool) -> None:
         if deliberate or self.stop_event.is_set():
             return
         self._flush_metrics(final=True)
-        generation = ((self.last_command or {}).get("generation") or {}).get("number")
+        generation = self._command_generation()
         failure, self._failure = self._failure, ""
         self._event("worker_exit", code=code, generation=generation, message=failure)
         if code in (EXIT_JOB_FAILED, EXIT_FENCED):
@@ -235,6 +242,10 @@ class Agent:
             return
         if code != 0 and self.last_command and self.last_command["action"] == "run":
             self._restart.set()
+
+    def _command_generation(self) -> int | None:
+        """The control plane's generation number of the last command (what the worker runs)."""
+        return ((self.last_command or {}).get("generation") or {}).get("number")
 
     def _event(self, kind: str, **fields) -> None:
         try:

@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             if record.get("event") == "generation":
                 emit({"type": "generation", "generation": record["generation"], "step": record.get("start_step"),
                       "members": record.get("members")})
+            elif record.get("event") == "spare":
+                emit({"type": "spare", "generation": record["generation"]})
 
     def on_step(record: dict[str, Any]) -> None:
         emit({"type": "metrics", "step": int(record["step"]) + 1, "loss": record.get("loss"),

@@ -112,6 +112,20 @@ def test_worker_events_go_on_the_timeline(started):
     assert event.data["step"] == 4
 
 
+def test_a_spare_worker_goes_on_the_timeline(started):
+    job, acquisition = started
+    client, instance_id = _agent(acquisition, "fake-1")
+    response = client.post("/api/v1/agents/events/", {"kind": "worker_spare", "generation": 2,
+                                                      "message": "runtime generation 5 has no slot for this node"},
+                           format="json")
+    assert response.status_code == 202
+    event = job.events.get(kind="agent_worker_spare")
+    assert (event.data["instance"], event.data["generation"]) == (instance_id, 2)
+    assert "no slot" in event.message and "no slot" in event.data["reason"]
+    unknown = client.post("/api/v1/agents/events/", {"kind": "worker_idle"}, format="json")
+    assert unknown.status_code == 400 and "kind" in unknown.json()["errors"]
+
+
 def test_a_row_deleted_after_authorisation_is_not_found_not_a_server_error(started, monkeypatch):
     # Seen when an instance's rows went away while its agent was polling: the service's lookup raised
     # DoesNotExist after the token had been accepted, and the API answered 500.

@@ -161,3 +161,15 @@ def test_supervisor_kills_the_worker_when_the_agent_dies(tmp_path: Path):
     while pid_alive(worker_pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not pid_alive(worker_pid)
+
+
+def test_the_agent_reports_a_spare_worker_under_its_commands_generation(tmp_path: Path):
+    # The worker's `spare` line (agent/worker_entry.py, from the runtime's "spare" event) becomes a
+    # `worker_spare` event for the control plane, with the generation of the command it runs.
+    agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1"))
+    sent: list[dict] = []
+    agent.client.event = lambda **fields: sent.append(fields)
+    agent.last_command = {"action": "run", "generation": {"number": 3}}
+    agent._on_worker_message({"type": "spare", "generation": 7})
+    assert len(sent) == 1 and sent[0]["kind"] == "worker_spare" and sent[0]["generation"] == 3
+    assert "runtime generation 7 has no slot" in sent[0]["message"]

@@ -135,3 +135,31 @@ def test_a_worker_that_crashes_on_an_exception_marks_itself_dead_at_once(tmp_pat
     with pytest.raises(RuntimeError, match="a bug in the worker"):
         worker_entry.main(["--spec", str(spec), "--control", str(control)])
     assert coordinator.store.check(["dead/0"]), "the crashed worker marked itself dead"
+
+
+def test_the_runtimes_spare_event_reaches_the_agent_as_a_spare_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A replacement the runtime has no slot for stands by (tests/runtime/test_spares.py); the
+    worker says so to its agent, which puts it on the job's timeline (test_agent_live.py)."""
+    from agent import worker_entry
+    from runtime import worker as runtime_worker
+
+    store = serve(0)
+    layout = {"dp": 1, "pp": 1, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
+    generation = {"number": 1, "layout": layout, "membership": [{"node": 0}]}
+    job = {"id": 10, "target_steps": 3, "model_spec": {"kind": "mlp", "layers": 2, "micro_batches": 2,
+                                                       "global_batch": 4}, "plan": {"seed": 1}}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"job": job, "generation": generation, "assignment": {"node": 0},
+                                "instance": 100, "work_dir": str(tmp_path / "node0")}))
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps(generation))
+
+    def stand_by_then_finish(self) -> dict:
+        self._emit({"event": "spare", "generation": 4})  # what Worker.run emits when told spare/<node>
+        return {"node": self.node, "outcome": "done", "committed": 3}
+
+    monkeypatch.setattr(runtime_worker.Worker, "run", stand_by_then_finish)
+    assert worker_entry.main(["--spec", str(spec), "--control", str(control)]) == 0
+    lines = [json.loads(line.removeprefix("SPOTPIPE ")) for line in capsys.readouterr().out.splitlines()
+             if line.startswith("SPOTPIPE ")]
+    assert {"type": "spare", "generation": 4} in lines
