@@ -126,7 +126,7 @@ def test_a_peers_send_completes_only_when_the_abandoning_member_drains(drain: bo
     try:
         outcome = results.get(timeout=60)
     finally:
-        master.set("t/finished", "1")
+        master.set("finished", "1")  # the key rank 0 waits for (on the store without the prefix)
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
