@@ -37,6 +37,8 @@ class _OpCounter(TorchDispatchMode):
 
 @cache
 def meta_layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> tuple[LayerFeatures, ...]:
+    """Every layer's features for one micro-batch; `spec_items` is the ModelSpec as sorted
+    (field, value) pairs, so that the result can be cached per model."""
     spec = ModelSpec(**dict(spec_items))
     kind = getattr(torch, dtype)
     out: list[LayerFeatures] = []
