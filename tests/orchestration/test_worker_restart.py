@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -109,22 +110,28 @@ def test_crashed_member_restarted_by_its_agent_rejoins_and_trains_to_the_end(tmp
             torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0)
 
 
+def _one_node_entry_args(tmp_path: Path, job_id: int) -> tuple[Any, list[str]]:
+    """A rendezvous store and `agent.worker_entry` arguments for a one-node job (DP=1 x PP=1)."""
+    store = serve(0)
+    layout = {"dp": 1, "pp": 1, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
+    generation = {"number": 1, "layout": layout, "membership": [{"node": 0}]}
+    job = {"id": job_id, "target_steps": 3, "model_spec": {"kind": "mlp", "layers": 2, "micro_batches": 2,
+                                                           "global_batch": 4}, "plan": {"seed": 1}}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"job": job, "generation": generation, "assignment": {"node": 0},
+                                "instance": 100, "work_dir": str(tmp_path / "node0")}))
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps(generation))
+    return store, ["--spec", str(spec), "--control", str(control)]
+
+
 def test_a_worker_that_crashes_on_an_exception_marks_itself_dead_at_once(tmp_path: Path, monkeypatch) -> None:
     """The survivors need not wait for a crashed worker's heartbeat to go stale: the dying process
     writes its own dead mark (a SIGKILL cannot, and is covered by the restart's mark above)."""
     from agent import worker_entry
     from runtime import worker as runtime_worker
 
-    store = serve(0)
-    layout = {"dp": 1, "pp": 1, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
-    generation = {"number": 1, "layout": layout, "membership": [{"node": 0}]}
-    job = {"id": 9, "target_steps": 3, "model_spec": {"kind": "mlp", "layers": 2, "micro_batches": 2,
-                                                      "global_batch": 4}, "plan": {"seed": 1}}
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"job": job, "generation": generation, "assignment": {"node": 0},
-                                "instance": 100, "work_dir": str(tmp_path / "node0")}))
-    control = tmp_path / "control.json"
-    control.write_text(json.dumps(generation))
+    store, args = _one_node_entry_args(tmp_path, 9)
 
     def crash(self) -> dict:
         raise RuntimeError("a bug in the worker")
@@ -133,7 +140,7 @@ def test_a_worker_that_crashes_on_an_exception_marks_itself_dead_at_once(tmp_pat
     coordinator = Coordinator(store, "job9")
     assert not coordinator.store.check(["dead/0"])
     with pytest.raises(RuntimeError, match="a bug in the worker"):
-        worker_entry.main(["--spec", str(spec), "--control", str(control)])
+        worker_entry.main(args)
     assert coordinator.store.check(["dead/0"]), "the crashed worker marked itself dead"
 
 
@@ -143,23 +150,14 @@ def test_the_runtimes_spare_event_reaches_the_agent_as_a_spare_line(tmp_path: Pa
     from agent import worker_entry
     from runtime import worker as runtime_worker
 
-    store = serve(0)
-    layout = {"dp": 1, "pp": 1, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
-    generation = {"number": 1, "layout": layout, "membership": [{"node": 0}]}
-    job = {"id": 10, "target_steps": 3, "model_spec": {"kind": "mlp", "layers": 2, "micro_batches": 2,
-                                                       "global_batch": 4}, "plan": {"seed": 1}}
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"job": job, "generation": generation, "assignment": {"node": 0},
-                                "instance": 100, "work_dir": str(tmp_path / "node0")}))
-    control = tmp_path / "control.json"
-    control.write_text(json.dumps(generation))
+    _store, args = _one_node_entry_args(tmp_path, 10)
 
     def stand_by_then_finish(self) -> dict:
         self._emit({"event": "spare", "generation": 4})  # what Worker.run emits when told spare/<node>
         return {"node": self.node, "outcome": "done", "committed": 3}
 
     monkeypatch.setattr(runtime_worker.Worker, "run", stand_by_then_finish)
-    assert worker_entry.main(["--spec", str(spec), "--control", str(control)]) == 0
+    assert worker_entry.main(args) == 0
     lines = [json.loads(line.removeprefix("SPOTPIPE ")) for line in capsys.readouterr().out.splitlines()
              if line.startswith("SPOTPIPE ")]
     assert {"type": "spare", "generation": 4} in lines
