@@ -345,16 +345,3 @@ def wait_watched(work: Any, timeout_s: float, watch: Callable[[], str | None]) -
     if failed:
         raise failed[0]
 
-
-def transfer_group(
-    store: dist.Store,
-    *,
-    prefix: str,
-    node: int,
-    members: Sequence[int],
-    timeout_s: float,
-    watch: Callable[[], str | None] | None = None,
-) -> Comm:
-    """A short-lived group for state hand-over (may include leaving nodes, which then exit); `watch`
-    lets its waits give up early (`wait_watched`)."""
-    return Comm(store, prefix=prefix, node=node, members=members, timeout_s=timeout_s, watch=watch)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
-from runtime.comm import Comm, bury, transfer_group
+from runtime.comm import Comm, bury
 from runtime.config import JobConfig
 from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.executor import Executor
@@ -526,7 +526,8 @@ class Worker:
             mine_moves = [t for t in transfers if self.node in t[1:]]
             peers = sorted({n for _, src, dst in mine_moves for n in (src, dst)} - {self.node})
             began = time.perf_counter()
-            comm = transfer_group(
+            # A short-lived group of its own (it may include leaving nodes, which then exit).
+            comm = Comm(
                 self.store_prefix(plan["generation"]),
                 prefix="xfer",
                 node=self.node,
