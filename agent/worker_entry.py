@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         del store
         if dist.is_initialized():
             dist.destroy_process_group()
-    emit({"type": "done" if summary["outcome"] == "done" else "left", "step": summary["committed"]})
+    finished = summary["outcome"] in ("done", "done_elsewhere")
+    emit({"type": "done" if finished else "left", "step": summary["committed"]})
     return 0
 
 

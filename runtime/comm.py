@@ -128,6 +128,24 @@ class Comm:
                 self._wait(work)
         self.pending.clear()
 
+    def settle_sends(self) -> int:
+        """Before the process ends: wait for our outstanding sends (each bounded by the timeout) and
+        count those that failed. A receiver that died is no longer our concern, so this never raises.
+
+        Why: gloo completes a send only once its receiver posted the matching receive. The first
+        member's last `commit` sends each member the step's total and returns at once; if its
+        process then ended, its sockets closed before a slower member posted that receive, whose
+        read failed ("Connection reset by peer"): it never learnt that the last step committed."""
+        failed = 0
+        for is_send, work, _ in self.pending:
+            if is_send:
+                try:
+                    self._wait(work)
+                except RuntimeError:
+                    failed += 1
+        self.pending = [entry for entry in self.pending if not entry[0]]
+        return failed
+
     def _wait(self, work: Any) -> None:
         if self.watch is None:
             work.wait(self.timeout)

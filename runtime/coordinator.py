@@ -141,6 +141,10 @@ class Coordinator:
         """The job finished or failed."""
         return self.store.check(["done"]) or self.store.check(["failed"])
 
+    def is_done(self) -> bool:
+        """The job committed its last step."""
+        return self.store.check(["done"])
+
     def mark_done(self) -> None:
         """The job committed its last step (late replacements give up)."""
         self.store.set("done", "1")

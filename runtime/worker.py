@@ -225,11 +225,20 @@ class Worker:
                 )
                 outcome, reason = self._run_generation(plan)
                 if outcome in ("done", "left"):
+                    if self.comm is not None:
+                        # The first member's last commit totals may still be on their way: ending
+                        # the process before they are delivered would reset them.
+                        self.comm.settle_sends()
                     self._finish(outcome)
                     return {"node": self.node, "outcome": outcome, "committed": self.committed}
                 self._close_comm()
                 if outcome == "failure":
                     self._emit({"event": "failure_detected", "generation": plan["generation"], "reason": reason})
+                if self.coord.is_done():
+                    # The others committed the last step and finished while this generation failed
+                    # here: there is nobody left to regroup with, and the job's result is theirs.
+                    self._emit({"event": "job_done_without_us", "committed": self.committed})
+                    return {"node": self.node, "outcome": "done_elsewhere", "committed": self.committed}
                 plan = self._next_plan(plan, reason, graceful=outcome == "graceful")
         finally:
             heartbeat.stop()
@@ -312,6 +321,11 @@ class Worker:
             return "left", "notice"
         deadline = time.monotonic() + self.config.join_wait_s
         while self.coord.join_count() <= plan["joins_consumed"]:
+            failed = self.coord.failure()
+            if failed is not None:  # another member found the job cannot go on
+                raise JobCannotContinue(failed)
+            if self.coord.is_done():  # the others finished it: no replacement will come
+                return "failure", "the job finished while this generation waited for replacements"
             if time.monotonic() > deadline:
                 reason = (
                     f"generation {plan['generation']} waited {self.config.join_wait_s:.0f} s for replacements "

@@ -1,0 +1,101 @@
+"""The first member's last commit: its sends of the step's total complete only once each member
+posted the receive, so a first member that ended its process at once reset the connection under a
+slower member, which never learnt that the last step committed (it regrouped alone and waited for
+replacements while the others had finished: an intermittent 80 s hang in CI). `settle` holds the
+process until those sends completed (`Comm.settle_sends`)."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from runtime.comm import _COMMIT_TAG, Comm
+from runtime.coordinator import Coordinator, connect, serve
+from runtime.worker import JobCannotContinue, Worker, WorkerSpec
+from tests.runtime.conftest import small_config
+
+
+def _last_commit(rank: int, port: int, settled: bool, results) -> None:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=20))
+    comm = Comm(dist.PrefixStore("t", store), prefix="pg", node=rank, members=[0, 1], timeout_s=5.0)
+    vector = torch.full((4,), float(rank + 1), dtype=torch.float64)
+    if rank == 0:  # the first member: commits the last step and ends, as a finished worker does
+        comm.commit(vector)
+        if settled:
+            results.put(("failed_sends", comm.settle_sends()))
+            results.close()
+            results.join_thread()  # os._exit skips the queue's flush
+        comm.close()
+        os._exit(0)
+    # A slower member: its part is sent, and it posts the receive of the total a little later (a
+    # busy machine), by which time the first member may be gone.
+    comm.send(vector, 0, _COMMIT_TAG)
+    comm.wait_sends()
+    time.sleep(1.0)
+    total = torch.empty_like(vector)
+    try:
+        comm.recv(total, 0, _COMMIT_TAG)
+        results.put(("total", total.tolist()))
+    except RuntimeError as exc:
+        results.put(("failed", str(exc)))
+
+
+@pytest.mark.runtime
+@pytest.mark.parametrize("settled", [True, False])
+def test_a_slow_member_gets_the_last_total_only_if_the_first_member_settles(settled: bool) -> None:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    procs = [ctx.Process(target=_last_commit, args=(r, master.port, settled, results), daemon=True) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        outcomes = dict(results.get(timeout=60) for _ in range(2 if settled else 1))
+    finally:
+        for p in procs:
+            p.join(timeout=15)
+            if p.is_alive():
+                p.kill()
+    if settled:
+        assert outcomes["failed_sends"] == 0
+        assert outcomes["total"] == [3.0] * 4  # 1 + 2: the member learns the last step committed
+    else:  # the behaviour settle exists for: the member's read fails once the first member is gone
+        assert "failed" in outcomes, outcomes
+
+
+def _waiting_worker(tmp_path):
+    store = serve(0)
+    spec = WorkerSpec(
+        job_id="job-waiting",
+        node=2,
+        rendezvous=f"127.0.0.1:{store.port}",
+        config=small_config(strategy="checkpoint", checkpoint_dir=str(tmp_path), join_wait_s=60.0).to_dict(),
+    )
+    worker = Worker(spec)
+    worker.coord = Coordinator(connect(spec.rendezvous), spec.job_id)
+    # A generation with too few members for one pipeline: it holds until a replacement joins.
+    plan = {"generation": 2, "leaving": [], "joins_consumed": 0, "waiting": "1 of 4 members"}
+    return store, worker, plan
+
+
+def test_a_generation_waiting_for_replacements_stops_once_the_others_finished_the_job(tmp_path) -> None:
+    _store, worker, plan = _waiting_worker(tmp_path)  # `_store` hosts the job's keys while we run
+    worker.coord.mark_done()
+    started = time.monotonic()
+    outcome, reason = worker._wait_for_joiners(plan)
+    assert outcome == "failure" and "finished" in reason
+    assert time.monotonic() - started < 5.0  # not the 60 s join wait
+    assert worker.coord.is_done()  # and `run` then ends as `done_elsewhere` instead of regrouping
+
+
+def test_a_generation_waiting_for_replacements_stops_once_the_job_failed(tmp_path) -> None:
+    _store, worker, plan = _waiting_worker(tmp_path)  # `_store` hosts the job's keys while we run
+    worker.coord.mark_failed("generation 3 cannot run: no holder of stage 0")
+    with pytest.raises(JobCannotContinue, match="no holder of stage 0"):
+        worker._wait_for_joiners(plan)
