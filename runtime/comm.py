@@ -135,7 +135,10 @@ class Comm:
         Why: gloo completes a send only once its receiver posted the matching receive. The first
         member's last `commit` sends each member the step's total and returns at once; if its
         process then ended, its sockets closed before a slower member posted that receive, whose
-        read failed ("Connection reset by peer"): it never learnt that the last step committed."""
+        read failed ("Connection reset by peer"): it never learnt that the last step committed.
+        Also, a gloo Work reports `is_completed()` only once waited for, so a group closed with
+        un-waited sends is never destroyed by `bury()`: every generation ended by a notice or a
+        join left one group parked (its sockets and threads) for the rest of the job."""
         failed = 0
         for is_send, work, _ in self.pending:
             if is_send:

@@ -224,11 +224,12 @@ class Worker:
                     }
                 )
                 outcome, reason = self._run_generation(plan)
+                if outcome != "failure" and self.comm is not None:
+                    # The first member's last commit totals may still be on their way. Ending the
+                    # process before they are delivered would reset them, and a group closed with
+                    # a send pending stays parked (and its sockets and threads with it) for good.
+                    self.comm.settle_sends()
                 if outcome in ("done", "left"):
-                    if self.comm is not None:
-                        # The first member's last commit totals may still be on their way: ending
-                        # the process before they are delivered would reset them.
-                        self.comm.settle_sends()
                     self._finish(outcome)
                     return {"node": self.node, "outcome": outcome, "committed": self.committed}
                 self._close_comm()

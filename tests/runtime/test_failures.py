@@ -170,3 +170,6 @@ def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) 
     assert_same_math(result, config)
     assert (tmp_path / "step-3" / "COMPLETE").exists()  # written at the boundary after step 2
     assert Counter(committed_steps(result, 0)) == Counter(range(config.steps))  # nothing replayed
+    # Generations that ended cleanly (the notice's, the last) leave no gloo group parked behind.
+    closed = events(result, "groups_closed")
+    assert closed and all(e["parked"] == 0 for e in closed), closed
