@@ -333,6 +333,32 @@ def bury() -> int:
     return len(keep)
 
 
+MAX_PARKED_GROUPS = 4
+"""Groups given up after failures that a process keeps parked before `reap` destroys the oldest."""
+
+
+def reap(keep: int = MAX_PARKED_GROUPS) -> int:
+    """Destroy the oldest parked groups beyond `keep`; returns how many stay parked.
+
+    A group given up after a failure keeps calls that were never waited for (poisoned sends,
+    drained receives), and a gloo Work reports `is_completed()` only once waited for, so `bury()`
+    never destroys it: each failure left one group (its sockets and threads) for the rest of the
+    job. Call this only once the next generation has committed, so nobody still talks on the old
+    groups: a short wait then finishes each call (closing the old group's pairs, where a call is
+    still pending) and the destroy no longer blocks. It costs tens of milliseconds per group,
+    which is why it is not done on the recovery path and only beyond `keep` groups."""
+    bury()
+    while len(_GRAVEYARD) > keep:
+        world, pending = _GRAVEYARD.pop(0)
+        for _, work, _ in pending:
+            if not work.is_completed():
+                with contextlib.suppress(RuntimeError):
+                    work.wait(datetime.timedelta(milliseconds=5))
+        pending.clear()
+        del world
+    return len(_GRAVEYARD)
+
+
 WATCH_POLL_S = 0.1
 """How often a watched wait asks whether to give up (a store round trip or a few per ask)."""
 

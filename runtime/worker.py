@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
-from runtime.comm import Comm, bury
+from runtime.comm import Comm, bury, reap
 from runtime.config import JobConfig
 from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.executor import Executor
@@ -418,6 +418,8 @@ class Worker:
                 bury()  # the previous generation's groups, once their calls have failed
                 if handover and index == 0:
                     self.coord.mark_started(generation)  # a node that handed its state over may go
+            elif step == plan["start_step"] + 1:
+                reap()  # groups given up after failures, beyond a few (off the recovery path)
             step += 1
             self.committed = step
             if self.ckpt is not None and step % self.ckpt_every == 0 and index == 0:

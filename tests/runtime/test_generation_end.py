@@ -1,4 +1,4 @@
-"""The first member's last commit: its sends of the step's total complete only once each member
+"""How a generation ends. The first member's last commit: its sends of the step's total complete only once each member
 posted the receive, so a first member that ended its process at once reset the connection under a
 slower member, which never learnt that the last step committed (it regrouped alone and waited for
 replacements while the others had finished: an intermittent 80 s hang in CI). `settle` holds the
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runtime.comm import _COMMIT_TAG, Comm
+from runtime.comm import _COMMIT_TAG, _GRAVEYARD, Comm, reap
 from runtime.coordinator import Coordinator, connect, serve
 from runtime.worker import JobCannotContinue, Worker, WorkerSpec
 from tests.runtime.conftest import small_config
@@ -99,3 +99,56 @@ def test_a_generation_waiting_for_replacements_stops_once_the_job_failed(tmp_pat
     worker.coord.mark_failed("generation 3 cannot run: no holder of stage 0")
     with pytest.raises(JobCannotContinue, match="no holder of stage 0"):
         worker._wait_for_joiners(plan)
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _abandoned_groups(rank: int, port: int, results) -> None:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=20))
+    before = _fds()
+    for generation in range(6):
+        comm = Comm(dist.PrefixStore(f"g{generation}", store), prefix="pg", node=rank, members=[0, 1], timeout_s=5.0)
+        if rank == 0:  # a step given up: a message owed to us never came, one we owe never went
+            comm.drain(torch.empty(4), 1, 7)
+            comm.send(torch.ones(4), 1, 8)
+        comm.close()
+    if rank == 0:
+        parked = len(_GRAVEYARD)
+        with_parked = _fds()
+        started = time.monotonic()
+        left = reap(keep=2)
+        results.put(
+            {
+                "parked": parked,
+                "left": left,
+                "reap_s": time.monotonic() - started,
+                "fds_parked": with_parked - before,
+                "fds_after": _fds() - before,
+            }
+        )
+        store.set("end", "1")
+    else:
+        store.wait(["end"])
+
+
+@pytest.mark.runtime
+def test_reap_destroys_the_oldest_groups_given_up_after_failures() -> None:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    procs = [ctx.Process(target=_abandoned_groups, args=(r, master.port, results), daemon=True) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        outcome = results.get(timeout=60)
+    finally:
+        for p in procs:
+            p.join(timeout=15)
+            if p.is_alive():
+                p.kill()
+    assert outcome["parked"] == 6  # bury() alone never destroys them: their calls were never waited for
+    assert outcome["left"] == 2
+    assert outcome["fds_after"] < outcome["fds_parked"], outcome  # their sockets are closed
+    assert outcome["reap_s"] < 5.0, outcome  # finished with short waits, not each call's timeout
