@@ -345,8 +345,9 @@ def reap(keep: int = MAX_PARKED_GROUPS) -> int:
     never destroys it: each failure left one group (its sockets and threads) for the rest of the
     job. Call this only once the next generation has committed, so nobody still talks on the old
     groups: a short wait then finishes each call (closing the old group's pairs, where a call is
-    still pending) and the destroy no longer blocks. It costs tens of milliseconds per group,
-    which is why it is not done on the recovery path and only beyond `keep` groups."""
+    still pending) and the destroy no longer blocks. It can cost tens of milliseconds per group
+    (77 ms measured for a group of 4 with a receive and a send pending), which is why it is not
+    done on the recovery path and only beyond `keep` groups."""
     bury()
     while len(_GRAVEYARD) > keep:
         world, pending = _GRAVEYARD.pop(0)
