@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing as mp
+from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from runtime.config import JobConfig, ModelSpec
 from runtime.launcher import RunResult
@@ -44,3 +48,24 @@ def assert_same_math(result: RunResult, config: JobConfig) -> None:
     for name, expected in reference.items():
         for copy in result.replicas[name]:
             torch.testing.assert_close(copy, expected, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def gloo_pair(target: Callable[..., None], *args: Any, answers: int = 1, timeout_s: float = 60.0) -> list[Any]:
+    """Run `target(rank, port, *args, results)` in two spawned processes (ranks 0 and 1) that meet
+    at one TCPStore on `port`, and return the first `answers` items they put on `results`. The key
+    "finished" is set on that store once the answers are in (or time ran out), for a target that
+    must stay up until then."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    procs = [ctx.Process(target=target, args=(rank, master.port, *args, results), daemon=True) for rank in (0, 1)]
+    for proc in procs:
+        proc.start()
+    try:
+        return [results.get(timeout=timeout_s) for _ in range(answers)]
+    finally:
+        master.set("finished", "1")
+        for proc in procs:
+            proc.join(timeout=15)
+            if proc.is_alive():
+                proc.kill()

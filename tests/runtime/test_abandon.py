@@ -6,7 +6,6 @@ for its full op timeout -- the intermittent 1.5 s extra after a kill)."""
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
 
 import pytest
@@ -19,7 +18,7 @@ from runtime.layout import initial_layout
 from runtime.model import build_layer
 from runtime.optim import LayerState
 from runtime.schedule import ALL_REDUCE, RECV_GRAD, SEND_ACT, build_schedule
-from tests.runtime.conftest import small_config
+from tests.runtime.conftest import gloo_pair, small_config
 
 
 class RecordingComm:
@@ -117,20 +116,7 @@ def _gloo_pair(rank: int, port: int, drain: bool, results) -> None:
 @pytest.mark.runtime
 @pytest.mark.parametrize("drain", [True, False])
 def test_a_peers_send_completes_only_when_the_abandoning_member_drains(drain: bool) -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    procs = [ctx.Process(target=_gloo_pair, args=(r, master.port, drain, results), daemon=True) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        outcome = results.get(timeout=60)
-    finally:
-        master.set("finished", "1")  # the key rank 0 waits for (on the store without the prefix)
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    [outcome] = gloo_pair(_gloo_pair, drain)
     if drain:
         assert outcome == "completed"
     else:  # the gloo behaviour the drain exists for: the send waits for its timeout

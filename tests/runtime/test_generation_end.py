@@ -1,13 +1,16 @@
-"""How a generation ends. The first member's last commit: its sends of the step's total complete only once each member
-posted the receive, so a first member that ended its process at once reset the connection under a
-slower member, which never learnt that the last step committed (it regrouped alone and waited for
-replacements while the others had finished: an intermittent 80 s hang in CI). `settle` holds the
-process until those sends completed (`Comm.settle_sends`)."""
+"""How a generation ends.
+
+- The first member's last commit: its sends of the step's total complete only once each member
+  posted the receive, so a first member that ended its process at once reset the connection under
+  a slower member, which never learnt that the last step committed (it regrouped alone and waited
+  for replacements while the others had finished: an intermittent 80 s hang in CI).
+  `Comm.settle_sends` holds the process until those sends completed.
+- A generation waiting for replacements stops once the job is done or failed.
+- Groups given up after failures are destroyed by `reap` instead of staying parked for good."""
 
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
 import time
 
@@ -18,7 +21,7 @@ import torch.distributed as dist
 from runtime.comm import _COMMIT_TAG, _GRAVEYARD, Comm, reap
 from runtime.coordinator import Coordinator, connect, serve
 from runtime.worker import JobCannotContinue, Worker, WorkerSpec
-from tests.runtime.conftest import small_config
+from tests.runtime.conftest import gloo_pair, small_config
 
 
 def _last_commit(rank: int, port: int, settled: bool, results) -> None:
@@ -49,19 +52,7 @@ def _last_commit(rank: int, port: int, settled: bool, results) -> None:
 @pytest.mark.runtime
 @pytest.mark.parametrize("settled", [True, False])
 def test_a_slow_member_gets_the_last_total_only_if_the_first_member_settles(settled: bool) -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    procs = [ctx.Process(target=_last_commit, args=(r, master.port, settled, results), daemon=True) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        outcomes = dict(results.get(timeout=60) for _ in range(2 if settled else 1))
-    finally:
-        for p in procs:
-            p.join(timeout=15)
-            if p.is_alive():
-                p.kill()
+    outcomes = dict(gloo_pair(_last_commit, settled, answers=2 if settled else 1))
     if settled:
         assert outcomes["failed_sends"] == 0
         assert outcomes["total"] == [3.0] * 4  # 1 + 2: the member learns the last step committed
@@ -128,26 +119,13 @@ def _abandoned_groups(rank: int, port: int, results) -> None:
                 "fds_after": _fds() - before,
             }
         )
-        store.set("end", "1")
     else:
-        store.wait(["end"])
+        store.wait(["finished"])
 
 
 @pytest.mark.runtime
 def test_reap_destroys_the_oldest_groups_given_up_after_failures() -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    procs = [ctx.Process(target=_abandoned_groups, args=(r, master.port, results), daemon=True) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        outcome = results.get(timeout=60)
-    finally:
-        for p in procs:
-            p.join(timeout=15)
-            if p.is_alive():
-                p.kill()
+    [outcome] = gloo_pair(_abandoned_groups)
     assert outcome["parked"] == 6  # bury() alone never destroys them: their calls were never waited for
     assert outcome["left"] == 2
     assert outcome["fds_after"] < outcome["fds_parked"], outcome  # their sockets are closed
