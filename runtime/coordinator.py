@@ -103,7 +103,7 @@ class Coordinator:
             for key in keys:  # `joined/` first: a spare taken since it was listed is a member
                 if self.store.check([key]):
                     return int(self.store.get(key))
-            if self.store.check(["done"]) or self.store.check(["failed"]):
+            if self.is_over():
                 return None
             time.sleep(0.005)
         raise TimeoutError(f"replacement {node} was not taken within {timeout_s}s")
@@ -139,7 +139,7 @@ class Coordinator:
 
     def is_over(self) -> bool:
         """The job finished or failed."""
-        return self.store.check(["done"]) or self.store.check(["failed"])
+        return self.is_done() or self.store.check(["failed"])
 
     def is_done(self) -> bool:
         """The job committed its last step."""
