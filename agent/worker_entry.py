@@ -3,7 +3,8 @@
 
     python -m agent.worker_entry --spec SPEC --control CONTROL
 
-It builds the runtime's `WorkerSpec` from the job and this node's assignment, prints each committed
+It builds the runtime's `WorkerSpec` from the job's stored contract (the runtime's JobConfig, passed
+unchanged) and this node's assignment, prints each committed
 step as a `SPOTPIPE {"type": "metrics", ...}` line, and watches two files at a short interval:
 CONTROL (the newest generation: if this node is no longer a member, it asks the runtime to leave
 at its next step boundary) and `notice` in the work directory (the agent saw an interruption
@@ -59,29 +60,6 @@ def runtime_node(node: int, incarnation: int) -> int:
 def emit(message: dict[str, Any]) -> None:
     sys.stdout.write("SPOTPIPE " + json.dumps(message) + "\n")
     sys.stdout.flush()
-
-
-def job_config(job: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
-    """The runtime's JobConfig (as a dict) for a control-plane job: the model spec's names mapped to
-    the runtime's, the layout's dp/pp/strategy, and `plan["runtime"]` overrides (lr, device_time,
-    op_timeout_s, schedule, ...)."""
-    spec = job.get("model_spec") or {}
-    plan = job.get("plan") or {}
-    kind = spec.get("kind", "mlp")
-    model: dict[str, Any] = {"kind": kind, "n_layer": spec.get("layers", 4), "n_embd": spec.get("d_model", 32)}
-    if kind == "gpt":
-        model.update(n_head=spec.get("heads", 2), seq_len=spec.get("seq_len", 16), vocab_size=spec.get("vocab", 64))
-    elif "in_features" in spec:
-        model["in_features"] = spec["in_features"]
-    dp, pp = int(layout["dp"]), int(layout["pp"])
-    total_microbatches = int(spec.get("micro_batches", 2 * dp))
-    config = {
-        "model": model, "dp": dp, "pp": pp, "microbatches": max(1, total_microbatches // dp),
-        "global_batch": int(spec.get("global_batch", 8)), "strategy": layout.get("strategy", "recycle"),
-        "steps": int(job["target_steps"]), "seed": int(plan.get("seed", 0)),
-    }
-    config.update(plan.get("runtime") or {})
-    return config
 
 
 class _Watcher(threading.Thread):
@@ -176,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         coordinator.mark_dead(runtime_node(node, incarnation - 1))
         emit({"type": "rejoining", "incarnation": incarnation, "runtime_node": runtime_node(node, incarnation)})
     me = runtime_node(node, incarnation)
+    # The job's stored contract is the runtime's JobConfig: handed over unchanged.
     worker_spec = WorkerSpec(
-        job_id=job_id, node=me, rendezvous=layout["rendezvous"], config=job_config(job, layout),
+        job_id=job_id, node=me, rendezvous=layout["rendezvous"], config=job["config"],
         generation=0, joining=incarnation > 0 or node >= initial_nodes, out_dir=str(out_dir),
     )
 

@@ -67,9 +67,8 @@ QUICK = Profile(steps=440, faults={"notice": 1, "notice_webhook": 1, "kill": 1, 
                                    "postgres": 1}, min_gap_s=4.0, timeout_s=200.0)
 # The job: the end-to-end tests' MLP (tests/orchestration/test_end_to_end.py), 4 layers for DP=2 x PP=2,
 # compute padded to an emulated device time so that stages overlap as on GPUs.
-MODEL_SPEC = {"kind": "mlp", "layers": 4, "d_model": 16, "global_batch": 8, "micro_batches": 4}
-RUNTIME = {"op_timeout_s": 2.0, "schedule": "fiw",
-           "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
+CONFIG = {"model": {"kind": "mlp", "n_layer": 4, "n_embd": 16}, "global_batch": 8, "op_timeout_s": 2.0,
+          "schedule": "fiw", "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
 # Production's default is 2 s; on this shared 2-core machine a node busy starting its torch worker can
 # miss 2 s of heartbeats (a false death before the first step hangs the job: see docs/reliability.md).
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -211,12 +210,9 @@ class Soak:
         self.team_slug = team.team.slug
         _credential, self.webhook_secret = credential_create(team=team.team, source="generic",
                                                              scheme="standard_webhooks")
-        self.job = submit_job(team=team.team, user=team.user, strategy="recycle", nodes=4, steps=self.steps,
-                              seed=self.seed, checkpoint_dir=self.var_dir / "checkpoints")
         # The model whose final parameters the end-to-end tests compare with the reference run.
-        self.job.model_spec = MODEL_SPEC
-        self.job.plan = {**self.job.plan, "runtime": RUNTIME}
-        self.job.save(update_fields=["model_spec", "plan", "updated_at"])
+        self.job = submit_job(team=team.team, user=team.user, strategy="recycle", nodes=4, steps=self.steps,
+                              seed=self.seed, checkpoint_dir=self.var_dir / "checkpoints", config=CONFIG)
         tasks.acquire_capacity.delay(self.job.pk)
         self.driver = Driver(job=self.job, schedule=[], provider=self.provider,
                              console=Console(open(self.var_dir / "timeline.log", "w"), started=self.started),  # noqa: SIM115
@@ -393,13 +389,8 @@ class Soak:
     def start_reference(self) -> None:
         """The failure-free run of the same seed (one process, no faults), trained in the background
         while the soak runs: its parameters are what the job must end with."""
-        from agent.worker_entry import job_config
-        from controlplane.jobs.models import JobGeneration
-
-        first = self.db(JobGeneration.objects.get, job=self.job, number=1)
-        config = job_config({"model_spec": self.job.model_spec, "plan": self.job.plan,
-                             "target_steps": self.job.target_steps}, first.layout)
-        (self.var_dir / "reference-config.json").write_text(json.dumps(config))
+        # The job's stored contract is the runtime's config.
+        (self.var_dir / "reference-config.json").write_text(json.dumps(self.job.config))
         with (self.var_dir / "reference.log").open("wb") as log:
             self.reference = subprocess.Popen(
                 [sys.executable, "-m", "bench.chaos", "--reference", str(self.var_dir / "reference-config.json"),

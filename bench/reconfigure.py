@@ -231,16 +231,16 @@ def run(*, quick: bool, progress: Progress) -> dict[str, Any]:
         from controlplane.accounts.models import Team
         from controlplane.fleet.models import Instance
         from controlplane.jobs.models import JobGeneration, MetricSample, TrainingJob
-        from controlplane.jobs.services import job_cancel
+        from controlplane.jobs.services import job_cancel, job_submit
         from controlplane.orchestration import tasks
 
         team = Team.objects.create(name="Bench", slug="bench")
-        job = TrainingJob.objects.create(
-            team=team, name="reconfigure-bench", strategy="recycle", target_steps=1_000_000, budget_usd=10,
-            model_spec={"kind": "mlp", "layers": 2, "d_model": 16, "global_batch": 8, "micro_batches": 4},
-            plan={"dp": 2, "pp": 2, "provider": "local", "seed": 1,
-                  "runtime": {"op_timeout_s": 2.0, "schedule": "fiw",
-                              "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}},
+        job = job_submit(
+            team=team, user=None, name="reconfigure-bench", strategy="recycle", target_steps=1_000_000, budget_usd=10,
+            config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8, "microbatches": 2,
+                    "seed": 1, "op_timeout_s": 2.0, "schedule": "fiw",
+                    "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}},
+            plan={"dp": 2, "pp": 2, "provider": "local"},
         )
         progress.step("starting 4 nodes (agents + torch workers)")
         tasks.acquire_capacity.delay(job.pk)

@@ -181,7 +181,7 @@ def _seed(instances: int) -> list[str]:
             TrainingJob(
                 team=team,
                 name=f"bench-{j}",
-                model_spec={"layers": 4},
+                config={"model": {"kind": "mlp", "n_layer": 4}},
                 strategy="recycle",
                 target_steps=100,
                 budget_usd=Decimal(10),

@@ -219,6 +219,10 @@ CELERY_DB_REUSE_MAX = 1000
 # --- spotpipe ------------------------------------------------------------------------------------
 SPOTPIPE_AWS_REGION = env.str("AWS_DEFAULT_REGION", default="us-east-1")
 SPOTPIPE_AWS_ENDPOINT_URL = env.str("SPOTPIPE_AWS_ENDPOINT_URL", default="") or None
+# Where a job runs when its plan names no provider, and the instance types a plan on aws may use
+# when it names none (docs/api.md, "The plan"). The local provider has one type, local.node.
+SPOTPIPE_DEFAULT_PROVIDER = env.str("SPOTPIPE_DEFAULT_PROVIDER", default="local")
+SPOTPIPE_AWS_INSTANCE_TYPES = env.list("SPOTPIPE_AWS_INSTANCE_TYPES", default=["p3.2xlarge", "g5.xlarge", "g6.xlarge"])
 
 # --- Logging -------------------------------------------------------------------------------------
 # JSON lines in production (with job_id / instance_id when known), plain text in development.

@@ -37,7 +37,9 @@ from controlplane.jobs.models import (
     ReconfigurationStatus,
     TrainingJob,
 )
+from controlplane.jobs.plans import JobPlan, PlanPool
 from controlplane.market.models import Cloud, InstanceType, Region, SpotPool, SpotPrice, Zone
+from runtime.config import JobConfig, resolve_strategy
 
 # (name, on-demand USD/h, accelerator, count): real AWS shapes, rounded list prices.
 INSTANCE_TYPES = [
@@ -48,7 +50,7 @@ INSTANCE_TYPES = [
 ]
 ZONES = [("us-east-1a", "use1-az4"), ("us-east-1b", "use1-az6"), ("us-east-1c", "use1-az1"),
          ("us-east-1d", "use1-az2"), ("us-east-1f", "use1-az5")]
-GLOBAL_BATCH = 64
+GLOBAL_BATCH = 96  # divisible by the running job's 3 pipelines x 8 micro-batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,17 +211,31 @@ def _notice_history(team: Team, *, now: datetime, rng: random.Random, count: int
     InterruptionNotice.objects.bulk_create(rows)
 
 
+def _contract(model: dict, *, dp: int, pp: int, strategy: str, steps: int, pool: PoolRef,
+              global_batch: int = GLOBAL_BATCH) -> dict:
+    """A past job's stored contract (the runtime's JobConfig) and plan, at most 8 micro-batches per pipeline."""
+    microbatches = min(8, global_batch // dp)
+    while global_batch % (dp * microbatches):
+        microbatches -= 1
+    config = JobConfig.from_dict({"model": model, "dp": dp, "pp": pp, "global_batch": global_batch,
+                                  "microbatches": microbatches, "strategy": resolve_strategy(strategy),
+                                  "steps": steps})
+    plan = JobPlan(provider="aws", pools=[PlanPool(instance_type=pool.instance_type.name, zone=pool.zone.code)],
+                   nodes=dp * pp, dp=dp, pp=pp, microbatches=microbatches, strategy=config.strategy)
+    return {"config": config.to_dict(), "plan": plan.to_dict()}
+
+
 def seed_team_activity(*, team: Team, user, pools: list[PoolRef], now: datetime, metric_steps: int = 3000,
                        seed: int = 11, prefix: str = "", notice_count: int = 40) -> dict[str, TrainingJob]:
     """A running ReCycle job that lost a node to a preemption and got it back, a finished job with
     closed billing, and a pending job with no data yet. Returns them by role."""
     rng = random.Random(seed + team.pk)
-    spec = {"kind": "gpt", "layers": 24, "d_model": 1024, "heads": 16, "seq_len": 1024, "vocab": 50257,
-            "global_batch": GLOBAL_BATCH, "micro_batches": 8}
+    model = {"kind": "gpt", "n_layer": 24, "n_embd": 1024, "n_head": 16, "seq_len": 1024, "vocab_size": 50257}
     started = now - timedelta(hours=6)
     seconds_per_step = (6 * 3600 - 60) / metric_steps
     running = TrainingJob.objects.create(
-        team=team, created_by=user, name=f"{prefix}gpt-350m-recycle", model_spec=spec, strategy="recycle",
+        team=team, created_by=user, name=f"{prefix}gpt-350m-recycle", strategy="recycle",
+        **_contract(model, dp=3, pp=4, strategy="recycle", steps=int(metric_steps * 1.6), pool=pools[0]),
         target_steps=int(metric_steps * 1.6), deadline=now + timedelta(hours=8), budget_usd=Decimal("250.00"),
         status=JobStatus.RUNNING, current_generation=3, steps_done=metric_steps - 1,
         samples_done=(metric_steps - 1) * GLOBAL_BATCH, started_at=started,
@@ -306,7 +322,8 @@ def seed_team_activity(*, team: Team, user, pools: list[PoolRef], now: datetime,
 
     done_start = now - timedelta(days=3)
     finished = TrainingJob.objects.create(
-        team=team, created_by=user, name=f"{prefix}gpt-125m-checkpoint", model_spec={**spec, "layers": 12},
+        team=team, created_by=user, name=f"{prefix}gpt-125m-checkpoint",
+        **_contract({**model, "n_layer": 12}, dp=1, pp=4, strategy="checkpoint", steps=800, pool=pools[0]),
         strategy="checkpoint", target_steps=800, budget_usd=Decimal("40.00"), status=JobStatus.FINISHED,
         current_generation=1, steps_done=800, samples_done=800 * GLOBAL_BATCH, started_at=done_start,
         finished_at=done_start + timedelta(hours=4),
@@ -329,8 +346,9 @@ def seed_team_activity(*, team: Team, user, pools: list[PoolRef], now: datetime,
     finished.save(update_fields=["last_loss"])
     _notice_history(team, now=now, rng=rng, count=notice_count, prefix=prefix)
     pending = TrainingJob.objects.create(
-        team=team, created_by=user, name=f"{prefix}mlp-smoke-test", model_spec={"kind": "mlp", "layers": 4,
-        "d_model": 256, "global_batch": 32, "micro_batches": 4}, strategy="auto", target_steps=500,
+        team=team, created_by=user, name=f"{prefix}mlp-smoke-test", strategy="auto", target_steps=500,
+        **_contract({"kind": "mlp", "n_layer": 4, "n_embd": 256}, dp=1, pp=1, strategy="auto", steps=500,
+                    pool=pools[0], global_batch=32),
         deadline=now + timedelta(days=1), status=JobStatus.PENDING,
     )
     JobEvent.objects.create(job=pending, kind="submitted", message=f"submitted by {user}", at=now)

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from controlplane.accounts.models import Team
 from controlplane.common.errors import DomainError
 from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.selectors import job_plan_summary
 from controlplane.jobs.services import job_cancel, job_resume, job_submit
 from frontend import costs
 from frontend.access import job_for_request, visible_team_ids
@@ -52,7 +53,9 @@ def jobs(request: HttpRequest) -> HttpResponse:
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_request(request, job_id)
-    return _page(request, "job_detail.html", "job", reverse("frontend:job-data", args=[job.pk]), job=job)
+    spent = costs.job_costs_so_far(job_ids=[job.pk]).get(job.pk)
+    return _page(request, "job_detail.html", "job", reverse("frontend:job-data", args=[job.pk]), job=job,
+                 plan=job_plan_summary(job=job, cost_so_far=spent))
 
 
 @login_required
@@ -77,7 +80,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             job = job_submit(
-                team=data["team"], user=request.user, name=data["name"], model_spec=form.model_spec(),
+                team=data["team"], user=request.user, name=data["name"], config=form.config(), plan=form.plan(),
                 strategy=data["strategy"], target_steps=data["target_steps"], deadline=data["deadline"],
                 budget_usd=data["budget_usd"],
             )

@@ -1,4 +1,10 @@
-"""Job configuration: the model spec and the training layout, validated before any process starts.
+"""The job contract: the model spec and the training layout, validated before any process starts.
+
+This module is the one owner of the job's vocabulary: the strategy names (and what `auto` means),
+the model kinds, every model/training field with its meaning and default, and the one translation
+of the legacy `model_spec` request body. The control plane validates a job by building its
+`JobConfig` here (no torch import), stores `JobConfig.to_dict()` on the job, and the node agent
+hands that dict to the runtime unchanged.
 
 Configs are plain `kw_only`/`slots` dataclasses (torchtitan style) that round-trip through JSON, so
 the node agent can hand them to `python -m runtime.worker --spec JSON` unchanged.
@@ -12,11 +18,58 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STRATEGIES = ("none", "checkpoint", "bamboo", "recycle", "oobleck")
+"""Strategies the runtime runs (`none`: no fault tolerance, tests and baselines only)."""
+AUTO_STRATEGY = "recycle"
+"""What a job's `auto` runs: recycle keeps the global batch with no state transfer and no restart."""
+JOB_STRATEGIES = ("auto", "checkpoint", "bamboo", "recycle", "oobleck")
+"""Strategies a job may ask for."""
+STRATEGY_LABELS = {
+    "auto": "Automatic",
+    "checkpoint": "Checkpoint-restart",
+    "bamboo": "Bamboo (redundant computation)",
+    "recycle": "ReCycle (re-route micro-batches)",
+    "oobleck": "Oobleck (pipeline templates)",
+    "none": "None (no fault tolerance)",
+}
 SCHEDULES = ("1f1b", "fiw")
+MODEL_KINDS = ("gpt", "mlp")
+
+
+def resolve_strategy(name: str) -> str:
+    """The runtime strategy of a job's strategy name (`auto` and empty mean `AUTO_STRATEGY`)."""
+    return AUTO_STRATEGY if name in ("", "auto") else name
 
 
 class LayoutError(ValueError):
-    """An impossible layout or configuration; the message names the value and what was expected."""
+    """An impossible layout or configuration; the message names the value and what was expected.
+
+    `field` is the contract field to change (`pp`, `model.n_head`, ...), empty when no single field is
+    to blame; the control plane answers 400 under that name."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class LayoutErrors(LayoutError):
+    """Several problems at once (`errors`), so a request hears of all of them in one answer."""
+
+    def __init__(self, errors: list[LayoutError]) -> None:
+        super().__init__("; ".join(e.message for e in errors), field=errors[0].field)
+        self.errors = errors
+
+
+def each_error(exc: LayoutError) -> list[LayoutError]:
+    """The single problems of `exc` (one, or those of a `LayoutErrors`)."""
+    return list(getattr(exc, "errors", [exc]))
+
+
+def _raise(problems: list[LayoutError]) -> None:
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise LayoutErrors(problems)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,15 +96,24 @@ class ModelSpec:
         """Layers the partitioner can place: input layer + blocks + head."""
         return self.n_layer + 2
 
-    def validate(self) -> None:
-        """Raise `LayoutError` for a model that cannot be built."""
-        if self.kind not in ("gpt", "mlp"):
-            raise LayoutError(f"model kind {self.kind!r} is unknown; expected 'gpt' or 'mlp'")
+    def problems(self) -> list[LayoutError]:
+        """Every reason this model cannot be built (empty when it can)."""
+        found = []
+        if self.kind not in MODEL_KINDS:
+            found.append(LayoutError(f"model kind {self.kind!r} is unknown; expected one of {MODEL_KINDS}",
+                                     field="model.kind"))
         for name in ("n_layer", "n_embd", "seq_len", "vocab_size", "in_features", "n_head"):
             if getattr(self, name) < 1:
-                raise LayoutError(f"model {name}={getattr(self, name)} must be at least 1")
-        if self.kind == "gpt" and self.n_embd % self.n_head:
-            raise LayoutError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+                found.append(LayoutError(f"model {name}={getattr(self, name)} must be at least 1",
+                                         field=f"model.{name}"))
+        if self.kind == "gpt" and self.n_head >= 1 and self.n_embd % self.n_head:
+            found.append(LayoutError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}",
+                                     field="model.n_head"))
+        return found
+
+    def validate(self) -> None:
+        """Raise `LayoutError` for a model that cannot be built."""
+        _raise(self.problems())
 
 
 @dataclass(kw_only=True, slots=True)
@@ -169,47 +231,49 @@ class JobConfig:
             return self.transfer_timeout_s
         return self.op_timeout_s + nbytes / (self.transfer_floor_mb_s * 1e6)
 
-    def validate(self) -> None:
-        """Raise `LayoutError` naming the bad value and what was expected; no process is started."""
-        self.model.validate()
+    def problems(self) -> list[LayoutError]:
+        """Every reason this config cannot run, each naming its field (empty when it can)."""
+        found = self.model.problems()
+
+        def bad(message: str, field: str) -> None:
+            found.append(LayoutError(message, field=field))
+
         if self.strategy not in STRATEGIES:
-            raise LayoutError(f"strategy {self.strategy!r} is unknown; expected one of {STRATEGIES}")
+            bad(f"strategy {self.strategy!r} is unknown; expected one of {STRATEGIES}", "strategy")
         if self.schedule not in SCHEDULES:
-            raise LayoutError(f"schedule {self.schedule!r} is unknown; expected one of {SCHEDULES}")
-        if self.dp < 1 or self.pp < 1:
-            raise LayoutError(f"dp={self.dp} and pp={self.pp} must both be at least 1")
+            bad(f"schedule {self.schedule!r} is unknown; expected one of {SCHEDULES}", "schedule")
+        for name in ("dp", "pp", "microbatches"):
+            if getattr(self, name) < 1:
+                bad(f"{name}={getattr(self, name)} must be at least 1", name)
         if self.pp > self.model.num_layers:
-            raise LayoutError(
-                f"pp={self.pp} stages but the model has only {self.model.num_layers} layers "
-                f"(n_layer={self.model.n_layer} + input + head); expected pp <= {self.model.num_layers}"
-            )
-        if self.microbatches < 1:
-            raise LayoutError(f"microbatches={self.microbatches} must be at least 1")
-        if self.global_batch % self.num_microbatches:
-            raise LayoutError(
-                f"global_batch={self.global_batch} is not divisible by dp*microbatches="
-                f"{self.num_microbatches}; expected a multiple of {self.num_microbatches}"
-            )
+            bad(f"pp={self.pp} stages but the model has only {self.model.num_layers} layers "
+                f"(n_layer={self.model.n_layer} + input + head); expected pp <= {self.model.num_layers}", "pp")
+        if self.global_batch < 1:
+            bad(f"global_batch={self.global_batch} must be at least 1", "global_batch")
+        elif self.num_microbatches >= 1 and self.global_batch % self.num_microbatches:
+            bad(f"global_batch={self.global_batch} is not divisible by dp*microbatches={self.num_microbatches}; "
+                f"expected a multiple of {self.num_microbatches}", "global_batch")
         if self.layer_costs is not None and len(self.layer_costs) != self.model.num_layers:
-            raise LayoutError(
-                f"layer_costs has {len(self.layer_costs)} entries; "
-                f"expected {self.model.num_layers} (one per layer)"
-            )
-        if not 1 <= self.min_stages <= self.pp:
-            raise LayoutError(f"min_stages={self.min_stages} must be between 1 and pp={self.pp}")
+            bad(f"layer_costs has {len(self.layer_costs)} entries; expected {self.model.num_layers} (one per layer)",
+                "layer_costs")
+        if not 1 <= self.min_stages <= max(self.pp, 1):
+            bad(f"min_stages={self.min_stages} must be between 1 and pp={self.pp}", "min_stages")
         if self.steps < 0:
-            raise LayoutError(f"steps={self.steps} must be >= 0")
+            bad(f"steps={self.steps} must be >= 0", "steps")
         if not self.op_timeout_s > 0:  # `not >` also rejects NaN
-            raise LayoutError(f"op_timeout_s={self.op_timeout_s} must be a positive number of seconds")
+            bad(f"op_timeout_s={self.op_timeout_s} must be a positive number of seconds", "op_timeout_s")
         if not (self.transfer_timeout_s == 0 or self.op_timeout_s <= self.transfer_timeout_s < math.inf):
-            raise LayoutError(
-                f"transfer_timeout_s={self.transfer_timeout_s} is invalid; expected 0 (derive it from the "
-                f"bytes moved) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}"
-            )
+            bad(f"transfer_timeout_s={self.transfer_timeout_s} is invalid; expected 0 (derive it from the bytes "
+                f"moved) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}", "transfer_timeout_s")
         if not 0 < self.transfer_floor_mb_s < math.inf:
-            raise LayoutError(
-                f"transfer_floor_mb_s={self.transfer_floor_mb_s} must be a positive, finite bandwidth in MB/s"
-            )
+            bad(f"transfer_floor_mb_s={self.transfer_floor_mb_s} must be a positive, finite bandwidth in MB/s",
+                "transfer_floor_mb_s")
+        return found
+
+    def validate(self) -> None:
+        """Raise `LayoutError` naming the bad value and what was expected (`LayoutErrors` with every
+        problem when there are several); no process is started."""
+        _raise(self.problems())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (inverse of `from_dict`)."""
@@ -217,9 +281,129 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobConfig:
-        """Build from `to_dict` output; nested specs are rebuilt as dataclasses."""
-        data = dict(data)
-        data["model"] = ModelSpec(**data.get("model", {}))
-        if data.get("device_time") is not None:
-            data["device_time"] = DeviceTime(**data["device_time"])
-        return cls(**data)
+        """Build from `to_dict` output (or a job file's / request's contract): nested specs become
+        dataclasses. Raises `LayoutError` naming the field for an unknown field or a value of the
+        wrong type (a string, a bool or NaN where a number is expected), before `validate`."""
+        return _build(cls, data, prefix="")
+
+
+def _type_error(path: str, expected: str, value: Any) -> LayoutError:
+    return LayoutError(f"{path} must be {expected}, got {value!r}", field=path)
+
+
+def _check_value(path: str, annotation: str, value: Any) -> Any:
+    """`value` checked against a field's annotation (the module's annotations are strings)."""
+    optional = annotation.endswith("| None")
+    if value is None:
+        if optional:
+            return None
+        raise _type_error(path, "given (not null)", value)
+    base = annotation.removesuffix(" | None")
+    if base == "int":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _type_error(path, "an integer", value)
+        if abs(value) > 2**53:
+            raise _type_error(path, "an integer of at most 2**53", value)
+    elif base == "float":
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise _type_error(path, "a finite number", value)
+        value = float(value)
+    elif base == "bool":
+        if not isinstance(value, bool):
+            raise _type_error(path, "true or false", value)
+    elif base == "str":
+        if not isinstance(value, str):
+            raise _type_error(path, "a string", value)
+        if len(value) > 1000 or "\x00" in value:
+            raise _type_error(path, "a string of at most 1,000 characters without NUL", value[:40])
+    elif base == "list[float]":
+        if not isinstance(value, list) or len(value) > 100_000:
+            raise _type_error(path, "a list of numbers", value)
+        value = [_check_value(f"{path}[{i}]", "float", v) for i, v in enumerate(value)]
+    return value
+
+
+_NESTED: dict[str, type] = {}  # annotation name -> dataclass, filled below
+
+
+def _build(cls: type, data: Any, *, prefix: str) -> Any:
+    """`cls(**data)` with every field checked; errors name the field's dotted path."""
+    if not isinstance(data, dict):
+        raise _type_error(prefix.rstrip(".") or "config", "an object", data)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise LayoutError(
+            f"unknown field(s) {', '.join(prefix + str(u) for u in unknown)}; expected some of {sorted(fields)}",
+            field=prefix + str(unknown[0]),
+        )
+    values, problems = {}, []
+    for name, value in data.items():
+        annotation = str(fields[name].type)
+        nested = _NESTED.get(annotation.removesuffix(" | None"))
+        try:
+            if nested is not None and value is not None:
+                values[name] = _build(nested, value, prefix=f"{prefix}{name}.")
+            else:
+                values[name] = _check_value(prefix + name, annotation, value)
+        except LayoutError as exc:
+            problems.extend(each_error(exc))
+    _raise(problems)
+    return cls(**values)
+
+
+_NESTED.update({"ModelSpec": ModelSpec, "DeviceTime": DeviceTime})
+
+
+# --- The legacy `model_spec` request body ------------------------------------------------------------
+
+MODEL_SPEC_ALIASES = {
+    "kind": "kind", "layers": "n_layer", "d_model": "n_embd", "heads": "n_head", "seq_len": "seq_len",
+    "vocab": "vocab_size", "in_features": "in_features",
+}
+"""`model_spec` names (the API's first request body, still accepted) -> `ModelSpec` fields."""
+
+
+def contract_from_model_spec(spec: Any) -> tuple[dict[str, Any], int | None]:
+    """The contract fields (`model`, `global_batch`) of a legacy `model_spec` body, and its
+    `micro_batches` (micro-batches per step over all pipelines, None when absent): the one place the
+    old names are translated. Raises `LayoutError` naming `model_spec.<old name>`."""
+    if not isinstance(spec, dict):
+        raise _type_error("model_spec", "an object", spec)
+    unknown = sorted(set(spec) - set(MODEL_SPEC_ALIASES) - {"global_batch", "micro_batches"})
+    if unknown:
+        raise LayoutError(
+            f"unknown field(s) {', '.join('model_spec.' + str(u) for u in unknown)}; expected some of "
+            f"{sorted([*MODEL_SPEC_ALIASES, 'global_batch', 'micro_batches'])}",
+            field=f"model_spec.{unknown[0]}",
+        )
+    model = {MODEL_SPEC_ALIASES[k]: v for k, v in spec.items() if k in MODEL_SPEC_ALIASES}
+    contract: dict[str, Any] = {"model": model}
+    if "global_batch" in spec:
+        contract["global_batch"] = spec["global_batch"]
+    total = spec.get("micro_batches")
+    if total is not None:
+        _check_value("model_spec.micro_batches", "int", total)
+        if total < 1:
+            raise LayoutError(f"model_spec.micro_batches={total} must be at least 1", field="model_spec.micro_batches")
+    return contract, total
+
+
+def alias_field(field_path: str) -> str:
+    """The `model_spec.<old name>` of a contract field, for errors about a request in the old form."""
+    if field_path == "global_batch":
+        return "model_spec.global_batch"
+    if field_path.startswith("model."):
+        name = field_path.removeprefix("model.")
+        old = next((k for k, v in MODEL_SPEC_ALIASES.items() if v == name), name)
+        return f"model_spec.{old}"
+    return field_path
+
+
+def model_spec_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored contract in the legacy `model_spec` shape, for clients that still read it."""
+    model = config.get("model") or {}
+    view = {old: model[new] for old, new in MODEL_SPEC_ALIASES.items() if new in model}
+    view["global_batch"] = config.get("global_batch")
+    view["micro_batches"] = int(config.get("dp", 1)) * int(config.get("microbatches", 1))
+    return view

@@ -171,3 +171,35 @@ def make_plan(
         "restore_step": restore,
         "transfers": transfers,
     }
+
+
+def plan_for_fleet(
+    config: JobConfig, slots: Slots, *, gone: set[int], noticed: set[int], joiners: list[int] | None = None,
+) -> Plan:
+    """The plan the survivors will agree on, from what the control plane knows of the fleet: the
+    current generation's `slots`, the members that are `gone` (dead), those `noticed` (an
+    interruption notice: still here, leaving) and the nodes that joined. Every member is taken to
+    hold the layers its slot holds in the current layout, at the same step (the control plane
+    does not see the step or extra copies; with them the survivors can only do better).
+
+    The answer is `make_plan`'s, the runtime's own: `layout` (go on; `deferred` lists noticed
+    members kept until a replacement joins), `waiting` (a strategy that restarts from its
+    checkpoint waits for replacements) or `error` (the state is lost: the job cannot continue).
+    Torch-free, so the control plane asks it instead of keeping rules of its own."""
+    strategy = get_strategy(config.strategy)
+    current = strategy.layout_for(config, slots)
+    members = alive_nodes(slots)
+    step = 1  # any step > 0: the holders of every layer are checked, as after a real step
+    alive = {
+        n: {"committed": step, "versions": dict.fromkeys(map(str, current.layers_of(n)), step), "leaving": n in noticed}
+        for n in members
+        if n not in gone
+    }
+    if not alive:
+        empty: Slots = [[None] * len(row) for row in slots]
+        if strategy.restarts_from_checkpoint:  # replacements restore the last checkpoint
+            return {"generation": 1, "slots": empty, "waiting": "no member survived; replacements restore it"}
+        return {"generation": 1, "slots": empty, "error": "no member survived and the strategy keeps no checkpoint"}
+    previous: Plan = {"members": members, "slots": slots, "leaving": [], "joins_consumed": 0}
+    return make_plan(config, generation=1, previous=previous, alive=alive, joiners=list(joiners or []),
+                     checkpoint_step=step if strategy.restarts_from_checkpoint else None, reason="fleet")

@@ -225,7 +225,8 @@ def run_demo(options: DemoOptions) -> int:
         job = submit_job(team=team.team, user=team.user, strategy=options.strategy,
                          nodes=options.nodes, steps=steps, seed=options.seed, checkpoint_dir=var_dir / "checkpoints")
         tasks.acquire_capacity.delay(job.pk)
-        console.line(f"job {job.pk}: a GPT ({job.model_spec['layers']} layers, d_model {job.model_spec['d_model']}) "
+        model = job.config["model"]
+        console.line(f"job {job.pk}: a GPT ({model['n_layer']} layers, d_model {model['n_embd']}) "
                      f"for {steps} steps on {options.nodes} local nodes as dp={dp} x pp={pp}, strategy "
                      f"{options.strategy}: {base}/jobs/{job.pk}/")
         try:

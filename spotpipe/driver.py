@@ -9,6 +9,7 @@ plane's own work, done by the Celery worker and beat."""
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -34,14 +35,14 @@ from controlplane.orchestration.providers import ProviderError
 from controlplane.orchestration.providers.local import LocalProvider
 from spotpipe.schedule import NOTICE_S, Preemption, describe, max_survivable
 
-# The demo's model: a small GPT (nanoGPT-style) that trains on 2 CPU cores in a few minutes.
-MODEL_SPEC = {"kind": "gpt", "layers": 4, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 64,
-              "global_batch": 16, "micro_batches": 4}
-# Runtime settings: every blocking call bounded by 2 s (a dead peer is found fast); each compute
-# action padded to a profiled device time so that pipeline stages overlap as on GPUs (see
-# docs/runtime.md, "emulated device time").
-RUNTIME = {"op_timeout_s": 2.0, "schedule": "fiw",
-           "device_time": {"forward_ms": 3, "backward_input_ms": 3, "backward_weight_ms": 3}}
+# The demo's job contract (the runtime's JobConfig fields): a small GPT (nanoGPT-style) that trains
+# on 2 CPU cores in a few minutes; every blocking call bounded by 2 s (a dead peer is found fast);
+# each compute action padded to a profiled device time so that pipeline stages overlap as on GPUs
+# (see docs/runtime.md, "emulated device time").
+CONFIG = {"model": {"kind": "gpt", "n_layer": 4, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64},
+          "global_batch": 16, "op_timeout_s": 2.0, "schedule": "fiw",
+          "device_time": {"forward_ms": 3, "backward_input_ms": 3, "backward_weight_ms": 3}}
+MICROBATCHES_PER_STEP = 4
 # Steps per second of the demo job on this kind of machine (2 cores), measured by `spotpipe demo`
 # itself (see docs/demo.md): turns --duration into the job's steps.
 STEPS_PER_SECOND = 4.0
@@ -99,18 +100,17 @@ def event_label(kind: str, message: str) -> str:
 
 @transaction.atomic
 def submit_job(*, team: Any, user: Any, strategy: str, nodes: int, steps: int, seed: int,
-               checkpoint_dir: Path) -> TrainingJob:
-    """Submit the demo's GPT job and give it its plan (dp x pp on the local provider)."""
+               checkpoint_dir: Path, config: dict[str, Any] | None = None) -> TrainingJob:
+    """Submit the demo's GPT job through the API's service, with an explicit plan (dp x pp on the
+    local provider) and a checkpoint directory of its own. `config`: another contract than the demo's
+    GPT (the chaos soak's MLP)."""
     dp, pp = layout_for(nodes)
-    job = job_submit(team=team, user=user, name=f"demo gpt {dp}x{pp} {strategy} seed {seed}", model_spec=MODEL_SPEC,
-                     strategy=strategy, target_steps=steps, deadline=timezone.now() + timedelta(hours=1))
-    runtime = {**RUNTIME, "checkpoint_dir": str(checkpoint_dir / f"job{job.pk}"), "checkpoint_interval": 10}
-    # jobs.services has no "set the plan" service yet: the plan is written here, in the same
-    # transaction as the submission, before any task can see the job.
-    job.plan = {"dp": dp, "pp": pp, "nodes": nodes, "provider": "local", "seed": seed, "runtime": runtime,
-                "planned_by": "spotpipe demo (fixed layout)"}
-    job.save(update_fields=["plan", "updated_at"])
-    return job
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    config = {**(config or CONFIG), "seed": seed, "microbatches": MICROBATCHES_PER_STEP // dp or 1,
+              "checkpoint_dir": tempfile.mkdtemp(prefix="job-", dir=checkpoint_dir), "checkpoint_interval": 10}
+    return job_submit(team=team, user=user, name=f"demo gpt {dp}x{pp} {strategy} seed {seed}", config=config,
+                      strategy=strategy, target_steps=steps, deadline=timezone.now() + timedelta(hours=1),
+                      plan={"dp": dp, "pp": pp, "nodes": nodes, "provider": "local"})
 
 
 @dataclass

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from controlplane.orchestration.providers.local import LOCAL_STAND_IN_TYPE
+
 # Measured on the reference file (see the module docstring).
 SPOT_TO_ON_DEMAND_FLOOR = 0.30
 SPOT_TO_ON_DEMAND_MEDIAN = 0.33
@@ -41,7 +43,7 @@ LINUX = "Linux/UNIX"
 DEMO_TYPES: tuple[tuple[str, float], ...] = (("g4dn.xlarge", 0.526), ("g5.xlarge", 1.006), ("p3.2xlarge", 3.06))
 DEMO_ZONES: tuple[str, ...] = ("use1-az4", "use1-az6", "use1-az1")
 # The local nodes of the demo stand in for this type: their pool is priced by its cheapest zone.
-STAND_IN_TYPE = "g4dn.xlarge"
+STAND_IN_TYPE = LOCAL_STAND_IN_TYPE
 # Every pool's series starts here (a fixed instant, so histories agree across runs).
 ORIGIN = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,14 +7,10 @@ from django.conf import settings
 from django.db import models
 
 from controlplane.common.models import TimeStampedModel
+from runtime.config import JOB_STRATEGIES, STRATEGY_LABELS
 
-
-class Strategy(models.TextChoices):
-    AUTO = "auto", "Automatic"
-    CHECKPOINT = "checkpoint", "Checkpoint-restart"
-    BAMBOO = "bamboo", "Bamboo (redundant computation)"
-    RECYCLE = "recycle", "ReCycle (re-route micro-batches)"
-    OOBLECK = "oobleck", "Oobleck (pipeline templates)"
+# The names are the runtime's (runtime/config.py owns them): AUTO, CHECKPOINT, BAMBOO, RECYCLE, OOBLECK.
+Strategy = models.TextChoices("Strategy", [(name.upper(), (name, STRATEGY_LABELS[name])) for name in JOB_STRATEGIES])
 
 
 class JobStatus(models.TextChoices):
@@ -40,14 +36,18 @@ class TrainingJob(TimeStampedModel):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
     name = models.CharField(max_length=120)
-    model_spec = models.JSONField(help_text="Model and batch: layers, d_model, heads, seq_len, global_batch...")
+    config = models.JSONField(
+        default=dict, help_text="The runtime's JobConfig (runtime/config.py): model, batch, layout, strategy, seed..."
+    )
     strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.AUTO)
     target_steps = models.PositiveIntegerField()
     deadline = models.DateTimeField(null=True, blank=True)
     budget_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.PENDING)
     status_message = models.CharField(max_length=300, blank=True)
-    plan = models.JSONField(default=dict, blank=True)
+    plan = models.JSONField(
+        default=dict, blank=True, help_text="controlplane.jobs.plans.JobPlan: provider, pools, nodes, dp, pp, ..."
+    )
     current_generation = models.PositiveIntegerField(default=0)
     steps_done = models.PositiveIntegerField(default=0)
     samples_done = models.BigIntegerField(default=0)

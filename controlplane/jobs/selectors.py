@@ -4,11 +4,15 @@ joined or prefetched, so a page of results costs a constant number of queries.""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
 
 from controlplane.fleet.states import LIVE_STATES
 from controlplane.jobs.models import JobEvent, JobGeneration, MetricSample, Reconfiguration, TrainingJob
+from runtime.config import JobConfig
 
 
 def job_list(*, team_ids: Iterable[int]) -> QuerySet[TrainingJob]:
@@ -38,3 +42,48 @@ def job_event_list(*, job: TrainingJob) -> QuerySet[JobEvent]:
 def job_metric_list(*, job: TrainingJob) -> QuerySet[MetricSample]:
     """Samples in step order (the (job, step) index serves it)."""
     return MetricSample.objects.filter(job_id=job.pk).order_by("step", "at", "id")
+
+
+def job_plan_summary(*, job: TrainingJob, cost_so_far: Any = None, now: datetime | None = None) -> dict[str, Any]:
+    """The job's plan as the job page shows it: the layout, who chose it, and the planner's
+    predictions beside what the job measured so far (samples/s, step time, hours, cost)."""
+    plan = job.plan or {}
+    predicted = plan.get("predicted") or {}
+    now = now or timezone.now()
+    rates = list(
+        MetricSample.objects.filter(job=job, samples_per_s__isnull=False, samples_per_s__gt=0)
+        .order_by("-step").values_list("samples_per_s", flat=True)[:50]
+    )
+    measured_rate = sum(rates) / len(rates) if rates else None
+    global_batch = (job.config or {}).get("global_batch")
+    elapsed_h = None
+    projected_h = None
+    if job.started_at is not None:
+        elapsed_h = ((job.finished_at or now) - job.started_at).total_seconds() / 3600.0
+        if job.steps_done and job.target_steps:
+            projected_h = elapsed_h * job.target_steps / min(job.steps_done, job.target_steps)
+    rows = [
+        ("samples/s", predicted.get("samples_per_s"), measured_rate),
+        ("step time (s)", predicted.get("step_s"),
+         global_batch / measured_rate if measured_rate and global_batch else None),
+        ("hours for the whole job", predicted.get("hours"), projected_h),
+        ("cost (USD)", predicted.get("cost_usd"), float(cost_so_far) if cost_so_far is not None else None),
+    ]
+    return {
+        "chosen_by": plan.get("chosen_by", ""),
+        "provider": plan.get("provider", ""),
+        "pools": ", ".join(f"{p['instance_type']}{'@' + p['zone'] if p.get('zone') else ''}"
+                           for p in plan.get("pools") or []),
+        "nodes": plan.get("nodes"), "dp": plan.get("dp"), "pp": plan.get("pp"),
+        "microbatches": plan.get("microbatches"), "strategy": plan.get("strategy", ""),
+        "schedule": (job.config or {}).get("schedule", ""),
+        "objective": plan.get("objective", ""),
+        "rows": [{"what": what, "predicted": p, "measured": m} for what, p, m in rows],
+        "elapsed_hours": elapsed_h,
+        "runner_ups": plan.get("runner_ups") or [],
+    }
+
+
+def job_runtime_config(job: TrainingJob) -> JobConfig:
+    """The job's stored contract as the runtime's JobConfig (what its nodes run)."""
+    return JobConfig.from_dict(job.config)

@@ -20,14 +20,12 @@ from controlplane.jobs.models import (
     JobGeneration,
     JobStatus,
     MetricSample,
-    Strategy,
     TrainingJob,
 )
+from controlplane.jobs.plans import parse_plan_request
+from controlplane.planning.services import plan_job
+from runtime.config import JOB_STRATEGIES, LayoutError, alias_field, contract_from_model_spec, each_error
 
-MODEL_KINDS = ("gpt", "mlp")
-# Fields every kind needs, and those only a transformer needs.
-_COMMON_SPEC_FIELDS = ("layers", "d_model", "global_batch", "micro_batches")
-_GPT_SPEC_FIELDS = ("heads", "seq_len", "vocab")
 MAX_BUDGET_USD = Decimal("9999999999.99")  # what budget_usd (12 digits, 2 decimals) can hold
 MAX_METRIC_BATCH = 1000
 
@@ -39,47 +37,22 @@ RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 
 
 def _is_positive_int(value: Any) -> bool:
-    # bool is an int in Python, but `"layers": true` is a mistake, not 1 layer.
+    # bool is an int in Python, but `"steps": true` is a mistake, not 1 step.
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def model_spec_errors(spec: Any) -> dict[str, list[str]]:
-    """Every problem of a model spec, keyed by `model_spec.<field>`; empty when the spec is valid."""
-    if not isinstance(spec, dict):
-        return {"model_spec": [f"expected an object, got {type(spec).__name__}"]}
-    errors: dict[str, list[str]] = {}
-    kind = spec.get("kind")
-    if kind not in MODEL_KINDS:
-        errors["model_spec.kind"] = [f"unknown model kind {kind!r}; expected one of {', '.join(MODEL_KINDS)}"]
-    needed = _COMMON_SPEC_FIELDS + (_GPT_SPEC_FIELDS if kind == "gpt" else ())
-    for name in needed + tuple(f for f in _GPT_SPEC_FIELDS if f not in needed and f in spec):
-        value = spec.get(name)
-        if name not in spec:
-            errors[f"model_spec.{name}"] = ["required"]
-        elif not _is_positive_int(value):
-            errors[f"model_spec.{name}"] = [f"must be a positive integer, got {value!r}"]
-    heads_ok = "heads" in spec and not errors.get("model_spec.heads")
-    if heads_ok and not errors.get("model_spec.d_model") and spec["d_model"] % spec["heads"]:
-        errors["model_spec.heads"] = [f"d_model {spec['d_model']} is not divisible by heads {spec['heads']}"]
-    batch_ok = not errors.get("model_spec.global_batch") and not errors.get("model_spec.micro_batches")
-    if batch_ok and spec["global_batch"] % spec["micro_batches"]:
-        errors["model_spec.micro_batches"] = [
-            f"micro_batches {spec['micro_batches']} does not divide global_batch {spec['global_batch']}"
-        ]
-    return errors
-
-
 def _job_input_errors(
-    *, name: Any, model_spec: Any, strategy: Any, target_steps: Any, deadline: Any, budget_usd: Any
+    *, name: Any, strategy: Any, target_steps: Any, deadline: Any, budget_usd: Any
 ) -> tuple[dict[str, list[str]], Decimal | None]:
     errors: dict[str, list[str]] = {}
     if not isinstance(name, str) or not name.strip():
         errors["name"] = ["must be a non-empty string"]
     elif len(name) > TrainingJob._meta.get_field("name").max_length:
         errors["name"] = [f"at most {TrainingJob._meta.get_field('name').max_length} characters"]
-    errors.update(model_spec_errors(model_spec))
-    if strategy not in Strategy.values:
-        errors["strategy"] = [f"unknown strategy {strategy!r}; expected one of {', '.join(Strategy.values)}"]
+    elif "\x00" in name:
+        errors["name"] = ["must not contain NUL characters"]
+    if strategy not in JOB_STRATEGIES:
+        errors["strategy"] = [f"unknown strategy {strategy!r}; expected one of {', '.join(JOB_STRATEGIES)}"]
     if not _is_positive_int(target_steps):
         errors["target_steps"] = [f"must be a positive integer, got {target_steps!r}"]
     elif target_steps > 2**31 - 1:
@@ -105,6 +78,38 @@ def _job_input_errors(
     return errors, budget
 
 
+def job_contract(*, config: Any = None, model_spec: Any = None) -> tuple[dict[str, Any], int | None, bool]:
+    """The request's contract (JobConfig fields) and the legacy body's micro-batches per step: from
+    `config`, or from the documented alias `model_spec` (translated by `runtime.config`). The third
+    value says whether the alias was used (errors then name `model_spec.<field>`)."""
+    if config is not None and model_spec is not None:
+        raise LayoutError("give config or model_spec (its older form), not both", field="model_spec")
+    if model_spec is not None:
+        contract, total = contract_from_model_spec(model_spec)
+        return contract, total, True
+    if config is None:
+        raise LayoutError("required: the job's config (model, global_batch, ...)", field="config")
+    if not isinstance(config, dict):
+        raise LayoutError(f"config must be an object, got {type(config).__name__}", field="config")
+    return dict(config), None, False
+
+
+PLAN_LAYOUT_FIELDS = ("dp", "pp", "microbatches", "min_stages")
+
+
+def _request_field(field: str, *, alias: bool) -> str:
+    """The request field a contract problem is about: `model_spec.<old name>` for a request in the
+    alias form, else `config.<field>` for the contract's own fields."""
+    field = field or "config"
+    if field in PLAN_LAYOUT_FIELDS:  # the layout is the plan's, whichever form the contract came in
+        return f"plan.{field}"
+    if alias:
+        return alias_field(field.removeprefix("config."))
+    if field.startswith(("plan", "config", "deadline", "budget_usd", "model_spec")):
+        return field
+    return f"config.{field}"
+
+
 # --- Jobs ------------------------------------------------------------------------------------------
 
 
@@ -114,29 +119,53 @@ def job_submit(
     team: Any,
     user: Any | None,
     name: str,
-    model_spec: dict[str, Any],
     strategy: str,
     target_steps: int,
+    config: dict[str, Any] | None = None,
+    model_spec: dict[str, Any] | None = None,
+    plan: dict[str, Any] | str | None = None,
     deadline: datetime | None = None,
     budget_usd: Decimal | float | str | None = None,
 ) -> TrainingJob:
-    """Validate and store a new job (status pending) and its `submitted` event. Every problem is
-    reported at once, each under the name of its field (`model_spec.heads`, `deadline`, ...)."""
+    """Validate and store a new job (status pending) with its contract and plan, and its `submitted`
+    event. The contract is validated by building the runtime's `JobConfig` with the plan's layout,
+    so a job the runtime would reject is refused here (400) under the name of the field to change
+    (`config.model.n_head`, `plan.pp`, `model_spec.heads`, `deadline`, ...), and no node is bought.
+
+    `config`: the runtime's JobConfig fields other than the layout (model, global_batch, seed, lr,
+    schedule, device_time, ...); `model_spec`: its older form. `plan`: None (one node), `"auto"`
+    (the planner picks the cheapest plan that meets the deadline, or the fastest within the budget)
+    or an explicit `{dp, pp, nodes, microbatches, provider, instance_types, zones}`."""
     errors, budget = _job_input_errors(
-        name=name, model_spec=model_spec, strategy=strategy, target_steps=target_steps,
-        deadline=deadline, budget_usd=budget_usd,
+        name=name, strategy=strategy, target_steps=target_steps, deadline=deadline, budget_usd=budget_usd,
     )
+    job_plan = runtime_config = None
+    if not errors:
+        alias = model_spec is not None
+        try:
+            contract, total, alias = job_contract(config=config, model_spec=model_spec)
+            ask = parse_plan_request(plan)
+            job_plan, runtime_config = plan_job(
+                team_id=team.pk, contract=contract, total_microbatches=total, strategy=strategy,
+                target_steps=target_steps, deadline=deadline, budget_usd=budget, ask=ask,
+            )
+        except LayoutError as exc:
+            for problem in each_error(exc):
+                errors.setdefault(_request_field(problem.field, alias=alias), []).append(problem.message)
     if errors:
         raise ValidationError(errors)
+    assert job_plan is not None and runtime_config is not None
     job = TrainingJob.objects.create(
-        team=team, created_by=user, name=name.strip(), model_spec=model_spec, strategy=strategy,
-        target_steps=target_steps, deadline=deadline, budget_usd=budget, status=JobStatus.PENDING,
+        team=team, created_by=user, name=name.strip(), config=runtime_config.to_dict(), strategy=strategy,
+        plan=job_plan.to_dict(), target_steps=target_steps, deadline=deadline, budget_usd=budget,
+        status=JobStatus.PENDING,
     )
     job_record_event(
         job=job, kind="submitted", message=f"submitted by {user or 'the system'}",
         data={"strategy": strategy, "target_steps": target_steps,
               "deadline": deadline.isoformat() if deadline else None,
-              "budget_usd": str(budget) if budget is not None else None},
+              "budget_usd": str(budget) if budget is not None else None,
+              "plan": {k: getattr(job_plan, k) for k in ("chosen_by", "provider", "nodes", "dp", "pp")}},
     )
     return job
 
@@ -287,7 +316,7 @@ def job_record_metrics(*, job: TrainingJob, samples: list[dict[str, Any]]) -> li
     newest = max(rows, key=lambda r: (r.step, r.at))
     if newest.step > locked.steps_done:
         locked.steps_done = newest.step
-        global_batch = (locked.model_spec or {}).get("global_batch") or 0
+        global_batch = (locked.config or {}).get("global_batch") or 0
         locked.samples_done = max(locked.samples_done, newest.step * int(global_batch))
         fields += ["steps_done", "samples_done"]
     with_loss = [r for r in rows if r.loss is not None]

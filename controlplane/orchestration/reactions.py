@@ -1,16 +1,21 @@
-"""How a job's membership reacts when nodes leave or join, per strategy. Pure functions on the
-*slots* grid the runtime uses (`runtime.strategies.base`): `slots[p][s]` is the instance filling
-stage s of pipeline p of the full DP x PP layout, or None for a hole.
+"""How a job's membership reacts when nodes leave or join, per strategy. Functions on the *slots*
+grid the runtime uses (`runtime.strategies.base`): `slots[p][s]` is the instance filling stage s of
+pipeline p of the full DP x PP layout, or None for a hole.
 
-The control plane decides *who* fills which slot and whether the job can keep going; the runtime's
-strategy (`get_strategy(name).layout_for(config, slots)`) turns the slots into routes on the nodes.
-No torch here: the Celery worker stays light.
+What happens to a membership is the runtime's answer, asked here (`runtime.membership.
+plan_for_fleet`, which runs the runtime's own `make_plan` and the strategy's `layout_for`;
+torch-free), so the control plane and the nodes never disagree on it. No torch here: the Celery
+worker stays light.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from runtime.config import JobConfig
+from runtime.membership import plan_for_fleet
+from runtime.strategies.base import alive_nodes
 
 Slots = list[list[int | None]]
 
@@ -34,12 +39,6 @@ class Reaction:
     reason: str
 
 
-def runtime_strategy(job_strategy: str) -> str:
-    """The runtime strategy for a job's strategy (`auto` means recycle: it keeps the global batch
-    with no state transfer and no restart)."""
-    return "recycle" if job_strategy in ("", "auto") else job_strategy
-
-
 def full_slots(instance_ids: list[int], *, dp: int, pp: int) -> Slots:
     """The failure-free grid: instances in order, pipeline-major."""
     if len(instance_ids) < dp * pp:
@@ -47,8 +46,7 @@ def full_slots(instance_ids: list[int], *, dp: int, pp: int) -> Slots:
     return [[instance_ids[p * pp + s] for s in range(pp)] for p in range(dp)]
 
 
-def alive(slots: Slots) -> list[int]:
-    return [n for row in slots for n in row if n is not None]
+alive = alive_nodes
 
 
 def holes(slots: Slots) -> list[tuple[int, int]]:
@@ -59,58 +57,30 @@ def without(slots: Slots, leaving: set[int]) -> Slots:
     return [[None if n in leaving else n for n in row] for row in slots]
 
 
-def fill(slots: Slots, joiners: list[int]) -> tuple[Slots, list[int]]:
-    """Put joiners into holes, first pipeline and first stage first (as the runtime's fill_slots)."""
-    out = [list(row) for row in slots]
-    queue = list(joiners)
-    for row in out:
-        for s, node in enumerate(row):
-            if node is None and queue:
-                row[s] = queue.pop(0)
-    return out, queue
+def react_leave(config: JobConfig, slots: Slots, leaving: set[int], *, noticed: set[int] = frozenset()) -> Reaction:
+    """The next slots after `leaving` go (those in `noticed` got a notice and are still here), as
+    the runtime's own plan has them (`runtime.membership.plan_for_fleet`): go on (a noticed node
+    the job cannot do without yet stays, deferred), `wait` for replacements (a strategy that
+    restarts from its checkpoint), or `fail` (the state is lost: no replacement can bring it back)."""
+    plan = plan_for_fleet(config, slots, gone=leaving - noticed, noticed=noticed & leaving)
+    if "error" in plan:
+        return Reaction(decision="fail", slots=None, reason=f"the job cannot continue: {plan['error']}")
+    if "waiting" in plan:
+        return Reaction(decision="wait", slots=None, reason=plan["waiting"])
+    nxt = plan["slots"]
+    deferred = plan.get("deferred") or []
+    reason = f"{len(leaving)} node(s) left; {len(holes(nxt))} hole(s)"
+    if deferred:
+        reason += f"; {len(deferred)} noticed node(s) stay until a replacement joins"
+    return Reaction(decision=DECISIONS.get(config.strategy, "restart"), slots=nxt, reason=reason)
 
 
-def feasible(strategy: str, slots: Slots, *, min_stages: int = 1) -> tuple[bool, str]:
-    """Can the runtime build a layout for these slots under `strategy`? (Why not, if not.)"""
-    pp = len(slots[0]) if slots else 0
-    if not alive(slots):
-        return False, "no node left"
-    if strategy == "recycle":
-        empty = [s for s in range(pp) if all(row[s] is None for row in slots)]
-        return (not empty, f"no surviving node for stage(s) {empty}" if empty else "")
-    if strategy == "bamboo":
-        # A lost node's successor in the pipeline holds its replica; two adjacent losses lose one.
-        for p, row in enumerate(slots):
-            for s in range(pp):
-                if row[s] is None and row[(s + 1) % pp] is None and pp > 1:
-                    return False, f"pipeline {p} lost stage {s} and its replica holder"
-        return True, ""
-    if strategy == "oobleck":
-        ok = len(alive(slots)) >= min_stages
-        return ok, "" if ok else f"{len(alive(slots))} nodes cannot hold a {min_stages}-stage template"
-    # checkpoint / none: full pipelines of the survivors
-    ok = len(alive(slots)) >= pp
-    return ok, "" if ok else f"{len(alive(slots))} nodes cannot fill one pipeline of {pp} stages"
-
-
-def react_leave(strategy: str, slots: Slots, leaving: set[int], *, min_stages: int = 1) -> Reaction:
-    """Slots after `leaving` go, under `strategy`."""
-    strategy = runtime_strategy(strategy)
-    nxt = without(slots, leaving)
-    ok, why = feasible(strategy, nxt, min_stages=min_stages)
-    if not ok:
-        return Reaction(decision="wait", slots=None, reason=why)
-    return Reaction(decision=DECISIONS.get(strategy, "restart"), slots=nxt,
-                    reason=f"{len(leaving)} node(s) left; {len(holes(nxt))} hole(s)")
-
-
-def react_join(strategy: str, slots: Slots, joiners: list[int], *, min_stages: int = 1) -> Reaction:
-    """Slots after `joiners` fill holes (the job grows back)."""
-    strategy = runtime_strategy(strategy)
-    nxt, _left = fill(slots, joiners)
-    ok, why = feasible(strategy, nxt, min_stages=min_stages)
-    if not ok:
-        return Reaction(decision="wait", slots=None, reason=why)
+def react_join(config: JobConfig, slots: Slots, joiners: list[int]) -> Reaction:
+    """Slots after `joiners` fill holes (the job grows back), as the runtime's plan has them."""
+    plan = plan_for_fleet(config, slots, gone=set(), noticed=set(), joiners=joiners)
+    if "layout" not in plan:
+        return Reaction(decision="wait", slots=None, reason=plan.get("error") or plan.get("waiting", ""))
+    nxt = plan["slots"]
     return Reaction(decision="grow", slots=nxt, reason=f"{len(joiners)} node(s) joined; {len(holes(nxt))} hole(s)")
 
 

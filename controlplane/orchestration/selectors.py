@@ -38,9 +38,7 @@ def setting(name: str, default: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class JobShape:
-    """What the job's plan asks for. Plan keys: `dp`, `pp` (default 1), `nodes` (default dp*pp),
-    `provider` (default SPOTPIPE_DEFAULT_PROVIDER or local), `pools` ([{instance_type, zone}]) or
-    `instance_type` (+ `zones`)."""
+    """What the job's plan (`controlplane.jobs.plans.JobPlan`) asks for, as orchestration uses it."""
 
     dp: int
     pp: int
@@ -52,21 +50,14 @@ class JobShape:
 
 
 def job_shape(*, job: TrainingJob) -> JobShape:
-    plan = job.plan or {}
-    dp = int(plan.get("dp") or 1)
-    pp = int(plan.get("pp") or 1)
-    provider = str(plan.get("provider") or setting("SPOTPIPE_DEFAULT_PROVIDER", "local"))
-    if plan.get("pools"):
-        pools = tuple(Pool(instance_type=p["instance_type"], zone=p.get("zone", "") or "") for p in plan["pools"])
-    elif provider == "local":
-        pools = (Pool(instance_type="local.node", zone="local"),)
-    else:
-        itype = plan.get("instance_type") or "p3.2xlarge"
-        pools = tuple(Pool(instance_type=itype, zone=z) for z in plan.get("zones") or [""])
-    from controlplane.orchestration.reactions import runtime_strategy
+    from controlplane.jobs.plans import JobPlan
 
-    return JobShape(dp=dp, pp=pp, nodes=int(plan.get("nodes") or dp * pp), provider=provider, pools=pools,
-                    strategy=runtime_strategy(job.strategy), min_stages=int(plan.get("min_stages") or 1))
+    plan = JobPlan.from_dict(job.plan)
+    return JobShape(
+        dp=plan.dp, pp=plan.pp, nodes=plan.nodes, provider=plan.provider,
+        pools=tuple(Pool(instance_type=p.instance_type, zone=p.zone) for p in plan.pools),
+        strategy=plan.strategy, min_stages=plan.min_stages,
+    )
 
 
 def recently_preempted_pools(*, team_id: int, now=None) -> set[str]:

@@ -34,6 +34,7 @@ from controlplane.jobs.models import (
     TrainingJob,
 )
 from controlplane.jobs.reconfiguration import current_generations, reconfiguration_decide
+from controlplane.jobs.selectors import job_runtime_config
 from controlplane.jobs.services import job_generation_publish, job_record_event
 from controlplane.market.models import Cloud, InstanceType, Region, Zone
 from controlplane.orchestration import reactions
@@ -418,7 +419,7 @@ def agent_commands(*, instance_id: int) -> dict[str, Any]:
         "status": job.status,
         "strategy": job.strategy,
         "target_steps": job.target_steps,
-        "model_spec": job.model_spec,
+        "config": job.config,
         "plan": job.plan,
         "steps_done": job.steps_done,
     }
@@ -470,6 +471,15 @@ def agent_notice(
 
 
 # --- generations and reactions ---------------------------------------------------------------------------
+
+
+def _react_without_generation(job: TrainingJob, reaction: reactions.Reaction) -> None:
+    """A leave after which the job cannot run now: it waits for replacements (`wait`), or, when its
+    state is lost for good (`fail`), it fails with the runtime's reason instead of buying nodes."""
+    if reaction.decision == "fail":
+        job_fail(job=job, reason=reaction.reason)
+    else:
+        _job_set_status(job, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
 
 
 def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason: str) -> Any:
@@ -549,7 +559,7 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     joiners = [i for i in running if i not in members]
     if not joiners or not reactions.holes(slots):
         return None
-    reaction = reactions.react_join(shape.strategy, slots, joiners, min_stages=shape.min_stages)
+    reaction = reactions.react_join(job_runtime_config(locked), slots, joiners)
     if reaction.slots is None:
         return None
     key = "join:" + ",".join(str(i) for i in joiners[: len(reactions.holes(slots))])
@@ -619,7 +629,6 @@ def reconfiguration_apply(*, reconfiguration: Reconfiguration) -> Any:
     if locked.status not in ACTIVE_JOB_STATUSES:
         _mark_applied(reconfiguration, decision="none", generation=None)
         return None
-    shape = job_shape(job=locked)
     slots = _current_slots(locked)
     # Every member that is no longer running leaves now (the trigger's node and any other loss).
     running = set(Instance.objects.filter(job=locked, state=InstanceState.RUNNING).values_list("pk", flat=True))
@@ -629,10 +638,11 @@ def reconfiguration_apply(*, reconfiguration: Reconfiguration) -> Any:
     if slots is None or not leaving & set(reactions.alive(slots)):
         _mark_applied(reconfiguration, decision="none", generation=None)
         return None
-    reaction = reactions.react_leave(shape.strategy, slots, leaving, min_stages=shape.min_stages)
+    noticed = set(Instance.objects.filter(pk__in=leaving, state=InstanceState.NOTICE).values_list("pk", flat=True))
+    reaction = reactions.react_leave(job_runtime_config(locked), slots, leaving, noticed=noticed)
     if reaction.slots is None:
-        _mark_applied(reconfiguration, decision="wait", generation=None)
-        _job_set_status(locked, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
+        _mark_applied(reconfiguration, decision=reaction.decision, generation=None)
+        _react_without_generation(locked, reaction)
         transaction.on_commit(lambda: task_enqueue("reconcile_job", locked.pk))
         return None
     generation = _publish(
@@ -685,11 +695,12 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
     generations = current_generations(jobs=[job for job in jobs.values() if job.status in ACTIVE_JOB_STATUSES])
     slots = {pk: [list(row) for row in g.layout.get("slots", [])] for pk, g in generations.items()}
     running: dict[int, set[int]] = {pk: set() for pk in slots}
+    noticed: set[int] = set()  # still here, leaving: the runtime may keep them until a replacement joins
     if slots:
-        for job_id, pk in Instance.objects.filter(job_id__in=slots, state=InstanceState.RUNNING).values_list(
-            "job_id", "pk"
-        ):
-            running[job_id].add(pk)
+        for job_id, pk, state in Instance.objects.filter(
+            job_id__in=slots, state__in=(InstanceState.RUNNING, InstanceState.NOTICE)
+        ).values_list("job_id", "pk", "state"):
+            (running[job_id] if state == InstanceState.RUNNING else noticed).add(pk)
     published: dict[int, Any] = {}
     reconcile: list[int] = []
     for reconfiguration in rows:
@@ -706,13 +717,12 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
         if current is None or not leaving & alive:
             _set_applied(reconfiguration, decision="none", generation=None)
             continue
-        shape = job_shape(job=job)
-        reaction = reactions.react_leave(shape.strategy, current, leaving, min_stages=shape.min_stages)
+        reaction = reactions.react_leave(job_runtime_config(job), current, leaving, noticed=noticed & leaving)
         if job.pk not in reconcile:
             reconcile.append(job.pk)
         if reaction.slots is None:
-            _set_applied(reconfiguration, decision="wait", generation=None)
-            _job_set_status(job, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
+            _set_applied(reconfiguration, decision=reaction.decision, generation=None)
+            _react_without_generation(job, reaction)
             continue
         generation = _publish(
             job,

@@ -3,21 +3,30 @@ the market's pools, and return the plan (or a `PlanInfeasible` with the nearest 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from django.utils import timezone
 
 from controlplane.common.errors import DomainError
+from controlplane.fleet.models import ProviderKind
 from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool
+from controlplane.orchestration.providers.local import LOCAL_INSTANCE_TYPE, LOCAL_STAND_IN_TYPE
 from controlplane.planning.selectors import pools_for_plan
-from runtime.config import ModelSpec
+from runtime.config import DeviceTime, JobConfig, LayoutError, LayoutErrors, ModelSpec, each_error, resolve_strategy
+from runtime.planner.catalog import InstanceSpec
 from runtime.planner.catalog import instance_types as shipped_types
-from runtime.planner.profile import ProfileStore
-from runtime.planner.search import Candidate, Plan, PlanError, Planner, PlanRequest
+from runtime.planner.predictor import default_predictor
+from runtime.planner.profile import DeviceSpec, ModelProfile, ProfileStore
+from runtime.planner.search import Candidate, Plan, PlanError, Planner, PlanRequest, default_microbatch_size
+from runtime.planner.search import Pool as PricedPool
 
 _PLANNER: Planner | None = None
 
@@ -58,17 +67,9 @@ class PlanInput:
 
 
 def model_spec_from_job(job: TrainingJob) -> tuple[ModelSpec, int]:
-    """(ModelSpec, global batch) from a job's `model_spec` JSON (layers, d_model, heads, ...)."""
-    spec = job.model_spec or {}
-    model = ModelSpec(
-        kind=spec.get("kind", "gpt"),
-        n_layer=int(spec.get("layers", spec.get("n_layer", 4))),
-        n_embd=int(spec.get("d_model", spec.get("n_embd", 32))),
-        n_head=int(spec.get("heads", spec.get("n_head", 2))),
-        seq_len=int(spec.get("seq_len", 16)),
-        vocab_size=int(spec.get("vocab", spec.get("vocab_size", 64))),
-    )
-    return model, int(spec.get("global_batch", 16))
+    """(ModelSpec, global batch) of a job's stored contract."""
+    config = JobConfig.from_dict(job.config)
+    return config.model, config.global_batch
 
 
 def plan_input_from_job(*, job: TrainingJob, instance_types: list[str], at: datetime, **overrides) -> PlanInput:
@@ -87,7 +88,7 @@ def plan_input_from_job(*, job: TrainingJob, instance_types: list[str], at: date
         "instance_types": instance_types,
         "deadline_hours": deadline,
         "budget_usd": float(job.budget_usd) if job.budget_usd is not None else None,
-        "strategy": job.strategy if job.strategy in ("checkpoint", "bamboo", "recycle", "oobleck") else "recycle",
+        "strategy": resolve_strategy(job.strategy),
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return PlanInput(**fields)
@@ -122,3 +123,200 @@ def plan_compute(*, data: PlanInput, team_ids: Iterable[int] | None, at: datetim
         if exc.field in ("deadline_hours", "budget_usd") or (exc.field == "pools" and exc.nearest is None and pools):
             raise PlanInfeasible(exc.message, field=exc.field, nearest=exc.nearest) from exc
         raise DomainError(exc.message, field=exc.field) from exc
+
+
+# --- The plan of a job -------------------------------------------------------------------------------
+
+PLAN_ERROR_FIELDS = {"deadline_hours": "deadline", "budget_usd": "budget_usd", "pools": "plan.instance_types",
+                     "microbatch_size": "model_spec.micro_batches", "model": "config.model"}
+"""The planner's input names -> the job request's fields, for 400s that name what the user sent."""
+RUNNER_UPS = 3
+LOCAL_NODE_MEMORY_GIB = 4.0
+"""What the planner lets one local node (a process on this host) hold."""
+
+
+def known_instance_types(provider: str) -> set[str]:
+    """Instance types a plan on `provider` may name."""
+    if provider == ProviderKind.LOCAL:
+        return {LOCAL_INSTANCE_TYPE}
+    return set(shipped_types())
+
+
+def _check_pools(ask: PlanAsk) -> None:
+    known = known_instance_types(ask.provider)
+    unknown = [t for t in ask.instance_types if t not in known]
+    if unknown:
+        raise LayoutError(
+            f"instance type(s) {unknown} are unknown on provider {ask.provider!r}; expected some of {sorted(known)}",
+            field="plan.instance_types",
+        )
+
+
+def _build_config(contract: dict[str, Any], **layout: Any) -> JobConfig:
+    """The runtime's JobConfig of `contract` with the plan's layout, validated (LayoutError names the field)."""
+    reserved = [k for k in ("dp", "pp", "strategy", "steps") if k in contract]
+    if reserved:
+        raise LayoutError(f"config.{reserved[0]} is set by the job's plan, strategy and target_steps, not its config",
+                          field=f"config.{reserved[0]}")
+    config = JobConfig.from_dict({**contract, **layout})
+    config.validate()
+    return config
+
+
+def _local_planner(config: JobConfig, microbatch_size: int) -> Planner:
+    """A planner that knows the local node: its profile is the job's emulated device time per layer
+    (what every local worker pads each action to, so the plan's step is the step that runs), with
+    the model's bytes and FLOPs from the shared predictor."""
+    device_time = config.device_time or DeviceTime()
+    device = DeviceSpec(name=LOCAL_INSTANCE_TYPE, peak_tflops=1.0, memory_bandwidth_gbs=10.0, network_gbps=10.0)
+    predicted = default_predictor().predict(config.model, microbatch_size=microbatch_size, device=device,
+                                            instance_type=LOCAL_INSTANCE_TYPE)
+    for layer in predicted.layers:
+        layer.forward_s = device_time.forward_ms / 1000
+        layer.backward_input_s = device_time.backward_input_ms / 1000
+        layer.backward_weight_s = device_time.backward_weight_ms / 1000
+    profile = ModelProfile(instance_type=LOCAL_INSTANCE_TYPE, device=device, model=predicted.model,
+                           microbatch_size=microbatch_size, layers=predicted.layers, measured=True,
+                           meta={"source": "the job's emulated device time"})
+    stand_in = shipped_types()[LOCAL_STAND_IN_TYPE]
+    catalog = {LOCAL_INSTANCE_TYPE: InstanceSpec(
+        name=LOCAL_INSTANCE_TYPE, accelerator="cpu (emulated device time)", accelerators=1,
+        device_memory_gib=LOCAL_NODE_MEMORY_GIB, peak_tflops=device.peak_tflops,
+        memory_bandwidth_gbs=device.memory_bandwidth_gbs, network_gbps=device.network_gbps,
+        on_demand_usd_per_hour=stand_in.on_demand_usd_per_hour,
+    )}
+    return Planner(profiles={LOCAL_INSTANCE_TYPE: profile}, catalog=catalog)
+
+
+def _priced_pools(ask: PlanAsk, *, team_id: int, at: datetime) -> list[PricedPool]:
+    pools = pools_for_plan(instance_types=ask.instance_types, zones=ask.zones or None, at=at, team_ids=[team_id],
+                           max_nodes=ask.max_nodes)
+    if ask.provider == ProviderKind.LOCAL:
+        # A local pool with no recorded price is priced as the type it stands in for.
+        stand_in = shipped_types()[LOCAL_STAND_IN_TYPE].typical_spot_usd_per_hour
+        pools = [p if p.spot_usd_per_hour > 0 else PricedPool(**{**{f: getattr(p, f) for f in PricedPool.__slots__},
+                                                                  "spot_usd_per_hour": stand_in})
+                 for p in pools]
+    return pools
+
+
+def _prediction(c: Candidate) -> dict[str, Any]:
+    return {
+        "instance_type": c.instance_type, "zone": c.zone, "nodes": c.nodes, "dp": c.dp, "pp": c.pp,
+        "microbatches": c.microbatches, "schedule": c.schedule, "hours": c.hours, "cost_usd": c.cost_usd,
+        "step_s": c.step_s, "samples_per_s": c.samples_per_s, "goodput_fraction": c.goodput_fraction,
+        "expected_preemptions": c.expected_preemptions, "spot_usd_per_hour": c.spot_usd_per_hour,
+    }
+
+
+def plan_job(
+    *, team_id: int, contract: dict[str, Any], total_microbatches: int | None, strategy: str, target_steps: int,
+    deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime | None = None,
+) -> tuple[JobPlan, JobConfig]:
+    """The job's plan and its runtime config: the user's explicit layout, or the planner's choice
+    (`ask.auto`) over the allowed pools for the deadline or budget. Raises `LayoutError` naming the
+    field to change: a layout the runtime cannot run, an unknown instance type, a deadline no plan
+    meets (with the fastest plan's predicted time), a budget no plan fits."""
+    _check_pools(ask)
+    runtime_strategy = resolve_strategy(strategy)
+    global_batch = contract.get("global_batch", JobConfig().global_batch)
+    if total_microbatches is not None and isinstance(global_batch, int) and global_batch % total_microbatches:
+        # Reported with the contract's own problems, all at once.
+        problem = LayoutError(f"model_spec.micro_batches={total_microbatches} does not divide global_batch="
+                              f"{global_batch}", field="model_spec.micro_batches")
+        try:
+            _build_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
+                          strategy=runtime_strategy, steps=target_steps)
+        except LayoutError as exc:
+            raise LayoutErrors([problem, *each_error(exc)]) from exc
+        raise problem
+    pools = [PlanPool(instance_type=t, zone=z) for t in ask.instance_types for z in (ask.zones or [""])]
+    if not ask.auto:
+        assert ask.dp is not None and ask.pp is not None
+        microbatches = ask.microbatches or contract.get("microbatches")
+        if microbatches is None and total_microbatches is not None:
+            if total_microbatches % ask.dp:
+                raise LayoutError(f"model_spec.micro_batches={total_microbatches} (per step) is not divisible by "
+                                  f"plan.dp={ask.dp}", field="model_spec.micro_batches")
+            microbatches = total_microbatches // ask.dp
+        layout = {"dp": ask.dp, "pp": ask.pp, "strategy": runtime_strategy, "steps": target_steps}
+        if microbatches is not None:
+            layout["microbatches"] = microbatches
+        config = _build_config({k: v for k, v in contract.items() if k != "microbatches"}, **layout)
+        plan = JobPlan(provider=ask.provider, pools=pools, nodes=ask.nodes or config.num_nodes, dp=config.dp,
+                       pp=config.pp, microbatches=config.microbatches, strategy=runtime_strategy, chosen_by="user",
+                       min_stages=config.min_stages)
+        return plan, config
+
+    at = at or timezone.now()
+    # The model and training fields are checked before planning (one node, one micro-batch).
+    base = _build_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
+                         strategy=runtime_strategy, steps=target_steps)
+    microbatch_size = base.global_batch // total_microbatches if total_microbatches is not None else 0
+    if ask.provider == ProviderKind.LOCAL and base.device_time is None:
+        # Local nodes emulate a device's step time; the plan is made, and run, with that time.
+        base.device_time = DeviceTime()
+    mbs = microbatch_size or default_microbatch_size(base.global_batch)
+    planner = _local_planner(base, mbs) if ask.provider == ProviderKind.LOCAL else _planner()
+    request = PlanRequest(
+        model=base.model, global_batch=base.global_batch, samples=target_steps * base.global_batch,
+        pools=_priced_pools(ask, team_id=team_id, at=at),
+        deadline_hours=(deadline - at).total_seconds() / 3600.0 if deadline is not None else None,
+        budget_usd=float(budget_usd) if budget_usd is not None else None,
+        strategy=runtime_strategy, microbatch_size=mbs,
+        schedules=(contract["schedule"],) if "schedule" in contract else ("1f1b", "fiw"),
+        max_pp=min(16, base.model.num_layers),
+    )
+    try:
+        chosen = planner.plan(request)
+    except PlanError as exc:
+        field = PLAN_ERROR_FIELDS.get(exc.field, exc.field)
+        message = exc.message.replace("deadline_hours", "deadline")
+        if exc.field == "deadline_hours" and exc.nearest is not None and deadline is not None:
+            fastest = exc.nearest
+            message = (f"no plan meets the deadline {deadline.isoformat()} (in {_duration(request.deadline_hours)}): "
+                       f"the fastest plan, {fastest.nodes} x {fastest.instance_type} as dp={fastest.dp} x "
+                       f"pp={fastest.pp}, is predicted to take {_duration(fastest.hours)} "
+                       f"(${fastest.cost_usd:.2f}); give a later deadline or allow more nodes (plan.max_nodes)")
+        raise LayoutError(message, field=field) from exc
+    best = chosen.best
+    config = _build_config(
+        {**{k: v for k, v in contract.items() if k not in ("microbatches", "schedule")},
+         "device_time": None if base.device_time is None else dataclasses.asdict(base.device_time)},
+        dp=best.dp, pp=best.pp, microbatches=best.microbatches, schedule=best.schedule, strategy=runtime_strategy,
+        steps=target_steps,
+    )
+    plan = JobPlan(
+        provider=ask.provider, pools=[PlanPool(instance_type=best.instance_type, zone=best.zone)],
+        nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=runtime_strategy,
+        chosen_by="planner", objective=chosen.objective, predicted=_prediction(best),
+        runner_ups=_runner_ups(chosen), min_stages=config.min_stages,
+    )
+    return plan, config
+
+
+def _runner_ups(chosen: Plan) -> list[dict[str, Any]]:
+    """The next best layouts after the chosen one (one entry per pool and dp x pp, best schedule)."""
+    best = chosen.best
+    seen = {(best.instance_type, best.zone, best.dp, best.pp)}
+    out = []
+    for c in chosen.alternatives:
+        key = (c.instance_type, c.zone, c.dp, c.pp)
+        if key not in seen and c.feasible:
+            seen.add(key)
+            out.append(_prediction(c))
+        if len(out) == RUNNER_UPS:
+            break
+    return out
+
+
+def _duration(hours: float | None) -> str:
+    """A prediction's duration in the unit a person reads it in."""
+    if hours is None:
+        return "-"
+    seconds = hours * 3600
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{hours:.1f} h"

@@ -228,7 +228,7 @@ class Planner:
         """Every layout of every pool, priced with the closed-form step time. Returns (fitting
         candidates, reasons why whole pools were skipped)."""
         spec = request.model
-        mbs = request.microbatch_size or _default_microbatch(request.global_batch)
+        mbs = request.microbatch_size or default_microbatch_size(request.global_batch)
         out: list[Candidate] = []
         skipped: list[str] = []
         for pool in request.pools:
@@ -306,7 +306,7 @@ class Planner:
 
     def replay(self, request: PlanRequest, cand: Candidate) -> Candidate:
         """The candidate re-priced with the runtime's schedule replayed."""
-        mbs = request.microbatch_size or _default_microbatch(request.global_batch)
+        mbs = request.microbatch_size or default_microbatch_size(request.global_batch)
         cost = self.cost_model(request.model, cand.instance_type, mbs)
         step = cost.pipeline_step_time(
             request.model, pp=cand.pp, microbatches=cand.microbatches, dp=cand.dp, schedule=cand.schedule
@@ -331,7 +331,7 @@ class Planner:
         _validate(request)
         # Profiles (measured, or predicted once per type and cached) are inputs, not search.
         prepared = time.perf_counter()
-        mbs = request.microbatch_size or _default_microbatch(request.global_batch)
+        mbs = request.microbatch_size or default_microbatch_size(request.global_batch)
         for pool in request.pools:
             if pool.instance_type in self.catalog:
                 self.cost_model(request.model, pool.instance_type, mbs)
@@ -427,7 +427,7 @@ class Planner:
         For n nodes: k pipelines of sizes differing by at most one (sum n), each cut into balanced
         stages, micro-batches shared in proportion to size (the global batch never changes); the k
         with the shortest closed-form step wins. `dp`/`pp` are given when all pipelines are equal."""
-        mbs = request.microbatch_size or _default_microbatch(request.global_batch)
+        mbs = request.microbatch_size or default_microbatch_size(request.global_batch)
         cost = self.cost_model(request.model, best.instance_type, mbs)
         prof = self.profile_for(request.model, best.instance_type, mbs)
         capacity = self.catalog[best.instance_type].device_memory_bytes * MEMORY_HEADROOM
@@ -485,7 +485,8 @@ def _key(c: Candidate) -> tuple:
     return (c.instance_type, c.zone, c.dp, c.pp, c.schedule)
 
 
-def _default_microbatch(global_batch: int) -> int:
+def default_microbatch_size(global_batch: int) -> int:
+    """The largest power of two <= 8 that divides the global batch (samples per micro-batch)."""
     for size in (8, 4, 2, 1):
         if global_batch % size == 0:
             return size

@@ -45,7 +45,7 @@ class RecycleStrategy:
             # spill host; the plan fails naming the layer when none does).
             if not alive and not (config.recycle_spill and alive_nodes(slots)):
                 raise LayoutError(
-                    f"recycle has no surviving node for stage {s} (slots {slots}); expected at least one per stage"
+                    f"recycle has no surviving node for stage {s}; expected at least one per stage"
                 )
             peers.append(alive)
         routes: list[list[tuple[int, int]]] = []

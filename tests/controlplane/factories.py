@@ -47,17 +47,45 @@ def make_zone(code: str = "us-east-1a", zone_id: str | None = "use1-az4") -> Zon
     return zone
 
 
+DEFAULT_CONFIG = {"model": {"kind": "gpt", "n_layer": 4, "n_embd": 64, "n_head": 4, "seq_len": 32, "vocab_size": 128},
+                  "global_batch": 16}
+# Fields a fixture may set on a stored job after it is submitted (its progress, as if it had run).
+STATE_FIELDS = ("status", "status_message", "current_generation", "steps_done", "samples_done", "initial_loss",
+                "last_loss", "started_at", "finished_at")
+
+
 def make_job(team: Team, **overrides) -> TrainingJob:
-    fields = {
-        "name": f"job-{next(_seq)}",
-        "model_spec": {"kind": "gpt", "layers": 4, "d_model": 64, "heads": 4, "seq_len": 32,
-                       "vocab": 128, "global_batch": 16, "micro_batches": 4},
-        "strategy": "recycle",
-        "target_steps": 100,
-        "budget_usd": Decimal("10.00"),
-    }
-    fields.update(overrides)
-    return TrainingJob.objects.create(team=team, **fields)
+    """A job submitted through `job_submit` (the API's service). `plan` may be given in the old
+    shape some tests use: `pools` ([{instance_type, zone}]), `seed` and `runtime` (contract fields);
+    `model_spec` is the API's alias; status/progress fields are set afterwards, as a run would."""
+    from controlplane.jobs.services import job_submit
+
+    plan = dict(overrides.pop("plan", None) or {"dp": 1, "pp": 1})
+    model_spec = overrides.pop("model_spec", None)
+    config = dict(overrides.pop("config", None) or DEFAULT_CONFIG)
+    # Four micro-batches per step, as the API's alias says by default.
+    config.setdefault("microbatches", max(1, 4 // (plan.get("dp") or 1)))
+    if "seed" in plan:
+        config["seed"] = plan.pop("seed")
+    config.update(plan.pop("runtime", None) or {})
+    pools = plan.pop("pools", None)
+    if pools:
+        plan["instance_types"] = sorted({p["instance_type"] for p in pools})
+        plan["zones"] = [p["zone"] for p in pools if p.get("zone")]
+    state = {k: overrides.pop(k) for k in STATE_FIELDS if k in overrides}
+    created_by = overrides.pop("created_by", None)
+    if model_spec is not None:  # the alias carries the model and batch; the rest stays in the contract
+        extra = {k: v for k, v in config.items() if k not in DEFAULT_CONFIG and k != "microbatches"}
+        config = None
+        if extra:
+            raise ValueError(f"make_job: give runtime fields {sorted(extra)} with config=, not model_spec=")
+    fields = {"name": f"job-{next(_seq)}", "strategy": "recycle", "target_steps": 100,
+              "budget_usd": Decimal("10.00"), **overrides}
+    job = job_submit(team=team, user=created_by, config=config, model_spec=model_spec, plan=plan, **fields)
+    if state:
+        TrainingJob.objects.filter(pk=job.pk).update(**state)
+        job.refresh_from_db()
+    return job
 
 
 def make_instance(team: Team, **overrides) -> Instance:

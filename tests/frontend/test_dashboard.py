@@ -243,29 +243,35 @@ def test_cost_of_work_lost_to_each_preemption(client_a, world):
 def test_submit_a_job_from_the_dashboard(client_a, world):
     team = world["a"][0]
     deadline = (timezone.now() + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
-    form = {"team": team.pk, "name": "from-the-form", "kind": "gpt", "layers": 4, "d_model": 64, "heads": 4,
-            "seq_len": 32, "vocab": 128, "global_batch": 16, "micro_batches": 4, "strategy": "recycle",
-            "target_steps": 50, "deadline": deadline, "budget_usd": "12.50"}
+    form = {"team": team.pk, "name": "from-the-form", "kind": "gpt", "n_layer": 4, "n_embd": 64, "n_head": 4,
+            "seq_len": 32, "vocab_size": 128, "global_batch": 16, "plan_mode": "manual", "dp": 2, "pp": 2,
+            "microbatches": 2, "strategy": "recycle", "target_steps": 50, "deadline": deadline,
+            "budget_usd": "12.50"}
     response = client_a.post(reverse("frontend:job-new"), form)
     job = TrainingJob.objects.get(name="from-the-form")
     assert response.status_code == 302 and response["Location"] == reverse("frontend:job-detail", args=[job.pk])
     assert job.team == team and job.status == JobStatus.PENDING and job.budget_usd == Decimal("12.50")
+    assert (job.plan["dp"], job.plan["pp"], job.plan["chosen_by"]) == (2, 2, "user")
+    assert job.config["model"]["n_head"] == 4 and job.config["microbatches"] == 2
+    page = client_a.get(reverse("frontend:job-detail", args=[job.pk])).content.decode()
+    assert "Chosen by the submitter" in page and "dp=2 x pp=2" in page
 
 
 def test_submit_errors_name_the_field_and_write_nothing(client_a, world):
     team = world["a"][0]
-    form = {"team": team.pk, "name": "bad", "kind": "gpt", "layers": 4, "d_model": 65, "heads": 4, "seq_len": 32,
-            "vocab": 128, "global_batch": 16, "micro_batches": 4, "strategy": "recycle", "target_steps": 50,
-            "budget_usd": "5"}
+    form = {"team": team.pk, "name": "bad", "kind": "gpt", "n_layer": 4, "n_embd": 65, "n_head": 4, "seq_len": 32,
+            "vocab_size": 128, "global_batch": 16, "plan_mode": "manual", "dp": 1, "pp": 9, "strategy": "recycle",
+            "target_steps": 50, "budget_usd": "5"}
     response = client_a.post(reverse("frontend:job-new"), form)
     assert response.status_code == 400
-    assert "heads" in response.context["form"].errors
+    errors = response.context["form"].errors
+    assert "n_head" in errors and "pp" in errors  # both problems at once, each on its field
     assert not TrainingJob.objects.filter(name="bad").exists()
 
 
 def test_submit_cannot_target_another_team(client_a, world):
-    form = {"team": world["b"][0].pk, "name": "sneaky", "kind": "mlp", "layers": 2, "d_model": 8,
-            "global_batch": 4, "micro_batches": 2, "strategy": "auto", "target_steps": 5, "budget_usd": "1"}
+    form = {"team": world["b"][0].pk, "name": "sneaky", "kind": "mlp", "n_layer": 2, "n_embd": 8,
+            "global_batch": 4, "plan_mode": "auto", "strategy": "auto", "target_steps": 5, "budget_usd": "1"}
     response = client_a.post(reverse("frontend:job-new"), form)
     assert response.status_code == 400 and "team" in response.context["form"].errors
     assert not TrainingJob.objects.filter(name="sneaky").exists()

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.worker_entry import job_config
 from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration, TrainingJob
 from controlplane.orchestration import tasks
@@ -89,9 +88,7 @@ def _final_params(root: Path) -> dict[str, list[torch.Tensor]]:
 def assert_reference_math(job: TrainingJob, nodes_dir: Path) -> None:
     """Every parameter the finished nodes saved equals the failure-free single-process run of the
     job's seed bit for bit (`runtime.grad_order`), and together they hold the model."""
-    config = JobConfig.from_dict(job_config({"model_spec": job.model_spec, "plan": job.plan,
-                                             "target_steps": job.target_steps},
-                                            JobGeneration.objects.get(job=job, number=1).layout))
+    config = JobConfig.from_dict(job.config)  # what the agents handed to their workers
     reference, _ = train_reference(config)
     copies = _final_params(nodes_dir)
     assert set(copies) == set(reference), "the finished nodes do not hold the whole model"
@@ -118,8 +115,9 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
     try:
         job = make_job(
             make_team(), strategy=strategy, target_steps=STEPS,
-            model_spec={"kind": "mlp", "layers": 2, "d_model": 16, "global_batch": 8, "micro_batches": 4},
-            plan={"dp": 2, "pp": 2, "provider": "local", "seed": 3, "runtime": runtime},
+            config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8, "microbatches": 2,
+                    "seed": 3, **runtime},
+            plan={"dp": 2, "pp": 2, "provider": "local"},
         )
         STORY[:] = [job.pk]
         tasks.acquire_capacity.delay(job.pk)

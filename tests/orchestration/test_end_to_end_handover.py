@@ -60,8 +60,9 @@ class Scenario:
         self.beat = Beat()
         self.job = make_job(
             make_team(), strategy="recycle", target_steps=steps,
-            model_spec={"kind": "mlp", "layers": 2, "d_model": 16, "global_batch": 8, "micro_batches": 4},
-            plan={"dp": 2, "pp": 2, "provider": "local", "seed": 5, "runtime": RUNTIME},
+            config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8, "microbatches": 2,
+                    "seed": 5, **RUNTIME},
+            plan={"dp": 2, "pp": 2, "provider": "local"},
         )
         STORY[:] = [self.job.pk]
 

@@ -1,8 +1,14 @@
-"""Strategy reactions on the slots grid (pure functions)."""
+"""Strategy reactions on the slots grid: the control plane asks the runtime's strategies."""
 
 from __future__ import annotations
 
 from controlplane.orchestration import reactions
+from runtime.config import JobConfig, ModelSpec, resolve_strategy
+
+
+def config(strategy: str, *, dp: int = 2, pp: int = 2, **fields) -> JobConfig:
+    return JobConfig(model=ModelSpec(kind="mlp", n_layer=4), dp=dp, pp=pp, microbatches=2, global_batch=8,
+                     strategy=resolve_strategy(strategy), **fields)
 
 
 def test_each_strategy_names_its_reaction():
@@ -10,22 +16,33 @@ def test_each_strategy_names_its_reaction():
     assert slots == [[11, 12], [13, 14]]
     for strategy, decision in [("recycle", "reroute"), ("auto", "reroute"), ("bamboo", "takeover"),
                                ("oobleck", "reinstantiate"), ("checkpoint", "restart")]:
-        reaction = reactions.react_leave(strategy, slots, {12})
+        reaction = reactions.react_leave(config(strategy), slots, {12})
         assert reaction.decision == decision
         assert reaction.slots == [[11, None], [13, 14]]
 
 
-def test_infeasible_leaves_wait_for_replacements():
+def test_infeasible_leaves_wait_for_replacements_or_fail_when_the_state_is_lost():
     slots = [[11, 12], [13, 14]]
-    assert reactions.react_leave("recycle", slots, {12, 14}).decision == "wait"  # stage 1 gone
-    assert reactions.react_leave("bamboo", slots, {11, 12}).decision == "wait"  # node and its replica holder
-    assert reactions.react_leave("checkpoint", slots, {11, 12, 13}).decision == "wait"  # not one pipeline
-    assert reactions.react_leave("oobleck", slots, {11, 12, 13}, min_stages=2).decision == "wait"
-    assert reactions.react_leave("oobleck", slots, {11, 12, 13}, min_stages=1).decision == "reinstantiate"
+    no_spill = config("recycle", recycle_spill=False)
+    assert reactions.react_leave(no_spill, slots, {12, 14}).decision == "fail"  # stage 1's layers are gone
+    # With a notice the leaving nodes are still here: the runtime keeps one until a replacement joins.
+    kept = reactions.react_leave(no_spill, slots, {12, 14}, noticed={12, 14})
+    assert kept.decision == "reroute" and sum(n in (12, 14) for n in reactions.alive(kept.slots)) == 1
+    assert reactions.react_leave(config("checkpoint"), slots, {11, 12, 13}).decision == "wait"  # not one pipeline
+    assert reactions.react_leave(config("oobleck", min_stages=2), slots, {11, 12, 13}).decision == "fail"
+    assert reactions.react_leave(config("oobleck"), slots, {11, 12, 13}).decision == "fail"  # layers lost
+    assert reactions.react_leave(config("oobleck"), slots, {11, 12}).decision == "reinstantiate"
+
+
+def test_bamboo_goes_on_when_a_stage_and_its_replica_holder_are_both_lost():
+    # The control plane once had its own rule and waited here; the runtime hands the lost
+    # pipeline's micro-batches to the other pipeline, so the job goes on.
+    reaction = reactions.react_leave(config("bamboo"), [[11, 12], [13, 14]], {11, 12})
+    assert reaction.decision == "takeover" and reaction.slots == [[None, None], [13, 14]]
 
 
 def test_join_fills_first_hole_first_and_membership_ranks():
-    reaction = reactions.react_join("recycle", [[11, None], [None, 14]], [21, 22, 23])
+    reaction = reactions.react_join(config("recycle"), [[11, None], [None, 14]], [21, 22, 23])
     assert reaction.slots == [[11, 21], [22, 14]]
     nodes = reactions.assign_nodes(reaction.slots, {11: 0, 12: 1, 13: 2, 14: 3})
     assert reactions.membership_of(reaction.slots, nodes) == [

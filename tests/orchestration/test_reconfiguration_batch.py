@@ -69,7 +69,8 @@ def _world() -> World:
     """Four jobs and a stream of notices that covers each outcome of applying a leave:
     - `two`: two nodes of one job leave (a0 twice: a warning, then the preemption), plus a
       rebalance that moves nothing;
-    - `stage`: both nodes of stage 1 leave, so recycle has to wait for replacements;
+    - `stage`: both nodes of stage 1 leave with notices, and recycle's spill re-routes their hops
+      to survivors that fetch the stage's layers from them before they go;
     - `ckpt`: a checkpoint job restarts;
     - `fresh`: a job with no generation yet (nothing to apply);
     and a notice for an instance nobody knows."""
@@ -243,7 +244,9 @@ def test_a_batch_ends_where_one_after_another_ends(django_capture_on_commit_call
     assert two["job"][2] == 2 and len(two["generations"]) == 2
     assert [m["instance"] for m in two["generations"][-1][1]] == ["two:1", "two:2"]
     assert [(r[0], r[5], r[7]) for r in two["reconfigurations"]] == [("two:0", "reroute", 2), ("two:3", "none", None)]
-    assert [r[5] for r in expected["stage"]["reconfigurations"]] == ["wait", "wait"]
+    # Both holders of stage 1 leave with a notice: survivors host its hops and fetch its layers
+    # from the leaving nodes before they go (the runtime's plan), so the job goes on, degraded.
+    assert [r[5] for r in expected["stage"]["reconfigurations"]] == ["reroute", "none"]
     assert expected["stage"]["job"][0] == "recovering"
     assert [r[5] for r in expected["ckpt"]["reconfigurations"]] == ["restart"]
     assert [r[5] for r in expected["fresh"]["reconfigurations"]] == ["none"]

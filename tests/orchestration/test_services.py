@@ -197,20 +197,36 @@ def test_checkpoint_strategy_restarts(fake):
     assert services.reconfiguration_apply(reconfiguration=reconfiguration) is None  # once
 
 
-def test_recycle_waits_when_a_whole_stage_is_gone(fake):
+def test_recycle_with_spill_goes_on_while_a_spill_host_holds_the_lost_stage(fake):
+    # The first loss spills stage-1 hops onto survivors, which then hold its layers: losing the
+    # last slot holder of stage 1 leaves a copy, so the job goes on (as the runtime plans it).
     job = _job()
     instances = _start(job, fake)
     for instance in (instances[1], instances[3]):  # stage 1 of both pipelines
         reconfiguration = services.instance_mark_lost(instance=instance, reason="test")
         services.reconfiguration_apply(reconfiguration=reconfiguration)
     job.refresh_from_db()
+    assert job.current_generation == 3
+    assert list(Reconfiguration.objects.filter(job=job).values_list("decision", flat=True)) == ["reroute"] * 2
+
+
+def test_recycle_fails_when_every_copy_of_a_stage_is_lost(fake):
+    # As the runtime decides (runtime.membership.make_plan): recycle keeps no checkpoint, so once
+    # both holders of stage 1 died its layers are gone and no replacement can bring them back.
+    job = _job(runtime={"recycle_spill": False})
+    instances = _start(job, fake)
+    for instance in (instances[1], instances[3]):  # stage 1 of both pipelines
+        reconfiguration = services.instance_mark_lost(instance=instance, reason="test")
+        services.reconfiguration_apply(reconfiguration=reconfiguration)
+    job.refresh_from_db()
     assert job.current_generation == 2  # the first loss re-routed; the second cannot
-    assert Reconfiguration.objects.filter(job=job, decision="wait").count() == 1
-    assert job.status == JobStatus.RECOVERING
+    failed = Reconfiguration.objects.get(job=job, decision="fail")
+    assert failed.instance_id == instances[3].pk
+    assert job.status == JobStatus.FAILED and "no surviving node for stage 1" in job.status_message
 
 
 def test_provider_drift_is_repaired(fake):
-    job = _job(dp=1, pp=2)
+    job = _job(dp=2, pp=1)
     instances = _start(job, fake)
     fake.vanish(instances[0].provider_instance_id)
     report = services.capacity_reconcile(job=job)

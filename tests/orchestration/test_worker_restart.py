@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from agent.supervisor import WorkerSupervisor
-from agent.worker_entry import INCARNATION_STRIDE, job_config, runtime_node
-from runtime.config import DeviceTime, JobConfig
+from agent.worker_entry import INCARNATION_STRIDE, runtime_node
+from runtime.config import DeviceTime, JobConfig, ModelSpec
 from runtime.coordinator import Coordinator, serve
 from runtime.reference import train_reference
 from tests.orchestration.conftest import wait_for
@@ -46,15 +46,11 @@ def test_crashed_member_restarted_by_its_agent_rejoins_and_trains_to_the_end(tmp
     # (importing torch: seconds on a loaded machine) by a wide margin.
     steps = 400
     config = small_config(strategy="recycle", schedule="fiw", steps=steps, device_time=DeviceTime(forward_ms=4.0))
-    runtime = config.to_dict()
     store = serve(0)
-    job = {"id": 7, "target_steps": steps, "model_spec": {"kind": "mlp", "layers": 2, "micro_batches": 4,
-                                                          "global_batch": 8},
-           "plan": {"seed": config.seed, "runtime": {k: runtime[k] for k in (
-               "model", "microbatches", "op_timeout_s", "heartbeat_timeout_s", "schedule", "device_time")}}}
+    # The job's stored contract is the runtime's config: the agent hands it over unchanged.
+    job = {"id": 7, "target_steps": steps, "config": config.to_dict()}
     layout = {"dp": 2, "pp": 2, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
     generation = {"number": 1, "layout": layout, "membership": [{"node": n} for n in range(4)]}
-    assert JobConfig.from_dict(job_config(job, layout)) == config  # the workers train this job
     messages: dict[int, list[dict]] = {n: [] for n in range(4)}
     exits: dict[int, list[int]] = {n: [] for n in range(4)}
     lock = threading.Lock()
@@ -115,8 +111,9 @@ def _one_node_entry_args(tmp_path: Path, job_id: int) -> tuple[Any, list[str]]:
     store = serve(0)
     layout = {"dp": 1, "pp": 1, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
     generation = {"number": 1, "layout": layout, "membership": [{"node": 0}]}
-    job = {"id": job_id, "target_steps": 3, "model_spec": {"kind": "mlp", "layers": 2, "micro_batches": 2,
-                                                           "global_batch": 4}, "plan": {"seed": 1}}
+    config = JobConfig(model=ModelSpec(kind="mlp", n_layer=2), dp=1, pp=1, microbatches=2, global_batch=4,
+                       strategy="recycle", steps=3, seed=1)
+    job = {"id": job_id, "target_steps": 3, "config": config.to_dict()}
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"job": job, "generation": generation, "assignment": {"node": 0},
                                 "instance": 100, "work_dir": str(tmp_path / "node0")}))

@@ -18,37 +18,57 @@ from controlplane.jobs.models import (
     TrainingJob,
 )
 from controlplane.jobs.services import MAX_METRIC_BATCH
+from runtime.config import model_spec_view
 
 
 class JobSerializer(serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
+    model_spec = serializers.SerializerMethodField(
+        help_text="Deprecated: the contract in the first API's names (layers, d_model, ...); read `config`."
+    )
     live_instance_count = serializers.IntegerField(read_only=True, help_text="Instances requested or running.")
     progress = serializers.SerializerMethodField(help_text="steps_done / target_steps, 0..1.")
 
     class Meta:
         model = TrainingJob
         fields = [
-            "id", "team", "name", "created_by", "model_spec", "strategy", "target_steps", "deadline",
+            "id", "team", "name", "created_by", "config", "model_spec", "strategy", "target_steps", "deadline",
             "budget_usd", "status", "status_message", "plan", "current_generation", "steps_done",
             "samples_done", "progress", "initial_loss", "last_loss", "live_instance_count",
             "created_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 
+    def get_model_spec(self, job: TrainingJob) -> dict:
+        return model_spec_view(job.config or {})
+
     def get_progress(self, job: TrainingJob) -> float:
         return min(1.0, job.steps_done / job.target_steps) if job.target_steps else 0.0
 
 
 class JobSubmitSerializer(serializers.Serializer):
-    """Input of `POST /jobs/`. The model spec is checked in depth by `job_submit`."""
+    """Input of `POST /jobs/`. The contract and the plan are checked in depth by `job_submit`, which
+    builds the runtime's JobConfig (docs/api.md, "The job contract")."""
 
     team = serializers.IntegerField(
         required=False, min_value=1, max_value=MAX_ID,
         help_text="Needed if you belong to several teams.",
     )
     name = serializers.CharField(max_length=120)
+    config = serializers.JSONField(
+        required=False,
+        help_text="The runtime's JobConfig fields but the layout: {model: {kind, n_layer, n_embd, n_head, seq_len, "
+        "vocab_size, in_features}, global_batch, seed, lr, weight_decay, schedule, device_time, ...}",
+    )
     model_spec = serializers.JSONField(
-        help_text="{kind: gpt|mlp, layers, d_model, heads, seq_len, vocab, global_batch, micro_batches}"
+        required=False,
+        help_text="Deprecated alias of config: {kind: gpt|mlp, layers, d_model, heads, seq_len, vocab, global_batch, "
+        "micro_batches (per step)}",
+    )
+    plan = serializers.JSONField(
+        required=False, default=None, allow_null=True,
+        help_text='"auto" (the planner chooses for the deadline or budget), or {dp, pp, nodes, microbatches, provider, '
+        "instance_types, zones}; omitted: one node",
     )
     strategy = serializers.ChoiceField(choices=Strategy.choices, default=Strategy.AUTO)
     target_steps = serializers.IntegerField(min_value=1, max_value=2**31 - 1)

@@ -36,6 +36,10 @@ from controlplane.orchestration.providers.base import LaunchRequest, NodeInfo, P
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOCAL_INSTANCE_TYPE = "local.node"
 LOCAL_ZONE = "local"
+LOCAL_STAND_IN_TYPE = "g4dn.xlarge"
+"""The cloud type a local node stands in for: the demo prices the local pool with its history, and the
+planner prices an unpriced local pool at its typical spot price, so plans over local nodes have real
+costs (not ties at zero)."""
 
 # Popen objects of the nodes this process started, so their exit status is collected (no zombie
 # left behind by a long-lived worker process).

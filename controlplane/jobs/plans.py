@@ -1,0 +1,162 @@
+"""The job's plan: where and how it runs (provider, pools, nodes, dp x pp, micro-batches, strategy),
+as one typed value stored on the job (`TrainingJob.plan`), and the parsing of a request's `plan`.
+
+A request's plan is either explicit (`{"dp": 2, "pp": 2, ...}`: the user chose) or `"auto"` /
+`{"auto": true, ...}` (the planner chooses the cheapest plan that meets the deadline, or the fastest
+within the budget, over the allowed pools). The choosing is `controlplane.planning.services.plan_job`;
+this module only knows the shapes. No torch, no ORM writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from controlplane.fleet.models import ProviderKind
+from controlplane.orchestration.providers.local import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
+from runtime.config import LayoutError
+
+MAX_PLAN_NODES = 4096
+MAX_POOLS = 64
+POOL_NAME_MAX = 64
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanPool:
+    """An allowed pool: an instance type, in a zone or in any zone ("")."""
+
+    instance_type: str
+    zone: str = ""
+
+
+@dataclass(kw_only=True, slots=True)
+class JobPlan:
+    """How a job runs. `nodes` >= dp * pp (the rest are spares); `microbatches` is per pipeline."""
+
+    provider: str
+    pools: list[PlanPool]
+    nodes: int
+    dp: int
+    pp: int
+    microbatches: int
+    strategy: str
+    """The runtime strategy (`auto` already resolved)."""
+    chosen_by: str = "user"
+    """`user` (explicit in the request) or `planner` (`plan: auto`)."""
+    objective: str = ""
+    predicted: dict[str, float] | None = None
+    """The planner's prediction for the chosen plan: hours, cost_usd, step_s, samples_per_s, ..."""
+    runner_ups: list[dict[str, Any]] = field(default_factory=list)
+    """The next best plans the planner considered (same keys as `predicted`, plus the layout)."""
+    min_stages: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobPlan:
+        data = dict(data)
+        data["pools"] = [PlanPool(**p) for p in data.get("pools") or []]
+        return cls(**data)
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanAsk:
+    """A request's `plan`, checked for shape: explicit layout fields, or `auto` with its pools."""
+
+    auto: bool
+    provider: str
+    instance_types: list[str]
+    zones: list[str]
+    dp: int | None = None
+    pp: int | None = None
+    nodes: int | None = None
+    microbatches: int | None = None
+    max_nodes: int = 64
+
+
+def default_provider() -> str:
+    return str(settings.SPOTPIPE_DEFAULT_PROVIDER)
+
+
+def default_instance_types(provider: str) -> list[str]:
+    """The pools a plan may use when the request names none (SPOTPIPE_AWS_INSTANCE_TYPES for aws)."""
+    if provider == ProviderKind.LOCAL:
+        return [LOCAL_INSTANCE_TYPE]
+    return list(settings.SPOTPIPE_AWS_INSTANCE_TYPES)
+
+
+def _int(data: dict[str, Any], name: str, *, low: int, high: int) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise LayoutError(f"plan.{name} must be an integer from {low} to {high}, got {value!r}", field=f"plan.{name}")
+    return value
+
+
+def _names(data: dict[str, Any], name: str) -> list[str]:
+    value = data.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_POOLS or not all(
+        isinstance(v, str) and 0 < len(v) <= POOL_NAME_MAX and v.isprintable() for v in value
+    ):
+        raise LayoutError(
+            f"plan.{name} must be a list of at most {MAX_POOLS} names of 1-{POOL_NAME_MAX} printable characters",
+            field=f"plan.{name}",
+        )
+    return list(dict.fromkeys(value))
+
+
+PLAN_FIELDS = ("auto", "provider", "instance_types", "zones", "dp", "pp", "nodes", "microbatches", "max_nodes")
+
+
+def parse_plan_request(value: Any) -> PlanAsk:
+    """The request's `plan` (None = one node, dp=1 x pp=1; `"auto"`; or an object). Raises
+    `LayoutError` naming `plan.<field>`."""
+    if value is None:
+        value = {"dp": 1, "pp": 1}
+    if value == "auto":
+        value = {"auto": True}
+    if not isinstance(value, dict):
+        raise LayoutError(f"plan must be \"auto\" or an object, got {value!r}"[:200], field="plan")
+    unknown = sorted(set(value) - set(PLAN_FIELDS))
+    if unknown:
+        raise LayoutError(
+            f"unknown plan field(s) {', '.join(map(str, unknown))}; expected some of {list(PLAN_FIELDS)}"[:300],
+            field=f"plan.{unknown[0]}",
+        )
+    auto = value.get("auto", False)
+    if not isinstance(auto, bool):
+        raise LayoutError(f"plan.auto must be true or false, got {auto!r}", field="plan.auto")
+    provider = value.get("provider") or default_provider()
+    if provider not in ProviderKind.values:
+        raise LayoutError(f"plan.provider {provider!r} is unknown; expected one of {ProviderKind.values}",
+                          field="plan.provider")
+    ask = PlanAsk(
+        auto=auto, provider=provider,
+        instance_types=_names(value, "instance_types") or default_instance_types(provider),
+        zones=_names(value, "zones") or ([LOCAL_ZONE] if provider == ProviderKind.LOCAL else []),
+        dp=_int(value, "dp", low=1, high=MAX_PLAN_NODES), pp=_int(value, "pp", low=1, high=MAX_PLAN_NODES),
+        nodes=_int(value, "nodes", low=1, high=MAX_PLAN_NODES),
+        microbatches=_int(value, "microbatches", low=1, high=MAX_PLAN_NODES),
+        max_nodes=_int(value, "max_nodes", low=1, high=MAX_PLAN_NODES) or 64,
+    )
+    if auto:
+        chosen = [n for n in ("dp", "pp", "nodes", "microbatches") if getattr(ask, n) is not None]
+        if chosen:
+            raise LayoutError(f"plan.{chosen[0]} is chosen by the planner with plan.auto; give one or the other",
+                              field=f"plan.{chosen[0]}")
+    else:
+        ask.dp = ask.dp or 1
+        ask.pp = ask.pp or 1
+        if ask.nodes is not None and ask.nodes < ask.dp * ask.pp:
+            raise LayoutError(f"plan.nodes={ask.nodes} cannot hold dp={ask.dp} x pp={ask.pp} = {ask.dp * ask.pp} "
+                              "workers", field="plan.nodes")
+        if ask.dp * ask.pp > MAX_PLAN_NODES:
+            raise LayoutError(f"dp x pp = {ask.dp * ask.pp} is over {MAX_PLAN_NODES} nodes", field="plan.dp")
+    return ask

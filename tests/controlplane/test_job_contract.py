@@ -1,0 +1,121 @@
+"""The job contract through the API: the runtime's JobConfig built and validated at submit, the
+plan chosen (explicit or by the planner for the deadline) and stored, and the 400s that name the
+field for a job the runtime could not run. None of the refused requests writes anything."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.jobs.models import JobEvent, TrainingJob
+from runtime.config import JobConfig
+from tests.controlplane.api_helpers import make_team_world
+
+pytestmark = pytest.mark.django_db
+
+CONFIG = {"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 32, "op_timeout_s": 2.0,
+          "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
+
+
+@pytest.fixture
+def world():
+    return make_team_world()
+
+
+def _submit(world, **body):
+    payload = {"name": "contract", "strategy": "recycle", "target_steps": 60, "config": CONFIG, **body}
+    payload.setdefault("deadline", (timezone.now() + timedelta(hours=1)).isoformat())
+    return world.member_client.post("/api/v1/jobs/", payload, format="json")
+
+
+def test_explicit_plan_is_stored_and_the_config_is_the_runtimes(world):
+    response = _submit(world, plan={"dp": 2, "pp": 2, "microbatches": 4})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    job = TrainingJob.objects.get(pk=body["id"])
+    config = JobConfig.from_dict(job.config)  # what the agent hands to the runtime, unchanged
+    config.validate()
+    assert (config.dp, config.pp, config.microbatches, config.strategy, config.steps) == (2, 2, 4, "recycle", 60)
+    assert job.plan["chosen_by"] == "user" and job.plan["nodes"] == 4 and job.plan["provider"] == "local"
+    assert body["config"] == job.config and body["plan"] == job.plan
+    # The old clients' view of the contract is still served.
+    assert body["model_spec"]["layers"] == 2 and body["model_spec"]["micro_batches"] == 8
+
+
+def test_auto_plan_meets_the_deadline_with_more_nodes_when_one_cannot(world):
+    relaxed = _submit(world, plan="auto").json()
+    one_node = relaxed["plan"]
+    assert one_node["chosen_by"] == "planner" and one_node["dp"] * one_node["pp"] == 1  # cheapest in an hour
+    hours = one_node["predicted"]["hours"]
+    tight = _submit(world, plan={"auto": True, "max_nodes": 4},
+                    deadline=(timezone.now() + timedelta(hours=hours * 0.6)).isoformat())
+    assert tight.status_code == 201, tight.content
+    plan = tight.json()["plan"]
+    assert plan["dp"] * plan["pp"] > 1 and plan["nodes"] == plan["dp"] * plan["pp"]
+    assert plan["predicted"]["hours"] < hours * 0.6
+    assert plan["predicted"]["cost_usd"] > 0  # local nodes are priced as the type they stand in for
+    assert plan["runner_ups"], "the runner-up plans are stored for the job page"
+    config = TrainingJob.objects.get(pk=tight.json()["id"]).config
+    assert (config["dp"], config["pp"], config["microbatches"]) == (plan["dp"], plan["pp"], plan["microbatches"])
+
+
+def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world):
+    before = (TrainingJob.objects.count(), JobEvent.objects.count())
+    response = _submit(world, plan={"auto": True, "max_nodes": 2},
+                       deadline=(timezone.now() + timedelta(seconds=1)).isoformat())
+    assert response.status_code == 400, response.content
+    message = response.json()["errors"]["deadline"][0]
+    assert "the fastest plan" in message and "dp=2" in message and "predicted to take" in message
+    assert (TrainingJob.objects.count(), JobEvent.objects.count()) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"plan": {"dp": 1, "pp": 5}}, "plan.pp"),  # the model has 4 layers
+        ({"plan": {"dp": 3, "pp": 1}}, "config.global_batch"),  # 32 is not divisible by 3 x 4
+        ({"plan": {"dp": 1, "pp": 1, "instance_types": ["p9.mega"]}}, "plan.instance_types"),
+        ({"plan": {"dp": 1, "pp": 1, "provider": "gcp"}}, "plan.provider"),
+        ({"plan": {"dp": 0}}, "plan.dp"),
+        ({"plan": {"dp": "2"}}, "plan.dp"),
+        ({"plan": {"auto": True, "dp": 2}}, "plan.dp"),
+        ({"plan": {"zones": ["a\x00b"]}}, "plan.zones"),
+        ({"plan": {"nodes": 1, "dp": 2}}, "plan.nodes"),
+        ({"plan": {"flavour": 1}}, "plan.flavour"),
+        ({"plan": [1]}, "plan"),
+        ({"config": {**CONFIG, "model": {"kind": "gpt", "n_embd": 30, "n_head": 4}}}, "config.model.n_head"),
+        ({"config": {**CONFIG, "lr": "fast"}}, "config.lr"),
+        ({"config": {**CONFIG, "dp": 2}}, "config.dp"),
+        ({"config": {**CONFIG, "checkpoint_dir": "x" * 2000}}, "config.checkpoint_dir"),
+        ({"config": {**CONFIG, "wings": 2}}, "config.wings"),
+        ({"config": {**CONFIG, "schedule": "zigzag"}}, "config.schedule"),
+        ({"config": None, "model_spec": {"kind": "gpt", "layers": 2, "heads": 3, "d_model": 32}},
+         "model_spec.heads"),
+    ],
+)
+def test_a_job_the_runtime_cannot_run_is_refused_naming_the_field(world, body, field):
+    before = (TrainingJob.objects.count(), JobEvent.objects.count())
+    payload = {k: v for k, v in body.items() if v is not None}
+    if body.get("config", "") is None:
+        response = world.member_client.post("/api/v1/jobs/", {
+            "name": "contract", "strategy": "recycle", "target_steps": 60, "budget_usd": "5", **payload},
+            format="json")
+    else:
+        response = _submit(world, **payload)
+    assert response.status_code == 400, response.content
+    assert field in response.json()["errors"], response.json()
+    assert (TrainingJob.objects.count(), JobEvent.objects.count()) == before
+
+
+def test_every_problem_of_a_contract_is_reported_at_once(world):
+    # Values of the wrong type are all reported together, before any value is judged...
+    response = _submit(world, config={**CONFIG, "lr": "x", "seed": 1.5, "model": {"n_layer": "2"}})
+    assert response.status_code == 400
+    assert set(response.json()["errors"]) == {"config.lr", "config.seed", "config.model.n_layer"}
+    # ...and so are values the runtime cannot run.
+    bad = {**CONFIG, "model": {"kind": "gpt", "n_embd": 30, "n_head": 4, "n_layer": 0}, "schedule": "zigzag"}
+    response = _submit(world, config=bad, plan={"dp": 1, "pp": 1})
+    assert response.status_code == 400
+    assert {"config.model.n_head", "config.model.n_layer", "config.schedule"} <= set(response.json()["errors"])
