@@ -169,7 +169,7 @@ SPECTACULAR_SETTINGS = {
     # Jobs accept "auto"; the planner compares concrete strategies only. Name both enums.
     "ENUM_NAME_OVERRIDES": {
         "JobStrategyEnum": "controlplane.jobs.models.Strategy",
-        "PlannedStrategyEnum": ["checkpoint", "bamboo", "recycle", "oobleck"],
+        "PlannedStrategyEnum": "runtime.config.FAULT_TOLERANT_STRATEGIES",
     },
 }
 

@@ -35,6 +35,12 @@ SCHEDULES = ("1f1b", "fiw")
 MODEL_KINDS = ("gpt", "mlp")
 
 
+FAULT_TOLERANT_STRATEGIES = tuple(s for s in STRATEGIES if s != "none")
+"""The strategies a job can survive preemptions with (what the simulator and the planner compare)."""
+LAYOUT_FIELDS = ("dp", "pp", "strategy", "steps")
+"""JobConfig fields a job's contract does not set: they come from its plan, strategy and target steps."""
+
+
 def resolve_strategy(name: str) -> str:
     """The runtime strategy of a job's strategy name (`auto` and empty mean `AUTO_STRATEGY`)."""
     return AUTO_STRATEGY if name in ("", "auto") else name
@@ -353,6 +359,18 @@ def _build(cls: type, data: Any, *, prefix: str) -> Any:
 
 
 _NESTED.update({"ModelSpec": ModelSpec, "DeviceTime": DeviceTime})
+
+
+def build_job_config(contract: dict[str, Any], **layout: Any) -> JobConfig:
+    """The runtime's JobConfig of a job's `contract` (JobConfig fields but the layout) with the
+    plan's `layout` (dp, pp, strategy, steps and optionally microbatches, schedule), validated.
+    The one path from a job (API request, job file, dashboard form) to what the runtime runs;
+    raises `LayoutError`/`LayoutErrors` naming each field."""
+    _raise([LayoutError(f"config.{k} is set by the job's plan, strategy and target steps", field=f"config.{k}")
+            for k in LAYOUT_FIELDS if k in contract])
+    config = JobConfig.from_dict({**contract, **layout})
+    config.validate()
+    return config
 
 
 # --- The legacy `model_spec` request body ------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""`spotpipe` console script: `spotpipe demo [options]` (see docs/demo.md)."""
+"""`spotpipe` console script: `spotpipe demo [options]` (docs/demo.md), and the client commands
+`submit`, `jobs`, `status`, `logs`, `cancel` (a control plane's REST API) and `train` (a job file
+on this machine, no control plane); see docs/client.md."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import os
 import sys
 from pathlib import Path
 
-STRATEGIES = ("recycle", "bamboo", "oobleck", "checkpoint", "auto")
+from runtime.config import JOB_STRATEGIES
+
+CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="run a spot training fleet on this machine, end to end",
         description="Seed a market and a demo team, serve the control plane with a Celery worker and beat, "
                     "train a small GPT on local nodes under preemptions, then print its cost report.")
-    demo.add_argument("--strategy", choices=STRATEGIES, default="recycle",
+    demo.add_argument("--strategy", choices=JOB_STRATEGIES, default="recycle",
                       help="how the job survives preemptions (default: recycle)")
     demo.add_argument("--nodes", type=int, default=4, help="nodes of the job (default 4: dp=2 x pp=2)")
     demo.add_argument("--trace", type=Path, help="a preemption trace file (Bamboo CSV, GCP counts or SkyPilot "
@@ -36,11 +40,43 @@ def build_parser() -> argparse.ArgumentParser:
                            "its worker must run on this host (same process and network namespace)")
     demo.add_argument("--host", default="127.0.0.1", help="address of the web server (default 127.0.0.1)")
     demo.add_argument("--port", type=int, default=8000, help="port of the web server (default 8000)")
+
+    connect = "the control plane in SPOTPIPE_URL / SPOTPIPE_TOKEN or ~/.config/spotpipe/credentials.toml"
+    submit = sub.add_parser("submit", help=f"submit a job file (TOML) to {connect}")
+    submit.add_argument("file", type=Path)
+    sub.add_parser("jobs", help="list your teams' jobs")
+    for name, text in (("status", "a job's status and plan"), ("cancel", "cancel a job")):
+        sub.add_parser(name, help=text).add_argument("job", type=int)
+    logs = sub.add_parser("logs", help="a job's timeline")
+    logs.add_argument("job", type=int)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    train = sub.add_parser("train", help="train a job file here, on local processes (no control plane)")
+    train.add_argument("file", type=Path)
+    train.add_argument("--out", type=Path, default=Path("var/train"), help="output folder (default var/train)")
+    train.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     return parser
+
+
+def run_client(args: argparse.Namespace) -> int:
+    from spotpipe import commands
+
+    if args.command == "submit":
+        return commands.submit(args.file)
+    if args.command == "jobs":
+        return commands.jobs()
+    if args.command == "status":
+        return commands.status(args.job)
+    if args.command == "logs":
+        return commands.logs(args.job, follow=args.follow)
+    if args.command == "cancel":
+        return commands.cancel(args.job)
+    return commands.train(args.file, out_dir=args.out / args.file.stem, timeout_s=args.timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in CLIENT_COMMANDS:
+        return run_client(args)
     for name in ("trace", "prices"):
         path = getattr(args, name)
         if path is not None and not path.is_file():

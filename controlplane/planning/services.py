@@ -20,7 +20,16 @@ from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool
 from controlplane.orchestration.providers.local import LOCAL_INSTANCE_TYPE, LOCAL_STAND_IN_TYPE
 from controlplane.planning.selectors import pools_for_plan
-from runtime.config import DeviceTime, JobConfig, LayoutError, LayoutErrors, ModelSpec, each_error, resolve_strategy
+from runtime.config import (
+    DeviceTime,
+    JobConfig,
+    LayoutError,
+    LayoutErrors,
+    ModelSpec,
+    build_job_config,
+    each_error,
+    resolve_strategy,
+)
 from runtime.planner.catalog import InstanceSpec
 from runtime.planner.catalog import instance_types as shipped_types
 from runtime.planner.predictor import default_predictor
@@ -152,17 +161,6 @@ def _check_pools(ask: PlanAsk) -> None:
         )
 
 
-def _build_config(contract: dict[str, Any], **layout: Any) -> JobConfig:
-    """The runtime's JobConfig of `contract` with the plan's layout, validated (LayoutError names the field)."""
-    reserved = [k for k in ("dp", "pp", "strategy", "steps") if k in contract]
-    if reserved:
-        raise LayoutError(f"config.{reserved[0]} is set by the job's plan, strategy and target_steps, not its config",
-                          field=f"config.{reserved[0]}")
-    config = JobConfig.from_dict({**contract, **layout})
-    config.validate()
-    return config
-
-
 def _local_planner(config: JobConfig, microbatch_size: int) -> Planner:
     """A planner that knows the local node: its profile is the job's emulated device time per layer
     (what every local worker pads each action to, so the plan's step is the step that runs), with
@@ -225,7 +223,7 @@ def plan_job(
         problem = LayoutError(f"model_spec.micro_batches={total_microbatches} does not divide global_batch="
                               f"{global_batch}", field="model_spec.micro_batches")
         try:
-            _build_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
+            build_job_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
                           strategy=runtime_strategy, steps=target_steps)
         except LayoutError as exc:
             raise LayoutErrors([problem, *each_error(exc)]) from exc
@@ -242,7 +240,7 @@ def plan_job(
         layout = {"dp": ask.dp, "pp": ask.pp, "strategy": runtime_strategy, "steps": target_steps}
         if microbatches is not None:
             layout["microbatches"] = microbatches
-        config = _build_config({k: v for k, v in contract.items() if k != "microbatches"}, **layout)
+        config = build_job_config({k: v for k, v in contract.items() if k != "microbatches"}, **layout)
         plan = JobPlan(provider=ask.provider, pools=pools, nodes=ask.nodes or config.num_nodes, dp=config.dp,
                        pp=config.pp, microbatches=config.microbatches, strategy=runtime_strategy, chosen_by="user",
                        min_stages=config.min_stages)
@@ -250,7 +248,7 @@ def plan_job(
 
     at = at or timezone.now()
     # The model and training fields are checked before planning (one node, one micro-batch).
-    base = _build_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
+    base = build_job_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
                          strategy=runtime_strategy, steps=target_steps)
     microbatch_size = base.global_batch // total_microbatches if total_microbatches is not None else 0
     if ask.provider == ProviderKind.LOCAL and base.device_time is None:
@@ -280,7 +278,7 @@ def plan_job(
                        f"(${fastest.cost_usd:.2f}); give a later deadline or allow more nodes (plan.max_nodes)")
         raise LayoutError(message, field=field) from exc
     best = chosen.best
-    config = _build_config(
+    config = build_job_config(
         {**{k: v for k, v in contract.items() if k not in ("microbatches", "schedule")},
          "device_time": None if base.device_time is None else dataclasses.asdict(base.device_time)},
         dp=best.dp, pp=best.pp, microbatches=best.microbatches, schedule=best.schedule, strategy=runtime_strategy,

@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.common.limits import MAX_ID
-from runtime.config import ModelSpec
+from runtime.config import FAULT_TOLERANT_STRATEGIES, ModelSpec
 
 
 class ModelSpecSerializer(serializers.Serializer):
@@ -40,7 +40,7 @@ class PlanRequestSerializer(serializers.Serializer):
     samples = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     deadline_hours = serializers.FloatField(required=False, min_value=0.001)
     budget_usd = serializers.FloatField(required=False, min_value=0.01)
-    strategy = serializers.ChoiceField(choices=["checkpoint", "bamboo", "recycle", "oobleck"], required=False)
+    strategy = serializers.ChoiceField(choices=FAULT_TOLERANT_STRATEGIES, required=False)
     instance_types = serializers.ListField(child=serializers.CharField(max_length=60), min_length=1, max_length=40)
     zones = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=100)
     max_nodes = serializers.IntegerField(required=False, min_value=1, max_value=1024, default=32)

@@ -1,0 +1,194 @@
+"""The client commands of `spotpipe`: submit a job file to a control plane, list and follow jobs,
+cancel one, or train a job file here without a control plane. Each returns the process's exit
+status: 0 done, 1 the control plane refused or failed (its message printed as it is), 2 bad usage
+or an unreadable file."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from spotpipe.client import Client, ClientError, endpoint_from_environment
+from spotpipe.jobfile import JobFileError, load_job_file
+
+ENDED = ("finished", "failed", "cancelled")
+FOLLOW_POLL_S = 1.0
+
+
+def _print_error(exc: ClientError, out: TextIO) -> None:
+    print(f"error: {exc}", file=out)
+    for field, messages in sorted(exc.errors.items()):
+        for message in messages:
+            print(f"  {field}: {message}", file=out)
+
+
+def _client() -> Client:
+    return Client(endpoint_from_environment())
+
+
+def describe_plan(plan: dict[str, Any]) -> str:
+    """One line: who chose the plan, the layout, and the planner's prediction when there is one."""
+    pools = ", ".join(p["instance_type"] + (f"@{p['zone']}" if p.get("zone") else "") for p in plan.get("pools", []))
+    line = (f"{plan.get('chosen_by', '?')} plan: {plan.get('nodes')} {plan.get('provider')} node(s) on {pools} as "
+            f"dp={plan.get('dp')} x pp={plan.get('pp')}, {plan.get('microbatches')} micro-batches per pipeline")
+    predicted = plan.get("predicted")
+    if predicted:
+        line += (f"; predicted {predicted['hours'] * 3600:.1f} s, ${predicted['cost_usd']:.4f}, "
+                 f"{predicted['samples_per_s']:.1f} samples/s")
+    return line
+
+
+def submit(path: Path, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        body = load_job_file(path)
+        job = _client().submit(body)
+    except JobFileError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    except ClientError as exc:
+        _print_error(exc, err)
+        return 1
+    print(f"job {job['id']} submitted: {job['name']} ({job['status']})", file=out)
+    print(f"  {describe_plan(job['plan'])}", file=out)
+    return 0
+
+
+def jobs(*, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        rows = _client().jobs()
+    except ClientError as exc:
+        _print_error(exc, err)
+        return 1
+    print(f"{'id':>6}  {'status':<12} {'steps':>13}  {'loss':>8}  {'layout':<10} name", file=out)
+    for job in rows:
+        plan = job.get("plan") or {}
+        loss = f"{job['last_loss']:.4f}" if job.get("last_loss") is not None else "-"
+        layout = f"{plan.get('dp', '?')}x{plan.get('pp', '?')}"
+        print(f"{job['id']:>6}  {job['status']:<12} {job['steps_done']:>6}/{job['target_steps']:<6}  {loss:>8}  "
+              f"{layout:<10} {job['name']}", file=out)
+    return 0
+
+
+def status(job_id: int, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        job = _client().job(job_id)
+    except ClientError as exc:
+        _print_error(exc, err)
+        return 1
+    loss = f", loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
+    print(f"job {job['id']} {job['name']}: {job['status']} {job['status_message']}".rstrip(), file=out)
+    print(f"  steps {job['steps_done']}/{job['target_steps']}{loss}, generation {job['current_generation']}, "
+          f"strategy {job['strategy']}", file=out)
+    print(f"  {describe_plan(job['plan'])}", file=out)
+    return 0
+
+
+def logs(job_id: int, *, follow: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Print the job's timeline; with `follow`, keep printing (and the progress) until the job ends."""
+    client = _client()
+    seen: set[int] = set()
+    since: str | None = None
+    progress = None
+    try:
+        while True:
+            for event in client.events(job_id, since=since):
+                if event["id"] not in seen:
+                    seen.add(event["id"])
+                    print(f"{event['at']}  {event['kind']:<24} {event['message']}", file=out, flush=True)
+                    since = event["at"]
+            if not follow:
+                return 0
+            job = client.job(job_id)
+            now = (job["steps_done"], job["status"])
+            if now != progress:
+                progress = now
+                loss = f" loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
+                print(f"-- step {job['steps_done']}/{job['target_steps']}{loss} ({job['status']})", file=out,
+                      flush=True)
+            if job["status"] in ENDED:
+                # One more read: events written with the final status are printed too.
+                for event in client.events(job_id, since=since):
+                    if event["id"] not in seen:
+                        seen.add(event["id"])
+                        print(f"{event['at']}  {event['kind']:<24} {event['message']}", file=out, flush=True)
+                return 0 if job["status"] == "finished" else 1
+            time.sleep(FOLLOW_POLL_S)
+    except ClientError as exc:
+        _print_error(exc, err)
+        return 1
+
+
+def cancel(job_id: int, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        job = _client().cancel(job_id)
+    except ClientError as exc:
+        _print_error(exc, err)
+        return 1
+    print(f"job {job['id']} {job['status']}", file=out)
+    return 0
+
+
+def train(path: Path, *, out_dir: Path, timeout_s: float, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run a job file on local processes (dp x pp of its explicit plan), no control plane."""
+    from runtime.config import LayoutError, build_job_config, contract_from_model_spec, each_error, resolve_strategy
+
+    try:
+        body = load_job_file(path)
+        plan = body.get("plan") or {}
+        if plan == "auto" or (isinstance(plan, dict) and plan.get("auto")):
+            raise JobFileError(f"{path}: plan.auto needs a control plane's pools and prices (spotpipe submit); "
+                               "to train here, give plan.dp and plan.pp")
+        contract, total = (contract_from_model_spec(body["model_spec"]) if "model_spec" in body
+                           else (dict(body.get("config") or {}), None))
+        dp, pp = int(plan.get("dp", 1)), int(plan.get("pp", 1))
+        layout: dict[str, Any] = {"dp": dp, "pp": pp, "strategy": resolve_strategy(body.get("strategy", "auto")),
+                                  "steps": body.get("target_steps")}
+        if plan.get("microbatches") or total:
+            layout["microbatches"] = plan.get("microbatches") or max(1, total // dp)
+        config = build_job_config(contract, **layout)
+    except JobFileError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    except LayoutError as exc:
+        for problem in each_error(exc):
+            print(f"error: {problem.field or 'config'}: {problem.message}", file=err)
+        return 2
+    from runtime.launcher import run_local
+
+    print(f"training {path.name}: {config.model.kind} with {config.model.num_layers} layers, dp={dp} x pp={pp}, "
+          f"{config.steps} steps, strategy {config.strategy}; output in {out_dir}", file=out, flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = threading.Event()
+    watcher = threading.Thread(target=_show_progress, args=(out_dir, config.steps, done, out), daemon=True)
+    watcher.start()
+    try:
+        result = run_local(config, timeout_s=timeout_s, out_dir=out_dir)
+    finally:
+        done.set()
+        watcher.join()
+    steps = result.steps()
+    if not steps or any(code not in (0, None) for code in result.exit_codes.values()):
+        print(f"error: the run did not finish (exit codes {result.exit_codes}); see {out_dir}", file=err)
+        return 1
+    losses = [r["loss"] for r in steps if r.get("loss") is not None]
+    print(f"done: {max(r['step'] for r in steps) + 1} steps in {result.wall_s:.1f} s, loss {losses[0]:.4f} -> "
+          f"{losses[-1]:.4f}; final parameters in {out_dir}/node-*.pt", file=out)
+    return 0
+
+
+def _show_progress(out_dir: Path, steps: int, done: threading.Event, out: TextIO) -> None:
+    from runtime.metrics_log import read_records
+
+    last = -1
+    while not done.wait(1.0):
+        records = [r for path in out_dir.glob("metrics-*.jsonl") for r in read_records(path)
+                   if "step" in r and "event" not in r]
+        if records:
+            newest = max(records, key=lambda r: r["step"])
+            if newest["step"] != last:
+                last = newest["step"]
+                loss = f" loss {newest['loss']:.4f}" if newest.get("loss") is not None else ""
+                print(f"-- step {last + 1}/{steps}{loss}", file=out, flush=True)

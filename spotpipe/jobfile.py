@@ -1,0 +1,75 @@
+"""The job file: one TOML file holding a job's whole contract, as `POST /api/v1/jobs/` takes it.
+
+    name = "gpt-small"
+    strategy = "recycle"          # auto, checkpoint, bamboo, recycle, oobleck
+    target_steps = 500
+    deadline = "6h"               # an ISO time, a TOML datetime, or a duration from now (90s, 30m, 6h, 2d)
+    budget_usd = 25.0             # a deadline, a budget, or both
+
+    [config]                      # the runtime's JobConfig fields (runtime/config.py) but the layout
+    global_batch = 32
+    seed = 0
+    [config.model]
+    kind = "gpt"
+    n_layer = 4
+
+    [plan]                        # omitted: one node; auto = true: the planner chooses
+    dp = 2
+    pp = 2
+
+`spotpipe submit FILE` sends it to a control plane (which validates it with the same code as any
+request: its 400s are printed as they are); `spotpipe train FILE` runs it here without one. This
+module only reads the file: TOML syntax, the top-level keys and the deadline's forms.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "config", "model_spec", "plan")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class JobFileError(ValueError):
+    """A job file that cannot be read; the message names the file and what is wrong."""
+
+
+def _deadline(value: Any, *, now: datetime) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise JobFileError(f"deadline {value} has no time zone; write it with an offset, e.g. Z")
+        return value.isoformat()
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return (now + timedelta(seconds=float(match[1]) * _UNIT_S[match[2]])).isoformat()
+        return value  # an ISO time: the control plane parses and checks it
+    raise JobFileError(f"deadline must be a time or a duration such as \"6h\", got {value!r}")
+
+
+def load_job_file(path: str | Path, *, now: datetime | None = None) -> dict[str, Any]:
+    """The request body of the job in `path`. Raises `JobFileError` for a file that cannot be read
+    as a job (missing, not TOML, unknown top-level keys)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise JobFileError(f"{path}: no such file") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise JobFileError(f"{path}: not a TOML file: {exc}") from exc
+    unknown = sorted(set(data) - set(TOP_LEVEL))
+    if unknown:
+        raise JobFileError(f"{path}: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(TOP_LEVEL)}")
+    body = dict(data)
+    body.setdefault("name", path.stem)
+    if "deadline" in body:
+        try:
+            body["deadline"] = _deadline(body["deadline"], now=now or datetime.now(UTC))
+        except JobFileError as exc:
+            raise JobFileError(f"{path}: {exc}") from exc
+    return body

@@ -1,0 +1,139 @@
+"""A job file from submit to trained, on the embedded default: `spotpipe submit` (a real client
+process) sends a job with `plan.auto` and a deadline one node cannot meet to a live control plane;
+the planner's layout (dp x pp > 1) runs on the planned number of local nodes; `spotpipe logs
+--follow` prints its timeline to the end; the job page shows the plan with its predicted and
+measured figures. A bad job file gets the API's own 400 messages from the client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.jobs.models import JobGeneration, JobStatus, TrainingJob
+from controlplane.orchestration.models import Rendezvous
+from controlplane.orchestration.providers import set_provider
+from controlplane.orchestration.providers.local import LocalProvider, pid_alive
+from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
+from tests.controlplane.factories import make_team
+from tests.orchestration.test_end_to_end import Beat
+from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
+
+JOB_FILE = """
+name = "deadline-from-a-file"
+strategy = "recycle"
+target_steps = 60
+deadline = "{deadline}"
+
+[config]
+global_batch = 32
+seed = 2
+op_timeout_s = 2.0
+[config.model]
+kind = "mlp"
+n_layer = 2
+n_embd = 16
+[config.device_time]
+forward_ms = 4
+backward_input_ms = 4
+backward_weight_ms = 4
+
+[plan]
+auto = true
+max_nodes = 4
+"""
+
+
+def _cli(*args: str, url: str, token: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPOTPIPE_URL": url, "SPOTPIPE_TOKEN": token, "SPOTPIPE_CONFIG": "/nonexistent"}
+    return subprocess.run([sys.executable, "-m", "spotpipe.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(240)
+def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
+    control_plane, worker, tmp_path: Path, monkeypatch  # noqa: F811
+) -> None:
+    provider = LocalProvider(tmp_path / "nodes", start_timeout_s=30)
+    set_provider("local", provider)
+    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "process")
+    monkeypatch.setenv("SPOTPIPE_PUBLIC_URL", control_plane.url)
+    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "5.0")
+    team = make_team()
+    user = make_api_user(team)
+    token = make_api_token(team, user=user)
+    # One node takes 60 steps x 4 micro-batches x 4 layers x 12 ms = 11.5 s by the plan's profile.
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(JOB_FILE.format(deadline="8s"))
+    beat = Beat()
+    job = None
+    try:
+        submitted = _cli("submit", str(job_file), url=control_plane.url, token=token)
+        assert submitted.returncode == 0, submitted.stderr
+        assert "planner plan:" in submitted.stdout, submitted.stdout
+        job = retrying(TrainingJob.objects.get, name="deadline-from-a-file")
+        plan = job.plan
+        assert plan["chosen_by"] == "planner" and plan["dp"] * plan["pp"] > 1, plan
+        assert plan["predicted"]["hours"] * 3600 < 8
+        beat.start()  # the periodic reconcile starts the pending job, as in production
+
+        followed = _cli("logs", str(job.pk), "--follow", url=control_plane.url, token=token)
+        assert followed.returncode == 0, followed.stdout + followed.stderr
+        assert "job_finished" in followed.stdout and "generation" in followed.stdout
+        job = retrying(TrainingJob.objects.get, pk=job.pk)
+        assert job.status == JobStatus.FINISHED and job.steps_done >= job.target_steps
+        first = retrying(JobGeneration.objects.get, job=job, number=1)
+        assert (first.layout["dp"], first.layout["pp"]) == (plan["dp"], plan["pp"])
+        assert len(first.membership) == plan["nodes"]  # the planned number of local nodes trained it
+        assert len({m["instance"] for m in first.membership}) == plan["nodes"]
+
+        page = token_client()
+        page.force_login(user)
+        html = page.get(f"/jobs/{job.pk}/").content.decode()
+        assert "Chosen by the planner" in html and f"dp={plan['dp']} x pp={plan['pp']}" in html
+        empty = "<td>\N{EN DASH}</td>"
+        assert html.count(empty) < 4  # the plan table has predicted and measured figures filled in
+    finally:
+        beat.stop.set()
+        provider.terminate(provider.all_node_ids())
+        if job is not None:
+            from controlplane.orchestration.rendezvous import rendezvous_release
+
+            retrying(rendezvous_release, job=job)
+            row = retrying(Rendezvous.objects.filter(job=job).first)
+            assert row is None or not row.pid or not pid_alive(row.pid)
+        set_provider("local", None)
+        assert provider.live_pids() == [], "node processes were left behind"
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_bad_job_file_gets_the_apis_own_messages(control_plane, tmp_path: Path) -> None:
+    team = make_team()
+    user = make_api_user(team)
+    token = make_api_token(team, user=user)
+    job_file = tmp_path / "bad.toml"
+    job_file.write_text(JOB_FILE.format(deadline="1h").replace("auto = true", "dp = 1\npp = 9")
+                        .replace("max_nodes = 4", "").replace("n_embd = 16", "n_embd = 16\nn_head = 0"))
+    result = _cli("submit", str(job_file), url=control_plane.url, token=token)
+    assert result.returncode == 1
+    # What the API answers for the same body, field by field.
+    from spotpipe.jobfile import load_job_file
+
+    client = token_client(token)
+    api = client.post("/api/v1/jobs/", load_job_file(job_file), format="json").json()
+    assert {"plan.pp", "config.model.n_head"} <= set(api["errors"])
+    for field, messages in api["errors"].items():
+        for message in messages:
+            assert f"  {field}: {message}" in result.stderr, result.stderr
+    assert not retrying(TrainingJob.objects.filter(team=team).exists)
+
+    unreadable = tmp_path / "broken.toml"
+    unreadable.write_text("name = \n")
+    result = _cli("submit", str(unreadable), url=control_plane.url, token=token)
+    assert result.returncode == 2 and "not a TOML file" in result.stderr
