@@ -31,6 +31,7 @@ from controlplane.jobs.models import JobStatus
 from controlplane.orchestration import tasks
 from controlplane.orchestration.providers.local import LocalProvider
 from controlplane.orchestration.rendezvous import rendezvous_release
+from runtime.config import resolve_strategy
 from spotpipe import processes, report, schedule, seed
 from spotpipe.driver import Console, Driver, layout_for, steps_for, submit_job
 from spotpipe.market import STAND_IN_TYPE
@@ -268,7 +269,7 @@ def run_demo(options: DemoOptions) -> int:
         print("\n".join(report.cost_lines(cost)), flush=True)
         segment_sum = sum((s.cost for s in cost.segments), 0)
         comparisons = report.simulate_comparison(
-            trace, strategy=driver_strategy(options.strategy), dp=dp, pp=pp, instance_type=STAND_IN_TYPE,
+            trace, strategy=resolve_strategy(options.strategy), dp=dp, pp=pp, instance_type=STAND_IN_TYPE,
             spot_usd_per_hour=float(market.stand_in_price) or 0.16,
             on_demand_usd_per_hour=float(market.on_demand_price) or 0.526)
         print()
@@ -319,9 +320,3 @@ def run_demo(options: DemoOptions) -> int:
                      f"summary in {var_dir / SUMMARY_NAME}")
     return status
 
-
-def driver_strategy(strategy: str) -> str:
-    """The runtime strategy a job strategy runs as (`auto` runs recycle)."""
-    from controlplane.orchestration.reactions import runtime_strategy
-
-    return runtime_strategy(strategy)

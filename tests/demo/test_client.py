@@ -1,0 +1,82 @@
+"""The client side of the job file: reading it (deadline forms, unknown keys, bad TOML), finding the
+control plane (environment, credentials file, profile), and `spotpipe train` on local processes."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from spotpipe import commands
+from spotpipe.client import ClientError, endpoint_from_environment
+from spotpipe.jobfile import JobFileError, load_job_file
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("deadline", "expected"),
+    [('"90s"', "2026-11-25T12:01:30+00:00"), ('"6h"', "2026-11-25T18:00:00+00:00"),
+     ('"2d"', "2026-11-27T12:00:00+00:00"), ("2026-12-01T00:00:00Z", "2026-12-01T00:00:00+00:00"),
+     ('"2026-12-01T00:00:00Z"', "2026-12-01T00:00:00Z")],
+)
+def test_deadline_forms(tmp_path: Path, deadline: str, expected: str) -> None:
+    body = load_job_file(_file(tmp_path, f"target_steps = 5\ndeadline = {deadline}\n"), now=NOW)
+    assert body["deadline"] == expected
+    assert body["name"] == "job"  # the file's name when the file names none
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("target_steps = \n", "not a TOML file"), ("steps = 5\n", r"unknown key\(s\) steps"),
+     ("deadline = 2026-12-01T00:00:00\n", "no time zone"), ("deadline = 5\n", "a time or a duration")],
+)
+def test_unreadable_job_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(JobFileError, match=message):
+        load_job_file(_file(tmp_path, text), now=NOW)
+
+
+def test_the_examples_read() -> None:
+    for path in EXAMPLES.glob("*.toml"):
+        body = load_job_file(path, now=NOW)
+        assert body["config"]["model"]["kind"] in ("gpt", "mlp") and body["target_steps"] > 0
+
+
+def test_endpoint_comes_from_the_environment_then_the_credentials_profile(tmp_path: Path) -> None:
+    creds = tmp_path / "credentials.toml"
+    creds.write_text('[default]\nurl = "http://a:8000/"\ntoken = "t1"\n[ci]\nurl = "http://b"\ntoken = "t2"\n')
+    assert endpoint_from_environment({"SPOTPIPE_CONFIG": str(creds)}) == endpoint_from_environment(
+        {"SPOTPIPE_URL": "http://a:8000", "SPOTPIPE_TOKEN": "t1"})
+    ci = endpoint_from_environment({"SPOTPIPE_CONFIG": str(creds), "SPOTPIPE_PROFILE": "ci"})
+    assert (ci.url, ci.token) == ("http://b", "t2")
+    with pytest.raises(ClientError, match="no control plane configured"):
+        endpoint_from_environment({"SPOTPIPE_CONFIG": str(tmp_path / "none.toml")})
+
+
+def test_train_refuses_what_it_cannot_run_naming_the_field(tmp_path: Path) -> None:
+    err = io.StringIO()
+    auto = _file(tmp_path, 'target_steps = 5\n[config.model]\nkind = "mlp"\n[plan]\nauto = true\n')
+    assert commands.train(auto, out_dir=tmp_path / "out", timeout_s=10, out=io.StringIO(), err=err) == 2
+    assert "plan.auto needs a control plane" in err.getvalue()
+    err = io.StringIO()
+    bad = _file(tmp_path, 'target_steps = 5\n[config]\nlr = "x"\n[config.model]\nn_layer = 0\n[plan]\npp = 9\n')
+    assert commands.train(bad, out_dir=tmp_path / "out", timeout_s=10, out=io.StringIO(), err=err) == 2
+    assert "error: lr: lr must be a finite number" in err.getvalue()
+
+
+@pytest.mark.runtime
+def test_train_runs_a_job_file_on_local_processes(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = commands.train(EXAMPLES / "tiny-mlp.toml", out_dir=tmp_path / "tiny", timeout_s=120, out=out, err=err)
+    assert code == 0, err.getvalue()
+    assert "done: 40 steps" in out.getvalue()
+    assert len(list((tmp_path / "tiny").glob("node-*.pt"))) == 4  # dp=2 x pp=2: every node saved its layers
