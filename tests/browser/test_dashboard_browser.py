@@ -165,6 +165,37 @@ def test_submit_a_job_and_see_its_empty_states(page, live_server, world):
     assert "No loss reported yet" in page.locator("#chart-loss").inner_text()
 
 
+def test_submit_with_a_deadline_and_let_the_planner_choose(page, live_server, world):
+    # 1,000 steps of the form's default GPT take one local node about 8 minutes by its profile
+    # (8 micro-batches x 10 layers x 6 ms a step): a deadline in 5 minutes needs more nodes.
+    _login_a(page, live_server, world)
+    page.goto(live_server.url + "/jobs/new/")
+    page.get_by_label("Name").fill("browser-planned")
+    page.get_by_label("Target steps").fill("1000")
+    page.get_by_label("Let the planner choose").check()
+    deadline = (timezone.now() + timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M")
+    page.get_by_label("Deadline (UTC)").fill(deadline)
+    page.get_by_role("button", name="Submit job").click()
+    page.wait_for_url(f"{live_server.url}/jobs/*/")
+    browser.wait_loaded(page)
+    job = TrainingJob.objects.get(name="browser-planned")
+    assert job.plan["chosen_by"] == "planner" and job.plan["dp"] * job.plan["pp"] > 1, job.plan
+    layout = page.locator("#plan-layout").inner_text()
+    assert "Chosen by the planner" in layout and f"dp={job.plan['dp']} x pp={job.plan['pp']}" in layout
+    predicted_hours = page.locator("#plan-table tr", has_text="hours for the whole job").locator("td").first
+    assert float(predicted_hours.inner_text()) == pytest.approx(job.plan["predicted"]["hours"], rel=1e-3)
+
+    # A layout the runtime cannot run comes back on the form, on its field.
+    page.goto(live_server.url + "/jobs/new/")
+    page.get_by_label("Name").fill("browser-impossible")
+    page.get_by_label("I choose the layout").check()
+    page.get_by_label("Pipeline stages (pp)").fill("40")
+    page.get_by_label("Budget (USD)").fill("20")
+    page.get_by_role("button", name="Submit job").click()
+    assert "pp=40 stages but the model has only 10 layers" in page.locator("#id_pp-error").inner_text()
+    assert not TrainingJob.objects.filter(name="browser-impossible").exists()
+
+
 def test_download_cost_report_and_check_totals_against_the_api(page, live_server, world):
     _login_a(page, live_server, world)
     job = world["a"][2]["finished"]
