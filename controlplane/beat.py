@@ -26,3 +26,8 @@ BEAT_SCHEDULE["frontend.refresh_price_rollup"] = {"task": "frontend.refresh_pric
 
 # Billing: alert teams when a job's spend crosses 50 / 80 / 100% of its budget.
 BEAT_SCHEDULE["billing.check_budgets"] = {"task": "billing.check_budgets", "schedule": 60.0}
+
+# Planning: jobs submitted with plan.auto and plan.replan are planned again as prices and preemption
+# rates move (planning.services.job_replan); prices change at most every few minutes.
+BEAT_SCHEDULE["planning.replan_jobs"] = {"task": "planning.replan_jobs", "schedule": float(
+    os.environ.get("SPOTPIPE_REPLAN_PERIOD_S", "300"))}

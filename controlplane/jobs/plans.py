@@ -52,6 +52,11 @@ class JobPlan:
     runner_ups: list[dict[str, Any]] = field(default_factory=list)
     """The next best plans the planner considered (same keys as `predicted`, plus the layout)."""
     min_stages: int = 1
+    replan: bool = False
+    """`plan.auto` with `replan`: beat re-plans the job when prices or preemption rates move
+    (`planning.services.job_replan`)."""
+    max_nodes: int = 64
+    """The most nodes the planner may use (`plan.max_nodes`), kept for re-planning."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -76,6 +81,7 @@ class PlanAsk:
     nodes: int | None = None
     microbatches: int | None = None
     max_nodes: int = 64
+    replan: bool = False
 
 
 def default_provider() -> str:
@@ -112,7 +118,8 @@ def _names(data: dict[str, Any], name: str) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-PLAN_FIELDS = ("auto", "provider", "instance_types", "zones", "dp", "pp", "nodes", "microbatches", "max_nodes")
+PLAN_FIELDS = ("auto", "provider", "instance_types", "zones", "dp", "pp", "nodes", "microbatches", "max_nodes",
+               "replan")
 
 
 def parse_plan_request(value: Any) -> PlanAsk:
@@ -130,9 +137,12 @@ def parse_plan_request(value: Any) -> PlanAsk:
             f"unknown plan field(s) {', '.join(map(str, unknown))}; expected some of {list(PLAN_FIELDS)}"[:300],
             field=f"plan.{unknown[0]}",
         )
-    auto = value.get("auto", False)
-    if not isinstance(auto, bool):
-        raise LayoutError(f"plan.auto must be true or false, got {auto!r}", field="plan.auto")
+    auto, replan = value.get("auto", False), value.get("replan", False)
+    for name, flag in (("auto", auto), ("replan", replan)):
+        if not isinstance(flag, bool):
+            raise LayoutError(f"plan.{name} must be true or false, got {flag!r}", field=f"plan.{name}")
+    if replan and not auto:
+        raise LayoutError("plan.replan needs plan.auto: only the planner's plans are re-planned", field="plan.replan")
     provider = value.get("provider") or default_provider()
     if provider not in ProviderKind.values:
         raise LayoutError(f"plan.provider {provider!r} is unknown; expected one of {ProviderKind.values}",
@@ -144,7 +154,7 @@ def parse_plan_request(value: Any) -> PlanAsk:
         dp=_int(value, "dp", low=1, high=MAX_PLAN_NODES), pp=_int(value, "pp", low=1, high=MAX_PLAN_NODES),
         nodes=_int(value, "nodes", low=1, high=MAX_PLAN_NODES),
         microbatches=_int(value, "microbatches", low=1, high=MAX_PLAN_NODES),
-        max_nodes=_int(value, "max_nodes", low=1, high=MAX_PLAN_NODES) or 64,
+        max_nodes=_int(value, "max_nodes", low=1, high=MAX_PLAN_NODES) or 64, replan=replan,
     )
     if auto:
         chosen = [n for n in ("dp", "pp", "nodes", "microbatches") if getattr(ask, n) is not None]

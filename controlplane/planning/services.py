@@ -12,6 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane.common.errors import DomainError
@@ -21,6 +22,7 @@ from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool
 from controlplane.orchestration.providers.local import LOCAL_INSTANCE_TYPE, LOCAL_STAND_IN_TYPE
 from controlplane.planning.selectors import pools_for_plan
 from runtime.config import (
+    LAYOUT_FIELDS,
     DeviceTime,
     JobConfig,
     LayoutError,
@@ -288,7 +290,7 @@ def plan_job(
         provider=ask.provider, pools=[PlanPool(instance_type=best.instance_type, zone=best.zone)],
         nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=runtime_strategy,
         chosen_by="planner", objective=chosen.objective, predicted=_prediction(best),
-        runner_ups=_runner_ups(chosen), min_stages=config.min_stages,
+        runner_ups=_runner_ups(chosen), min_stages=config.min_stages, replan=ask.replan, max_nodes=ask.max_nodes,
     )
     return plan, config
 
@@ -318,3 +320,96 @@ def _duration(hours: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{hours:.1f} h"
+
+
+# --- Re-planning -------------------------------------------------------------------------------------
+
+REPLAN_GAIN = 0.10
+"""A new plan replaces the stored one when it costs at least this fraction less at today's prices
+(or the stored one no longer meets the deadline): smaller moves are noise in the prices."""
+
+
+def _contract_of(job: TrainingJob) -> dict[str, Any]:
+    """The job's contract without what its plan set (the layout and the schedule the planner chose)."""
+    planned = {*LAYOUT_FIELDS, "microbatches", "schedule"}
+    return {k: v for k, v in job.config.items() if k not in planned}
+
+
+@transaction.atomic
+def job_replan(*, job: TrainingJob, at: datetime | None = None) -> JobPlan | None:
+    """Plan a `plan.replan` job again with today's prices and preemption rates; store and return the
+    new plan when it is worth a change, else None.
+
+    Before the job has started (no generation, no node) the whole plan may change: layout and
+    pools. Once it runs, its dp x pp grid stays (the runtime keeps it for the job's life) and only
+    the pools move: replacements come from the new cheapest pool that meets the deadline for the
+    steps left. A change is worth it when it costs at least REPLAN_GAIN less than the stored plan
+    at today's prices, or the stored plan's pool no longer meets the deadline."""
+    from controlplane.jobs.models import JobStatus
+    from controlplane.jobs.services import job_record_event
+
+    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    stored = JobPlan.from_dict(job.plan)
+    if not (stored.replan and stored.chosen_by == "planner") or job.status not in (
+        JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING,
+    ):
+        return None
+    at = at or timezone.now()
+    started = job.current_generation > 0
+    steps_left = max(1, job.target_steps - job.steps_done)
+    ask = PlanAsk(auto=True, provider=stored.provider, instance_types=sorted({p.instance_type for p in stored.pools}),
+                  zones=[], max_nodes=stored.max_nodes, replan=True)
+    if ask.provider == ProviderKind.AWS:
+        from controlplane.jobs.plans import default_instance_types
+
+        ask.instance_types = sorted({*ask.instance_types, *default_instance_types(ask.provider)})
+    try:
+        fresh, fresh_config = plan_job(
+            team_id=job.team_id, contract=_contract_of(job), total_microbatches=None, strategy=job.strategy,
+            target_steps=steps_left, deadline=job.deadline, budget_usd=job.budget_usd, ask=ask, at=at,
+        )
+    except LayoutError:
+        return None  # nothing meets the limits any more: the stored plan stays; the job page shows its progress
+    options = [fresh.predicted, *fresh.runner_ups]
+    if started:  # the grid stays: the best option with the stored dp x pp
+        options = [o for o in options if o and (o["dp"], o["pp"]) == (stored.dp, stored.pp)]
+    if not options:
+        return None
+    best = options[0]
+    stored_pool = stored.pools[0] if stored.pools else None
+    current = next((o for o in [fresh.predicted, *fresh.runner_ups] if o and stored_pool
+                    and (o["instance_type"], o["zone"], o["dp"], o["pp"])
+                    == (stored_pool.instance_type, stored_pool.zone, stored.dp, stored.pp)), None)
+    if current is not None and (best["instance_type"], best["zone"]) == (current["instance_type"], current["zone"]):
+        return None
+    if current is not None and best["cost_usd"] > current["cost_usd"] * (1 - REPLAN_GAIN):
+        return None
+    new_pools = [PlanPool(instance_type=best["instance_type"], zone=best["zone"])]
+    if started:
+        plan = dataclasses.replace(stored, pools=new_pools, predicted=best, runner_ups=fresh.runner_ups)
+        config_dict = job.config
+    else:
+        plan, config_dict = fresh, fresh_config.to_dict()
+        plan.pools = new_pools
+        config_dict["steps"] = job.target_steps
+    job.plan, job.config = plan.to_dict(), config_dict
+    job.save(update_fields=["plan", "config", "updated_at"])
+    was = f"{stored_pool.instance_type}@{stored_pool.zone or '*'}" if stored_pool else "?"
+    job_record_event(
+        job=job, kind="replanned",
+        message=f"re-planned: {was} -> {best['instance_type']}@{best['zone'] or '*'} as dp={plan.dp} x pp={plan.pp}"
+                + (f" (was ${current['cost_usd']:.2f}, now ${best['cost_usd']:.2f} predicted)" if current else ""),
+        data={"from": stored.to_dict(), "to": plan.to_dict(), "started": started}, at=at,
+    )
+    return plan
+
+
+def replan_due_jobs(*, at: datetime | None = None) -> list[int]:
+    """Re-plan every active job that allows it (beat, `planning.replan_jobs`); the ids it changed."""
+    from controlplane.jobs.models import ACTIVE_JOB_STATUSES
+
+    changed = []
+    for job in TrainingJob.objects.filter(status__in=ACTIVE_JOB_STATUSES, plan__replan=True).only("pk"):
+        if job_replan(job=job, at=at) is not None:
+            changed.append(job.pk)
+    return changed

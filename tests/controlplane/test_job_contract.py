@@ -84,6 +84,7 @@ def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world)
         ({"plan": {"zones": ["a\x00b"]}}, "plan.zones"),
         ({"plan": {"nodes": 1, "dp": 2}}, "plan.nodes"),
         ({"plan": {"flavour": 1}}, "plan.flavour"),
+        ({"plan": {"dp": 1, "replan": True}}, "plan.replan"),  # only the planner's plans are re-planned
         ({"plan": [1]}, "plan"),
         ({"config": {**CONFIG, "model": {"kind": "gpt", "n_embd": 30, "n_head": 4}}}, "config.model.n_head"),
         ({"config": {**CONFIG, "lr": "fast"}}, "config.lr"),
