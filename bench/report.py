@@ -4,35 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Sequence
 from typing import Any
 
+from controlplane.common.tables import print_table
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if value == 0:
-            return "0"
-        if abs(value) >= 1000:
-            return f"{value:,.0f}"
-        if abs(value) >= 10:
-            return f"{value:.1f}"
-        return f"{value:.3g}"
-    return str(value)
-
-
-def print_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """Print a fixed-width table with a title line."""
-    cells = [[_fmt(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    print(f"\n{title}")
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-    sys.stdout.flush()
+__all__ = ["Progress", "print_table"]
 
 
 class Progress:
