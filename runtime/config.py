@@ -37,7 +37,7 @@ MODEL_KINDS = ("gpt", "mlp")
 
 FAULT_TOLERANT_STRATEGIES = tuple(s for s in STRATEGIES if s != "none")
 """The strategies a job can survive preemptions with (what the simulator and the planner compare)."""
-LAYOUT_FIELDS = ("dp", "pp", "strategy", "steps")
+LAYOUT_FIELDS = ("dp", "pp", "microbatches", "strategy", "steps")
 """JobConfig fields a job's contract does not set: they come from its plan, strategy and target steps."""
 
 
@@ -363,7 +363,7 @@ _NESTED.update({"ModelSpec": ModelSpec, "DeviceTime": DeviceTime})
 
 def build_job_config(contract: dict[str, Any], **layout: Any) -> JobConfig:
     """The runtime's JobConfig of a job's `contract` (JobConfig fields but the layout) with the
-    plan's `layout` (dp, pp, strategy, steps and optionally microbatches, schedule), validated.
+    plan's `layout` (dp, pp, microbatches, strategy, steps, and the schedule the planner chose), validated.
     The one path from a job (API request, job file, dashboard form) to what the runtime runs;
     raises `LayoutError`/`LayoutErrors` naming each field."""
     _raise([LayoutError(f"config.{k} is set by the job's plan, strategy and target steps", field=f"config.{k}")
@@ -371,6 +371,26 @@ def build_job_config(contract: dict[str, Any], **layout: Any) -> JobConfig:
     config = JobConfig.from_dict({**contract, **layout})
     config.validate()
     return config
+
+
+def explicit_layout(
+    *, dp: Any, pp: Any, microbatches: Any = None, total_microbatches: int | None = None,
+) -> dict[str, int]:
+    """The layout fields of a plan the user wrote (`plan.dp`, `plan.pp`, `plan.microbatches`), or
+    micro-batches from the legacy body's count per step over all pipelines. Raises `LayoutError`."""
+    layout = {}
+    for name, value in (("dp", dp), ("pp", pp), ("microbatches", microbatches)):
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LayoutError(f"plan.{name} must be a positive integer, got {value!r}", field=f"plan.{name}")
+        layout[name] = value
+    if "microbatches" not in layout and total_microbatches is not None:
+        if total_microbatches % layout.get("dp", 1):
+            raise LayoutError(f"model_spec.micro_batches={total_microbatches} (per step) is not divisible by "
+                              f"plan.dp={layout.get('dp', 1)}", field="model_spec.micro_batches")
+        layout["microbatches"] = total_microbatches // layout.get("dp", 1)
+    return layout
 
 
 # --- The legacy `model_spec` request body ------------------------------------------------------------

@@ -133,22 +133,27 @@ def cancel(job_id: int, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -
 
 def train(path: Path, *, out_dir: Path, timeout_s: float, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Run a job file on local processes (dp x pp of its explicit plan), no control plane."""
-    from runtime.config import LayoutError, build_job_config, contract_from_model_spec, each_error, resolve_strategy
+    from runtime.config import (
+        LayoutError,
+        build_job_config,
+        contract_from_model_spec,
+        each_error,
+        explicit_layout,
+        resolve_strategy,
+    )
 
     try:
         body = load_job_file(path)
         plan = body.get("plan") or {}
-        if plan == "auto" or (isinstance(plan, dict) and plan.get("auto")):
+        if not isinstance(plan, dict) or plan.get("auto"):
             raise JobFileError(f"{path}: plan.auto needs a control plane's pools and prices (spotpipe submit); "
                                "to train here, give plan.dp and plan.pp")
         contract, total = (contract_from_model_spec(body["model_spec"]) if "model_spec" in body
                            else (dict(body.get("config") or {}), None))
-        dp, pp = int(plan.get("dp", 1)), int(plan.get("pp", 1))
-        layout: dict[str, Any] = {"dp": dp, "pp": pp, "strategy": resolve_strategy(body.get("strategy", "auto")),
-                                  "steps": body.get("target_steps")}
-        if plan.get("microbatches") or total:
-            layout["microbatches"] = plan.get("microbatches") or max(1, total // dp)
-        config = build_job_config(contract, **layout)
+        layout = explicit_layout(dp=plan.get("dp", 1), pp=plan.get("pp", 1), microbatches=plan.get("microbatches"),
+                                 total_microbatches=total)
+        config = build_job_config(contract, **layout, strategy=resolve_strategy(body.get("strategy", "auto")),
+                                  steps=body.get("target_steps"))
     except JobFileError as exc:
         print(f"error: {exc}", file=err)
         return 2
@@ -158,7 +163,8 @@ def train(path: Path, *, out_dir: Path, timeout_s: float, out: TextIO = sys.stdo
         return 2
     from runtime.launcher import run_local
 
-    print(f"training {path.name}: {config.model.kind} with {config.model.num_layers} layers, dp={dp} x pp={pp}, "
+    print(f"training {path.name}: {config.model.kind} with {config.model.num_layers} layers, "
+          f"dp={config.dp} x pp={config.pp}, "
           f"{config.steps} steps, strategy {config.strategy}; output in {out_dir}", file=out, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = threading.Event()

@@ -106,11 +106,12 @@ def submit_job(*, team: Any, user: Any, strategy: str, nodes: int, steps: int, s
     GPT (the chaos soak's MLP)."""
     dp, pp = layout_for(nodes)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    config = {**(config or CONFIG), "seed": seed, "microbatches": MICROBATCHES_PER_STEP // dp or 1,
+    config = {**(config or CONFIG), "seed": seed,
               "checkpoint_dir": tempfile.mkdtemp(prefix="job-", dir=checkpoint_dir), "checkpoint_interval": 10}
     return job_submit(team=team, user=user, name=f"demo gpt {dp}x{pp} {strategy} seed {seed}", config=config,
                       strategy=strategy, target_steps=steps, deadline=timezone.now() + timedelta(hours=1),
-                      plan={"dp": dp, "pp": pp, "nodes": nodes, "provider": "local"})
+                      plan={"dp": dp, "pp": pp, "microbatches": max(1, MICROBATCHES_PER_STEP // dp), "nodes": nodes,
+                            "provider": "local"})
 
 
 @dataclass

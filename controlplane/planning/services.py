@@ -23,6 +23,7 @@ from controlplane.orchestration.providers.local import LOCAL_INSTANCE_TYPE, LOCA
 from controlplane.planning.selectors import pools_for_plan
 from runtime.config import (
     LAYOUT_FIELDS,
+    SCHEDULES,
     DeviceTime,
     JobConfig,
     LayoutError,
@@ -30,6 +31,7 @@ from runtime.config import (
     ModelSpec,
     build_job_config,
     each_error,
+    explicit_layout,
     resolve_strategy,
 )
 from runtime.planner.catalog import InstanceSpec
@@ -214,85 +216,100 @@ def plan_job(
     deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime | None = None,
 ) -> tuple[JobPlan, JobConfig]:
     """The job's plan and its runtime config: the user's explicit layout, or the planner's choice
-    (`ask.auto`) over the allowed pools for the deadline or budget. Raises `LayoutError` naming the
-    field to change: a layout the runtime cannot run, an unknown instance type, a deadline no plan
-    meets (with the fastest plan's predicted time), a budget no plan fits."""
+    (`ask.auto`) over the allowed pools for the deadline or budget. `total_microbatches`: the legacy
+    body's micro-batches per step. Raises `LayoutError` naming the field to change: a layout the
+    runtime cannot run, an unknown instance type, a deadline no plan meets (with the fastest plan's
+    predicted time), a budget no plan fits; every problem of the contract at once."""
     _check_pools(ask)
     runtime_strategy = resolve_strategy(strategy)
-    global_batch = contract.get("global_batch", JobConfig().global_batch)
+    # The model and training fields first, on one node: every problem of the contract at once.
+    problems = []
+    try:
+        base = build_job_config(contract, dp=1, pp=1, microbatches=1, strategy=runtime_strategy, steps=target_steps)
+    except LayoutError as exc:
+        base, problems = None, each_error(exc)
+    global_batch = base.global_batch if base else contract.get("global_batch")
     if total_microbatches is not None and isinstance(global_batch, int) and global_batch % total_microbatches:
-        # Reported with the contract's own problems, all at once.
-        problem = LayoutError(f"model_spec.micro_batches={total_microbatches} does not divide global_batch="
-                              f"{global_batch}", field="model_spec.micro_batches")
+        problems.insert(0, LayoutError(f"model_spec.micro_batches={total_microbatches} does not divide "
+                                       f"global_batch={global_batch}", field="model_spec.micro_batches"))
+    if problems and not ask.auto:  # the layout's own problems too (pp over the layers, ...), once each
         try:
-            build_job_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
-                          strategy=runtime_strategy, steps=target_steps)
+            _explicit(contract, total_microbatches=total_microbatches, strategy=runtime_strategy,
+                      target_steps=target_steps, ask=ask)
         except LayoutError as exc:
-            raise LayoutErrors([problem, *each_error(exc)]) from exc
-        raise problem
-    pools = [PlanPool(instance_type=t, zone=z) for t in ask.instance_types for z in (ask.zones or [""])]
-    if not ask.auto:
-        assert ask.dp is not None and ask.pp is not None
-        microbatches = ask.microbatches or contract.get("microbatches")
-        if microbatches is None and total_microbatches is not None:
-            if total_microbatches % ask.dp:
-                raise LayoutError(f"model_spec.micro_batches={total_microbatches} (per step) is not divisible by "
-                                  f"plan.dp={ask.dp}", field="model_spec.micro_batches")
-            microbatches = total_microbatches // ask.dp
-        layout = {"dp": ask.dp, "pp": ask.pp, "strategy": runtime_strategy, "steps": target_steps}
-        if microbatches is not None:
-            layout["microbatches"] = microbatches
-        config = build_job_config({k: v for k, v in contract.items() if k != "microbatches"}, **layout)
-        plan = JobPlan(provider=ask.provider, pools=pools, nodes=ask.nodes or config.num_nodes, dp=config.dp,
-                       pp=config.pp, microbatches=config.microbatches, strategy=runtime_strategy, chosen_by="user",
-                       min_stages=config.min_stages)
-        return plan, config
+            named = {p.field for p in problems}
+            problems += [p for p in each_error(exc) if p.field not in named]
+    if problems:
+        raise problems[0] if len(problems) == 1 else LayoutErrors(problems)
+    assert base is not None
+    if ask.auto:
+        return _planned(base, contract, team_id=team_id, total_microbatches=total_microbatches, deadline=deadline,
+                        budget_usd=budget_usd, ask=ask, at=at or timezone.now())
+    return _explicit(contract, total_microbatches=total_microbatches, strategy=runtime_strategy,
+                     target_steps=target_steps, ask=ask)
 
-    at = at or timezone.now()
-    # The model and training fields are checked before planning (one node, one micro-batch).
-    base = build_job_config({k: v for k, v in contract.items() if k != "microbatches"}, dp=1, pp=1, microbatches=1,
-                         strategy=runtime_strategy, steps=target_steps)
-    microbatch_size = base.global_batch // total_microbatches if total_microbatches is not None else 0
+
+def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strategy: str, target_steps: int,
+              ask: PlanAsk) -> tuple[JobPlan, JobConfig]:
+    """The user's layout, checked by building it."""
+    layout = explicit_layout(dp=ask.dp, pp=ask.pp, microbatches=ask.microbatches,
+                             total_microbatches=total_microbatches)
+    config = build_job_config(contract, **layout, strategy=strategy, steps=target_steps)
+    pools = [PlanPool(instance_type=t, zone=z) for t in ask.instance_types for z in (ask.zones or [""])]
+    plan = JobPlan(provider=ask.provider, pools=pools, nodes=ask.nodes or config.num_nodes, dp=config.dp,
+                   pp=config.pp, microbatches=config.microbatches, strategy=strategy, chosen_by="user",
+                   min_stages=config.min_stages)
+    return plan, config
+
+
+def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_microbatches: int | None,
+             deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime
+             ) -> tuple[JobPlan, JobConfig]:
+    """The planner's choice for `base` (the contract on one node) over the allowed pools."""
     if ask.provider == ProviderKind.LOCAL and base.device_time is None:
         # Local nodes emulate a device's step time; the plan is made, and run, with that time.
         base.device_time = DeviceTime()
-    mbs = microbatch_size or default_microbatch_size(base.global_batch)
+    mbs = base.global_batch // total_microbatches if total_microbatches else default_microbatch_size(base.global_batch)
     planner = _local_planner(base, mbs) if ask.provider == ProviderKind.LOCAL else _planner()
     request = PlanRequest(
-        model=base.model, global_batch=base.global_batch, samples=target_steps * base.global_batch,
+        model=base.model, global_batch=base.global_batch, samples=base.steps * base.global_batch,
         pools=_priced_pools(ask, team_id=team_id, at=at),
         deadline_hours=(deadline - at).total_seconds() / 3600.0 if deadline is not None else None,
         budget_usd=float(budget_usd) if budget_usd is not None else None,
-        strategy=runtime_strategy, microbatch_size=mbs,
-        schedules=(contract["schedule"],) if "schedule" in contract else ("1f1b", "fiw"),
+        strategy=base.strategy, microbatch_size=mbs,
+        schedules=(base.schedule,) if "schedule" in contract else SCHEDULES,
         max_pp=min(16, base.model.num_layers),
     )
     try:
         chosen = planner.plan(request)
     except PlanError as exc:
-        field = PLAN_ERROR_FIELDS.get(exc.field, exc.field)
-        message = exc.message.replace("deadline_hours", "deadline")
-        if exc.field == "deadline_hours" and exc.nearest is not None and deadline is not None:
-            fastest = exc.nearest
-            message = (f"no plan meets the deadline {deadline.isoformat()} (in {_duration(request.deadline_hours)}): "
-                       f"the fastest plan, {fastest.nodes} x {fastest.instance_type} as dp={fastest.dp} x "
-                       f"pp={fastest.pp}, is predicted to take {_duration(fastest.hours)} "
-                       f"(${fastest.cost_usd:.2f}); give a later deadline or allow more nodes (plan.max_nodes)")
-        raise LayoutError(message, field=field) from exc
+        raise _plan_error(exc, deadline=deadline, deadline_hours=request.deadline_hours) from exc
     best = chosen.best
-    config = build_job_config(
-        {**{k: v for k, v in contract.items() if k not in ("microbatches", "schedule")},
-         "device_time": None if base.device_time is None else dataclasses.asdict(base.device_time)},
-        dp=best.dp, pp=best.pp, microbatches=best.microbatches, schedule=best.schedule, strategy=runtime_strategy,
-        steps=target_steps,
-    )
+    contract = {k: v for k, v in contract.items() if k != "schedule"}
+    if base.device_time is not None:
+        contract["device_time"] = dataclasses.asdict(base.device_time)
+    config = build_job_config(contract, dp=best.dp, pp=best.pp, microbatches=best.microbatches,
+                              schedule=best.schedule, strategy=base.strategy, steps=base.steps)
     plan = JobPlan(
         provider=ask.provider, pools=[PlanPool(instance_type=best.instance_type, zone=best.zone)],
-        nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=runtime_strategy,
+        nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=base.strategy,
         chosen_by="planner", objective=chosen.objective, predicted=_prediction(best),
         runner_ups=_runner_ups(chosen), min_stages=config.min_stages, replan=ask.replan, max_nodes=ask.max_nodes,
     )
     return plan, config
+
+
+def _plan_error(exc: PlanError, *, deadline: datetime | None, deadline_hours: float | None) -> LayoutError:
+    """The planner's refusal under the request's field names; a missed deadline names the fastest plan."""
+    field = PLAN_ERROR_FIELDS.get(exc.field, exc.field)
+    message = exc.message.replace("deadline_hours", "deadline")
+    if exc.field == "deadline_hours" and exc.nearest is not None and deadline is not None:
+        fastest = exc.nearest
+        message = (f"no plan meets the deadline {deadline.isoformat()} (in {_duration(deadline_hours)}): "
+                   f"the fastest plan, {fastest.nodes} x {fastest.instance_type} as dp={fastest.dp} x "
+                   f"pp={fastest.pp}, is predicted to take {_duration(fastest.hours)} "
+                   f"(${fastest.cost_usd:.2f}); give a later deadline or allow more nodes (plan.max_nodes)")
+    return LayoutError(message, field=field)
 
 
 def _runner_ups(chosen: Plan) -> list[dict[str, Any]]:
@@ -331,7 +348,7 @@ REPLAN_GAIN = 0.10
 
 def _contract_of(job: TrainingJob) -> dict[str, Any]:
     """The job's contract without what its plan set (the layout and the schedule the planner chose)."""
-    planned = {*LAYOUT_FIELDS, "microbatches", "schedule"}
+    planned = {*LAYOUT_FIELDS, "schedule"}
     return {k: v for k, v in job.config.items() if k not in planned}
 
 

@@ -63,8 +63,9 @@ def make_job(team: Team, **overrides) -> TrainingJob:
     plan = dict(overrides.pop("plan", None) or {"dp": 1, "pp": 1})
     model_spec = overrides.pop("model_spec", None)
     config = dict(overrides.pop("config", None) or DEFAULT_CONFIG)
-    # Four micro-batches per step, as the API's alias says by default.
-    config.setdefault("microbatches", max(1, 4 // (plan.get("dp") or 1)))
+    # Four micro-batches per step.
+    if model_spec is None:
+        plan.setdefault("microbatches", max(1, 4 // (plan.get("dp") or 1)))
     if "seed" in plan:
         config["seed"] = plan.pop("seed")
     config.update(plan.pop("runtime", None) or {})
@@ -75,7 +76,7 @@ def make_job(team: Team, **overrides) -> TrainingJob:
     state = {k: overrides.pop(k) for k in STATE_FIELDS if k in overrides}
     created_by = overrides.pop("created_by", None)
     if model_spec is not None:  # the alias carries the model and batch; the rest stays in the contract
-        extra = {k: v for k, v in config.items() if k not in DEFAULT_CONFIG and k != "microbatches"}
+        extra = {k: v for k, v in config.items() if k not in DEFAULT_CONFIG}
         config = None
         if extra:
             raise ValueError(f"make_job: give runtime fields {sorted(extra)} with config=, not model_spec=")

@@ -115,9 +115,9 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
     try:
         job = make_job(
             make_team(), strategy=strategy, target_steps=STEPS,
-            config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8, "microbatches": 2,
+            config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8,
                     "seed": 3, **runtime},
-            plan={"dp": 2, "pp": 2, "provider": "local"},
+            plan={"dp": 2, "pp": 2, "microbatches": 2, "provider": "local"},
         )
         STORY[:] = [job.pk]
         tasks.acquire_capacity.delay(job.pk)

@@ -60,9 +60,9 @@ class Scenario:
         self.beat = Beat()
         self.job = make_job(
             make_team(), strategy="recycle", target_steps=steps,
-            config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8, "microbatches": 2,
+            config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8,
                     "seed": 5, **RUNTIME},
-            plan={"dp": 2, "pp": 2, "provider": "local"},
+            plan={"dp": 2, "pp": 2, "microbatches": 2, "provider": "local"},
         )
         STORY[:] = [self.job.pk]
 
