@@ -7,21 +7,25 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane.common.limits import MAX_ID
-from runtime.config import FAULT_TOLERANT_STRATEGIES, ModelSpec
+from runtime.config import FAULT_TOLERANT_STRATEGIES, MODEL_KINDS, ModelSpec
 
 
 class ModelSpecSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["gpt", "mlp"], default="gpt")
+    """`runtime.config.ModelSpec`'s fields; what is left out takes ModelSpec's own default, and the
+    spec is checked by ModelSpec itself (one owner of the names, defaults and rules)."""
+
+    kind = serializers.ChoiceField(choices=MODEL_KINDS, required=False)
     n_layer = serializers.IntegerField(min_value=1, max_value=512)
     n_embd = serializers.IntegerField(min_value=1, max_value=65536)
-    n_head = serializers.IntegerField(min_value=1, max_value=512, default=1)
-    seq_len = serializers.IntegerField(min_value=1, max_value=131072, default=16)
-    vocab_size = serializers.IntegerField(min_value=1, max_value=1_000_000, default=64)
-    in_features = serializers.IntegerField(min_value=1, max_value=1_000_000, default=16)
+    n_head = serializers.IntegerField(min_value=1, max_value=512, required=False)
+    seq_len = serializers.IntegerField(min_value=1, max_value=131072, required=False)
+    vocab_size = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
+    in_features = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs.get("kind") == "gpt" and attrs["n_embd"] % attrs.get("n_head", 1):
-            raise serializers.ValidationError({"n_head": [f"must divide n_embd={attrs['n_embd']}"]})
+        problems = ModelSpec(**attrs).problems()
+        if problems:
+            raise serializers.ValidationError({p.field.removeprefix("model."): [p.message] for p in problems})
         return attrs
 
     def to_spec(self, attrs: dict[str, Any]) -> ModelSpec:
