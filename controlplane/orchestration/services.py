@@ -615,45 +615,11 @@ def _mark_applied(reconfiguration: Reconfiguration, *, decision: str, generation
     reconfiguration.save(update_fields=_APPLIED_FIELDS)
 
 
-@transaction.atomic
 def reconfiguration_apply(*, reconfiguration: Reconfiguration) -> Any:
-    """Act on a decided reconfiguration for a leaving node: choose the strategy's reaction and
-    publish the next generation (or wait for replacements when the job cannot go on without them).
-    Applied once: a second call finds it applied and returns None."""
-    locked = _lock_job(reconfiguration.job)
-    reconfiguration = Reconfiguration.objects.select_for_update().get(pk=reconfiguration.pk)
-    if reconfiguration.status != ReconfigurationStatus.DECIDED:
-        return None
-    if reconfiguration.trigger == ReconfigurationTrigger.JOIN:
-        return None  # joins are applied by job_grow under the same lock
-    if locked.status not in ACTIVE_JOB_STATUSES:
-        _mark_applied(reconfiguration, decision="none", generation=None)
-        return None
-    slots = _current_slots(locked)
-    # Every member that is no longer running leaves now (the trigger's node and any other loss).
-    running = set(Instance.objects.filter(job=locked, state=InstanceState.RUNNING).values_list("pk", flat=True))
-    leaving = {m for m in reactions.alive(slots or [])} - running
-    if reconfiguration.instance_id:
-        leaving.add(reconfiguration.instance_id)
-    if slots is None or not leaving & set(reactions.alive(slots)):
-        _mark_applied(reconfiguration, decision="none", generation=None)
-        return None
-    noticed = set(Instance.objects.filter(pk__in=leaving, state=InstanceState.NOTICE).values_list("pk", flat=True))
-    reaction = reactions.react_leave(job_runtime_config(locked), slots, leaving, noticed=noticed)
-    if reaction.slots is None:
-        _mark_applied(reconfiguration, decision=reaction.decision, generation=None)
-        _react_without_generation(locked, reaction)
-        transaction.on_commit(lambda: task_enqueue("reconcile_job", locked.pk))
-        return None
-    generation = _publish(
-        locked,
-        reaction.slots,
-        decision=reaction.decision,
-        reason=f"{reconfiguration.trigger} {sorted(leaving)}: {reaction.decision}",
-    )
-    _mark_applied(reconfiguration, decision=reaction.decision, generation=generation.number)
-    transaction.on_commit(lambda: task_enqueue("reconcile_job", locked.pk))
-    return generation
+    """Act on one decided reconfiguration for a leaving node: a batch of one
+    (`reconfigurations_apply`, the one place a leave is reacted to). Returns the generation it
+    published, or None (it waited, failed the job, had nothing to change, or was applied already)."""
+    return reconfigurations_apply(reconfigurations=[reconfiguration]).get(reconfiguration.pk)
 
 
 @transaction.atomic

@@ -253,9 +253,12 @@ def test_a_batch_ends_where_one_after_another_ends(django_capture_on_commit_call
     assert expected["notices"][-1][2] is True  # the unknown instance
     assert [a[0] for a in expected["alerts"]] == ["job.recovering"] * 3  # two, stage, ckpt: once each
 
-    # If applying the batch together fails, each is applied on its own: the same end state.
-    def broken(**kwargs):
-        raise RuntimeError("batch apply failed")
+    # If applying the batch together fails (here: anything bigger than one), each is applied on its
+    # own, as a batch of one (there is one apply path): the same end state.
+    def broken(*, reconfigurations):
+        if len(reconfigurations) > 1:
+            raise RuntimeError("batch apply failed")
+        return real_apply(reconfigurations=reconfigurations)
 
     monkeypatch.setattr(services, "reconfigurations_apply", broken)
     fallback = _world()
