@@ -1,0 +1,65 @@
+"""The heap-based list scheduler picks exactly what the scan-based one did, on many small layouts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.layout import Layout
+from runtime.schedule import _list_schedule, schedule_length, stage_durations
+from runtime.strategies import get_strategy
+from runtime.strategies.base import full_slots
+from tests.runtime._reference_schedule import reference_list_schedule
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def random_layouts(seed: int, count: int) -> list[tuple[Layout, str, dict]]:
+    """Layouts of every strategy with random losses, random per-layer (F, I, W) costs."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        dp, pp, m = rng.randint(1, 4), rng.randint(1, 5), rng.randint(1, 5)
+        name = rng.choice(["none", "bamboo", "recycle", "oobleck", "checkpoint"])
+        kind = rng.choice(["1f1b", "fiw"])
+        config = JobConfig(
+            model=ModelSpec(n_layer=6), dp=dp, pp=pp, microbatches=m, global_batch=dp * m,
+            strategy=name, schedule=kind, recycle_spill=rng.random() < 0.3,
+        )
+        slots = full_slots(config)
+        if name != "none":
+            for _ in range(rng.randint(0, dp * pp - 1)):
+                slots[rng.randrange(dp)][rng.randrange(pp)] = None
+        try:
+            layout = get_strategy(name).layout_for(config, slots)
+        except LayoutError:
+            continue
+        costs = [tuple(rng.choice([0.0, 0.5, 1.0, 1.5, 2.0]) for _ in range(3)) for _ in range(layout.num_layers)]
+        out.append((layout, kind, stage_durations(layout, costs if rng.random() < 0.8 else None)))
+    return out
+
+
+def picks(order: dict) -> dict:
+    return {node: [(start, t.kind, t.mb, t.hop) for start, t in row] for node, row in order.items() if row}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_heap_list_schedule_equals_the_scan(seed: int) -> None:
+    for layout, kind, durations in random_layouts(seed, 40):
+        assert picks(_list_schedule(layout, kind, durations)) == picks(
+            reference_list_schedule(layout, kind, durations)
+        ), (layout, kind, durations)
+
+
+def test_schedule_length_of_a_large_layout_is_the_sum_of_its_parts() -> None:
+    # Untouched pipelines do not interact: the fleet's step is its slowest pipeline group's.
+    small = JobConfig(dp=2, pp=4, microbatches=4, global_batch=8, strategy="recycle", schedule="fiw",
+                      recycle_spill=False)
+    big = JobConfig(dp=16, pp=4, microbatches=4, global_batch=64, strategy="recycle", schedule="fiw",
+                    recycle_spill=False)
+    lose = lambda slots: [[None if n == 5 else n for n in row] for row in slots]  # noqa: E731
+    s_small = get_strategy("recycle").layout_for(small, lose(full_slots(small)))
+    s_big = get_strategy("recycle").layout_for(big, lose(full_slots(big)))
+    assert schedule_length(s_big, "fiw") <= schedule_length(s_small, "fiw")
