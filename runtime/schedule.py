@@ -262,11 +262,64 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
     return order
 
 
+def independent_parts(layout: Layout) -> list[Layout]:
+    """The layout split into groups of micro-batches that share no node, each relabelled canonically
+    (nodes, micro-batches and pipelines numbered in order of first appearance), so two groups with the
+    same shape compare equal. The list scheduler treats such groups independently (a pick in one
+    never changes another's state, and ties never depend on a node id: a (micro-batch, hop) has one
+    node), so a step is as long as its longest group and equal groups need scheduling once."""
+    parent: dict[int, int] = {}
+
+    def root(v: int) -> int:
+        while parent.setdefault(v, v) != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for route in layout.routes:
+        first = root(route[0][1]) if route else -1
+        for _, node in route[1:]:
+            other = root(node)
+            if other != first:
+                parent[other] = first
+    groups: dict[int, list[int]] = defaultdict(list)
+    for m, route in enumerate(layout.routes):
+        if route:
+            groups[root(route[0][1])].append(m)
+    replicas_by_node: dict[int, list[int]] = defaultdict(list)
+    for stage, node in layout.replicas:
+        replicas_by_node[node].append(stage)
+    parts = []
+    for mbs in groups.values():
+        names: dict[int, int] = {}
+        pipes: dict[int, int] = {}
+        routes = tuple(tuple((s, names.setdefault(n, len(names))) for s, n in layout.routes[m]) for m in mbs)
+        pipeline_of = tuple(pipes.setdefault(layout.pipeline_of[m], len(pipes)) for m in mbs)
+        replicas = tuple(sorted((s, names[n]) for n in names for s in replicas_by_node.get(n, ())))
+        parts.append(
+            Layout(
+                num_layers=layout.num_layers,
+                stages=layout.stages,
+                routes=routes,
+                pipeline_of=pipeline_of,
+                microbatch_size=layout.microbatch_size,
+                replicas=replicas,
+            )
+        )
+    return parts
+
+
 def schedule_length(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> float:
-    """Length of one step of `layout` as `build_schedule` orders it (communication free): a cheap
-    estimate for choosing between layouts, without building the action lists."""
-    order = _list_schedule(layout, kind, durations or stage_durations(layout))
-    return max((start + task.duration for row in order.values() for start, task in row), default=0.0)
+    """Length of one step of `layout` as `build_schedule` orders it (communication free), without
+    building the action lists: the longest of its independent groups (`independent_parts`), each
+    distinct group scheduled once, so a fleet of identical pipelines costs one pipeline's schedule."""
+    durations = durations or stage_durations(layout)
+    lengths = {}
+    for part in independent_parts(layout):
+        if part not in lengths:
+            order = _list_schedule(part, kind, durations)
+            lengths[part] = max((start + task.duration for row in order.values() for start, task in row), default=0.0)
+    return max(lengths.values(), default=0.0)
 
 
 def build_schedule(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> dict[int, list[Action]]:

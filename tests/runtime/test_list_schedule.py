@@ -8,7 +8,7 @@ import pytest
 
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.layout import Layout
-from runtime.schedule import _list_schedule, schedule_length, stage_durations
+from runtime.schedule import _list_schedule, independent_parts, schedule_length, stage_durations
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
 from tests.runtime._reference_schedule import reference_list_schedule
@@ -53,13 +53,22 @@ def test_heap_list_schedule_equals_the_scan(seed: int) -> None:
         ), (layout, kind, durations)
 
 
-def test_schedule_length_of_a_large_layout_is_the_sum_of_its_parts() -> None:
-    # Untouched pipelines do not interact: the fleet's step is its slowest pipeline group's.
-    small = JobConfig(dp=2, pp=4, microbatches=4, global_batch=8, strategy="recycle", schedule="fiw",
-                      recycle_spill=False)
-    big = JobConfig(dp=16, pp=4, microbatches=4, global_batch=64, strategy="recycle", schedule="fiw",
-                    recycle_spill=False)
-    lose = lambda slots: [[None if n == 5 else n for n in row] for row in slots]  # noqa: E731
-    s_small = get_strategy("recycle").layout_for(small, lose(full_slots(small)))
-    s_big = get_strategy("recycle").layout_for(big, lose(full_slots(big)))
-    assert schedule_length(s_big, "fiw") <= schedule_length(s_small, "fiw")
+def test_schedule_length_of_independent_groups_equals_the_whole_schedule() -> None:
+    for layout, kind, durations in random_layouts(7, 60):
+        whole = _list_schedule(layout, kind, durations)
+        expected = max((start + t.duration for row in whole.values() for start, t in row), default=0.0)
+        assert schedule_length(layout, kind, durations) == expected, (layout, kind)
+
+
+def test_identical_pipelines_are_one_group_shape() -> None:
+    config = JobConfig(dp=16, pp=4, microbatches=4, global_batch=64, strategy="recycle", schedule="fiw",
+                       recycle_spill=False)
+    slots = [[None if n == 5 else n for n in row] for row in full_slots(config)]
+    layout = get_strategy("recycle").layout_for(config, slots)
+    parts = independent_parts(layout)
+    # Pipeline 1 lost node 5: its stage-1 hops went to pipelines 0, 2, 3 and 4 (round-robin), which
+    # form one group with it; the 11 untouched pipelines are 11 copies of one shape.
+    assert sorted(p.num_microbatches for p in parts) == [4] * 11 + [20]
+    assert len(set(parts)) == 2
+    whole = _list_schedule(layout, "fiw", stage_durations(layout))
+    assert schedule_length(layout, "fiw") == max(s + t.duration for row in whole.values() for s, t in row)
