@@ -64,7 +64,7 @@ class RecycleStrategy:
                 hops.append((stage, node))
             routes.append(hops)
         if config.recycle_spill and lost:
-            return _spill(config, base, routes, lost, peers, alive_nodes(slots))
+            return _spill(config, base, routes, lost, slots)
         return _layout(base, routes)
 
 
@@ -79,16 +79,11 @@ def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list
 
 
 def _spill(
-    config: JobConfig,
-    base: Layout,
-    routes: list[list[tuple[int, int]]],
-    lost: list[tuple[int, int]],
-    peers: list[list[int]],
-    survivors: list[int],
+    config: JobConfig, base: Layout, routes: list[list[tuple[int, int]]], lost: list[tuple[int, int]], slots: Slots
 ) -> Layout:
     """Place the lost hops on survivors (`runtime.strategies.spill`), scored with the emulated device
     time per layer (unit costs without one), as the runtime's schedule estimate does."""
     dt = config.device_time
     per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
     durations = stage_durations(base, [per_layer] * base.num_layers)
-    return _layout(base, place_lost_hops(base, routes, lost, peers, survivors, durations, config.schedule))
+    return _layout(base, place_lost_hops(base, routes, lost, slots, durations, config.schedule))

@@ -1,29 +1,30 @@
 """Recycle's *spill*: place a lost node's hops on survivors at a cost that grows with nodes x lost hops.
 
-A lost hop (micro-batch m, hop h of stage s) may go to any survivor. Each placement is scored by the
-change it makes to the host's load, not by re-running the list schedule: the host's work (F+I+W of
-every hop it runs) plus, in the `head` score, the idle time its own stage has before the first
-forward reaches it (a later-stage node starts later, so it has less room in one step). Hops are
-placed greedily in micro-batch order on the lowest score; ties prefer a same-stage peer (no layers
-to copy), then a node already on the micro-batch's route (local hand-over), then the lowest id.
-Node scores sit in a heap, so a hop costs O(pp + log nodes).
+A lost hop (micro-batch m, hop h of stage s) may go to any survivor. A placement is scored by the
+change it makes to the host's load, not by re-running the list schedule for every candidate: the
+host's work (F+I+W of every hop it runs) plus, in the preferred `head` score, the idle time its own
+stage has before the first forward reaches it (a later-stage node starts later, so it has less room
+in one step); the `load` score is the work alone. Hops are placed greedily in micro-batch order on
+the lowest score, with node scores in heaps: O(pp + log nodes) per hop.
 
-A host must not make a pipeline visit two nodes in both orders (one micro-batch A then B, another B
-then A): with the list scheduler's per-(node, pipeline) memory cap that can deadlock. So a host is
-either new to the micro-batch's pipeline, already used by it at the same hop, or the route's own
-neighbour (h - 1 or h + 1), which keeps every route's order.
+Ties prefer a same-stage peer (no layers to copy), then a node on the micro-batch's route (local
+hand-over), then the lowest id. A host must not make a pipeline visit two nodes in both orders (one
+micro-batch A then B, another B then A): with the list scheduler's per-(node, pipeline) memory cap
+that can deadlock. So a host is new to the micro-batch's pipeline, already used by it at the same
+hop, or the route's own neighbour (h - 1 or h + 1), which keeps every route's order.
 
-When the layout is small enough (`EXACT_BUDGET_TASKS`), the candidates (each score's placement and
-ReCycle's round-robin over same-stage peers) are compared by their exact `schedule_length` and the
-shortest wins; the budget is counted in list-schedule tasks, so the result is a pure function of the
-inputs (every survivor computes the same plan).
+Then, within a budget of list-schedule tasks (`EXACT_BUDGET_TASKS`, counted, not timed, so the plan
+stays a pure function of the inputs and every survivor computes the same one), the candidates (each
+score's placement and ReCycle's round-robin over same-stage peers) are compared by their exact step,
+and single hops are moved where that shortens it. Only the pipelines a placement touches (and one
+untouched pipeline, which stands for the rest) are scheduled. In a large fleet with several losses
+the touched pipelines alone exceed the budget, and the `head` placement is the plan unchecked.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable
 
 from runtime.layout import Hop, Layout
 from runtime.schedule import Durations, ScheduleError, independent_parts, schedule_length
@@ -32,205 +33,193 @@ EXACT_BUDGET_TASKS = 3000
 """Tasks the exact comparison may list-schedule in all (about 20-30 ms on this 2-core host)."""
 
 Routes = list[list[Hop]]
-
-SCORES = ("head", "load", "ends")
-"""Placement scores, in order of preference when there is no budget to compare them exactly: the
-host's load plus its stage's idle head (`head`), plus head and drain (`ends`), or the load alone."""
+Placement = dict[tuple[int, int], int]
+"""(micro-batch, hop) -> host node."""
 
 
 def place_lost_hops(
     base: Layout,
     routes: Routes,
     lost: list[tuple[int, int]],
-    peers: list[list[int]],
-    survivors: list[int],
+    slots: list[list[int | None]],
     durations: Durations,
     schedule: str,
 ) -> Routes:
-    """Routes with every lost `(micro-batch, hop)` on a survivor; `routes` holds ReCycle's
-    round-robin peer (or -1 where a stage has no peer left) at those hops and is not changed."""
-    candidates: list[Routes] = []
-    for score in SCORES:
-        candidates.append(_greedy(base, routes, lost, peers, survivors, durations, score))
+    """Routes with every lost `(micro-batch, hop)` on a survivor. `routes` holds ReCycle's
+    round-robin peer (or -1 where a stage has no peer left) at those hops; it is not changed."""
+    job = _Job(base, routes, lost, slots, durations, schedule)
+    candidates = [job.by_load(head=True), job.by_load(head=False)]
     if all(routes[m][h][1] >= 0 for m, h in lost):
-        candidates.append([list(r) for r in routes])
-    unique: list[Routes] = []
+        candidates.append({(m, h): routes[m][h][1] for m, h in lost})
+    unique: list[Placement] = []
     for c in candidates:
         if c not in unique:
             unique.append(c)
-    if len(unique) == 1:
-        return unique[0]
-    return _shortest(base, unique, lost, peers, survivors, durations, schedule)
+    chosen = _Exact(job).best(unique)
+    out = [list(r) for r in routes]
+    for (m, h), node in chosen.items():
+        out[m][h] = (routes[m][h][0], node)
+    return out
 
 
-def _layout(base: Layout, routes: Routes) -> Layout:
-    return Layout(
-        num_layers=base.num_layers,
-        stages=base.stages,
-        routes=tuple(tuple(r) for r in routes),
-        pipeline_of=base.pipeline_of,
-        microbatch_size=base.microbatch_size,
-    )
+class _Job:
+    """What both scores need, computed once from the slots (O(nodes + micro-batches))."""
+
+    def __init__(
+        self,
+        base: Layout,
+        routes: Routes,
+        lost: list[tuple[int, int]],
+        slots: list[list[int | None]],
+        durations: Durations,
+        schedule: str,
+    ) -> None:
+        self.base, self.routes, self.lost, self.durations, self.schedule = base, routes, lost, durations, schedule
+        self.lost_set = set(lost)
+        self.cost = {stage: sum(d) for stage, d in durations.items()}
+        self.first_mb: dict[int, int] = {}
+        self.count: dict[int, int] = defaultdict(int)
+        for m, p in enumerate(base.pipeline_of):
+            self.first_mb.setdefault(p, m)
+            self.count[p] += 1
+        self.home: dict[int, tuple[int, int]] = {}  # node -> (pipeline, stage)
+        self.stage_nodes: list[list[int]] = [[] for _ in base.stages]
+        for p, row in enumerate(slots):
+            for s, node in enumerate(row):
+                if node is not None:
+                    self.home[node] = (p, s)
+                    self.stage_nodes[s].append(node)
+        self.survivors = sorted(self.home)
+        self.load = {n: self.count[p] * self.cost[s] for n, (p, s) in self.home.items()}
+        self.pipes = sorted(self.count)
+
+    def neighbours(self, m: int, h: int) -> list[int]:
+        route = self.routes[m]
+        return [route[k][1] for k in (h - 1, h + 1) if 0 <= k < len(route) and (m, k) not in self.lost_set]
+
+    def allowed(self, node: int, m: int, h: int, extra: dict[int, dict[int, set[int]]]) -> bool:
+        """Keeps the pipeline's node order (see the module docstring)."""
+        pipe = self.base.pipeline_of[m]
+        if self.home[node][0] == pipe:
+            return node in self.neighbours(m, h)
+        return extra[pipe].get(node, set()) <= {h} or node in self.neighbours(m, h)
+
+    def _rank(self, node: int, m: int, h: int, score: float) -> tuple:
+        stage = self.routes[m][h][0]
+        peer = self.home[node][1] == stage
+        on_route = any(n == node for k, (_, n) in enumerate(self.routes[m]) if k != h)
+        return (round(score, 9), not peer, not on_route, node)
+
+    # -- scores -----------------------------------------------------------------------------------
+    def by_load(self, *, head: bool) -> Placement:
+        """Greedy on the host's load (+ its stage's idle head); a heap of node scores."""
+        head_of = [0.0]
+        for stage in range(len(self.base.stages) - 1):
+            head_of.append(head_of[-1] + self.durations[stage][0])
+        value = {n: self.load[n] + (head_of[self.home[n][1]] if head else 0.0) for n in self.survivors}
+        heap = [(v, n) for n, v in value.items()]
+        heapq.heapify(heap)
+        peer_heaps = [[(value[n], n) for n in nodes] for nodes in self.stage_nodes]
+        for ph in peer_heaps:
+            heapq.heapify(ph)
+        extra: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+        out: Placement = {}
+        for m, h in self.lost:
+            stage = self.routes[m][h][0]
+            options = {self._top(heap, value, m, h, extra), self._top(peer_heaps[stage], value, m, h, extra)}
+            options |= {n for n in self.neighbours(m, h) if n in value}
+            options.discard(None)
+            if not options:  # every survivor would reverse this pipeline's order
+                options = set(self.survivors)
+            node = min(options, key=lambda n: self._rank(n, m, h, value[n] + self.cost[stage]))
+            out[(m, h)] = node
+            extra[self.base.pipeline_of[m]][node].add(h)
+            value[node] += self.cost[stage]
+            heapq.heappush(heap, (value[node], node))
+            heapq.heappush(peer_heaps[self.home[node][1]], (value[node], node))
+        return out
+
+    def _top(self, heap: list, value: dict, m: int, h: int, extra: dict) -> int | None:
+        """Lowest-valued allowed node of a heap (stale entries dropped, disallowed ones kept)."""
+        aside, found = [], None
+        while heap:
+            v, n = heap[0]
+            if v != value[n]:
+                heapq.heappop(heap)
+                continue
+            if self.allowed(n, m, h, extra):
+                found = n
+                break
+            aside.append(heapq.heappop(heap))
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return found
 
 
 class _Exact:
-    """Exact step lengths (`schedule_length`) while a budget of list-schedule tasks lasts."""
+    """Exact steps of placements on the pipelines they touch, while a task budget lasts."""
 
-    def __init__(self, base: Layout, durations: Durations, schedule: str) -> None:
-        self.base, self.durations, self.schedule = base, durations, schedule
+    def __init__(self, job: _Job) -> None:
+        self.job = job
         self.left = EXACT_BUDGET_TASKS
 
-    def length(self, routes: Routes) -> float | None:
-        """The step of `routes` (inf if it cannot be scheduled); None once the budget is spent."""
-        layout = _layout(self.base, routes)
-        # Groups of untouched pipelines repeat one shape: schedule_length runs each shape once.
+    def length(self, placement: Placement) -> float | None:
+        """The step (inf if it cannot be scheduled); None once the budget is spent."""
+        job = self.job
+        touched = {job.base.pipeline_of[m] for m, _ in placement} | {job.home[n][0] for n in placement.values()}
+        spare = next((p for p in job.pipes if p not in touched), None)  # stands for the untouched ones
+        keep = sorted(touched | ({spare} if spare is not None else set()))
+        mbs = [m for p in keep for m in range(job.first_mb[p], job.first_mb[p] + job.count[p])]
+        routes = []
+        for m in mbs:
+            route = list(job.routes[m])
+            for h in range(len(route)):
+                if (m, h) in placement:
+                    route[h] = (route[h][0], placement[(m, h)])
+            routes.append(tuple(route))
+        base = job.base
+        layout = Layout(num_layers=base.num_layers, stages=base.stages, routes=tuple(routes),
+                        pipeline_of=tuple(base.pipeline_of[m] for m in mbs), microbatch_size=base.microbatch_size)
         cost = 3 * sum(len(r) for part in set(independent_parts(layout)) for r in part.routes)
         if cost > self.left:
             self.left = 0
             return None
         self.left -= cost
         try:
-            return schedule_length(layout, self.schedule, self.durations)
+            return schedule_length(layout, job.schedule, job.durations)
         except ScheduleError:
             return float("inf")
 
-
-def _shortest(
-    base: Layout,
-    candidates: list[Routes],
-    lost: list[tuple[int, int]],
-    peers: list[list[int]],
-    survivors: list[int],
-    durations: Durations,
-    schedule: str,
-) -> Routes:
-    """The candidate with the shortest exact step, then (budget left) each lost hop moved where that
-    shortens the step: to where another candidate put it, a route neighbour, a same-stage peer, then
-    any survivor, least loaded first.
-    Without budget: the first candidate."""
-    exact = _Exact(base, durations, schedule)
-    best: tuple[float, Routes] | None = None
-    for routes in candidates:
-        length = exact.length(routes)
-        if length is None:
-            break
-        if best is None or length < best[0] - 1e-9:
-            best = (length, routes)
-    if best is None or best[0] == float("inf"):
-        return candidates[0]
-    length, routes = best[0], [list(r) for r in best[1]]
-    load = dict.fromkeys(survivors, 0.0)
-    for route in routes:
-        for stage, node in route:
-            load[node] += sum(durations[stage])
-    for _ in range(2):  # like a second greedy pass: earlier moves change what later hops should do
-        for m, h in lost:
-            stage = routes[m][h][0]
-            # Where another candidate put it, the route's neighbours, the stage's peers.
-            options = [other[m][h][1] for other in candidates]
-            options += [routes[m][k][1] for k in (h - 1, h + 1) if 0 <= k < len(routes[m])]
-            options += peers[stage]
-            options += sorted(survivors, key=lambda n: (load[n], n))  # the rest, least loaded first
-            for node in dict.fromkeys(options):
-                if node == routes[m][h][1]:
-                    continue
-                trial = [list(r) for r in routes]
-                trial[m][h] = (stage, node)
-                found = exact.length(trial)
-                if found is None:
-                    return routes
-                if found < length - 1e-9:
-                    length, routes = found, trial
-    return routes
-
-
-def _greedy(
-    base: Layout,
-    routes: Routes,
-    lost: list[tuple[int, int]],
-    peers: list[list[int]],
-    survivors: list[int],
-    durations: Durations,
-    score: str,
-) -> Routes:
-    routes = [list(r) for r in routes]
-    cost = {stage: sum(d) for stage, d in durations.items()}
-    lost_set = set(lost)
-    load = dict.fromkeys(survivors, 0.0)
-    own_stage: dict[int, int] = {}
-    used: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))  # pipeline -> node -> hops
-    for m, route in enumerate(routes):
-        pipe = base.pipeline_of[m]
-        for h, (stage, node) in enumerate(route):
-            if (m, h) not in lost_set:
-                load[node] += cost[stage]
-                own_stage.setdefault(node, stage)
-                used[pipe][node].add(h)
-    # Idle time before the first forward reaches a node's own stage (stage ids are in layer order
-    # for recycle's uniform pipelines).
-    head_of = [0.0]
-    for stage in range(len(base.stages) - 1):
-        head_of.append(head_of[-1] + durations[stage][0])
-    # ... and, for `ends`, the input-gradient drain after its last backward (stages before it).
-    tail_of = [0.0]
-    for stage in range(len(base.stages) - 1):
-        tail_of.append(tail_of[-1] + durations[stage][1])
-
-    def offset(n: int) -> float:
-        if score == "load" or n not in own_stage:
-            return 0.0
-        return head_of[own_stage[n]] + (tail_of[own_stage[n]] if score == "ends" else 0.0)
-
-    value = {n: load[n] + offset(n) for n in survivors}
-    heap = [(v, n) for n, v in value.items()]
-    heapq.heapify(heap)
-    peer_heaps: list[list[tuple[float, int]]] = [[(value[n], n) for n in ps] for ps in peers]
-    for h in peer_heaps:
-        heapq.heapify(h)
-    peer_set = [set(ps) for ps in peers]
-    peer_stage = {n: s for s, ps in enumerate(peers) for n in ps}
-
-    def top(h: list[tuple[float, int]], ok: Callable[[int], bool]) -> int | None:
-        """Lowest-valued node of heap `h` that `ok` allows (stale entries dropped, others kept)."""
-        aside = []
-        found = None
-        while h:
-            v, n = h[0]
-            if v != value[n]:
-                heapq.heappop(h)
-                continue
-            if ok(n):
-                found = n
+    def best(self, candidates: list[Placement]) -> Placement:
+        """The candidate with the shortest step, then (budget left) each lost hop moved where that
+        shortens it: to where another candidate put it, a route neighbour, a same-stage peer, then
+        any survivor, least loaded first. Without budget: the first candidate."""
+        best: tuple[float, Placement] | None = None
+        for placement in candidates:
+            length = self.length(placement)
+            if length is None:
                 break
-            aside.append(heapq.heappop(h))
-        for entry in aside:
-            heapq.heappush(h, entry)
-        return found
-
-    for m, h in lost:
-        stage = routes[m][h][0]
-        pipe = base.pipeline_of[m]
-        neighbours = {routes[m][k][1] for k in (h - 1, h + 1) if 0 <= k < len(routes[m]) and (m, k) not in lost_set}
-        on_route = {n for k, (_, n) in enumerate(routes[m]) if k != h}
-
-        def ok(n: int, pipe: int = pipe, h: int = h, neighbours: set[int] = neighbours) -> bool:
-            return used[pipe].get(n, set()) <= {h} or n in neighbours
-
-        options = {top(heap, ok), top(peer_heaps[stage], ok) if peer_heaps[stage] else None}
-        options |= {n for n in neighbours if n in value}
-        options.discard(None)
-        if not options:  # every survivor would reverse this pipeline's order; keep ReCycle's choice
-            options = set(survivors)
-        node = min(
-            options,
-            key=lambda n: (round(value[n] + cost[stage], 9), n not in peer_set[stage], n not in on_route, n),
-        )
-        routes[m][h] = (stage, node)
-        lost_set.discard((m, h))
-        used[pipe][node].add(h)
-        load[node] += cost[stage]
-        value[node] += cost[stage]
-        heapq.heappush(heap, (value[node], node))
-        if node in peer_stage:
-            heapq.heappush(peer_heaps[peer_stage[node]], (value[node], node))
-    return routes
+            if best is None or length < best[0] - 1e-9:
+                best = (length, placement)
+        if best is None or best[0] == float("inf"):
+            return candidates[0]
+        job = self.job
+        length, placement = best[0], dict(best[1])
+        load = dict(job.load)
+        for (m, h), node in placement.items():
+            load[node] += job.cost[job.routes[m][h][0]]
+        by_load = sorted(job.survivors, key=lambda n: (load[n], n))
+        for _ in range(2):  # like a second greedy pass: earlier moves change what later hops should do
+            for m, h in job.lost:
+                stage = job.routes[m][h][0]
+                options = [c[(m, h)] for c in candidates] + job.neighbours(m, h) + job.stage_nodes[stage] + by_load
+                for node in dict.fromkeys(options):
+                    if node == placement[(m, h)]:
+                        continue
+                    trial = {**placement, (m, h): node}
+                    found = self.length(trial)
+                    if found is None:
+                        return placement
+                    if found < length - 1e-9:
+                        length, placement = found, trial
+        return placement
