@@ -12,9 +12,12 @@ stage per step, and no schedule (not even one overlapping consecutive steps) run
 than that node's work: at DP=2 x PP=4, M=4, 192 ms against the 120 ms failure-free `fiw` step,
 a bound of 0.625 (see docs/runtime.md). *Spill* (`recycle_spill`, on by default; off is ReCycle as
 published) also lets other survivors host a lost hop, even of a stage whose slot holders are all
-gone: each lost hop goes, greedily and then once more, to the candidate (its same-stage peers and
-the least-loaded survivors) that gives the shortest `schedule_length` (ties: a same-stage peer, then
-a node already on the route, then the lowest id). A node that hosts a stage it did not hold
+gone: each lost hop goes to the survivor with the lowest load score (per-node scores in heaps, so
+the plan scales with nodes x lost hops), and while a budget of list-schedule tasks lasts the
+candidate placements are compared and refined by their exact step (`runtime.strategies.spill`;
+ties: a same-stage peer, then a node already on the route, then the lowest id; before 2026-11-25
+every candidate of every hop was scored by a whole `schedule_length`, seconds at 32 nodes and
+minutes at 64: `bench/_spill_baseline.py`). A node that hosts a stage it did not hold
 fetches a copy of its layers at the regroup, like any layer transfer; the global batch, data order
 and the math are unchanged.
 """
