@@ -41,8 +41,7 @@ TARGETS_MS = {64: 50.0, 1024: 200.0}
 def job(nodes: int, strategy: str) -> JobConfig:
     pp = 4 if nodes < 16 else 8
     dp = nodes // pp
-    return JobConfig(model=MODEL, dp=dp, pp=pp, microbatches=8, global_batch=dp * 8, strategy=strategy,
-                     schedule="fiw")
+    return JobConfig(model=MODEL, dp=dp, pp=pp, microbatches=8, global_batch=dp * 8, strategy=strategy, schedule="fiw")
 
 
 def dead_slots(config: JobConfig, dead: int) -> tuple[Slots, list[int]]:
@@ -96,8 +95,14 @@ def run(*, quick: bool, progress: Progress) -> dict:
                 config = job(nodes, name)
                 slots, gone = dead_slots(config, dead)
                 get_strategy(name).layout_for(config, full_slots(config))  # the job's start (warm caches)
-                row: dict = {"strategy": strategy, "nodes": nodes, "dp": config.dp, "pp": config.pp,
-                             "dead": dead, "dead_nodes": gone}
+                row: dict = {
+                    "strategy": strategy,
+                    "nodes": nodes,
+                    "dp": config.dp,
+                    "pp": config.pp,
+                    "dead": dead,
+                    "dead_nodes": gone,
+                }
                 if strategy == "recycle-baseline":
                     if nodes > baseline_max:
                         row["skipped"] = f"the schedule-search placement takes minutes above {baseline_max} nodes"
@@ -115,16 +120,18 @@ def run(*, quick: bool, progress: Progress) -> dict:
                     cases.append(row)
                     continue
                 step = step_length(layout)
-                row.update({
-                    "plan_ms_first_call": round(first, 3),
-                    "plan_ms_median": round(median, 3),
-                    "plan_calls_timed": reps,
-                    "planned_step_units": step,
-                    "failure_free_step_units": free,
-                    "throughput_vs_failure_free": round(free / step, 4),
-                    "surviving_compute_share": round((nodes - dead) / nodes, 4),
-                    "meets_surviving_compute_share": free / step >= (nodes - dead) / nodes - 1e-9,
-                })
+                row.update(
+                    {
+                        "plan_ms_first_call": round(first, 3),
+                        "plan_ms_median": round(median, 3),
+                        "plan_calls_timed": reps,
+                        "planned_step_units": step,
+                        "failure_free_step_units": free,
+                        "throughput_vs_failure_free": round(free / step, 4),
+                        "surviving_compute_share": round((nodes - dead) / nodes, 4),
+                        "meets_surviving_compute_share": free / step >= (nodes - dead) / nodes - 1e-9,
+                    }
+                )
                 cases.append(row)
     by = {(c["strategy"], c["nodes"], c["dead"]): c for c in cases}
     for c in cases:
@@ -152,8 +159,11 @@ def _exponents(cases: list[dict], dead_list: tuple[int, ...]) -> dict:
     out: dict = {}
     for strategy in (*STRATEGIES, "recycle-baseline"):
         for dead in dead_list:
-            points = [(c["nodes"], c["plan_ms_median"]) for c in cases
-                      if c["strategy"] == strategy and c["dead"] == dead and "plan_ms_median" in c]
+            points = [
+                (c["nodes"], c["plan_ms_median"])
+                for c in cases
+                if c["strategy"] == strategy and c["dead"] == dead and "plan_ms_median" in c
+            ]
             exponent = growth_exponent(points)
             if exponent is not None:
                 out[f"{strategy} ({dead} dead)"] = round(exponent, 2)
@@ -173,20 +183,37 @@ def _whole_schedule() -> dict:
     schedule_length(layout, "fiw", durations)
     grouped_ms = (time.perf_counter() - started) * 1000
     tasks = sum(len(row) for row in order.values())
-    return {"tasks": tasks, "whole_layout_list_schedule_ms": round(whole_ms, 1),
-            "schedule_length_ms (independent groups, each shape once)": round(grouped_ms, 1)}
+    return {
+        "tasks": tasks,
+        "whole_layout_list_schedule_ms": round(whole_ms, 1),
+        "schedule_length_ms (independent groups, each shape once)": round(grouped_ms, 1),
+    }
 
 
 def _targets(cases: list[dict]) -> list[dict]:
     out = []
     for nodes, limit in TARGETS_MS.items():
         for strategy in STRATEGIES:
-            rows = [c for c in cases if c["strategy"] == strategy and c["nodes"] == nodes and "plan_ms_median" in c
-                    and (nodes == 64 or c["dead"] == 8)]
+            rows = [
+                c
+                for c in cases
+                if c["strategy"] == strategy
+                and c["nodes"] == nodes
+                and "plan_ms_median" in c
+                and (nodes == 64 or c["dead"] == 8)
+            ]
             if rows:
                 worst = max(c["plan_ms_median"] for c in rows)
-                out.append({"strategy": strategy, "nodes": nodes, "dead": sorted(c["dead"] for c in rows),
-                            "worst_plan_ms_median": worst, "target_ms": limit, "met": worst <= limit})
+                out.append(
+                    {
+                        "strategy": strategy,
+                        "nodes": nodes,
+                        "dead": sorted(c["dead"] for c in rows),
+                        "worst_plan_ms_median": worst,
+                        "target_ms": limit,
+                        "met": worst <= limit,
+                    }
+                )
     return out
 
 
@@ -195,29 +222,53 @@ def _print(figures: dict, dead_list: tuple[int, ...]) -> None:
     rows = []
     for c in cases:
         if "skipped" in c or "error" in c:
-            rows.append([c["strategy"], c["nodes"], c["dead"], "-", "-", "-", "-", "-",
-                         c.get("skipped") or c["error"]])
+            rows.append([c["strategy"], c["nodes"], c["dead"], "-", "-", "-", "-", "-", c.get("skipped") or c["error"]])
             continue
-        rows.append([c["strategy"], c["nodes"], c["dead"], c["plan_ms_median"], c["planned_step_units"],
-                     c["throughput_vs_failure_free"], c["surviving_compute_share"],
-                     c.get("planned_step_vs_baseline_spill", "-"),
-                     "" if c["meets_surviving_compute_share"] else "below (N-f)/N"])
+        rows.append(
+            [
+                c["strategy"],
+                c["nodes"],
+                c["dead"],
+                c["plan_ms_median"],
+                c["planned_step_units"],
+                c["throughput_vs_failure_free"],
+                c["surviving_compute_share"],
+                c.get("planned_step_vs_baseline_spill", "-"),
+                "" if c["meets_surviving_compute_share"] else "below (N-f)/N",
+            ]
+        )
     print_table(
         f"plan time and plan quality ({figures['timing']}); ratios against the failure-free step of the "
         "plain dp x pp fiw layout; last ratio: recycle's planned step / the schedule-search spill's",
-        ["strategy", "nodes", "dead", "plan ms", "step units", "throughput / failure-free", "(N-f)/N",
-         "step / baseline spill", "note"],
+        [
+            "strategy",
+            "nodes",
+            "dead",
+            "plan ms",
+            "step units",
+            "throughput / failure-free",
+            "(N-f)/N",
+            "step / baseline spill",
+            "note",
+        ],
         rows,
     )
-    print_table("growth exponent of plan time in nodes (log-log least squares)", ["strategy", "exponent"],
-                list(figures["growth_exponent_plan_time_vs_nodes"].items()))
-    print_table("targets (plan ms, median)", ["strategy", "nodes", "worst ms", "target ms", "met"],
-                [[t["strategy"], t["nodes"], t["worst_plan_ms_median"], t["target_ms"], t["met"]]
-                 for t in figures["targets"]])
+    print_table(
+        "growth exponent of plan time in nodes (log-log least squares)",
+        ["strategy", "exponent"],
+        list(figures["growth_exponent_plan_time_vs_nodes"].items()),
+    )
+    print_table(
+        "targets (plan ms, median)",
+        ["strategy", "nodes", "worst ms", "target ms", "met"],
+        [[t["strategy"], t["nodes"], t["worst_plan_ms_median"], t["target_ms"], t["met"]] for t in figures["targets"]],
+    )
     whole = figures["exact_schedule_1024_nodes"]
-    print(f"\none exact list schedule of a whole 1,024-node layout ({whole['tasks']} tasks): "
-          f"{whole['whole_layout_list_schedule_ms']} ms; schedule_length (groups): "
-          f"{whole['schedule_length_ms (independent groups, each shape once)']} ms")
+    print(
+        f"\none exact list schedule of a whole 1,024-node layout ({whole['tasks']} tasks): "
+        f"{whole['whole_layout_list_schedule_ms']} ms; schedule_length (groups): "
+        f"{whole['schedule_length_ms (independent groups, each shape once)']} ms"
+    )
 
 
 def _plot(cases: list[dict], dead_list: tuple[int, ...]) -> dict[str, str]:
@@ -225,20 +276,41 @@ def _plot(cases: list[dict], dead_list: tuple[int, ...]) -> dict[str, str]:
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     fig = go.Figure()
-    palette = {"recycle": "#ef553b", "bamboo": "#00cc96", "oobleck": "#636efa", "checkpoint": "#ab63fa",
-               "recycle-baseline": "#7f7f7f"}
+    palette = {
+        "recycle": "#ef553b",
+        "bamboo": "#00cc96",
+        "oobleck": "#636efa",
+        "checkpoint": "#ab63fa",
+        "recycle-baseline": "#7f7f7f",
+    }
     dashes = ("solid", "dot", "dash", "longdash")
     for strategy in (*STRATEGIES, "recycle-baseline"):
         for k, dead in enumerate(dead_list):
-            points = sorted((c["nodes"], c["plan_ms_median"]) for c in cases
-                            if c["strategy"] == strategy and c["dead"] == dead and "plan_ms_median" in c)
+            points = sorted(
+                (c["nodes"], c["plan_ms_median"])
+                for c in cases
+                if c["strategy"] == strategy and c["dead"] == dead and "plan_ms_median" in c
+            )
             if points:
-                fig.add_trace(go.Scatter(x=[n for n, _ in points], y=[t for _, t in points], mode="lines+markers",
-                                         name=f"{strategy}, {dead} dead",
-                                         line={"color": palette[strategy], "dash": dashes[k % len(dashes)]}))
+                fig.add_trace(
+                    go.Scatter(
+                        x=[n for n, _ in points],
+                        y=[t for _, t in points],
+                        mode="lines+markers",
+                        name=f"{strategy}, {dead} dead",
+                        line={"color": palette[strategy], "dash": dashes[k % len(dashes)]},
+                    )
+                )
     for nodes, limit in TARGETS_MS.items():
-        fig.add_trace(go.Scatter(x=[nodes], y=[limit], mode="markers", marker={"symbol": "x", "size": 12,
-                                 "color": "black"}, name=f"target {limit:g} ms at {nodes} nodes"))
+        fig.add_trace(
+            go.Scatter(
+                x=[nodes],
+                y=[limit],
+                mode="markers",
+                marker={"symbol": "x", "size": 12, "color": "black"},
+                name=f"target {limit:g} ms at {nodes} nodes",
+            )
+        )
     fig.update_layout(title="recovery plan time vs nodes (log-log)", width=1000, height=650)
     fig.update_xaxes(type="log", title_text="nodes")
     fig.update_yaxes(type="log", title_text="plan time, ms (median)")

@@ -178,8 +178,13 @@ class _Exact:
                     route[h] = (route[h][0], placement[(m, h)])
             routes.append(tuple(route))
         base = job.base
-        layout = Layout(num_layers=base.num_layers, stages=base.stages, routes=tuple(routes),
-                        pipeline_of=tuple(base.pipeline_of[m] for m in mbs), microbatch_size=base.microbatch_size)
+        layout = Layout(
+            num_layers=base.num_layers,
+            stages=base.stages,
+            routes=tuple(routes),
+            pipeline_of=tuple(base.pipeline_of[m] for m in mbs),
+            microbatch_size=base.microbatch_size,
+        )
         cost = 3 * sum(len(r) for part in set(independent_parts(layout)) for r in part.routes)
         if cost > self.left:
             self.left = 0

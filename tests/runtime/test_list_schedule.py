@@ -25,8 +25,14 @@ def random_layouts(seed: int, count: int) -> list[tuple[Layout, str, dict]]:
         name = rng.choice(["none", "bamboo", "recycle", "oobleck", "checkpoint"])
         kind = rng.choice(["1f1b", "fiw"])
         config = JobConfig(
-            model=ModelSpec(n_layer=6), dp=dp, pp=pp, microbatches=m, global_batch=dp * m,
-            strategy=name, schedule=kind, recycle_spill=rng.random() < 0.3,
+            model=ModelSpec(n_layer=6),
+            dp=dp,
+            pp=pp,
+            microbatches=m,
+            global_batch=dp * m,
+            strategy=name,
+            schedule=kind,
+            recycle_spill=rng.random() < 0.3,
         )
         slots = full_slots(config)
         if name != "none":
@@ -61,8 +67,9 @@ def test_schedule_length_of_independent_groups_equals_the_whole_schedule() -> No
 
 
 def test_identical_pipelines_are_one_group_shape() -> None:
-    config = JobConfig(dp=16, pp=4, microbatches=4, global_batch=64, strategy="recycle", schedule="fiw",
-                       recycle_spill=False)
+    config = JobConfig(
+        dp=16, pp=4, microbatches=4, global_batch=64, strategy="recycle", schedule="fiw", recycle_spill=False
+    )
     slots = [[None if n == 5 else n for n in row] for row in full_slots(config)]
     layout = get_strategy("recycle").layout_for(config, slots)
     parts = independent_parts(layout)

@@ -25,8 +25,15 @@ def random_cases(seed: int, count: int, kinds: tuple[str, ...] = ("fiw", "1f1b")
     while count:
         dp, pp = rng.choice([(2, 2), (2, 4), (4, 2), (3, 3), (2, 3)])
         m = rng.randint(2, 4)
-        config = JobConfig(model=rng.choice([GPT, ModelSpec(n_layer=6)]), dp=dp, pp=pp, microbatches=m,
-                           global_batch=dp * m, strategy="recycle", schedule=rng.choice(kinds))
+        config = JobConfig(
+            model=rng.choice([GPT, ModelSpec(n_layer=6)]),
+            dp=dp,
+            pp=pp,
+            microbatches=m,
+            global_batch=dp * m,
+            strategy="recycle",
+            schedule=rng.choice(kinds),
+        )
         dead = rng.sample(range(dp * pp), rng.randint(1, dp * pp // 2))
         slots = [[None if n in dead else n for n in row] for row in full_slots(config)]
         count -= 1
@@ -69,8 +76,15 @@ def test_spill_is_about_as_good_as_the_schedule_search_it_replaced() -> None:
 
 
 def test_spill_at_fleet_size_moves_only_lost_hops() -> None:
-    config = JobConfig(model=ModelSpec(kind="gpt", n_layer=24, n_embd=64, n_head=2, seq_len=16, vocab_size=64),
-                       dp=128, pp=8, microbatches=8, global_batch=1024, strategy="recycle", schedule="fiw")
+    config = JobConfig(
+        model=ModelSpec(kind="gpt", n_layer=24, n_embd=64, n_head=2, seq_len=16, vocab_size=64),
+        dp=128,
+        pp=8,
+        microbatches=8,
+        global_batch=1024,
+        strategy="recycle",
+        schedule="fiw",
+    )
     dead = set(random.Random(0).sample(range(1024), 8))
     slots = [[None if n in dead else n for n in row] for row in full_slots(config)]
     layout = get_strategy("recycle").layout_for(config, slots)
