@@ -90,6 +90,9 @@ class _Job:
                     self.home[node] = (p, s)
                     self.stage_nodes[s].append(node)
         self.survivors = sorted(self.home)
+        # Among equal scores, hosts of later pipelines first: a guest micro-batch's lower index then
+        # outranks the host's own work in the list schedule, so the pipeline with the hole waits less.
+        self.order = {n: (-p, n) for n, (p, _) in self.home.items()}
         self.load = {n: self.count[p] * self.cost[s] for n, (p, s) in self.home.items()}
         self.pipes = sorted(self.count)
 
@@ -108,7 +111,7 @@ class _Job:
         stage = self.routes[m][h][0]
         peer = self.home[node][1] == stage
         on_route = any(n == node for k, (_, n) in enumerate(self.routes[m]) if k != h)
-        return (round(score, 9), not peer, not on_route, node)
+        return (round(score, 9), not peer, not on_route, self.order[node])
 
     # -- scores -----------------------------------------------------------------------------------
     def by_load(self, *, head: bool) -> Placement:
@@ -117,9 +120,9 @@ class _Job:
         for stage in range(len(self.base.stages) - 1):
             head_of.append(head_of[-1] + self.durations[stage][0])
         value = {n: self.load[n] + (head_of[self.home[n][1]] if head else 0.0) for n in self.survivors}
-        heap = [(v, n) for n, v in value.items()]
+        heap = [(v, self.order[n], n) for n, v in value.items()]
         heapq.heapify(heap)
-        peer_heaps = [[(value[n], n) for n in nodes] for nodes in self.stage_nodes]
+        peer_heaps = [[(value[n], self.order[n], n) for n in nodes] for nodes in self.stage_nodes]
         for ph in peer_heaps:
             heapq.heapify(ph)
         extra: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
@@ -135,15 +138,15 @@ class _Job:
             out[(m, h)] = node
             extra[self.base.pipeline_of[m]][node].add(h)
             value[node] += self.cost[stage]
-            heapq.heappush(heap, (value[node], node))
-            heapq.heappush(peer_heaps[self.home[node][1]], (value[node], node))
+            heapq.heappush(heap, (value[node], self.order[node], node))
+            heapq.heappush(peer_heaps[self.home[node][1]], (value[node], self.order[node], node))
         return out
 
     def _top(self, heap: list, value: dict, m: int, h: int, extra: dict) -> int | None:
         """Lowest-valued allowed node of a heap (stale entries dropped, disallowed ones kept)."""
         aside, found = [], None
         while heap:
-            v, n = heap[0]
+            v, _, n = heap[0]
             if v != value[n]:
                 heapq.heappop(heap)
                 continue
