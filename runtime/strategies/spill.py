@@ -165,6 +165,7 @@ class _Exact:
     def __init__(self, job: _Job) -> None:
         self.job = job
         self.left = EXACT_BUDGET_TASKS
+        self.known: dict[Layout, float] = {}  # group (canonical, see independent_parts) -> its step
 
     def length(self, placement: Placement) -> float | None:
         """The step (inf if it cannot be scheduled); None once the budget is spent."""
@@ -188,15 +189,21 @@ class _Exact:
             pipeline_of=tuple(base.pipeline_of[m] for m in mbs),
             microbatch_size=base.microbatch_size,
         )
-        cost = 3 * sum(len(r) for part in set(independent_parts(layout)) for r in part.routes)
+        # Groups of pipelines that share no node are scheduled apart, and each group shape once per
+        # plan: a move of one hop re-schedules only the group it changes.
+        groups = set(independent_parts(layout))
+        parts = [part for part in groups if part not in self.known]
+        cost = 3 * sum(len(r) for part in parts for r in part.routes)
         if cost > self.left:
             self.left = 0
             return None
         self.left -= cost
-        try:
-            return schedule_length(layout, job.schedule, job.durations)
-        except ScheduleError:
-            return float("inf")
+        for part in parts:
+            try:
+                self.known[part] = schedule_length(part, job.schedule, job.durations)
+            except ScheduleError:
+                self.known[part] = float("inf")
+        return max(self.known[part] for part in groups)
 
     def best(self, candidates: list[Placement]) -> Placement:
         """The candidate with the shortest step, then (budget left) each lost hop moved where that
