@@ -8,16 +8,19 @@ in one step); the `load` score is the work alone. Hops are placed greedily in mi
 the lowest score, with node scores in heaps: O(pp + log nodes) per hop.
 
 Ties prefer a same-stage peer (no layers to copy), then a node on the micro-batch's route (local
-hand-over), then the lowest id. A host must not make a pipeline visit two nodes in both orders (one
-micro-batch A then B, another B then A): with the list scheduler's per-(node, pipeline) memory cap
-that can deadlock. So a host is new to the micro-batch's pipeline, already used by it at the same
-hop, or the route's own neighbour (h - 1 or h + 1), which keeps every route's order.
+hand-over), then a node of a later pipeline (the list schedule then ranks the guest micro-batch,
+whose pipeline has the hole, before the host's own), then the lowest id. A host must not make a
+pipeline visit two nodes in both orders (one micro-batch A then B, another B then A): with the list
+scheduler's per-(node, pipeline) memory cap that can deadlock. So a host is new to the
+micro-batch's pipeline, already used by it at the same hop, or the route's own neighbour (h - 1 or
+h + 1), which keeps every route's order.
 
 Then, within a budget of list-schedule tasks (`EXACT_BUDGET_TASKS`, counted, not timed, so the plan
 stays a pure function of the inputs and every survivor computes the same one), the candidates (each
 score's placement and ReCycle's round-robin over same-stage peers) are compared by their exact step,
 and single hops are moved where that shortens it. Only the pipelines a placement touches (and one
-untouched pipeline, which stands for the rest) are scheduled. In a large fleet with several losses
+untouched pipeline, which stands for the rest) are scheduled, each group of pipelines that share no
+node once per plan, so a move pays only for the group it changes. In a large fleet with several losses
 the touched pipelines alone exceed the budget, and the `head` placement is the plan unchecked.
 """
 
