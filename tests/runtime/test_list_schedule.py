@@ -79,3 +79,13 @@ def test_identical_pipelines_are_one_group_shape() -> None:
     assert len(set(parts)) == 2
     whole = _list_schedule(layout, "fiw", stage_durations(layout))
     assert schedule_length(layout, "fiw") == max(s + t.duration for row in whole.values() for s, t in row)
+
+
+def test_owner_runs_are_each_layers_holders() -> None:
+    for layout, _, _ in random_layouts(5, 60):
+        runs = layout.owner_runs()
+        assert [lo for lo, _, _ in runs] == [0] + [hi for _, hi, _ in runs[:-1]]
+        assert runs[-1][1] == layout.num_layers
+        for lo, hi, owners in runs:
+            for layer in range(lo, hi):
+                assert owners == tuple(n for n in layout.nodes() if layer in layout.layers_of(n))
