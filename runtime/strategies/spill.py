@@ -170,8 +170,9 @@ class _Exact:
         self.left = EXACT_BUDGET_TASKS
         self.known: dict[Layout, float] = {}  # group (canonical, see independent_parts) -> its step
 
-    def length(self, placement: Placement) -> float | None:
-        """The step (inf if it cannot be scheduled); None once the budget is spent."""
+    def groups(self, placement: Placement) -> set[Layout]:
+        """The groups of pipelines sharing no node (canonical, see `independent_parts`) that make up
+        the step of `placement` on the pipelines it touches and one untouched pipeline."""
         job = self.job
         touched = {job.base.pipeline_of[m] for m, _ in placement} | {job.home[n][0] for n in placement.values()}
         spare = next((p for p in job.pipes if p not in touched), None)  # stands for the untouched ones
@@ -192,26 +193,36 @@ class _Exact:
             pipeline_of=tuple(base.pipeline_of[m] for m in mbs),
             microbatch_size=base.microbatch_size,
         )
-        # Groups of pipelines that share no node are scheduled apart, and each group shape once per
-        # plan: a move of one hop re-schedules only the group it changes.
-        groups = set(independent_parts(layout))
-        parts = [part for part in groups if part not in self.known]
-        cost = 3 * sum(len(r) for part in parts for r in part.routes)
+        return set(independent_parts(layout))
+
+    def cost(self, groups: set[Layout]) -> int:
+        """List-schedule tasks of the groups not scheduled yet in this plan."""
+        return 3 * sum(len(r) for part in groups if part not in self.known for r in part.routes)
+
+    def length(self, placement: Placement) -> float | None:
+        """The step (inf if it cannot be scheduled); None once the budget is spent. Each group is
+        scheduled once per plan: a move of one hop re-schedules only the group it changes."""
+        groups = self.groups(placement)
+        cost = self.cost(groups)
         if cost > self.left:
             self.left = 0
             return None
         self.left -= cost
-        for part in parts:
-            try:
-                self.known[part] = schedule_length(part, job.schedule, job.durations)
-            except ScheduleError:
-                self.known[part] = float("inf")
+        for part in groups:
+            if part not in self.known:
+                try:
+                    self.known[part] = schedule_length(part, self.job.schedule, self.job.durations)
+                except ScheduleError:
+                    self.known[part] = float("inf")
         return max(self.known[part] for part in groups)
 
     def best(self, candidates: list[Placement]) -> Placement:
         """The candidate with the shortest step, then (budget left) each lost hop moved where that
         shortens it: to where another candidate put it, a route neighbour, a same-stage peer, then
-        any survivor, least loaded first. Without budget: the first candidate."""
+        any survivor, least loaded first. Without budget: the first candidate, also when checking it
+        alone would take more than half the budget (nothing would be left to compare it with)."""
+        if self.cost(self.groups(candidates[0])) > EXACT_BUDGET_TASKS // 2:
+            return candidates[0]
         best: tuple[float, Placement] | None = None
         for placement in candidates:
             length = self.length(placement)
