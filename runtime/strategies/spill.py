@@ -20,8 +20,9 @@ stays a pure function of the inputs and every survivor computes the same one), t
 score's placement and ReCycle's round-robin over same-stage peers) are compared by their exact step,
 and single hops are moved where that shortens it. Only the pipelines a placement touches (and one
 untouched pipeline, which stands for the rest) are scheduled, each group of pipelines that share no
-node once per plan, so a move pays only for the group it changes. In a large fleet with several losses
-the touched pipelines alone exceed the budget, and the `head` placement is the plan unchecked.
+node once per plan, so a move pays only for the group it changes. When checking the first placement
+alone would take over half the budget (from about 64 nodes of pp = 8: a lost node's pipeline and
+its hosts' pipelines), nothing could be compared and the `head` placement is the plan unchecked.
 """
 
 from __future__ import annotations
