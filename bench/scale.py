@@ -151,7 +151,7 @@ def run(*, quick: bool, progress: Progress) -> dict:
         "exact_schedule_1024_nodes": _whole_schedule(),
     }
     figures["targets"] = _targets(cases)
-    _print(figures, dead_list)
+    _print(figures)
     figures["plots"] = _plot(cases, dead_list)
     for kind, path in figures["plots"].items():
         print(f"{kind}: {path}")
@@ -222,7 +222,7 @@ def _targets(cases: list[dict]) -> list[dict]:
     return out
 
 
-def _print(figures: dict, dead_list: tuple[int, ...]) -> None:
+def _print(figures: dict) -> None:
     cases = figures["cases"]
     rows = []
     for c in cases:
