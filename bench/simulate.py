@@ -303,8 +303,10 @@ def _notes(relations: list[dict], why: dict, model: IterationModel, dp: int) -> 
             notes.append(
                 f"recycle/oobleck {ratio:.2f} (published up to {published}): one hole makes recycle's step "
                 f"{why['recycle_one_hole_step_s']:.3f} s against oobleck's re-planned "
-                f"{why['oobleck_one_node_lost_step_s']:.3f} s; with dp={dp} each surviving peer takes "
-                f"{extra:.1f} extra micro-batches, more than the F-I-W bubbles hold"
+                f"{why['oobleck_one_node_lost_step_s']:.3f} s; with dp={dp} each surviving peer would take "
+                f"{extra:.1f} extra micro-batches, and spill (the runtime's default) puts some on other "
+                f"stages' nodes by a compute-only score, while this cost model also charges each new host "
+                f"that stage's gradient all-reduce and the extra activation traffic"
             )
         elif pair == ("bamboo", "checkpoint"):
             notes.append(

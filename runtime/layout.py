@@ -69,10 +69,19 @@ class Layout:
 
     def owner_runs(self) -> list[tuple[int, int, tuple[int, ...]]]:
         """Maximal layer runs `(lo, hi, owners)` held by the same node set: one gradient all-reduce each."""
-        owners_by_layer = []
+        # Every node's layers in one pass over the routes (`layers_of` per node and layer would
+        # rescan all routes each time: minutes at a thousand nodes).
+        stages_of: dict[int, set[int]] = {}
+        for route in self.routes:
+            for stage, node in route:
+                stages_of.setdefault(node, set()).add(stage)
+        for stage, node in self.replicas:
+            stages_of.setdefault(node, set()).add(stage)
+        layers: dict[int, set[int]] = {}
+        for node, stages in stages_of.items():
+            layers[node] = {layer for stage in stages for layer in range(*self.stages[stage])}
         nodes = self.nodes()
-        for layer in range(self.num_layers):
-            owners_by_layer.append(tuple(n for n in nodes if layer in self.layers_of(n)))
+        owners_by_layer = [tuple(n for n in nodes if layer in layers.get(n, ())) for layer in range(self.num_layers)]
         runs: list[tuple[int, int, tuple[int, ...]]] = []
         for layer, owners in enumerate(owners_by_layer):
             if runs and runs[-1][2] == owners and runs[-1][1] == layer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 from runtime.config import LayoutError, ModelSpec
@@ -45,7 +46,13 @@ def partition_layers(costs: list[float], parts: int) -> list[tuple[int, int]]:
     """Contiguous `[lo, hi)` layer ranges, one per stage, minimising the most expensive stage.
 
     Exact dynamic programme over split points (layers are few), ties broken towards earlier cuts.
+    Memoised: a layout of a fleet cuts every pipeline of the same size the same way.
     """
+    return list(_partition(tuple(costs), parts))
+
+
+@functools.lru_cache(maxsize=256)
+def _partition(costs: tuple[float, ...], parts: int) -> tuple[tuple[int, int], ...]:
     n = len(costs)
     if parts < 1:
         raise LayoutError(f"cannot split into {parts} stages; expected at least 1")
@@ -70,4 +77,4 @@ def partition_layers(costs: list[float], parts: int) -> list[tuple[int, int]]:
         j = cut[k][i]
         bounds.append((j, i))
         i = j
-    return bounds[::-1]
+    return tuple(bounds[::-1])

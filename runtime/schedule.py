@@ -92,66 +92,54 @@ class _Task:
     mb: int
     hop: int
     node: int
-    deps: list[tuple[int, int, str]]  # (mb, hop, kind) that must finish first
+    deps: list[int]  # indices (in the task list) of the tasks that must finish first
     priority: int
     duration: float
     first_on_node: bool  # F of the first hop of this micro-batch on this node (counts as in flight)
     releases: bool  # this backward ends the micro-batch's stay on the node
 
 
-def _make_tasks(layout: Layout, kind: str, durations: Durations) -> dict[tuple[int, int, str], _Task]:
+_PRIORITY = {BACKWARD_INPUT: 0, BACKWARD: 0, FORWARD: 1, BACKWARD_WEIGHT: 2, REDUNDANT_FORWARD: 3}
+
+
+def _make_tasks(layout: Layout, kind: str, durations: Durations) -> list[_Task]:
     split = kind == "fiw"
-    prio = {BACKWARD_INPUT: 0, BACKWARD: 0, FORWARD: 1, BACKWARD_WEIGHT: 2, REDUNDANT_FORWARD: 3}
     replicas = defaultdict(set)
     for stage, node in layout.replicas:
         replicas[node].add(stage)
-    tasks: dict[tuple[int, int, str], _Task] = {}
+    tasks: list[_Task] = []
+
+    def add(task: _Task) -> int:
+        tasks.append(task)
+        return len(tasks) - 1
+
     for m, route in enumerate(layout.routes):
         last = len(route) - 1
-        first_hop_on = {}
+        first_hop_on: dict[int, int] = {}
         for h, (_, node) in enumerate(route):
             first_hop_on.setdefault(node, h)
+        fwd: list[int] = []
         for h, (stage, node) in enumerate(route):
-            f, i, w = durations[stage]
-            fdeps = [(m, h - 1, FORWARD)] if h else []
+            deps = [fwd[-1]] if h else []
+            fwd.append(add(_Task(FORWARD, m, h, node, deps, 1, durations[stage][0], first_hop_on[node] == h, False)))
+        downstream = -1  # the next hop's backward (input gradient), which this hop's backward needs
+        for h in range(last, -1, -1):
+            stage, node = route[h]
+            _, i, w = durations[stage]
+            deps = [fwd[h]] if downstream < 0 else [fwd[h], downstream]
             first = first_hop_on[node] == h
-            tasks[(m, h, FORWARD)] = _Task(FORWARD, m, h, node, fdeps, prio[FORWARD], f, first, False)
-            bdeps = [(m, h, FORWARD)]
-            if h < last:
-                bdeps.append((m, h + 1, BACKWARD_INPUT if split else BACKWARD))
             if split and h > 0:
-                tasks[(m, h, BACKWARD_INPUT)] = _Task(
-                    BACKWARD_INPUT, m, h, node, bdeps, prio[BACKWARD_INPUT], i, False, first
-                )
-                tasks[(m, h, BACKWARD_WEIGHT)] = _Task(
-                    BACKWARD_WEIGHT,
-                    m,
-                    h,
-                    node,
-                    [(m, h, BACKWARD_INPUT)],
-                    prio[BACKWARD_WEIGHT],
-                    w,
-                    False,
-                    False,
-                )
+                downstream = add(_Task(BACKWARD_INPUT, m, h, node, deps, 0, i, False, first))
+                add(_Task(BACKWARD_WEIGHT, m, h, node, [downstream], 2, w, False, False))
             else:
                 # The first hop has no input gradient to hurry, so it always runs fused.
-                tasks[(m, h, BACKWARD)] = _Task(BACKWARD, m, h, node, bdeps, prio[BACKWARD], i + w, False, first)
+                downstream = add(_Task(BACKWARD, m, h, node, deps, 0, i + w, False, first))
+        for h, (_, node) in enumerate(route):
             # bamboo: the node holding the next hop's stage as a replica runs its forward eagerly.
-            succ_stage = route[(h + 1) % len(route)][0]
-            if len(route) > 1 and succ_stage in replicas[node] and route[(h + 1) % len(route)][1] != node:
-                rdeps = [(m, h, FORWARD)] if h < last else []
-                tasks[(m, h, REDUNDANT_FORWARD)] = _Task(
-                    REDUNDANT_FORWARD,
-                    m,
-                    h,
-                    node,
-                    rdeps,
-                    prio[REDUNDANT_FORWARD],
-                    durations[succ_stage][0],
-                    False,
-                    False,
-                )
+            succ_stage, succ_node = route[(h + 1) % len(route)]
+            if len(route) > 1 and succ_stage in replicas[node] and succ_node != node:
+                deps = [fwd[h]] if h < last else []
+                add(_Task(REDUNDANT_FORWARD, m, h, node, deps, 3, durations[succ_stage][0], False, False))
     return tasks
 
 
@@ -170,58 +158,168 @@ def _in_flight_caps(layout: Layout) -> dict[tuple[int, int], int]:
 
 
 def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int, list[tuple[float, _Task]]]:
+    """Replay the layout in estimated time: repeatedly start, over all nodes, the ready task with the
+    smallest (start, priority, micro-batch, hop, node), start = max(inputs ready, node free).
+
+    A pick costs O(log tasks), not a scan of every ready task: each node keeps two heaps, tasks whose
+    inputs are ready by the time the node is free (`avail`: they all start then, so they rank by
+    (priority, mb, hop) alone) and the others (`pend`, by inputs-ready time first; a node's free time
+    only grows, so tasks only move from pend to avail), and a global heap holds each node's best
+    (re-offered whenever it may have changed; stale entries are skipped when popped). A forward held
+    back by a full memory cap waits aside until a backward on that (node, pipeline) releases one.
+    `tests/runtime/test_list_schedule.py` checks the result is the scan's, pick for pick.
+    """
     tasks = _make_tasks(layout, kind, durations)
+    n = len(tasks)
+    # (priority, mb, hop) is unique per node: one integer orders it.
+    hops = max((len(r) for r in layout.routes), default=1)
+    mbs = max(len(layout.routes), 1)
+    order_key = [(t.priority * mbs + t.mb) * hops + t.hop for t in tasks]
+    node_of = [t.node for t in tasks]
+    duration = [t.duration for t in tasks]
     caps = _in_flight_caps(layout)
-    waiting = {key: len(task.deps) for key, task in tasks.items()}
-    dependents: dict[tuple[int, int, str], list[tuple[int, int, str]]] = defaultdict(list)
-    for key, task in tasks.items():
-        for dep in task.deps:
-            dependents[dep].append(key)
-    finish: dict[tuple[int, int, str], float] = {}
-    free: dict[int, float] = defaultdict(float)
+    slot_of = [(t.node, layout.pipeline_of[t.mb]) for t in tasks]
+    needs_slot = [t.first_on_node for t in tasks]  # only a micro-batch's first forward on a node takes memory
+    delta = [int(t.first_on_node) - int(t.releases) for t in tasks]
+    waiting = [len(t.deps) for t in tasks]
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    for i, t in enumerate(tasks):
+        for d in t.deps:
+            dependents[d].append(i)
+    finish = [0.0] * n
     in_flight: dict[tuple[int, int], int] = defaultdict(int)
-    # Per node, the ready tasks with the time their inputs are ready (fixed once they are ready).
-    ready: dict[int, dict[tuple[int, int, str], float]] = defaultdict(dict)
-    for key, task in tasks.items():
-        if not task.deps:
-            ready[task.node][key] = 0.0
+    held: dict[tuple[int, int], list[tuple[float, int, int]]] = defaultdict(list)
+    nodes = sorted(set(node_of))
+    free = dict.fromkeys(nodes, 0.0)
+    avail: dict[int, list[tuple[int, int, float]]] = {v: [] for v in nodes}  # (order key, task, ready at)
+    pend: dict[int, list[tuple[float, int, int]]] = {v: [] for v in nodes}  # (ready at, order key, task)
+    heappush, heappop = heapq.heappush, heapq.heappop
+
+    def best(node: int) -> tuple[float, int, int] | None:
+        """(start, order key, task) this node would start next, or None."""
+        av, pe, now = avail[node], pend[node], free[node]
+        while pe and pe[0][0] <= now:
+            ready_at, key, i = heappop(pe)
+            heappush(av, (key, i, ready_at))
+        while av:
+            key, i, ready_at = av[0]
+            if not needs_slot[i] or in_flight[slot_of[i]] < caps[slot_of[i]]:
+                return (now, key, i)
+            heappop(av)
+            held[slot_of[i]].append((ready_at, key, i))
+        while pe:
+            ready_at, key, i = pe[0]
+            if not needs_slot[i] or in_flight[slot_of[i]] < caps[slot_of[i]]:
+                return (ready_at, key, i)
+            heappop(pe)
+            held[slot_of[i]].append((ready_at, key, i))
+        return None
+
+    picks: list[tuple[float, int, int, int]] = []  # (start, order key, node, task)
+
+    def offer(node: int) -> None:
+        b = best(node)
+        if b is not None:
+            heappush(picks, (b[0], b[1], node, b[2]))
+
+    for i in range(n):
+        if not waiting[i]:
+            heappush(pend[node_of[i]], (0.0, order_key[i], i))
+    for node in nodes:
+        offer(node)
     order: dict[int, list[tuple[float, _Task]]] = defaultdict(list)
-    for _ in range(len(tasks)):
-        best = None
-        for node, keys in ready.items():
-            node_free = free[node]
-            for key, inputs_ready in keys.items():
-                task = tasks[key]
-                start = inputs_ready if inputs_ready > node_free else node_free
-                if best is not None and start > best[0][0]:
-                    continue
-                slot = (node, layout.pipeline_of[task.mb])
-                if task.first_on_node and task.kind == FORWARD and in_flight[slot] >= caps[slot]:
-                    continue
-                rank = (start, task.priority, task.mb, task.hop, node)
-                if best is None or rank < best[0]:
-                    best = (rank, node, key)
-        if best is None:
-            raise ScheduleError("no task can start: the layout's routes form a cycle or a node's memory cap is 0")
-        (start, *_), node, key = best
-        task = tasks[key]
-        del ready[node][key]
-        finish[key] = start + task.duration
-        free[node] = finish[key]
-        in_flight[(node, layout.pipeline_of[task.mb])] += int(task.first_on_node) - int(task.releases)
-        order[node].append((start, task))
-        for child in dependents[key]:
+    for _ in range(n):
+        while True:
+            if not picks:
+                raise ScheduleError("no task can start: the layout's routes form a cycle or a node's memory cap is 0")
+            start, key, node, i = heappop(picks)
+            if best(node) == (start, key, i):
+                break
+        av = avail[node]
+        if av and av[0][1] == i:
+            heappop(av)
+        else:
+            heappop(pend[node])
+        end = finish[i] = free[node] = start + duration[i]
+        slot = slot_of[i]
+        in_flight[slot] += delta[i]
+        if delta[i] < 0 and slot in held:
+            for ready_at, k, j in held.pop(slot):
+                heappush(pend[node], (ready_at, k, j))
+        order[node].append((start, tasks[i]))
+        for child in dependents[i]:
             waiting[child] -= 1
             if not waiting[child]:
-                ready[tasks[child].node][child] = max(finish[d] for d in tasks[child].deps)
+                other = node_of[child]
+                ready_at = end
+                for d in tasks[child].deps:
+                    if finish[d] > ready_at:
+                        ready_at = finish[d]
+                heappush(pend[other], (ready_at, order_key[child], child))
+                if other != node:
+                    offer(other)
+        offer(node)
     return order
 
 
+def independent_parts(layout: Layout) -> list[Layout]:
+    """The layout split into groups of micro-batches that share no node, each relabelled canonically
+    (nodes, micro-batches and pipelines numbered in order of first appearance), so two groups with the
+    same shape compare equal. The list scheduler treats such groups independently (a pick in one
+    never changes another's state, and ties never depend on a node id: a (micro-batch, hop) has one
+    node), so a step is as long as its longest group and equal groups need scheduling once."""
+    parent: dict[int, int] = {}
+
+    def root(v: int) -> int:
+        while parent.setdefault(v, v) != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for route in layout.routes:
+        first = root(route[0][1]) if route else -1
+        for _, node in route[1:]:
+            other = root(node)
+            if other != first:
+                parent[other] = first
+    groups: dict[int, list[int]] = defaultdict(list)
+    for m, route in enumerate(layout.routes):
+        if route:
+            groups[root(route[0][1])].append(m)
+    replicas_by_node: dict[int, list[int]] = defaultdict(list)
+    for stage, node in layout.replicas:
+        replicas_by_node[node].append(stage)
+    parts = []
+    for mbs in groups.values():
+        names: dict[int, int] = {}
+        pipes: dict[int, int] = {}
+        routes = tuple(tuple((s, names.setdefault(n, len(names))) for s, n in layout.routes[m]) for m in mbs)
+        pipeline_of = tuple(pipes.setdefault(layout.pipeline_of[m], len(pipes)) for m in mbs)
+        replicas = tuple(sorted((s, names[n]) for n in names for s in replicas_by_node.get(n, ())))
+        parts.append(
+            Layout(
+                num_layers=layout.num_layers,
+                stages=layout.stages,
+                routes=routes,
+                pipeline_of=pipeline_of,
+                microbatch_size=layout.microbatch_size,
+                replicas=replicas,
+            )
+        )
+    return parts
+
+
 def schedule_length(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> float:
-    """Length of one step of `layout` as `build_schedule` orders it (communication free): a cheap
-    estimate for choosing between layouts, without building the action lists."""
-    order = _list_schedule(layout, kind, durations or stage_durations(layout))
-    return max((start + task.duration for row in order.values() for start, task in row), default=0.0)
+    """Length of one step of `layout` as `build_schedule` orders it (communication free), without
+    building the action lists: the longest of its independent groups (`independent_parts`), each
+    distinct group scheduled once, so a fleet of identical pipelines costs one pipeline's schedule."""
+    durations = durations or stage_durations(layout)
+    lengths = {}
+    for part in independent_parts(layout):
+        if part not in lengths:
+            order = _list_schedule(part, kind, durations)
+            lengths[part] = max((start + task.duration for row in order.values() for start, task in row), default=0.0)
+    return max(lengths.values(), default=0.0)
 
 
 def build_schedule(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> dict[int, list[Action]]:

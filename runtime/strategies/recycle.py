@@ -12,9 +12,12 @@ stage per step, and no schedule (not even one overlapping consecutive steps) run
 than that node's work: at DP=2 x PP=4, M=4, 192 ms against the 120 ms failure-free `fiw` step,
 a bound of 0.625 (see docs/runtime.md). *Spill* (`recycle_spill`, on by default; off is ReCycle as
 published) also lets other survivors host a lost hop, even of a stage whose slot holders are all
-gone: each lost hop goes, greedily and then once more, to the candidate (its same-stage peers and
-the least-loaded survivors) that gives the shortest `schedule_length` (ties: a same-stage peer, then
-a node already on the route, then the lowest id). A node that hosts a stage it did not hold
+gone: each lost hop goes to the survivor with the lowest load score (per-node scores in heaps, so
+the plan scales with nodes x lost hops), and while a budget of list-schedule tasks lasts the
+candidate placements are compared and refined by their exact step (`runtime.strategies.spill`;
+ties: a same-stage peer, a node already on the route, a later pipeline's node; before 2026-11-25
+every candidate of every hop was scored by a whole `schedule_length`, seconds at 32 nodes and
+minutes at 64: `bench/_spill_baseline.py`). A node that hosts a stage it did not hold
 fetches a copy of its layers at the regroup, like any layer transfer; the global batch, data order
 and the math are unchanged.
 """
@@ -23,8 +26,9 @@ from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
 from runtime.layout import Layout, pipelines_layout
-from runtime.schedule import schedule_length, stage_durations
+from runtime.schedule import stage_durations
 from runtime.strategies.base import Slots, alive_nodes
+from runtime.strategies.spill import place_lost_hops
 
 
 class RecycleStrategy:
@@ -63,7 +67,7 @@ class RecycleStrategy:
                 hops.append((stage, node))
             routes.append(hops)
         if config.recycle_spill and lost:
-            return _spill(config, base, routes, lost, peers, alive_nodes(slots))
+            return _spill(config, base, routes, lost, slots)
         return _layout(base, routes)
 
 
@@ -78,55 +82,11 @@ def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list
 
 
 def _spill(
-    config: JobConfig,
-    base: Layout,
-    routes: list[list[tuple[int, int]]],
-    lost: list[tuple[int, int]],
-    peers: list[list[int]],
-    survivors: list[int],
+    config: JobConfig, base: Layout, routes: list[list[tuple[int, int]]], lost: list[tuple[int, int]], slots: Slots
 ) -> Layout:
-    """Place the lost hops to shorten the estimated step (`schedule_length`): greedily in micro-batch
-    order, then a second pass that may move each hop again. Candidates for a hop are its same-stage
-    peers and the least-loaded survivors, which keeps the search to a few dozen list schedules (every
-    survivor computes the plan at once at the rendezvous). Deterministic: a pure function."""
+    """Place the lost hops on survivors (`runtime.strategies.spill`), scored with the emulated device
+    time per layer (unit costs without one), as the runtime's schedule estimate does."""
     dt = config.device_time
     per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
     durations = stage_durations(base, [per_layer] * base.num_layers)
-    cost = {stage: sum(d) for stage, d in durations.items()}
-    load = dict.fromkeys(survivors, 0.0)
-    for m, h in lost:
-        routes[m][h] = (routes[m][h][0], -1)  # not placed yet
-    for route in routes:
-        for stage, node in route:
-            if node >= 0:
-                load[node] += cost[stage]
-
-    def length(trial: list[list[tuple[int, int]]]) -> float:
-        # Micro-batches with a hop not placed yet are left out of the estimate.
-        kept = [i for i, r in enumerate(trial) if all(n >= 0 for _, n in r)]
-        layout = _layout(base, [trial[i] for i in kept], [base.pipeline_of[i] for i in kept])
-        return round(schedule_length(layout, config.schedule, durations), 9)
-
-    def place(m: int, h: int) -> None:
-        stage, current = routes[m][h]
-        if current >= 0:
-            load[current] -= cost[stage]
-        least = min(load.values())
-        candidates = [n for n in survivors if load[n] <= least + 1e-9 or n in peers[stage]]
-        on_route = {n for _, n in routes[m]}
-        best: tuple | None = None
-        for node in candidates:
-            trial = [list(r) for r in routes]
-            trial[m][h] = (stage, node)
-            # Ties: a same-stage peer (no copy), a node of the route (local hand-over), the lowest id.
-            rank = (length(trial), node not in peers[stage], node not in on_route, node)
-            if best is None or rank < best[0]:
-                best = (rank, node)
-        assert best is not None
-        routes[m][h] = (stage, best[1])
-        load[best[1]] += cost[stage]
-
-    for _ in range(2):
-        for m, h in lost:
-            place(m, h)
-    return _layout(base, routes)
+    return _layout(base, place_lost_hops(base, routes, lost, slots, durations, config.schedule))

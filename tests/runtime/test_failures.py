@@ -43,11 +43,11 @@ def _spill_config(*, steps: int):
 
 
 def test_recycle_spill_to_another_stage_node_keeps_the_math() -> None:
-    # When node 1 (stage 1) dies, the schedule estimate puts some of its micro-batches on node 0,
-    # which fetches stage 1's layers from node 3 and runs stages 0 and 1 back to back.
+    # When node 1 (stage 1) dies, spill puts one of its micro-batches on node 2 (stage 0 of the
+    # other pipeline), which fetches stage 1's layers from node 3 and runs them for pipeline 0.
     config = _spill_config(steps=5)
     degraded = get_strategy("recycle").layout_for(config, [[0, None], [2, 3]])
-    assert {route[1][1] for route in degraded.routes} == {0, 3}
+    assert {route[1][1] for route in degraded.routes} == {2, 3}
     result = run_local(config, faults=[Fault(node=1, kind="kill", step=2)], timeout_s=80)
     assert result.exit_codes[1] == -9
     assert_same_math(result, config)
@@ -55,13 +55,14 @@ def test_recycle_spill_to_another_stage_node_keeps_the_math() -> None:
 
 
 def test_recycle_spill_kill_then_notice_moves_layers_twice_and_keeps_the_math() -> None:
-    # Generation 1 (node 1 killed): node 0 also hosts stage 1 for one micro-batch. Generation 2
-    # (node 2 leaves on notice): node 0 drops stage 1 again, node 3 fetches stage 0 and hosts it
-    # for one micro-batch.
+    # Generation 1 (node 1 killed): node 2 also hosts stage 1 for one micro-batch. Generation 2
+    # (node 2 leaves on notice): node 0 fetches stage 1 and hosts it for one micro-batch, node 3
+    # fetches stage 0 and hosts it for two.
     config = _spill_config(steps=6)
     recycle = get_strategy("recycle")
-    assert [n for _, n in recycle.layout_for(config, [[0, None], [2, 3]]).routes[2]] == [0, 0]
-    assert [n for _, n in recycle.layout_for(config, [[0, None], [None, 3]]).routes[4]] == [3, 3]
+    assert [n for _, n in recycle.layout_for(config, [[0, None], [2, 3]]).routes[0]] == [0, 2]
+    after = recycle.layout_for(config, [[0, None], [None, 3]])
+    assert [n for _, n in after.routes[2]] == [0, 0] and [n for _, n in after.routes[3]] == [3, 3]
     faults = [Fault(node=1, kind="kill", step=1), Fault(node=2, kind="notice", step=3)]
     result = run_local(config, faults=faults, timeout_s=80)
     assert result.exit_codes[1] == -9 and result.exit_codes[2] == 0

@@ -1,0 +1,111 @@
+"""Recycle's spill placement as it was up to main fd69199: every candidate of every lost hop scored by
+a whole list schedule (`schedule_length`), greedily and then once more. Kept, unchanged, as the
+baseline `python -m bench scale` and the planner's tests compare the scalable placement with
+(`runtime.strategies.recycle`); affordable up to about 32 nodes."""
+
+from __future__ import annotations
+
+from runtime.config import JobConfig, LayoutError
+from runtime.layout import Layout, pipelines_layout
+from runtime.schedule import schedule_length, stage_durations
+from runtime.strategies.base import Slots, alive_nodes
+
+
+def baseline_layout_for(config: JobConfig, slots: Slots) -> Layout:
+    """`RecycleStrategy.layout_for` with spill as it was: same routes, same placement."""
+    # Stage boundaries come from the full layout; placeholder nodes keep routes well-formed.
+    placeholder = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]
+    base = pipelines_layout(config, placeholder)
+    peers: list[list[int]] = []
+    for s in range(config.pp):
+        alive = [n for row in slots if (n := row[s]) is not None]
+        # With spill, a stage whose slot holders are all gone can still be hosted by other
+        # survivors (they fetch its layers from any node that holds a copy, e.g. an earlier
+        # spill host; the plan fails naming the layer when none does).
+        if not alive and not (config.recycle_spill and alive_nodes(slots)):
+            raise LayoutError(
+                f"recycle has no surviving node for stage {s} (slots {slots}); expected at least one per stage"
+            )
+        peers.append(alive)
+    routes: list[list[tuple[int, int]]] = []
+    lost: list[tuple[int, int]] = []  # (micro-batch, hop) whose node is gone
+    turn = [0] * config.pp
+    for m, route in enumerate(base.routes):
+        p = base.pipeline_of[m]
+        hops = []
+        for h, (stage, _) in enumerate(route):
+            node = slots[p][stage]
+            if node is None:
+                node = peers[stage][turn[stage] % len(peers[stage])] if peers[stage] else -1
+                turn[stage] += 1
+                lost.append((m, h))
+            hops.append((stage, node))
+        routes.append(hops)
+    if config.recycle_spill and lost:
+        return spill_by_schedule_search(config, base, routes, lost, peers, alive_nodes(slots))
+    return _layout(base, routes)
+
+
+def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list[int] | None = None) -> Layout:
+    return Layout(
+        num_layers=base.num_layers,
+        stages=base.stages,
+        routes=tuple(tuple(r) for r in routes),
+        pipeline_of=tuple(pipeline_of) if pipeline_of is not None else base.pipeline_of,
+        microbatch_size=base.microbatch_size,
+    )
+
+
+def spill_by_schedule_search(
+    config: JobConfig,
+    base: Layout,
+    routes: list[list[tuple[int, int]]],
+    lost: list[tuple[int, int]],
+    peers: list[list[int]],
+    survivors: list[int],
+) -> Layout:
+    """Place the lost hops to shorten the estimated step (`schedule_length`): greedily in micro-batch
+    order, then a second pass that may move each hop again. Candidates for a hop are its same-stage
+    peers and the least-loaded survivors, which keeps the search to a few dozen list schedules (every
+    survivor computes the plan at once at the rendezvous). Deterministic: a pure function."""
+    dt = config.device_time
+    per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
+    durations = stage_durations(base, [per_layer] * base.num_layers)
+    cost = {stage: sum(d) for stage, d in durations.items()}
+    load = dict.fromkeys(survivors, 0.0)
+    for m, h in lost:
+        routes[m][h] = (routes[m][h][0], -1)  # not placed yet
+    for route in routes:
+        for stage, node in route:
+            if node >= 0:
+                load[node] += cost[stage]
+
+    def length(trial: list[list[tuple[int, int]]]) -> float:
+        # Micro-batches with a hop not placed yet are left out of the estimate.
+        kept = [i for i, r in enumerate(trial) if all(n >= 0 for _, n in r)]
+        layout = _layout(base, [trial[i] for i in kept], [base.pipeline_of[i] for i in kept])
+        return round(schedule_length(layout, config.schedule, durations), 9)
+
+    def place(m: int, h: int) -> None:
+        stage, current = routes[m][h]
+        if current >= 0:
+            load[current] -= cost[stage]
+        least = min(load.values())
+        candidates = [n for n in survivors if load[n] <= least + 1e-9 or n in peers[stage]]
+        on_route = {n for _, n in routes[m]}
+        best: tuple | None = None
+        for node in candidates:
+            trial = [list(r) for r in routes]
+            trial[m][h] = (stage, node)
+            # Ties: a same-stage peer (no copy), a node of the route (local hand-over), the lowest id.
+            rank = (length(trial), node not in peers[stage], node not in on_route, node)
+            if best is None or rank < best[0]:
+                best = (rank, node)
+        assert best is not None
+        routes[m][h] = (stage, best[1])
+        load[best[1]] += cost[stage]
+
+    for _ in range(2):
+        for m, h in lost:
+            place(m, h)
+    return _layout(base, routes)

@@ -1,0 +1,255 @@
+"""Recycle's *spill*: place a lost node's hops on survivors at a cost that grows with nodes x lost hops.
+
+A lost hop (micro-batch m, hop h of stage s) may go to any survivor. A placement is scored by the
+change it makes to the host's load, not by re-running the list schedule for every candidate: the
+host's work (F+I+W of every hop it runs) plus, in the preferred `head` score, the idle time its own
+stage has before the first forward reaches it (a later-stage node starts later, so it has less room
+in one step); the `load` score is the work alone. Hops are placed greedily in micro-batch order on
+the lowest score, with node scores in heaps: O(pp + log nodes) per hop.
+
+Ties prefer a same-stage peer (no layers to copy), then a node on the micro-batch's route (local
+hand-over), then a node of a later pipeline (the list schedule then ranks the guest micro-batch,
+whose pipeline has the hole, before the host's own), then the lowest id. A host must not make a
+pipeline visit two nodes in both orders (one micro-batch A then B, another B then A): with the list
+scheduler's per-(node, pipeline) memory cap that can deadlock. So a host is new to the
+micro-batch's pipeline, already used by it at the same hop, or the route's own neighbour (h - 1 or
+h + 1), which keeps every route's order.
+
+Then, within a budget of list-schedule tasks (`EXACT_BUDGET_TASKS`, counted, not timed, so the plan
+stays a pure function of the inputs and every survivor computes the same one), the candidates (each
+score's placement and ReCycle's round-robin over same-stage peers) are compared by their exact step,
+and single hops are moved where that shortens it. Only the pipelines a placement touches (and one
+untouched pipeline, which stands for the rest) are scheduled, each group of pipelines that share no
+node once per plan, so a move pays only for the group it changes. When checking the first placement
+alone would take over half the budget (from about 64 nodes of pp = 8: a lost node's pipeline and
+its hosts' pipelines), nothing could be compared and the `head` placement is the plan unchecked.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from runtime.layout import Hop, Layout
+from runtime.schedule import Durations, ScheduleError, independent_parts, schedule_length
+
+EXACT_BUDGET_TASKS = 3000
+"""Tasks the exact comparison may list-schedule in all (about 20-30 ms on this 2-core host)."""
+
+Routes = list[list[Hop]]
+Placement = dict[tuple[int, int], int]
+"""(micro-batch, hop) -> host node."""
+
+
+def place_lost_hops(
+    base: Layout,
+    routes: Routes,
+    lost: list[tuple[int, int]],
+    slots: list[list[int | None]],
+    durations: Durations,
+    schedule: str,
+) -> Routes:
+    """Routes with every lost `(micro-batch, hop)` on a survivor. `routes` holds ReCycle's
+    round-robin peer (or -1 where a stage has no peer left) at those hops; it is not changed."""
+    job = _Job(base, routes, lost, slots, durations, schedule)
+    candidates = [job.by_load(head=True), job.by_load(head=False)]
+    if all(routes[m][h][1] >= 0 for m, h in lost):
+        candidates.append({(m, h): routes[m][h][1] for m, h in lost})
+    unique: list[Placement] = []
+    for c in candidates:
+        if c not in unique:
+            unique.append(c)
+    chosen = _Exact(job).best(unique)
+    out = [list(r) for r in routes]
+    for (m, h), node in chosen.items():
+        out[m][h] = (routes[m][h][0], node)
+    return out
+
+
+class _Job:
+    """What both scores need, computed once from the slots (O(nodes + micro-batches))."""
+
+    def __init__(
+        self,
+        base: Layout,
+        routes: Routes,
+        lost: list[tuple[int, int]],
+        slots: list[list[int | None]],
+        durations: Durations,
+        schedule: str,
+    ) -> None:
+        self.base, self.routes, self.lost, self.durations, self.schedule = base, routes, lost, durations, schedule
+        self.lost_set = set(lost)
+        self.cost = {stage: sum(d) for stage, d in durations.items()}
+        self.first_mb: dict[int, int] = {}
+        self.count: dict[int, int] = defaultdict(int)
+        for m, p in enumerate(base.pipeline_of):
+            self.first_mb.setdefault(p, m)
+            self.count[p] += 1
+        self.home: dict[int, tuple[int, int]] = {}  # node -> (pipeline, stage)
+        self.stage_nodes: list[list[int]] = [[] for _ in base.stages]
+        for p, row in enumerate(slots):
+            for s, node in enumerate(row):
+                if node is not None:
+                    self.home[node] = (p, s)
+                    self.stage_nodes[s].append(node)
+        self.survivors = sorted(self.home)
+        # Among equal scores, hosts of later pipelines first: a guest micro-batch's lower index then
+        # outranks the host's own work in the list schedule, so the pipeline with the hole waits less.
+        self.order = {n: (-p, n) for n, (p, _) in self.home.items()}
+        self.load = {n: self.count[p] * self.cost[s] for n, (p, s) in self.home.items()}
+        self.pipes = sorted(self.count)
+
+    def neighbours(self, m: int, h: int) -> list[int]:
+        route = self.routes[m]
+        return [route[k][1] for k in (h - 1, h + 1) if 0 <= k < len(route) and (m, k) not in self.lost_set]
+
+    def allowed(self, node: int, m: int, h: int, extra: dict[int, dict[int, set[int]]]) -> bool:
+        """Keeps the pipeline's node order (see the module docstring)."""
+        pipe = self.base.pipeline_of[m]
+        if self.home[node][0] == pipe:
+            return node in self.neighbours(m, h)
+        return extra[pipe].get(node, set()) <= {h} or node in self.neighbours(m, h)
+
+    def _rank(self, node: int, m: int, h: int, score: float) -> tuple:
+        stage = self.routes[m][h][0]
+        peer = self.home[node][1] == stage
+        on_route = any(n == node for k, (_, n) in enumerate(self.routes[m]) if k != h)
+        return (round(score, 9), not peer, not on_route, self.order[node])
+
+    # -- scores -----------------------------------------------------------------------------------
+    def by_load(self, *, head: bool) -> Placement:
+        """Greedy on the host's load (+ its stage's idle head); a heap of node scores."""
+        head_of = [0.0]
+        for stage in range(len(self.base.stages) - 1):
+            head_of.append(head_of[-1] + self.durations[stage][0])
+        value = {n: self.load[n] + (head_of[self.home[n][1]] if head else 0.0) for n in self.survivors}
+        heap = [(v, self.order[n], n) for n, v in value.items()]
+        heapq.heapify(heap)
+        peer_heaps = [[(value[n], self.order[n], n) for n in nodes] for nodes in self.stage_nodes]
+        for ph in peer_heaps:
+            heapq.heapify(ph)
+        extra: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+        out: Placement = {}
+        for m, h in self.lost:
+            stage = self.routes[m][h][0]
+            options = {self._top(heap, value, m, h, extra), self._top(peer_heaps[stage], value, m, h, extra)}
+            options |= {n for n in self.neighbours(m, h) if n in value}
+            options.discard(None)
+            if not options:  # every survivor would reverse this pipeline's order
+                options = set(self.survivors)
+            node = min(options, key=lambda n: self._rank(n, m, h, value[n] + self.cost[stage]))
+            out[(m, h)] = node
+            extra[self.base.pipeline_of[m]][node].add(h)
+            value[node] += self.cost[stage]
+            heapq.heappush(heap, (value[node], self.order[node], node))
+            heapq.heappush(peer_heaps[self.home[node][1]], (value[node], self.order[node], node))
+        return out
+
+    def _top(self, heap: list, value: dict, m: int, h: int, extra: dict) -> int | None:
+        """Lowest-valued allowed node of a heap (stale entries dropped, disallowed ones kept)."""
+        aside, found = [], None
+        while heap:
+            v, _, n = heap[0]
+            if v != value[n]:
+                heapq.heappop(heap)
+                continue
+            if self.allowed(n, m, h, extra):
+                found = n
+                break
+            aside.append(heapq.heappop(heap))
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return found
+
+
+class _Exact:
+    """Exact steps of placements on the pipelines they touch, while a task budget lasts."""
+
+    def __init__(self, job: _Job) -> None:
+        self.job = job
+        self.left = EXACT_BUDGET_TASKS
+        self.known: dict[Layout, float] = {}  # group (canonical, see independent_parts) -> its step
+
+    def groups(self, placement: Placement) -> set[Layout]:
+        """The groups of pipelines sharing no node (canonical, see `independent_parts`) that make up
+        the step of `placement` on the pipelines it touches and one untouched pipeline."""
+        job = self.job
+        touched = {job.base.pipeline_of[m] for m, _ in placement} | {job.home[n][0] for n in placement.values()}
+        spare = next((p for p in job.pipes if p not in touched), None)  # stands for the untouched ones
+        keep = sorted(touched | ({spare} if spare is not None else set()))
+        mbs = [m for p in keep for m in range(job.first_mb[p], job.first_mb[p] + job.count[p])]
+        routes = []
+        for m in mbs:
+            route = list(job.routes[m])
+            for h in range(len(route)):
+                if (m, h) in placement:
+                    route[h] = (route[h][0], placement[(m, h)])
+            routes.append(tuple(route))
+        base = job.base
+        layout = Layout(
+            num_layers=base.num_layers,
+            stages=base.stages,
+            routes=tuple(routes),
+            pipeline_of=tuple(base.pipeline_of[m] for m in mbs),
+            microbatch_size=base.microbatch_size,
+        )
+        return set(independent_parts(layout))
+
+    def cost(self, groups: set[Layout]) -> int:
+        """List-schedule tasks of the groups not scheduled yet in this plan."""
+        return 3 * sum(len(r) for part in groups if part not in self.known for r in part.routes)
+
+    def length(self, placement: Placement) -> float | None:
+        """The step (inf if it cannot be scheduled); None once the budget is spent. Each group is
+        scheduled once per plan: a move of one hop re-schedules only the group it changes."""
+        groups = self.groups(placement)
+        cost = self.cost(groups)
+        if cost > self.left:
+            self.left = 0
+            return None
+        self.left -= cost
+        for part in groups:
+            if part not in self.known:
+                try:
+                    self.known[part] = schedule_length(part, self.job.schedule, self.job.durations)
+                except ScheduleError:
+                    self.known[part] = float("inf")
+        return max(self.known[part] for part in groups)
+
+    def best(self, candidates: list[Placement]) -> Placement:
+        """The candidate with the shortest step, then (budget left) each lost hop moved where that
+        shortens it: to where another candidate put it, a route neighbour, a same-stage peer, then
+        any survivor, least loaded first. Without budget: the first candidate, also when checking it
+        alone would take more than half the budget (nothing would be left to compare it with)."""
+        if self.cost(self.groups(candidates[0])) > EXACT_BUDGET_TASKS // 2:
+            return candidates[0]
+        best: tuple[float, Placement] | None = None
+        for placement in candidates:
+            length = self.length(placement)
+            if length is None:
+                break
+            if best is None or length < best[0] - 1e-9:
+                best = (length, placement)
+        if best is None or best[0] == float("inf"):
+            return candidates[0]
+        job = self.job
+        length, placement = best[0], dict(best[1])
+        load = dict(job.load)
+        for (m, h), node in placement.items():
+            load[node] += job.cost[job.routes[m][h][0]]
+        by_load = sorted(job.survivors, key=lambda n: (load[n], n))
+        for _ in range(2):  # like a second greedy pass: earlier moves change what later hops should do
+            for m, h in job.lost:
+                stage = job.routes[m][h][0]
+                options = [c[(m, h)] for c in candidates] + job.neighbours(m, h) + job.stage_nodes[stage] + by_load
+                for node in dict.fromkeys(options):
+                    if node == placement[(m, h)]:
+                        continue
+                    trial = {**placement, (m, h): node}
+                    found = self.length(trial)
+                    if found is None:
+                        return placement
+                    if found < length - 1e-9:
+                        length, placement = found, trial
+        return placement
