@@ -27,12 +27,13 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
+from runtime.config import FAULT_TOLERANT_STRATEGIES
 from runtime.sim.iteration import IterationModel
 from runtime.sim.prices import PriceSeries
 from runtime.sim.traces import ADD, Trace
 from runtime.sim.youngdaly import young_interval
 
-STRATEGIES = ("checkpoint", "bamboo", "oobleck", "recycle")
+STRATEGIES = FAULT_TOLERANT_STRATEGIES  # what the simulator compares (runtime/config.py owns the names)
 
 
 @dataclass(kw_only=True, slots=True)
