@@ -238,6 +238,8 @@ def plan_job(
                       target_steps=target_steps, ask=ask)
         except LayoutError as exc:
             named = {p.field for p in problems}
+            if "model_spec.micro_batches" in named:  # the global batch's divisibility is that same problem
+                named.add("global_batch")
             problems += [p for p in each_error(exc) if p.field not in named]
     if problems:
         raise problems[0] if len(problems) == 1 else LayoutErrors(problems)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.fleet.models import Instance
-from controlplane.jobs.models import JobGeneration, JobStatus, TrainingJob
+from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration, TrainingJob
 from controlplane.orchestration import tasks
 from controlplane.orchestration.models import Rendezvous
 from controlplane.orchestration.providers import set_provider
@@ -157,15 +157,21 @@ def test_last_holder_of_a_stage_killed_fails_the_job_with_the_runtimes_reason(
 
         wait_for(lambda: TrainingJob.objects.get(pk=job.pk).status == JobStatus.FAILED, 60, "the job to fail")
         job.refresh_from_db()
-        assert job.status_message.startswith("runtime cannot continue: ")
+        # Whoever sees it first fails the job with the runtime's reason: the control plane, which
+        # asks the runtime's own membership plan when the kill is detected (decision `fail`), or
+        # the workers, whose agents report the plan's error.
+        decided = Reconfiguration.objects.filter(job=job, decision="fail").exists()
+        prefix = "the job cannot continue: " if decided else "runtime cannot continue: "
+        assert job.status_message.startswith(prefix), job.status_message
         # Stage 0's state is gone. Which check names it depends on whether the first node's
         # replacement joined the generation before the second kill was seen (seen in CI): then the
         # layout has a node for stage 0 again, but layer 0 has no copy to fetch.
         stage_0_lost = ("no surviving node for stage 0", "layer 0 has no surviving copy")
         assert any(reason in job.status_message for reason in stage_0_lost), job.status_message
         assert job.steps_done < job.target_steps
-        reasons = [e.data.get("reason", "") for e in job.events.filter(kind="agent_worker_exit")]
-        assert any(reason in r for r in reasons for reason in stage_0_lost), reasons
+        if not decided:
+            reasons = [e.data.get("reason", "") for e in job.events.filter(kind="agent_worker_exit")]
+            assert any(reason in r for r in reasons for reason in stage_0_lost), reasons
         wait_for(lambda: not Instance.objects.filter(job=job, state__in=["running", "pending", "notice"]).exists(),
                  30, "every node released")
         assert job.events.filter(kind="released").exists()
