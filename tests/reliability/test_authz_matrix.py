@@ -122,6 +122,8 @@ ROWS: list[Row] = [
         body={"kind": "rebalance", "cloud": "aws"}),
     Row("api/v1/agents/events/", "POST", "/api/v1/agents/events/", E(401, 403, 403, 403, 202),
         body={"kind": "worker_started", "generation": 0}),
+    # Rotation: agent tokens only; each agent rotates its own (the token names the instance).
+    Row("api/v1/agents/token/", "POST", "/api/v1/agents/token/", E(401, 403, 403, 403, 201), body={}),
     # --- webhook management: members read, admins write; secrets shown once (webhooks.md)
     Row("api/v1/^alert-endpoints/$", "GET", "/api/v1/alert-endpoints/", API_LIST),
     Row("api/v1/^alert-endpoints/$", "POST", "/api/v1/alert-endpoints/", E(401, 403, 201, 400, 403),
