@@ -221,6 +221,8 @@ SPOTPIPE_AWS_REGION = env.str("AWS_DEFAULT_REGION", default="us-east-1")
 SPOTPIPE_AWS_ENDPOINT_URL = env.str("SPOTPIPE_AWS_ENDPOINT_URL", default="") or None
 # Outbound alerts go to public addresses only (SSRF); these networks (CIDRs) are allowed as well.
 SPOTPIPE_ALERT_ALLOWED_NETWORKS = env.list("SPOTPIPE_ALERT_ALLOWED_NETWORKS", default=[])
+# SNS messages whose (signed) Timestamp is older than this many seconds are refused as replays.
+SPOTPIPE_SNS_MAX_AGE_S = env.int("SPOTPIPE_SNS_MAX_AGE_S", default=3600)
 # Agent tokens expire after this many seconds (default a day); agents rotate theirs at half-life.
 SPOTPIPE_AGENT_TOKEN_TTL_S = env.int("SPOTPIPE_AGENT_TOKEN_TTL_S", default=86400)
 
