@@ -22,6 +22,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 .PHONY: demo test setup lint migrate browser bench-quick clean
 
+# Settings fail closed (production unless asked otherwise); these targets are development work on
+# this machine, so they ask for development mode (DEBUG, a built-in key) explicitly.
+demo test migrate bench-quick: export SPOTPIPE_DEV = 1
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
