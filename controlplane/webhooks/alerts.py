@@ -4,7 +4,11 @@ Slack-compatible or generic JSON, signed with Standard Webhooks, retried with ba
 Emitting only writes `AlertDelivery` rows and enqueues their delivery on commit, so a caller's
 transaction never waits on somebody else's HTTP server. Callers: the job services call
 `alert_job_status` when a job becomes recovering, recovered, failed or finished; billing calls
-`alert_budget_threshold` when spending crosses a threshold."""
+`alert_budget_threshold` when spending crosses a threshold.
+
+The rows are the outbox: a delivery whose task was lost (the broker was down when it was enqueued
+or retried, a worker died) stays PENDING with its `next_attempt_at`, and the beat task
+`webhooks.sweep_alerts` sends it again once it is SWEEP_GRACE overdue (`alerts_sweep`)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import logging
 import socket
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +37,11 @@ BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 3600.0
 TIMEOUT_S = 5.0
 URL_MAX_LENGTH = 1000
+# A pending delivery this far past its due time has lost its task; the sweep takes it and leaves
+# it alone for SWEEP_LEASE while the new task waits in the queue.
+SWEEP_GRACE = timedelta(seconds=60)
+SWEEP_LEASE = timedelta(seconds=300)
+SWEEP_BATCH = 200
 ROTATION_GRACE_DEFAULT = timedelta(hours=24)
 ROTATION_GRACE_MAX = timedelta(days=30)
 USER_AGENT = "spotpipe-alerts/1"
@@ -181,11 +190,32 @@ def alert_emit(*, team_id: int, event: str, text: str, data: dict[str, Any]) -> 
         def enqueue() -> None:
             from controlplane.webhooks.tasks import deliver_alert
 
-            for delivery_id in ids:
-                deliver_alert.delay(delivery_id)
+            try:
+                for delivery_id in ids:
+                    deliver_alert.delay(delivery_id)
+            except Exception as exc:  # the broker is down: the rows are the outbox, the sweep sends them
+                logger.warning("could not enqueue %d alert deliveries (%s); the sweep sends them",
+                               len(ids), type(exc).__name__)
 
         transaction.on_commit(enqueue)
     return deliveries
+
+
+def alerts_sweep(*, now: datetime | None = None, limit: int = SWEEP_BATCH) -> list[int]:
+    """Pending deliveries more than SWEEP_GRACE overdue (their task was lost): claim them for
+    SWEEP_LEASE and return their ids for the caller to enqueue. A delivery sent twice (its old task
+    turns up after all) carries the same `webhook-id`, so the receiver can drop the second."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        ids = list(
+            AlertDelivery.objects.select_for_update(skip_locked=True)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now - SWEEP_GRACE)
+            .order_by("next_attempt_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        if ids:
+            AlertDelivery.objects.filter(pk__in=ids).update(next_attempt_at=now + SWEEP_LEASE)
+    return ids
 
 
 def alert_job_status(*, job, status: str, message: str = "") -> list[AlertDelivery]:
