@@ -181,11 +181,13 @@ ROWS: list[Row] = [
         body={"username": "nobody-such", "role": "member"}, content_type=FORM),
     Row("team/<slug:slug>/members/<int:user_id>/remove/", "POST", "/team/{slug}/members/{user}/remove/",
         E(302, 403, 302, 404, 302), kind="page", body={}, content_type=FORM),
-    Row("team/<slug:slug>/tokens/", "POST", "/team/{slug}/tokens/", E(302, 403, 302, 404, 302), kind="page",
+    # Creating a token or an alert URL answers the page itself (200) with the new secret shown once:
+    # a redirect would carry it in the messages cookie.
+    Row("team/<slug:slug>/tokens/", "POST", "/team/{slug}/tokens/", E(302, 403, 200, 404, 302), kind="page",
         body={"name": "from-page"}, content_type=FORM),
     Row("team/<slug:slug>/tokens/<int:token_id>/revoke/", "POST", "/team/{slug}/tokens/{token}/revoke/",
         E(302, 403, 302, 404, 302), kind="page", body={}, content_type=FORM),
-    Row("team/<slug:slug>/alerts/", "POST", "/team/{slug}/alerts/", E(302, 403, 302, 404, 302), kind="page",
+    Row("team/<slug:slug>/alerts/", "POST", "/team/{slug}/alerts/", E(302, 403, 200, 404, 302), kind="page",
         body={"url": "https://hooks.example.com/x", "format": "generic"}, content_type=FORM),
     # --- dashboard data endpoints
     Row("data/overview.json", "GET", "/data/overview.json", DATA_LIST, kind="page"),
