@@ -9,18 +9,29 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.spotpipe-installed
 # torch comes from PyTorch's CPU index (or a local wheel) first, so nothing can pull a CUDA build;
 # --no-deps so only torch itself is looked up there (its dependencies come from PyPI next).
+# One try with a short timeout: pip goes on with the other sources (the local wheel) when the index
+# cannot be reached, so its default five retries with backoff only waste time.
 TORCH_SPEC := torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_OPTS ?= --retries 0 --timeout 10
 PYTEST_ARGS ?=
+# Browser tests drive the system's Chromium through playwright (its own browser download needs
+# the internet): Debian's `chromium`, or whatever SPOTPIPE_CHROMIUM names.
+CHROMIUM ?= chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: demo test setup lint migrate bench-quick clean
+.PHONY: demo test setup lint migrate browser bench-quick clean
+
+# Settings fail closed (production unless asked otherwise); these targets are development work on
+# this machine, so they ask for development mode (DEBUG, a built-in key) explicitly.
+demo test migrate bench-quick: export SPOTPIPE_DEV = 1
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
-		|| $(BIN)/pip install --no-deps "$(TORCH_SPEC)" --extra-index-url $(TORCH_INDEX)
+		|| $(BIN)/pip install --no-deps "$(TORCH_SPEC)" --extra-index-url $(TORCH_INDEX) $(TORCH_INDEX_OPTS)
 	$(BIN)/pip install -e ".[dev]"
 	touch $(STAMP)
 
@@ -32,7 +43,21 @@ migrate: setup
 lint: setup
 	$(BIN)/ruff check .
 
-test: setup lint
+# Installs Debian's chromium when no Chromium is found; fails with what to do when it cannot.
+browser:
+	@if [ -n "$$SPOTPIPE_CHROMIUM" ] && [ -x "$$SPOTPIPE_CHROMIUM" ]; then exit 0; fi; \
+	if command -v $(CHROMIUM) >/dev/null || command -v chromium-browser >/dev/null; then exit 0; fi; \
+	echo "== installing Debian's chromium for the browser tests"; \
+	if command -v apt-get >/dev/null \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+		&& command -v $(CHROMIUM) >/dev/null; then exit 0; fi; \
+	echo "make: the browser tests need Chromium and it could not be installed here." >&2; \
+	echo "      Install it (Debian/Ubuntu: apt-get install -y chromium, as root)" >&2; \
+	echo "      or set SPOTPIPE_CHROMIUM to a Chromium binary, then run make test again." >&2; \
+	exit 1
+
+test: setup lint browser
 	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

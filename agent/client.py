@@ -42,6 +42,9 @@ class ControlPlaneClient:
         self.max_backoff_s = max_backoff_s
         self._local = threading.local()
         self.retries = 0
+        # Held while the token is being rotated: a call refused (401) with the old token waits for
+        # the rotation and retries with the new one, instead of taking the 401 as "node is done".
+        self._token_lock = threading.RLock()
 
     def _session(self) -> requests.Session:
         # One session per thread: requests.Session is not thread-safe.
@@ -55,14 +58,17 @@ class ControlPlaneClient:
                 timeout_s: float | None = None, retry: bool = True, retry_on: frozenset[int] = frozenset()) -> Any:
         """Call the API; returns the decoded JSON body (None for an empty body)."""
         url = f"{self.base_url}/api/v1/{path.lstrip('/')}"
-        headers = {"Authorization": f"Token {self.token}"} if self.token else {}
         delay = self.backoff_s
         while True:
             if self.stop.is_set():
                 raise Stopped()
+            token = self.token
+            headers = {"Authorization": f"Token {token}"} if token else {}
             try:
                 response = self._session().request(method, url, json=json, params=params, headers=headers,
                                                    timeout=timeout_s or self.timeout_s)
+                if response.status_code == 401 and token and self._rotated_since(token):
+                    continue
                 if response.status_code not in RETRY_STATUSES and response.status_code not in retry_on:
                     if response.status_code >= 400:
                         try:
@@ -82,6 +88,18 @@ class ControlPlaneClient:
             if self.stop.wait(delay * random.uniform(0.8, 1.2)):
                 raise Stopped()
             delay = min(delay * 2, self.max_backoff_s)
+
+    def _rotated_since(self, token: str) -> bool:
+        """Whether the token changed since `token` was sent (after any rotation in flight ends)."""
+        with self._token_lock:
+            return self.token != token
+
+    def rotate_token(self) -> dict:
+        """Trade the live token for a new one (`POST agents/token/`); every later call uses it."""
+        with self._token_lock:
+            answer = self.request("POST", "agents/token/", json={})
+            self.token = answer["token"]
+        return answer
 
     # --- the protocol --------------------------------------------------------------------------------
     def enroll(self, *, enroll_key: str, provider_instance_id: str, address: str = "", identity_document: str = "",

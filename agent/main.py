@@ -77,6 +77,7 @@ class Agent:
         self.notices_forwarded: list[dict] = []
         self._restart = threading.Event()
         self._failure = ""  # why the runtime said the job cannot go on (from the worker's `failed` line)
+        self._rotate_at: float | None = None  # time.monotonic() at which to rotate the agent token
 
     # --- lifecycle --------------------------------------------------------------------------------------
     def stop(self, *_args: object) -> None:
@@ -99,9 +100,31 @@ class Agent:
         answer = self.client.enroll(enroll_key=self.config.enroll_key, provider_instance_id=provider_id,
                                     address=self.address, identity_document=document, identity_signature=signature)
         self.client.token = answer["token"]
+        self._schedule_rotation(answer.get("expires_at"))
         self.instance_id = answer["instance"]
         self.job_id = answer.get("job")
         logger.info("enrolled as instance %s (%s) for job %s", self.instance_id, provider_id, self.job_id)
+
+    def _schedule_rotation(self, expires_at: str | None) -> None:
+        """Rotate at half the token's remaining life: early enough to ride out a long outage."""
+        if not expires_at:
+            self._rotate_at = None
+            return
+        left = (datetime.fromisoformat(expires_at.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
+        self._rotate_at = time.monotonic() + max(0.0, left / 2)
+
+    def _rotate_token_if_due(self) -> None:
+        if self._rotate_at is None or time.monotonic() < self._rotate_at:
+            return
+        try:
+            answer = self.client.rotate_token()
+        except ControlPlaneError as exc:
+            # Refused (the node ended, say): the next heartbeat's 401 stops the agent if so.
+            logger.warning("token rotation refused (%s); trying again in a minute", exc)
+            self._rotate_at = time.monotonic() + 60.0
+            return
+        self._schedule_rotation(answer.get("expires_at"))
+        logger.info("agent token rotated; the new one expires at %s", answer.get("expires_at"))
 
     def _retry(self, fn, *, delay: float = 0.1):
         while not self.stop_event.is_set():
@@ -137,6 +160,7 @@ class Agent:
         while not self.stop_event.is_set():
             started = time.monotonic()
             try:
+                self._rotate_token_if_due()
                 self.client.heartbeat(instance_id=self.instance_id, address=self.address)
             except ControlPlaneError as exc:
                 if exc.status in (401, 403, 404, 409):

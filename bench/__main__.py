@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import pkgutil
 import sys
 from pathlib import Path
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args, extra = parser.parse_known_args(argv)
+    # Benchmarks run on a development checkout: ask for development mode (settings fail closed);
+    # the servers and workers they start inherit it.
+    os.environ.setdefault("SPOTPIPE_DEV", "1")
     module = importlib.import_module(f"bench.{args.name}")
     kwargs = {}
     if hasattr(module, "parse_args"):

@@ -11,6 +11,9 @@ BEAT_SCHEDULE: dict[str, dict] = {}
 # Interruption notices: re-kick notices stored but never processed (worker or broker was down).
 BEAT_SCHEDULE["fleet.sweep_notices"] = {"task": "fleet.sweep_notices", "schedule": 5.0}
 
+# Outbound alerts: re-send deliveries whose task was lost (broker down at enqueue, worker died).
+BEAT_SCHEDULE["webhooks.sweep_alerts"] = {"task": "webhooks.sweep_alerts", "schedule": 30.0}
+
 # Market: pull live spot prices from AWS every 10 minutes. Off unless SPOTPIPE_PULL_SPOT_PRICES is
 # set (to anything but 0/false/no), so a fresh clone with no AWS account does not try to call AWS.
 if os.environ.get("SPOTPIPE_PULL_SPOT_PRICES", "").strip().lower() not in {"", "0", "false", "no", "off"}:

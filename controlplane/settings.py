@@ -1,8 +1,13 @@
 """Settings for the spotpipe control plane, read from the environment (12-factor).
 
 Every setting has an embedded default so that a fresh clone runs with no servers at all: SQLite in
-`var/`, and a Celery broker on the local filesystem. Set `DJANGO_ENV=production` to require real
-secrets; missing ones fail fast at start-up.
+`var/`, and a Celery broker on the local filesystem.
+
+Production is the default (fail closed): a process started with no environment refuses to start
+until it gets a real SECRET_KEY and ALLOWED_HOSTS, and refuses DEBUG. Development mode (DEBUG on,
+a built-in key, any host) must be asked for explicitly with SPOTPIPE_DEV=1 (or
+DJANGO_ENV=development); `make`, `spotpipe demo` and the test suite (controlplane/settings_dev.py)
+ask for it. DJANGO_ENV=production wins over SPOTPIPE_DEV.
 """
 
 from __future__ import annotations
@@ -17,10 +22,20 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-DJANGO_ENV = env.str("DJANGO_ENV", default="development")
-PRODUCTION = DJANGO_ENV == "production"
+_ASKED_ENV = env.str("DJANGO_ENV", default="")
+if _ASKED_ENV not in ("", "production", "development"):
+    raise environ.ImproperlyConfigured(f"DJANGO_ENV={_ASKED_ENV!r}: expected production or development")
+DEV = _ASKED_ENV != "production" and (env.bool("SPOTPIPE_DEV", default=False) or _ASKED_ENV == "development")
+PRODUCTION = not DEV
+DJANGO_ENV = "production" if PRODUCTION else "development"
+_DEV_HINT = "(or set SPOTPIPE_DEV=1 for development on this machine: never on a server)"
 VAR_DIR = Path(env.str("SPOTPIPE_VAR_DIR", default=str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+_DEV_SECRET_KEY = "dev-insecure-spotpipe-key-change-me-" + "x" * 20
+# Keys that are public knowledge: this file's development key and Django's startproject placeholder.
+_KNOWN_KEY_PREFIXES = ("dev-insecure-", "django-insecure-")
 
 
 def _required(name: str, default: str) -> str:
@@ -29,17 +44,24 @@ def _required(name: str, default: str) -> str:
         value = env.str(name, default="")
         if not value:
             raise environ.ImproperlyConfigured(
-                f"{name} must be set when DJANGO_ENV=production (it has no safe default)"
+                f"{name} must be set in production, the default mode (it has no safe default) {_DEV_HINT}"
             )
         return value
     return env.str(name, default=default)
 
 
-SECRET_KEY = _required("SECRET_KEY", "dev-insecure-spotpipe-key-change-me-" + "x" * 20)
-DEBUG = env.bool("DEBUG", default=not PRODUCTION)
+SECRET_KEY = _required("SECRET_KEY", _DEV_SECRET_KEY)
+if PRODUCTION and SECRET_KEY.startswith(_KNOWN_KEY_PREFIXES):
+    raise environ.ImproperlyConfigured(
+        f"SECRET_KEY is a published development key ({SECRET_KEY[:14]}...); set a random one {_DEV_HINT}"
+    )
+DEBUG = env.bool("DEBUG", default=DEV)
+if PRODUCTION and DEBUG:
+    # DEBUG pages show settings, SQL and stack traces to anyone who triggers an error.
+    raise environ.ImproperlyConfigured(f"DEBUG must be off in production {_DEV_HINT}")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[] if PRODUCTION else ["*"])
 if PRODUCTION and not ALLOWED_HOSTS:
-    raise environ.ImproperlyConfigured("ALLOWED_HOSTS must be set when DJANGO_ENV=production")
+    raise environ.ImproperlyConfigured(f"ALLOWED_HOSTS must be set in production {_DEV_HINT}")
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
@@ -223,6 +245,12 @@ SPOTPIPE_AWS_ENDPOINT_URL = env.str("SPOTPIPE_AWS_ENDPOINT_URL", default="") or 
 # when it names none (docs/api.md, "The plan"). The local provider has one type, local.node.
 SPOTPIPE_DEFAULT_PROVIDER = env.str("SPOTPIPE_DEFAULT_PROVIDER", default="local")
 SPOTPIPE_AWS_INSTANCE_TYPES = env.list("SPOTPIPE_AWS_INSTANCE_TYPES", default=["p3.2xlarge", "g5.xlarge", "g6.xlarge"])
+# Outbound alerts go to public addresses only (SSRF); these networks (CIDRs) are allowed as well.
+SPOTPIPE_ALERT_ALLOWED_NETWORKS = env.list("SPOTPIPE_ALERT_ALLOWED_NETWORKS", default=[])
+# SNS messages whose (signed) Timestamp is older than this many seconds are refused as replays.
+SPOTPIPE_SNS_MAX_AGE_S = env.int("SPOTPIPE_SNS_MAX_AGE_S", default=3600)
+# Agent tokens expire after this many seconds (default a day); agents rotate theirs at half-life.
+SPOTPIPE_AGENT_TOKEN_TTL_S = env.int("SPOTPIPE_AGENT_TOKEN_TTL_S", default=86400)
 
 # --- Logging -------------------------------------------------------------------------------------
 # JSON lines in production (with job_id / instance_id when known), plain text in development.

@@ -34,17 +34,28 @@ def team_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    team = _team(request, slug)
+    return _page(request, _team(request, slug))
+
+
+def _page(request: HttpRequest, team: Team, *, revealed: dict[str, str] | None = None) -> HttpResponse:
     is_admin = team.pk in admin_team_ids(request)
     tokens = ApiToken.objects.filter(team=team).select_related("user", "instance").order_by("-created_at", "-id")
     if not is_admin:
         tokens = tokens.filter(user=request.user)
     return render(request, "frontend/team.html", {
-        "page": "team", "team": team, "is_admin": is_admin,
+        "page": "team", "team": team, "is_admin": is_admin, "revealed": revealed,
         "members": Membership.objects.filter(team=team).select_related("user").order_by("user__username"),
         "tokens": tokens[:200], "alerts": AlertEndpoint.objects.filter(team=team).order_by("-created_at", "-id"),
         "roles": Role.choices, "formats": AlertFormat.choices,
     })
+
+
+def _reveal(request: HttpRequest, team: Team, *, label: str, secret: str) -> HttpResponse:
+    """The team page with a new secret shown once, in this response only. Never through Django's
+    messages (their default storage is a cookie, then the session) nor a log line."""
+    response = _page(request, team, revealed={"label": label, "secret": secret})
+    response["Cache-Control"] = "no-store"  # no copy of the secret in a browser or proxy cache
+    return response
 
 
 def _admin_post(request: HttpRequest, slug: str) -> Team | HttpResponse:
@@ -96,7 +107,7 @@ def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse
 @login_required
 @require_POST
 def token_create(request: HttpRequest, slug: str) -> HttpResponse:
-    """A user token for the requesting admin; the key is shown once, on the next page."""
+    """A user token for the requesting admin; the key is shown once, in this response's page."""
     team = _admin_post(request, slug)
     if isinstance(team, HttpResponse):
         return team
@@ -105,7 +116,8 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
                                       name=request.POST.get("name", "")[:100])
     except DomainError as error:
         return _done(request, team, error, "")
-    return _done(request, team, None, f"Token {token.prefix}… created. Copy the key now, it is not shown again: {key}")
+    return _reveal(request, team, label=f"Token {token.prefix}… created. Copy the key now, it is not shown again:",
+                   secret=key)
 
 
 @login_required
@@ -130,5 +142,6 @@ def alert_add(request: HttpRequest, slug: str) -> HttpResponse:
         endpoint = alert_endpoint_create(team=team, url=url, format=request.POST.get("format", AlertFormat.GENERIC))
     except DomainError as error:
         return _done(request, team, error, "")
-    return _done(request, team, None, f"Alerts will be sent to {endpoint.url}. Signing secret (shown once): "
-                                      f"{endpoint.signing_secret}")
+    # The URL may hold a secret of its own (Slack's do): it stays out of the messages too.
+    return _reveal(request, team, label=f"Alerts will be sent to {endpoint.url}. Signing secret (shown once):",
+                   secret=endpoint.signing_secret)

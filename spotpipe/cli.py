@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
+    if not args.external:
+        # The demo is the whole product on this machine: development mode, asked for explicitly
+        # (settings fail closed). Its servers and workers inherit it. With --external, the stack
+        # it joins (docker compose) brings its own production settings.
+        os.environ.setdefault("SPOTPIPE_DEV", "1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 

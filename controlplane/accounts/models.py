@@ -45,7 +45,9 @@ class TokenKind(models.TextChoices):
 class ApiToken(TimeStampedModel):
     """A bearer token. Only a SHA-256 of the key is stored; the key is shown once at creation.
 
-    User tokens act as their user within `team`. Agent tokens act for one node (`instance`) only.
+    User tokens act as their user within `team`. Agent tokens act for one node (`instance`) only:
+    at most one live (unrevoked) agent token per instance, revoked when the instance ends, and
+    expiring after SPOTPIPE_AGENT_TOKEN_TTL_S unless rotated.
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_tokens")
@@ -68,7 +70,13 @@ class ApiToken(TimeStampedModel):
             models.CheckConstraint(
                 condition=models.Q(kind="agent") | models.Q(user__isnull=False),
                 name="apitoken_user_token_has_user",
-            )
+            ),
+            # A backstop for agent_token enrolment's row lock: a second live token cannot exist.
+            models.UniqueConstraint(
+                fields=["instance"],
+                condition=models.Q(kind="agent", revoked_at__isnull=True),
+                name="apitoken_one_live_agent_token_per_instance",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -27,3 +27,8 @@ def api_token_list_for_request(request: Any) -> QuerySet[ApiToken]:
         user_id=request.user.pk, team_id__in=team_ids_for_request(request)
     )
     return ApiToken.objects.filter(visible).select_related("team", "user", "instance").order_by("-created_at", "-id")
+
+
+def agent_token_live(*, instance_id: int) -> ApiToken | None:
+    """The instance's live agent token (there is one at most), or None."""
+    return ApiToken.objects.filter(kind="agent", instance_id=instance_id, revoked_at__isnull=True).first()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -12,6 +14,16 @@ from django.utils.text import slugify
 from controlplane.accounts.authentication import generate_key, hash_key
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
 from controlplane.common.errors import Conflict, DomainError
+from controlplane.fleet.states import TERMINAL_STATES
+
+# An agent token lives a day unless SPOTPIPE_AGENT_TOKEN_TTL_S says otherwise; the agent rotates it
+# at half its life (POST /api/v1/agents/token/), so only a node cut off that long loses it.
+AGENT_TOKEN_TTL_S_DEFAULT = 86400
+
+
+def agent_token_ttl() -> timedelta:
+    """How long an agent token is valid (setting SPOTPIPE_AGENT_TOKEN_TTL_S, seconds)."""
+    return timedelta(seconds=float(getattr(settings, "SPOTPIPE_AGENT_TOKEN_TTL_S", AGENT_TOKEN_TTL_S_DEFAULT)))
 
 
 @transaction.atomic
@@ -71,8 +83,9 @@ def api_token_create(
     expires_at: datetime | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its plaintext key, which is never stored and cannot be
-    shown again. User tokens need a `user` who is a member of `team`; agent tokens need an
-    `instance` of `team`."""
+    shown again. User tokens need a `user` who is a member of `team`; agent tokens need a live
+    `instance` of `team`, expire within `agent_token_ttl()`, and replace (revoke) the instance's
+    previous agent token: an instance has one live agent token at most."""
     if kind == TokenKind.USER:
         if user is None:
             raise DomainError("a user token needs a user", field="user")
@@ -87,6 +100,14 @@ def api_token_create(
             raise DomainError("an agent token cannot act as a user", field="user")
         if instance.team_id != team.pk:
             raise DomainError(f"instance {instance.pk} does not belong to team {team}", field="instance")
+        # The instance's row lock serialises concurrent enrolments, so exactly one token stays live.
+        state = type(instance).objects.select_for_update().values_list("state", flat=True).get(pk=instance.pk)
+        if state in TERMINAL_STATES:
+            raise Conflict(f"instance {instance.pk} is {state}; an ended instance gets no agent token",
+                           field="instance")
+        limit = timezone.now() + agent_token_ttl()
+        expires_at = limit if expires_at is None else min(expires_at, limit)
+        agent_tokens_revoke(instance_ids=[instance.pk])
     else:
         raise DomainError(f"unknown token kind {kind!r}; expected one of {', '.join(TokenKind.values)}", field="kind")
     if expires_at is not None and expires_at <= timezone.now():
@@ -115,3 +136,27 @@ def api_token_revoke(*, token: ApiToken, at: datetime | None = None) -> ApiToken
         locked.save(update_fields=["revoked_at", "updated_at"])
     token.revoked_at = locked.revoked_at
     return token
+
+
+def agent_tokens_revoke(*, instance_ids: Iterable[int], at: datetime | None = None) -> int:
+    """Revoke the live agent tokens of these instances (they ended, or a new token replaces the
+    old one). Returns how many were revoked."""
+    ids = list(instance_ids)
+    if not ids:
+        return 0
+    return ApiToken.objects.filter(
+        kind=TokenKind.AGENT, instance_id__in=ids, revoked_at__isnull=True
+    ).update(revoked_at=at or timezone.now())
+
+
+@transaction.atomic
+def agent_token_rotate(*, token: ApiToken) -> tuple[ApiToken, str]:
+    """Replace a live agent token with a new one for the same instance (the old one is revoked at
+    once). Returns the new token and its plaintext key."""
+    if token.kind != TokenKind.AGENT or token.instance_id is None:
+        raise DomainError("only an agent token can be rotated here", field="token")
+    locked = ApiToken.objects.select_for_update().get(pk=token.pk)  # no join: FOR UPDATE refuses nullable sides
+    now = timezone.now()
+    if locked.revoked_at is not None or (locked.expires_at is not None and locked.expires_at <= now):
+        raise Conflict("the token was revoked or expired meanwhile; enrol again", field="token")
+    return api_token_create(team=locked.team, kind=TokenKind.AGENT, name=locked.name, instance=locked.instance)

@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.accounts.services import agent_tokens_revoke
 from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.models import (
     Instance,
@@ -33,7 +34,7 @@ from controlplane.fleet.models import (
     NoticeStatus,
 )
 from controlplane.fleet.services import TRANSITION_FIELDS, instance_transition, instance_transition_locked
-from controlplane.fleet.states import ALLOWED_TRANSITIONS, IllegalTransition, InstanceState
+from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, IllegalTransition, InstanceState
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration, ReconfigurationTrigger
 from controlplane.jobs.reconfiguration import (
     current_generations,
@@ -638,6 +639,9 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
                 _mark_processed(notice, batch.now)
             InstanceEvent.objects.bulk_create(batch.instance_events)
             bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
+            agent_tokens_revoke(
+                instance_ids=[pk for pk, i in batch.moved.items() if i.state in TERMINAL_STATES], at=batch.now
+            )
             JobEvent.objects.bulk_create(batch.job_events)
             # One reconfiguration per leaving node; orchestration applies the batch's on commit.
             reconfigurations_create(drafts=batch.drafts)

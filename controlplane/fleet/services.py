@@ -8,8 +8,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.accounts.services import agent_tokens_revoke
 from controlplane.fleet.models import Instance, InstanceEvent
-from controlplane.fleet.states import InstanceState, check_transition
+from controlplane.fleet.states import TERMINAL_STATES, InstanceState, check_transition
 
 _STAMP_FIELD = {
     InstanceState.RUNNING: "running_at",
@@ -42,6 +43,9 @@ def instance_transition(
     InstanceEvent.objects.create(
         instance=locked, kind="state", from_state=previous, to_state=to, at=at, detail=detail or {}
     )
+    if to in TERMINAL_STATES:
+        # An ended node (released, terminated, preempted, failed) keeps no access.
+        agent_tokens_revoke(instance_ids=[locked.pk], at=at)
     # Keep the caller's object in step with the database.
     for field in fields:
         setattr(instance, field, getattr(locked, field))
@@ -54,7 +58,8 @@ def instance_transition_locked(
     """`instance_transition` for a caller that already holds the row lock and loaded the row in the
     same transaction (the notice processor locks a batch's instances at once): moves the object in
     memory and returns the unsaved InstanceEvent; the caller saves both in bulk (the instance's
-    TRANSITION_FIELDS). Raises IllegalTransition like `instance_transition`."""
+    TRANSITION_FIELDS) and revokes the agent tokens of those that ended (`agent_tokens_revoke`).
+    Raises IllegalTransition like `instance_transition`."""
     check_transition(instance.state, to)
     previous = instance.state
     instance.state = to

@@ -3,7 +3,10 @@ route prefix, counted in Django's cache (per process with the default local-memo
 across processes when CACHES points at Redis).
 
 Limits come from the environment (requests per window; 0 disables a rule):
-  SPOTPIPE_RATELIMIT_LOGIN      default 20   POSTs to /accounts/login/ per IP per minute
+  SPOTPIPE_RATELIMIT_LOGIN      default 20   POSTs to /accounts/login/ and /admin/login/ per IP per minute
+                                             (one budget for both forms)
+  SPOTPIPE_RATELIMIT_ENROLL     default 600  POSTs to /api/v1/agents/enroll/ per IP per minute (its
+                                             enrolment key is a bearer secret worth guessing)
   SPOTPIPE_RATELIMIT_WEBHOOKS   default 6000 requests to /api/v1/webhooks/ per IP per minute
   SPOTPIPE_RATELIMIT_WINDOW_S   default 60
   SPOTPIPE_RATELIMIT_EXEMPT_LOOPBACK  default false
@@ -44,6 +47,9 @@ def rules() -> list[Rule]:
     """The rules, read from the environment each time (cheap; lets tests and operators change them)."""
     return [
         Rule("login", "/accounts/login/", frozenset({"POST"}), _int_env("SPOTPIPE_RATELIMIT_LOGIN", 20)),
+        # The admin site's own login form: the same password guesses, so the same budget (name).
+        Rule("login", "/admin/login/", frozenset({"POST"}), _int_env("SPOTPIPE_RATELIMIT_LOGIN", 20)),
+        Rule("enroll", "/api/v1/agents/enroll/", frozenset({"POST"}), _int_env("SPOTPIPE_RATELIMIT_ENROLL", 600)),
         Rule("webhooks", "/api/v1/webhooks/", None, _int_env("SPOTPIPE_RATELIMIT_WEBHOOKS", 6000)),
     ]
 

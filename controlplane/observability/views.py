@@ -14,8 +14,9 @@ LOOPBACK = {"127.0.0.1", "::1"}
 
 
 def _metrics_allowed(request: HttpRequest) -> bool:
-    """With SPOTPIPE_METRICS_TOKEN set, a matching `Authorization: Bearer <token>` is required;
-    unset, only loopback clients may scrape (a sidecar or local Prometheus; nothing else can)."""
+    """An operator: with SPOTPIPE_METRICS_TOKEN set, a matching `Authorization: Bearer <token>` is
+    required; unset, only loopback clients (a sidecar or local Prometheus; nothing else can).
+    The same rule guards /metrics and the details of /healthz."""
     expected = os.environ.get("SPOTPIPE_METRICS_TOKEN", "")
     if not expected:
         return request.META.get("REMOTE_ADDR") in LOOPBACK
@@ -40,5 +41,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def healthz_view(request: HttpRequest) -> JsonResponse:
+    """Anyone: a bare liveness answer (the process serves requests), with no checks run, so
+    anonymous callers can neither read exception text nor make it ping the database and workers.
+    Operators (as for /metrics): the checks, 200 when all are ok, 503 naming the failing ones."""
+    if not _metrics_allowed(request):
+        return JsonResponse({"status": "ok"})
     ok, body = health.health()
     return JsonResponse(body, status=200 if ok else 503)

@@ -4,15 +4,20 @@ Slack-compatible or generic JSON, signed with Standard Webhooks, retried with ba
 Emitting only writes `AlertDelivery` rows and enqueues their delivery on commit, so a caller's
 transaction never waits on somebody else's HTTP server. Callers: the job services call
 `alert_job_status` when a job becomes recovering, recovered, failed or finished; billing calls
-`alert_budget_threshold` when spending crosses a threshold."""
+`alert_budget_threshold` when spending crosses a threshold.
+
+The rows are the outbox: a delivery whose task was lost (the broker was down when it was enqueued
+or retried, a worker died) stays PENDING with its `next_attempt_at`, and the beat task
+`webhooks.sweep_alerts` sends it again once it is SWEEP_GRACE overdue (`alerts_sweep`)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +27,7 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Team
 from controlplane.common.errors import DomainError
-from controlplane.webhooks import signing
+from controlplane.webhooks import egress, signing
 from controlplane.webhooks.models import AlertDelivery, AlertEndpoint, AlertEvent, AlertFormat, DeliveryStatus
 
 logger = logging.getLogger(__name__)
@@ -32,6 +37,11 @@ BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 3600.0
 TIMEOUT_S = 5.0
 URL_MAX_LENGTH = 1000
+# A pending delivery this far past its due time has lost its task; the sweep takes it and leaves
+# it alone for SWEEP_LEASE while the new task waits in the queue.
+SWEEP_GRACE = timedelta(seconds=60)
+SWEEP_LEASE = timedelta(seconds=300)
+SWEEP_BATCH = 200
 ROTATION_GRACE_DEFAULT = timedelta(hours=24)
 ROTATION_GRACE_MAX = timedelta(days=30)
 USER_AGENT = "spotpipe-alerts/1"
@@ -71,7 +81,24 @@ def alert_url_check(url: str) -> str:
         raise DomainError("url must name a host", field="url")
     if parts.fragment:
         raise DomainError("url must not have a #fragment", field="url")
+    _check_destination(parts.hostname, parts.port)
     return url
+
+
+def _check_destination(host: str, port: int | None) -> None:
+    """Refuse a host that is, or resolves now to, a non-public address (egress.py). A name that
+    does not resolve yet is accepted: every delivery checks again, after resolution."""
+    if host == "localhost" or host.endswith(".localhost"):
+        addresses = ["127.0.0.1", "::1"]
+    else:
+        try:
+            addresses = egress.resolve(host, port)
+        except (socket.gaierror, UnicodeError):
+            return
+    try:
+        egress.check_host(host, addresses=addresses)
+    except egress.EgressRefused as exc:
+        raise DomainError(f"url must point to a public address: {exc}", field="url") from None
 
 
 def _check_format(format: str) -> str:
@@ -163,11 +190,32 @@ def alert_emit(*, team_id: int, event: str, text: str, data: dict[str, Any]) -> 
         def enqueue() -> None:
             from controlplane.webhooks.tasks import deliver_alert
 
-            for delivery_id in ids:
-                deliver_alert.delay(delivery_id)
+            try:
+                for delivery_id in ids:
+                    deliver_alert.delay(delivery_id)
+            except Exception as exc:  # the broker is down: the rows are the outbox, the sweep sends them
+                logger.warning("could not enqueue %d alert deliveries (%s); the sweep sends them",
+                               len(ids), type(exc).__name__)
 
         transaction.on_commit(enqueue)
     return deliveries
+
+
+def alerts_sweep(*, now: datetime | None = None, limit: int = SWEEP_BATCH) -> list[int]:
+    """Pending deliveries more than SWEEP_GRACE overdue (their task was lost): claim them for
+    SWEEP_LEASE and return their ids for the caller to enqueue. A delivery sent twice (its old task
+    turns up after all) carries the same `webhook-id`, so the receiver can drop the second."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        ids = list(
+            AlertDelivery.objects.select_for_update(skip_locked=True)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now - SWEEP_GRACE)
+            .order_by("next_attempt_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        if ids:
+            AlertDelivery.objects.filter(pk__in=ids).update(next_attempt_at=now + SWEEP_LEASE)
+    return ids
 
 
 def alert_job_status(*, job, status: str, message: str = "") -> list[AlertDelivery]:
@@ -203,7 +251,22 @@ def alert_body(delivery: AlertDelivery) -> bytes:
 
 
 def _post(url: str, *, data: bytes, headers: dict[str, str]) -> int:
-    return requests.post(url, data=data, headers=headers, timeout=TIMEOUT_S, allow_redirects=False).status_code
+    # The session refuses to connect to a non-public peer (egress.py): DNS may have changed since
+    # the check in alert_deliver.
+    with egress.checked_session() as session:
+        return session.post(url, data=data, headers=headers, timeout=TIMEOUT_S, allow_redirects=False).status_code
+
+
+def _destination_refused(url: str) -> str:
+    """Why `url`'s host may not be sent to now (it resolves to a non-public address), or ""."""
+    parts = urlsplit(url)
+    try:
+        egress.check_host(parts.hostname or "", parts.port)
+    except egress.EgressRefused as exc:
+        return f"refused: {exc}"
+    except (OSError, UnicodeError):
+        return ""  # does not resolve now: the post fails as a network error and is retried
+    return ""
 
 
 def _signature_headers(endpoint: AlertEndpoint, *, msg_id: str, body: bytes) -> dict[str, str]:
@@ -213,7 +276,8 @@ def _signature_headers(endpoint: AlertEndpoint, *, msg_id: str, body: bytes) -> 
 
 def alert_deliver(*, delivery_id: int, post: Callable[..., int] = _post) -> str:
     """One delivery attempt. Returns "delivered", "retry" (5xx, 408, 429 or a network error, with
-    `next_attempt_at` set by backoff), "failed" (other 4xx, or MAX_ATTEMPTS reached) or "skipped"."""
+    `next_attempt_at` set by backoff), "failed" (other 4xx, MAX_ATTEMPTS reached, or the URL's host
+    resolves to a non-public address: SSRF, egress.py) or "skipped"."""
     with transaction.atomic():
         delivery = AlertDelivery.objects.select_for_update().select_related("endpoint").filter(pk=delivery_id).first()
         if delivery is None or delivery.status != DeliveryStatus.PENDING:
@@ -224,13 +288,19 @@ def alert_deliver(*, delivery_id: int, post: Callable[..., int] = _post) -> str:
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
                **_signature_headers(delivery.endpoint, msg_id=delivery.message_id, body=body)}
     status_code, error = None, ""
-    try:
-        status_code = post(delivery.endpoint.url, data=body, headers=headers)
-    except requests.RequestException as exc:
-        error = f"{type(exc).__name__}: {exc}"[:300]
+    refused = _destination_refused(delivery.endpoint.url)
+    if not refused:
+        try:
+            status_code = post(delivery.endpoint.url, data=body, headers=headers)
+        except requests.RequestException as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
     now = timezone.now()
-    delivery.last_status_code, delivery.last_error = status_code, error
-    if status_code is not None and 200 <= status_code < 300:
+    delivery.last_status_code, delivery.last_error = status_code, refused or error
+    if refused:
+        # Not a passing failure: the URL's host points inside; retrying would not change that.
+        delivery.status, delivery.next_attempt_at = DeliveryStatus.FAILED, None
+        outcome = "failed"
+    elif status_code is not None and 200 <= status_code < 300:
         delivery.status, delivery.delivered_at, delivery.next_attempt_at = DeliveryStatus.DELIVERED, now, None
         outcome = "delivered"
     elif status_code is not None and 400 <= status_code < 500 and status_code not in (408, 429):

@@ -97,6 +97,9 @@ def credential_create(
     elif scheme == CredentialScheme.OIDC and (not (config or {}).get("audience")
                                               or not (config or {}).get("public_keys")):
         raise DomainError("OIDC needs config.audience and config.public_keys", field="config")
+    elif scheme == CredentialScheme.OIDC and "@" not in str((config or {}).get("email") or ""):
+        # Without it any Google-signed token for the audience would pass, whoever's account made it.
+        raise DomainError("OIDC needs config.email, the push subscription's service account", field="config")
     cred.save()
     return cred, plain
 

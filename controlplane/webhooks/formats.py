@@ -29,6 +29,16 @@ GENERIC_ACTIONS = {
 }
 
 
+# Bounds of what is stored (fleet.InterruptionNotice's columns): a longer value, a NUL or another
+# control character would be a 500 on PostgreSQL (and a 202 on SQLite) instead of a 400, and
+# EventBridge retries a 5xx for 24 hours.
+MAX_INSTANCE_ID = 100
+MAX_ACTION = 20
+# The dedup key is "<team id>:<cloud>:<event id>[:<resource>]" in 200 characters.
+MAX_EVENT_ID = 120
+MAX_AZURE_EVENT_ID = 60
+
+
 class BadNotice(Exception):
     """Input that is not a notice we accept; `field` names the offending part."""
 
@@ -39,11 +49,34 @@ class BadNotice(Exception):
 
 
 def parse_json(body: bytes, *, field: str = "body") -> Any:
-    """JSON from bytes, or BadNotice saying where it broke."""
+    """JSON from bytes, or BadNotice saying where it broke. A small body nested thousands deep
+    exhausts the parser's recursion (a 400, not a 500), and a NUL anywhere is refused: PostgreSQL
+    cannot store it in the notice's JSON payload."""
     try:
-        return json.loads(body)
+        value = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadNotice(f"malformed JSON: {exc}", field=field) from None
+    except RecursionError:
+        raise BadNotice("JSON nested too deeply", field=field) from None
+    _refuse_nul(value, field)
+    return value
+
+
+def _refuse_nul(value: Any, field: str) -> None:
+    """Raise BadNotice naming the first key or string holding a NUL (iterative: no recursion)."""
+    stack: list[tuple[Any, str]] = [(value, field)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise BadNotice(f"{path} contains a NUL character", field=path)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if "\x00" in key:
+                    raise BadNotice(f"a key of {path} contains a NUL character", field=path)
+                stack.append((child, key if path == "body" else f"{path}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
 
 
 def _obj(value: Any, field: str) -> dict:
@@ -52,12 +85,18 @@ def _obj(value: Any, field: str) -> dict:
     return value
 
 
-def _str(obj: dict, key: str, field: str | None = None) -> str:
+def _str(obj: dict, key: str, field: str | None = None, *, max_length: int = MAX_EVENT_ID) -> str:
+    """A non-empty string of at most `max_length` characters, without control characters."""
     field = field or key
     value = obj.get(key)
     if not isinstance(value, str) or not value.strip():
         raise BadNotice(f"missing or empty string field {field!r}", field=field)
-    return value.strip()
+    value = value.strip()
+    if len(value) > max_length:
+        raise BadNotice(f"{field} is longer than {max_length} characters", field=field)
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise BadNotice(f"{field} contains control characters", field=field)
+    return value
 
 
 def _time(value: Any, field: str) -> datetime:
@@ -80,7 +119,7 @@ def eventbridge_drafts(event: Any, *, team_id: int, source: str, meta: dict | No
     event_id = _str(event, "id")
     event_time = _time(event.get("time"), "time")
     detail = _obj(event.get("detail"), "detail")
-    instance_id = _str(detail, "instance-id", "detail.instance-id")
+    instance_id = _str(detail, "instance-id", "detail.instance-id", max_length=MAX_INSTANCE_ID)
     deadline = None
     if detail_type == AWS_SPOT_WARNING:
         kind = NoticeKind.INTERRUPTION
@@ -92,7 +131,7 @@ def eventbridge_drafts(event: Any, *, team_id: int, source: str, meta: dict | No
     elif detail_type == AWS_REBALANCE:
         kind, action = NoticeKind.REBALANCE, ""
     else:
-        kind, action = NoticeKind.STATE_CHANGE, _str(detail, "state", "detail.state")
+        kind, action = NoticeKind.STATE_CHANGE, _str(detail, "state", "detail.state", max_length=MAX_ACTION)
         deadline = event_time
     return [NoticeDraft(
         team_id=team_id, source=source, kind=kind, action=action,
@@ -106,7 +145,7 @@ def gcp_push_drafts(body: Any, *, team_id: int) -> list[NoticeDraft]:
     `compute.instances.preempted` -> one draft, keyed by the log entry's insertId."""
     body = _obj(body, "body")
     message = _obj(body.get("message"), "message")
-    data = _str(message, "data", "message.data")
+    data = _str(message, "data", "message.data", max_length=2**21)  # the request body bounds it
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -118,7 +157,7 @@ def gcp_push_drafts(body: Any, *, team_id: int) -> list[NoticeDraft]:
         raise BadNotice(f"unsupported protoPayload.methodName {method!r}; expected 'compute.instances.preempted'",
                         field="protoPayload.methodName")
     labels = _obj(_obj(entry.get("resource"), "resource").get("labels"), "resource.labels")
-    instance_id = _str(labels, "instance_id", "resource.labels.instance_id")
+    instance_id = _str(labels, "instance_id", "resource.labels.instance_id", max_length=MAX_INSTANCE_ID)
     insert_id = _str(entry, "insertId")
     event_time = _time(entry.get("timestamp"), "timestamp")
     name = str(payload.get("resourceName", "")).rsplit("/", 1)[-1]
@@ -144,11 +183,13 @@ def azure_drafts(body: Any, *, team_id: int) -> list[NoticeDraft]:
         event_type = _str(event, "EventType", f"Events[{i}].EventType")
         if event_type not in AZURE_EVENT_TYPES:
             continue  # Freeze, Reboot, Redeploy: not an interruption
-        event_id = _str(event, "EventId", f"Events[{i}].EventId")
+        event_id = _str(event, "EventId", f"Events[{i}].EventId", max_length=MAX_AZURE_EVENT_ID)
         resources = event.get("Resources")
         if not isinstance(resources, list) or not resources or not all(isinstance(r, str) for r in resources):
             raise BadNotice(f"Events[{i}].Resources must be a non-empty list of VM names",
                             field=f"Events[{i}].Resources")
+        resources = [_str({"name": r}, "name", f"Events[{i}].Resources[{n}]", max_length=MAX_AZURE_EVENT_ID)
+                     for n, r in enumerate(resources)]
         deadline = None
         if event.get("NotBefore"):
             try:
@@ -190,7 +231,9 @@ def generic_drafts(body: Any, *, team_id: int, msg_id: str) -> list[NoticeDraft]
     Standard Webhooks `webhook-id`. An agent may instead forward the raw AWS metadata body it read,
     as {instance_id, imds: {...}, source: "agent"}."""
     body = _obj(body, "body")
-    instance_id = _str(body, "instance_id")
+    instance_id = _str(body, "instance_id", max_length=MAX_INSTANCE_ID)
+    if len(msg_id) > MAX_EVENT_ID:
+        raise BadNotice(f"webhook-id is longer than {MAX_EVENT_ID} characters", field="webhook-id")
     if body.get("imds") is not None and body.get("action") is None:
         action, event_time, deadline = _imds(body["imds"])
     else:

@@ -42,9 +42,10 @@ def _load_key(pem: str) -> rsa.RSAPublicKey:
     return key
 
 
-def verify(token: str, *, audience: str, public_keys: dict[str, str], email: str = "",
+def verify(token: str, *, audience: str, public_keys: dict[str, str], email: str,
            now: float | None = None) -> dict[str, Any]:
-    """Return the token's claims, or raise OidcError saying what is wrong."""
+    """Return the token's claims, or raise OidcError saying what is wrong. `email` (the push
+    subscription's service account) is required: without it any Google-signed token would do."""
     parts = token.split(".")
     if len(parts) != 3:
         raise OidcError("token is not a JWT (header.payload.signature)")
@@ -71,6 +72,9 @@ def verify(token: str, *, audience: str, public_keys: dict[str, str], email: str
         raise OidcError(f"token audience {aud!r} is not {audience!r}")
     if not isinstance(claims.get("exp"), int | float) or claims["exp"] + LEEWAY_S < now:
         raise OidcError("token expired")
-    if email and (claims.get("email") != email or not claims.get("email_verified", False)):
+    if not email:
+        # Fail closed: an old credential saved without the service account accepts nobody.
+        raise OidcError("no service account email is configured for OIDC; set config.email")
+    if claims.get("email") != email or not claims.get("email_verified", False):
         raise OidcError(f"token email {claims.get('email')!r} is not the configured service account")
     return claims

@@ -3,7 +3,11 @@
 The signing certificate is fetched only from a URL whose host matches `CERT_HOST_PATTERN`
 (env `SPOTPIPE_SNS_CERT_HOST_PATTERN`, default: AWS's `sns.<region>.amazonaws.com[.cn]`) over HTTPS,
 and cached per process. `fetch_url` (certificate download) and `confirm_get` (the SubscribeURL GET)
-are module attributes so tests can point them at a local server."""
+are module attributes so tests can point them at a local server.
+
+A message is refused when its `Timestamp` (signed, and the same on every retry of a delivery) is
+older than SPOTPIPE_SNS_MAX_AGE_S (default 3600 s, the longest retry policy SNS allows for HTTP(S)
+subscribers) or more than CLOCK_SKEW_S in the future: a captured message cannot be replayed later."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import binascii
 import os
 import re
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +25,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from django.conf import settings
 
 CERT_HOST_PATTERN = os.environ.get(
     "SPOTPIPE_SNS_CERT_HOST_PATTERN", r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$"
@@ -27,6 +33,9 @@ CERT_HOST_PATTERN = os.environ.get(
 # Only tests against a local plain-HTTP server turn this on.
 ALLOW_HTTP = os.environ.get("SPOTPIPE_SNS_ALLOW_HTTP", "").lower() in {"1", "true", "yes"}
 HTTP_TIMEOUT_S = 5.0
+MAX_AGE_S_DEFAULT = 3600
+# How far ahead of our clock a Timestamp may be (SNS's clock and ours disagree a little).
+CLOCK_SKEW_S = 300
 
 MESSAGE_TYPES = ("Notification", "SubscriptionConfirmation", "UnsubscribeConfirmation")
 _SIGNED_KEYS = {
@@ -107,14 +116,40 @@ def string_to_sign(message: dict) -> bytes:
     return "".join(f"{k}\n{message[k]}\n" for k in keys if message.get(k) is not None).encode()
 
 
+def max_age() -> timedelta:
+    """The replay window (setting SPOTPIPE_SNS_MAX_AGE_S, seconds)."""
+    return timedelta(seconds=float(getattr(settings, "SPOTPIPE_SNS_MAX_AGE_S", MAX_AGE_S_DEFAULT)))
+
+
+def check_timestamp(value: Any, *, now: datetime | None = None) -> datetime:
+    """Raise SnsError unless `value` is an ISO 8601 time within the replay window of `now`."""
+    if not isinstance(value, str) or not value:
+        raise SnsError("missing Timestamp", field="Timestamp")
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise SnsError(f"Timestamp {value[:40]!r} is not an ISO 8601 time", field="Timestamp") from None
+    if at.tzinfo is None:
+        raise SnsError(f"Timestamp {value[:40]!r} has no time zone", field="Timestamp")
+    now = now or datetime.now(UTC)
+    if at < now - max_age():
+        raise SnsError(f"Timestamp {value[:40]!r} is older than the replay window of "
+                       f"{max_age().total_seconds():.0f} s", field="Timestamp")
+    if at > now + timedelta(seconds=CLOCK_SKEW_S):
+        raise SnsError(f"Timestamp {value[:40]!r} is in the future", field="Timestamp")
+    return at
+
+
 def verify(message: dict) -> None:
-    """Raise SnsError unless `message` carries a valid SNS signature (SignatureVersion 1 or 2)."""
+    """Raise SnsError unless `message` carries a valid SNS signature (SignatureVersion 1 or 2) and
+    a `Timestamp` within the replay window (checked first: it costs no certificate)."""
     if message.get("Type") not in MESSAGE_TYPES:
         raise SnsError(f"unsupported Type {message.get('Type')!r}; expected one of {', '.join(MESSAGE_TYPES)}",
                        field="Type")
     for key in ("MessageId", "TopicArn", "Timestamp", "Signature", "SigningCertURL"):
         if not isinstance(message.get(key), str) or not message[key]:
             raise SnsError(f"missing {key}", field=key)
+    check_timestamp(message["Timestamp"])
     version = str(message.get("SignatureVersion", ""))
     if version not in _HASHES:
         raise SnsError(f"unsupported SignatureVersion {version!r}; expected 1 or 2", field="SignatureVersion")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
 from controlplane.webhooks import alerts
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name="webhooks.deliver_alert", bind=True, acks_late=True, ignore_result=True,
@@ -15,3 +19,14 @@ def deliver_alert(self, delivery_id: int) -> str:
     if outcome == "retry":
         raise self.retry(countdown=alerts.backoff_s(self.request.retries + 1))
     return outcome
+
+
+@shared_task(name="webhooks.sweep_alerts", acks_late=True, ignore_result=True)
+def sweep_alerts() -> int:
+    """Periodic: enqueue again the alert deliveries whose task was lost (broker down, worker died)."""
+    ids = alerts.alerts_sweep()
+    for delivery_id in ids:
+        deliver_alert.delay(delivery_id)
+    if ids:
+        logger.info("alert sweep re-enqueued %d deliveries", len(ids))
+    return len(ids)

@@ -121,10 +121,12 @@ def test_heartbeat_is_for_the_instances_own_agent_only(world):
     assert world.instance.last_heartbeat_at is None
 
 
-def test_heartbeat_of_an_ended_instance_answers_409(world):
+def test_heartbeat_of_an_ended_instance_is_refused(world):
+    """The instance's end revokes its agent token: 401 (the agent stops). The view's own 409 is
+    left for a heartbeat authenticated just before the instance ended."""
     instance_transition(instance=world.instance, to="terminated")
     response = world.agent_client.post(f"/api/v1/instances/{world.instance.pk}/heartbeat/")
-    assert response.status_code == 409 and "terminated" in response.json()["detail"]
+    assert response.status_code == 401
     assert Instance.objects.get(pk=world.instance.pk).last_heartbeat_at is None
 
 

@@ -46,7 +46,9 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
+    # The receivers listen on loopback, which alerts refuse unless an operator allows it (SSRF).
+    settings.SPOTPIPE_ALERT_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     made = []
 
     def make(statuses=None) -> Receiver:

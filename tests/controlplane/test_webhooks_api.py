@@ -248,7 +248,9 @@ def test_rotated_credential_overlaps_for_the_grace_period(world):
     ({"source": "aws_sns", "scheme": "sns_topic", "topic_arn": "spot-notices"}, "topic_arn"),
     ({"source": "gcp", "scheme": "oidc"}, "oidc"),
     ({"source": "gcp", "scheme": "oidc", "oidc": {"audience": "https://x"}}, "oidc.public_keys"),
-    ({"source": "gcp", "scheme": "token", "oidc": {"audience": "a", "public_keys": {"k": "pem"}}}, "oidc"),
+    ({"source": "gcp", "scheme": "oidc", "oidc": {"audience": "https://x", "public_keys": {"k": "P"}}}, "oidc.email"),
+    ({"source": "gcp", "scheme": "token",
+      "oidc": {"audience": "a", "email": "p@x.iam.gserviceaccount.com", "public_keys": {"k": "pem"}}}, "oidc"),
 ])
 def test_bad_credential_input_is_a_400_naming_the_field(world, body, field):
     response = world.admin_client.post("/api/v1/webhook-credentials/", body, format="json")
@@ -266,7 +268,8 @@ def test_each_source_gets_a_credential_that_fits(world):
         {"source": "aws_sns", "scheme": "sns_topic", "topic_arn": "arn:aws:sns:us-east-1:123456789012:spot"},
         {"source": "gcp", "scheme": "token"},
         {"source": "gcp", "scheme": "oidc",
-         "oidc": {"audience": "https://cp.example.com/x", "public_keys": {"k": "P"}}},
+         "oidc": {"audience": "https://cp.example.com/x", "email": "pusher@p.iam.gserviceaccount.com",
+                  "public_keys": {"k": "P"}}},
         {"source": "azure", "scheme": "standard_webhooks"},
         {"source": "generic", "scheme": "standard_webhooks", "secret": signing.generate_secret()},
     ):

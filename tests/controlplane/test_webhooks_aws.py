@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import datetime as dt
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -252,10 +253,16 @@ def sns_topic(team):
     make_webhook_credential(team, "aws_sns", "sns_topic", topic_arn=TOPIC)
 
 
+def _now_iso() -> str:
+    """SNS's Timestamp format; messages must be fresh (the replay window)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def sns_message(local_aws, key, type_: str, *, version="1", **fields) -> dict:
     message = {
         "Type": type_, "MessageId": fields.pop("MessageId", "0a1b2c3d-msg"), "TopicArn": TOPIC,
-        "Timestamp": "2026-11-20T14:02:01.000Z", "SigningCertURL": f"{local_aws.base}/SimpleNotificationService-1.pem",
+        "Timestamp": fields.pop("Timestamp", _now_iso()),
+        "SigningCertURL": f"{local_aws.base}/SimpleNotificationService-1.pem",
         **fields,
     }
     if type_ != "Notification":

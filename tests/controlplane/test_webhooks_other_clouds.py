@@ -124,6 +124,28 @@ def test_gcp_push_with_oidc_token(client, team, gcp_entry):
     assert InterruptionNotice.objects.count() == 0
 
 
+def test_gcp_oidc_requires_the_service_account_email(client, team, gcp_entry):
+    """Without a configured email any Google-signed token for the audience would pass, whoever's
+    account made it: such a credential cannot be created, and one stored earlier accepts nobody."""
+    from controlplane.common.errors import DomainError
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                        serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    audience = "https://spotpipe.example/api/v1/webhooks/gcp/ml-team/"
+    with pytest.raises(DomainError, match=r"config\.email"):
+        make_webhook_credential(team, "gcp", "oidc", config={"audience": audience, "public_keys": {"k1": pem}})
+    WebhookCredential.objects.create(team=team, source="gcp", scheme="oidc", name="from before",
+                                     config={"audience": audience, "public_keys": {"k1": pem}})
+    credentials_cache_clear()
+    claims = {"iss": "https://accounts.google.com", "aud": audience, "email": "anyone@other.iam.gserviceaccount.com",
+              "email_verified": True, "exp": int(time.time()) + 600, "iat": int(time.time())}
+    denied = client.post("/api/v1/webhooks/gcp/ml-team/", data=json.dumps(push_envelope(gcp_entry)),
+                         content_type="application/json", headers={"Authorization": f"Bearer {_jwt(key, claims)}"})
+    assert denied.status_code == 401 and "email" in denied.json()["detail"]
+    assert InterruptionNotice.objects.count() == 0
+
+
 # --- Azure and generic (Standard Webhooks) --------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ def test_admin_adds_a_member_creates_and_revokes_a_token_and_adds_an_alert_url(c
     token = ApiToken.objects.get(team=alpha, name="ci")
     assert "not shown again" in page.content.decode()
     # The key shown once authenticates against the API.
-    key = page.content.decode().split("not shown again: ")[1].split("<")[0].strip()
+    key = page.content.decode().split('id="revealed-secret">')[1].split("<")[0].strip()
     assert client.get("/api/v1/teams/", HTTP_AUTHORIZATION=f"Bearer {key}").status_code == 200
     client.post(reverse("frontend:team-token-revoke", args=[alpha.slug, token.pk]))
     token.refresh_from_db()

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def running():
+def running(settings):
     """A DP=1 x PP=2 job whose two nodes enrolled and run generation 1; the agents' API clients."""
+    settings.SPOTPIPE_ALERT_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the alert URL is on loopback
     fake = FakeProvider()
     set_provider("local", fake)
     job = make_job(make_team(), strategy="recycle", target_steps=100, plan={"dp": 1, "pp": 2, "provider": "local"})

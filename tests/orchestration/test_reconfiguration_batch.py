@@ -32,6 +32,7 @@ def _worker(monkeypatch, settings):
     """As in the drain task: reconfigurations are applied inline on commit; reconcile tasks are
     recorded rather than published."""
     settings.SPOTPIPE_NOTICE_HANDOFF = "none"
+    settings.SPOTPIPE_ALERT_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the alert URL is on loopback
     provider = FakeProvider()
     set_provider("local", provider)
     monkeypatch.setattr(signals, "_in_worker", lambda: True)

@@ -122,6 +122,8 @@ ROWS: list[Row] = [
         body={"kind": "rebalance", "cloud": "aws"}),
     Row("api/v1/agents/events/", "POST", "/api/v1/agents/events/", E(401, 403, 403, 403, 202),
         body={"kind": "worker_started", "generation": 0}),
+    # Rotation: agent tokens only; each agent rotates its own (the token names the instance).
+    Row("api/v1/agents/token/", "POST", "/api/v1/agents/token/", E(401, 403, 403, 403, 201), body={}),
     # --- webhook management: members read, admins write; secrets shown once (webhooks.md)
     Row("api/v1/^alert-endpoints/$", "GET", "/api/v1/alert-endpoints/", API_LIST),
     Row("api/v1/^alert-endpoints/$", "POST", "/api/v1/alert-endpoints/", E(401, 403, 201, 400, 403),
@@ -179,11 +181,13 @@ ROWS: list[Row] = [
         body={"username": "nobody-such", "role": "member"}, content_type=FORM),
     Row("team/<slug:slug>/members/<int:user_id>/remove/", "POST", "/team/{slug}/members/{user}/remove/",
         E(302, 403, 302, 404, 302), kind="page", body={}, content_type=FORM),
-    Row("team/<slug:slug>/tokens/", "POST", "/team/{slug}/tokens/", E(302, 403, 302, 404, 302), kind="page",
+    # Creating a token or an alert URL answers the page itself (200) with the new secret shown once:
+    # a redirect would carry it in the messages cookie.
+    Row("team/<slug:slug>/tokens/", "POST", "/team/{slug}/tokens/", E(302, 403, 200, 404, 302), kind="page",
         body={"name": "from-page"}, content_type=FORM),
     Row("team/<slug:slug>/tokens/<int:token_id>/revoke/", "POST", "/team/{slug}/tokens/{token}/revoke/",
         E(302, 403, 302, 404, 302), kind="page", body={}, content_type=FORM),
-    Row("team/<slug:slug>/alerts/", "POST", "/team/{slug}/alerts/", E(302, 403, 302, 404, 302), kind="page",
+    Row("team/<slug:slug>/alerts/", "POST", "/team/{slug}/alerts/", E(302, 403, 200, 404, 302), kind="page",
         body={"url": "https://hooks.example.com/x", "format": "generic"}, content_type=FORM),
     # --- dashboard data endpoints
     Row("data/overview.json", "GET", "/data/overview.json", DATA_LIST, kind="page"),

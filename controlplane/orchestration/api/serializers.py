@@ -24,6 +24,16 @@ class EnrollResultSerializer(serializers.Serializer):
     instance = serializers.IntegerField()
     job = serializers.IntegerField(allow_null=True)
     token = serializers.CharField(help_text="Agent token (shown once): `Authorization: Token <token>`.")
+    expires_at = serializers.DateTimeField(
+        help_text="When the token stops working (SPOTPIPE_AGENT_TOKEN_TTL_S after issue); rotate it before "
+                  "with `POST /agents/token/`.")
+
+
+class AgentTokenRotatedSerializer(serializers.Serializer):
+    instance = serializers.IntegerField()
+    token = serializers.CharField(help_text="The new agent token (shown once); the one used for this call is "
+                                            "revoked.")
+    expires_at = serializers.DateTimeField()
 
 
 class CommandsQuerySerializer(serializers.Serializer):

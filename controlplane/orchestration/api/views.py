@@ -14,6 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.selectors import agent_token_live
+from controlplane.accounts.services import agent_token_rotate
 from controlplane.common.api import agent_token, validate_or_400
 from controlplane.fleet.models import Instance
 from controlplane.jobs.services import job_record_event
@@ -22,6 +24,7 @@ from controlplane.orchestration.api.serializers import (
     AgentEventSerializer,
     AgentNoticeResultSerializer,
     AgentNoticeSerializer,
+    AgentTokenRotatedSerializer,
     CommandsQuerySerializer,
     CommandsSerializer,
     EnrollResultSerializer,
@@ -67,7 +70,25 @@ class EnrollView(APIView):
             address=data.get("agent_address", ""), identity_document=data["identity_document"],
             identity_signature=data["identity_signature"],
         )
-        return Response({"instance": instance.pk, "job": instance.job_id, "token": key}, status=status.HTTP_201_CREATED)
+        token = agent_token_live(instance_id=instance.pk)
+        return Response({"instance": instance.pk, "job": instance.job_id, "token": key,
+                         "expires_at": token.expires_at if token else None}, status=status.HTTP_201_CREATED)
+
+
+class AgentTokenView(APIView):
+    """Rotation: the agent trades its live token for a new one before it expires."""
+
+    permission_classes = [AgentsOnly]
+
+    @extend_schema(request=None, responses={
+        201: AgentTokenRotatedSerializer,
+        401: OpenApiResponse(description="the token is invalid, revoked (its instance ended) or expired"),
+        409: OpenApiResponse(description="the instance ended or the token was revoked meanwhile"),
+    })
+    def post(self, request: Request) -> Response:
+        token, key = agent_token_rotate(token=agent_token(request))
+        return Response({"instance": token.instance_id, "token": key, "expires_at": token.expires_at},
+                        status=status.HTTP_201_CREATED)
 
 
 class CommandsView(APIView):

@@ -120,7 +120,8 @@ class WebhookCredentialCreatedSerializer(WebhookCredentialSerializer):
 
 class OidcConfigSerializer(serializers.Serializer):
     audience = serializers.CharField(max_length=500)
-    email = serializers.EmailField(required=False, allow_blank=True, default="")
+    email = serializers.EmailField(
+        max_length=254, help_text="The push subscription's service account: tokens of any other account are refused.")
     public_keys = serializers.DictField(
         child=serializers.CharField(max_length=10_000), allow_empty=False,
         help_text="Google's signing certificates or public keys: {kid: PEM}.",

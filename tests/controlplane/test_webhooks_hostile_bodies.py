@@ -1,0 +1,122 @@
+"""Hostile webhook bodies (issue 21): values longer than their columns, characters PostgreSQL
+refuses (NUL, in a stored field or anywhere in the JSON payload) and a small body nested thousands
+deep each get a 400 naming the field on both databases, never a 500 (which EventBridge would retry
+for 24 hours) and never a row stored on one database and refused on the other."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+
+import pytest
+
+from controlplane.fleet.models import InterruptionNotice
+from controlplane.webhooks import formats, signing
+from tests.controlplane.factories import make_team, make_webhook_credential
+
+pytestmark = pytest.mark.django_db
+EB = "/api/v1/webhooks/aws/eventbridge/ml-team/"
+AZURE = "/api/v1/webhooks/azure/ml-team/"
+NOTICE = "/api/v1/webhooks/notice/ml-team/"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(webhook_isolation):
+    """No hand-off, empty credential caches (tests/controlplane/conftest.py)."""
+
+
+@pytest.fixture
+def warning(shared_data):
+    return json.loads((shared_data / "cloud-events" / "aws-eventbridge-spot-interruption-warning.json").read_text())
+
+
+@pytest.fixture
+def creds():
+    team = make_team("ml-team")
+    _, key = make_webhook_credential(team, "aws_eventbridge", "api_key", header_name="x-api-key")
+    _, secret = make_webhook_credential(team, "generic", "standard_webhooks")
+    _, azure = make_webhook_credential(team, "azure", "standard_webhooks")
+    return {"key": key, "secret": secret, "azure": azure}
+
+
+def _eb(client, creds, body):
+    data = body if isinstance(body, bytes) else json.dumps(body)
+    return client.post(EB, data=data, content_type="application/json", headers={"x-api-key": creds["key"]})
+
+
+def _signed(client, url, secret, body: dict, msg_id: str = "msg_hostile"):
+    raw = json.dumps(body).encode()
+    headers = signing.signed_headers(secret=secret, msg_id=msg_id, body=raw)
+    return client.post(url, data=raw, content_type="application/json", headers=headers)
+
+
+def _refused(response, field: str, words: str) -> None:
+    assert response.status_code == 400, response.content
+    assert field in response.json()["errors"], response.json()
+    assert words in response.json()["detail"]
+    assert InterruptionNotice.objects.count() == 0
+
+
+def test_a_small_deeply_nested_body_is_a_400(client, creds):
+    depth = 20000  # 40 kB, far past the parser's recursion limit
+    _refused(_eb(client, creds, b"[" * depth + b"]" * depth), "body", "nested too deeply")
+
+
+def test_nul_in_a_stored_field_is_a_400(client, creds, warning):
+    event = copy.deepcopy(warning)
+    event["detail"]["instance-id"] = "i-0123456789abcdef0\u0000"
+    _refused(_eb(client, creds, event), "detail.instance-id", "NUL")
+
+
+def test_nul_anywhere_in_the_payload_is_a_400(client, creds, warning):
+    event = copy.deepcopy(warning)
+    event["detail"]["note"] = "harmless\u0000text"
+    _refused(_eb(client, creds, event), "detail.note", "NUL")
+
+
+@pytest.mark.parametrize(("where", "value", "field"), [
+    ("instance-id", "i-" + "0" * 120, "detail.instance-id"),
+    ("id", "e" * 500, "id"),
+])
+def test_values_longer_than_their_columns_are_a_400(client, creds, warning, where, value, field):
+    event = copy.deepcopy(warning)
+    if where == "id":
+        event["id"] = value
+    else:
+        event["detail"][where] = value
+    _refused(_eb(client, creds, event), field, "longer than")
+
+
+def test_a_long_state_is_a_400(client, creds, shared_data):
+    state = json.loads((shared_data / "cloud-events" / "aws-eventbridge-instance-state-change.json").read_text())
+    state["detail"]["state"] = "shutting-down-" * 10
+    _refused(_eb(client, creds, state), "detail.state", "longer than 20")
+
+
+def test_control_characters_in_an_id_are_a_400(client, creds, warning):
+    event = copy.deepcopy(warning)
+    event["detail"]["instance-id"] = "i-0123\n456789abcdef0"
+    _refused(_eb(client, creds, event), "detail.instance-id", "control characters")
+
+
+def test_generic_notice_bounds(client, creds):
+    body = {"instance_id": "x" * 101, "action": "terminate"}
+    _refused(_signed(client, NOTICE, creds["secret"], body), "instance_id", "longer than 100")
+    body = {"instance_id": "i-1", "action": "terminate"}
+    _refused(_signed(client, NOTICE, creds["secret"], body, msg_id="m" * 200), "webhook-id", "longer than")
+
+
+def test_azure_resource_names_are_bounded(client, creds):
+    body = {"DocumentIncarnation": 1, "Events": [{"EventId": "A1B2", "EventType": "Preempt",
+                                                  "Resources": ["vm" * 100], "NotBefore": ""}]}
+    _refused(_signed(client, AZURE, creds["azure"], body), "Events[0].Resources[0]", "longer than")
+
+
+def test_gcp_message_data_is_checked_after_decoding():
+    entry = {"protoPayload": {"methodName": "compute.instances.preempted"}, "insertId": "ins-1",
+             "timestamp": "2026-11-20T10:00:00Z", "resource": {"labels": {"instance_id": "1\u00002"}}}
+    data = base64.b64encode(json.dumps(entry).encode()).decode()
+    with pytest.raises(formats.BadNotice) as refused:
+        formats.gcp_push_drafts({"message": {"data": data}}, team_id=1)
+    assert "NUL" in refused.value.message
