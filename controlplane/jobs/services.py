@@ -94,15 +94,17 @@ def job_contract(*, config: Any = None, model_spec: Any = None) -> tuple[dict[st
     return dict(config), None, False
 
 
-PLAN_LAYOUT_FIELDS = ("dp", "pp", "microbatches", "min_stages")
+# The runtime's layout fields (runtime.config.LAYOUT_FIELDS) are the request's plan, strategy and steps.
+LAYOUT_REQUEST_FIELDS = {"dp": "plan.dp", "pp": "plan.pp", "microbatches": "plan.microbatches",
+                         "strategy": "strategy", "steps": "target_steps"}
 
 
 def _request_field(field: str, *, alias: bool) -> str:
     """The request field a contract problem is about: `model_spec.<old name>` for a request in the
     alias form, else `config.<field>` for the contract's own fields."""
     field = field or "config"
-    if field in PLAN_LAYOUT_FIELDS:  # the layout is the plan's, whichever form the contract came in
-        return f"plan.{field}"
+    if field in LAYOUT_REQUEST_FIELDS:  # the layout is the plan's, whichever form the contract came in
+        return LAYOUT_REQUEST_FIELDS[field]
     if alias:
         return alias_field(field.removeprefix("config."))
     if field.startswith(("plan", "config", "deadline", "budget_usd", "model_spec")):

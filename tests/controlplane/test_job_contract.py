@@ -120,3 +120,10 @@ def test_every_problem_of_a_contract_is_reported_at_once(world):
     response = _submit(world, config=bad, plan={"dp": 1, "pp": 1})
     assert response.status_code == 400
     assert {"config.model.n_head", "config.model.n_layer", "config.schedule"} <= set(response.json()["errors"])
+
+
+def test_every_layout_field_of_the_runtime_has_a_request_field():
+    from controlplane.jobs.services import LAYOUT_REQUEST_FIELDS
+    from runtime.config import LAYOUT_FIELDS
+
+    assert set(LAYOUT_REQUEST_FIELDS) == set(LAYOUT_FIELDS)
