@@ -158,15 +158,20 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
         assert_reference_math(job, nodes_dir)
     finally:
         beat.stop.set()
-        provider.terminate(provider.all_node_ids())
-        if job is not None:
-            from controlplane.orchestration.rendezvous import rendezvous_release
+        stop_everything(provider, job)
 
-            retrying(rendezvous_release, job=job)
-            row = retrying(Rendezvous.objects.filter(job=job).first)
-            assert row is None or not row.pid or not pid_alive(row.pid), "the rendezvous store was left behind"
-        set_provider("local", None)
-        assert provider.live_pids() == [], "node processes were left behind"
+
+def stop_everything(provider: LocalProvider, job: TrainingJob | None) -> None:
+    """End a local run: its nodes and its rendezvous store; fail if a process is left behind."""
+    provider.terminate(provider.all_node_ids())
+    if job is not None:
+        from controlplane.orchestration.rendezvous import rendezvous_release
+
+        retrying(rendezvous_release, job=job)
+        row = retrying(Rendezvous.objects.filter(job=job).first)
+        assert row is None or not row.pid or not pid_alive(row.pid), "the rendezvous store was left behind"
+    set_provider("local", None)
+    assert provider.live_pids() == [], "node processes were left behind"
 
 
 @pytest.mark.integration

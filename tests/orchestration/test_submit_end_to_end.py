@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from controlplane.jobs.models import JobGeneration, JobStatus, TrainingJob
-from controlplane.orchestration.models import Rendezvous
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local import LocalProvider, pid_alive
+from controlplane.orchestration.providers.local import LocalProvider
 from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
 from tests.controlplane.factories import make_team
-from tests.orchestration.test_end_to_end import Beat
+from tests.orchestration.test_end_to_end import Beat, stop_everything
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
 JOB_FILE = """
@@ -100,15 +99,7 @@ def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
         assert html.count(empty) < 4  # the plan table has predicted and measured figures filled in
     finally:
         beat.stop.set()
-        provider.terminate(provider.all_node_ids())
-        if job is not None:
-            from controlplane.orchestration.rendezvous import rendezvous_release
-
-            retrying(rendezvous_release, job=job)
-            row = retrying(Rendezvous.objects.filter(job=job).first)
-            assert row is None or not row.pid or not pid_alive(row.pid)
-        set_provider("local", None)
-        assert provider.live_pids() == [], "node processes were left behind"
+        stop_everything(provider, job)
 
 
 @pytest.mark.integration
