@@ -25,6 +25,7 @@ from bench.report import Progress, print_table
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.layout import Layout, pipelines_layout
 from runtime.schedule import _list_schedule, schedule_length, stage_durations
+from runtime.sim.plots import write_figure
 from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, full_slots
 
@@ -333,14 +334,4 @@ def _plot(cases: list[dict], dead_list: tuple[int, ...]) -> dict[str, str]:
     fig.update_layout(title="recovery plan time vs nodes (log-log)", width=1000, height=650)
     fig.update_xaxes(type="log", title_text="nodes")
     fig.update_yaxes(type="log", title_text="plan time, ms (median)")
-    out: dict[str, str] = {}
-    html = OUT_DIR / "plan_time.html"
-    fig.write_html(html, include_plotlyjs=True)
-    out["html"] = str(html)
-    png = OUT_DIR / "plan_time.png"
-    try:
-        fig.write_image(png)
-        out["png"] = str(png)
-    except Exception as exc:  # kaleido or Chromium missing: HTML is the artefact then
-        out["png_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return out
+    return write_figure(fig, OUT_DIR, "plan_time")

@@ -5,9 +5,11 @@ or an unreadable file."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,29 +43,36 @@ def describe_plan(plan: dict[str, Any]) -> str:
     return line
 
 
-def submit(path: Path, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    try:
-        body = load_job_file(path)
-        job = _client().submit(body)
-    except JobFileError as exc:
-        print(f"error: {exc}", file=err)
-        return 2
-    except ClientError as exc:
-        _print_error(exc, err)
-        return 1
+def _guarded(command: Callable[..., int]) -> Callable[..., int]:
+    """The command with the control plane's refusals and unreadable files turned into exit statuses:
+    1 with the API's message field by field, 2 with what is wrong with the file."""
+
+    @functools.wraps(command)
+    def run(*args: Any, err: TextIO = sys.stderr, **kwargs: Any) -> int:
+        try:
+            return command(*args, **kwargs)
+        except JobFileError as exc:
+            print(f"error: {exc}", file=err)
+            return 2
+        except ClientError as exc:
+            _print_error(exc, err)
+            return 1
+
+    return run
+
+
+@_guarded
+def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
+    job = _client().submit(load_job_file(path))
     print(f"job {job['id']} submitted: {job['name']} ({job['status']})", file=out)
     print(f"  {describe_plan(job['plan'])}", file=out)
     return 0
 
 
-def jobs(*, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    try:
-        rows = _client().jobs()
-    except ClientError as exc:
-        _print_error(exc, err)
-        return 1
+@_guarded
+def jobs(*, out: TextIO = sys.stdout) -> int:
     print(f"{'id':>6}  {'status':<12} {'steps':>13}  {'loss':>8}  {'layout':<10} name", file=out)
-    for job in rows:
+    for job in _client().jobs():
         plan = job.get("plan") or {}
         loss = f"{job['last_loss']:.4f}" if job.get("last_loss") is not None else "-"
         layout = f"{plan.get('dp', '?')}x{plan.get('pp', '?')}"
@@ -72,12 +81,9 @@ def jobs(*, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     return 0
 
 
-def status(job_id: int, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    try:
-        job = _client().job(job_id)
-    except ClientError as exc:
-        _print_error(exc, err)
-        return 1
+@_guarded
+def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
+    job = _client().job(job_id)
     loss = f", loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
     print(f"job {job['id']} {job['name']}: {job['status']} {job['status_message']}".rstrip(), file=out)
     print(f"  steps {job['steps_done']}/{job['target_steps']}{loss}, generation {job['current_generation']}, "
@@ -86,47 +92,40 @@ def status(job_id: int, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -
     return 0
 
 
-def logs(job_id: int, *, follow: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+@_guarded
+def logs(job_id: int, *, follow: bool, out: TextIO = sys.stdout) -> int:
     """Print the job's timeline; with `follow`, keep printing (and the progress) until the job ends."""
     client = _client()
     seen: set[int] = set()
     since: str | None = None
+
+    def print_new() -> None:
+        nonlocal since
+        for event in client.events(job_id, since=since):
+            if event["id"] not in seen:
+                seen.add(event["id"])
+                print(f"{event['at']}  {event['kind']:<24} {event['message']}", file=out, flush=True)
+                since = event["at"]
+
     progress = None
-    try:
-        while True:
-            for event in client.events(job_id, since=since):
-                if event["id"] not in seen:
-                    seen.add(event["id"])
-                    print(f"{event['at']}  {event['kind']:<24} {event['message']}", file=out, flush=True)
-                    since = event["at"]
-            if not follow:
-                return 0
-            job = client.job(job_id)
-            now = (job["steps_done"], job["status"])
-            if now != progress:
-                progress = now
-                loss = f" loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
-                print(f"-- step {job['steps_done']}/{job['target_steps']}{loss} ({job['status']})", file=out,
-                      flush=True)
-            if job["status"] in ENDED:
-                # One more read: events written with the final status are printed too.
-                for event in client.events(job_id, since=since):
-                    if event["id"] not in seen:
-                        seen.add(event["id"])
-                        print(f"{event['at']}  {event['kind']:<24} {event['message']}", file=out, flush=True)
-                return 0 if job["status"] == "finished" else 1
-            time.sleep(FOLLOW_POLL_S)
-    except ClientError as exc:
-        _print_error(exc, err)
-        return 1
+    while True:
+        print_new()
+        if not follow:
+            return 0
+        job = client.job(job_id)
+        if (job["steps_done"], job["status"]) != progress:
+            progress = (job["steps_done"], job["status"])
+            loss = f" loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
+            print(f"-- step {job['steps_done']}/{job['target_steps']}{loss} ({job['status']})", file=out, flush=True)
+        if job["status"] in ENDED:
+            print_new()  # events written with the final status
+            return 0 if job["status"] == "finished" else 1
+        time.sleep(FOLLOW_POLL_S)
 
 
-def cancel(job_id: int, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    try:
-        job = _client().cancel(job_id)
-    except ClientError as exc:
-        _print_error(exc, err)
-        return 1
+@_guarded
+def cancel(job_id: int, *, out: TextIO = sys.stdout) -> int:
+    job = _client().cancel(job_id)
     print(f"job {job['id']} {job['status']}", file=out)
     return 0
 

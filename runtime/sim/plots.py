@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from runtime.sim.engine import SimResult
 
@@ -45,11 +46,17 @@ def write_plots(results: list[SimResult], out_dir: Path, *, title: str, bins: in
         )
     fig.update_layout(title=title, height=700, width=1000)
     fig.update_xaxes(title_text="hours", row=2, col=1)
+    return write_figure(fig, out_dir, "simulation")
+
+
+def write_figure(fig: Any, out_dir: Path, stem: str) -> dict[str, str]:
+    """`stem`.html (always) and `stem`.png (when kaleido can draw it) under `out_dir`; the paths,
+    or why the PNG is missing."""
     out: dict[str, str] = {}
-    html = out_dir / "simulation.html"
+    html = out_dir / f"{stem}.html"
     fig.write_html(html, include_plotlyjs=True)
     out["html"] = str(html)
-    png = out_dir / "simulation.png"
+    png = out_dir / f"{stem}.png"
     try:
         fig.write_image(png)
         out["png"] = str(png)

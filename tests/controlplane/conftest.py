@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from controlplane.webhooks import sns
@@ -18,3 +20,9 @@ def webhook_isolation(settings):
     yield
     credentials_cache_clear()
     sns.cert_cache_clear()
+
+
+@pytest.fixture
+def warning(shared_data):
+    """AWS EventBridge's spot interruption warning, as recorded in ../shared/data."""
+    return json.loads((shared_data / "cloud-events" / "aws-eventbridge-spot-interruption-warning.json").read_text())

@@ -27,11 +27,6 @@ def _isolated(webhook_isolation):
 
 
 @pytest.fixture
-def warning(shared_data):
-    return json.loads((shared_data / "cloud-events" / "aws-eventbridge-spot-interruption-warning.json").read_text())
-
-
-@pytest.fixture
 def creds():
     team = make_team("ml-team")
     _, key = make_webhook_credential(team, "aws_eventbridge", "api_key", header_name="x-api-key")

@@ -80,3 +80,16 @@ def test_train_runs_a_job_file_on_local_processes(tmp_path: Path) -> None:
     assert code == 0, err.getvalue()
     assert "done: 40 steps" in out.getvalue()
     assert len(list((tmp_path / "tiny").glob("node-*.pt"))) == 4  # dp=2 x pp=2: every node saved its layers
+
+
+def test_every_client_command_says_when_no_control_plane_is_configured(monkeypatch, tmp_path: Path) -> None:
+    for name in ("SPOTPIPE_URL", "SPOTPIPE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SPOTPIPE_CONFIG", str(tmp_path / "none.toml"))
+    job_file = _file(tmp_path, "target_steps = 5\n")
+    for call in (lambda err: commands.submit(job_file, err=err), lambda err: commands.jobs(err=err),
+                 lambda err: commands.status(1, err=err), lambda err: commands.logs(1, follow=True, err=err),
+                 lambda err: commands.cancel(1, err=err)):
+        err = io.StringIO()
+        assert call(err) == 1
+        assert "no control plane configured" in err.getvalue()
