@@ -175,6 +175,12 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.common.exceptions.api_exception_handler",
+    # A 400, never a 500, for JSON nested too deeply or holding a NUL (common/json_input.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.common.json_input.StorableJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
     + ([] if PRODUCTION else ["rest_framework.renderers.BrowsableAPIRenderer"]),
 }

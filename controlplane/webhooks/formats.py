@@ -12,6 +12,7 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
+from controlplane.common.json_input import nul_path
 from controlplane.fleet.models import NoticeKind, NoticeSource
 from controlplane.fleet.notices import NoticeDraft
 
@@ -63,20 +64,10 @@ def parse_json(body: bytes, *, field: str = "body") -> Any:
 
 
 def _refuse_nul(value: Any, field: str) -> None:
-    """Raise BadNotice naming the first key or string holding a NUL (iterative: no recursion)."""
-    stack: list[tuple[Any, str]] = [(value, field)]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                raise BadNotice(f"{path} contains a NUL character", field=path)
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if "\x00" in key:
-                    raise BadNotice(f"a key of {path} contains a NUL character", field=path)
-                stack.append((child, key if path == "body" else f"{path}.{key}"))
-        elif isinstance(item, list):
-            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    """Raise BadNotice naming the first key or string holding a NUL."""
+    where = nul_path(value, field)
+    if where is not None:
+        raise BadNotice(f"{where} contains a NUL character", field=where.removeprefix("a key of "))
 
 
 def _obj(value: Any, field: str) -> dict:
