@@ -24,6 +24,7 @@ from bench._spill_baseline import baseline_layout_for
 from bench.report import Progress, print_table
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.layout import Layout, pipelines_layout
+from runtime.membership import plan_for_fleet
 from runtime.schedule import _list_schedule, schedule_length, stage_durations
 from runtime.sim.plots import write_figure
 from runtime.strategies import get_strategy
@@ -123,6 +124,12 @@ def run(*, quick: bool, progress: Progress) -> dict:
                     cases.append(row)
                     continue
                 step = step_length(layout)
+                if strategy != "recycle-baseline":
+                    # The whole membership decision the survivors and the control plane's reaction
+                    # run (runtime.membership.plan_for_fleet: the layout, then every layer's holder).
+                    _, fleet_ms, _, _ = time_plan(
+                        lambda c=config, g=gone: plan_for_fleet(c, full_slots(c), gone=set(g), noticed=set()), reps)
+                    row["membership_plan_ms_median"] = round(fleet_ms, 3)
                 row.update(
                     {
                         "plan_ms_first_call": round(first, 3),
@@ -153,6 +160,13 @@ def run(*, quick: bool, progress: Progress) -> dict:
     }
     figures["targets"] = _targets(cases)
     _print(figures)
+    biggest = max(c["nodes"] for c in cases)
+    print_table(
+        f"membership plan (the runtime's make_plan, which the control plane's reaction runs) at {biggest} nodes",
+        ["strategy", "dead", "ms (median)"],
+        [[c["strategy"], c["dead"], c["membership_plan_ms_median"]] for c in cases
+         if c["nodes"] == biggest and "membership_plan_ms_median" in c],
+    )
     figures["plots"] = _plot(cases, dead_list)
     for kind, path in figures["plots"].items():
         print(f"{kind}: {path}")

@@ -67,19 +67,21 @@ class Layout:
             layers.update(range(lo, hi))
         return layers
 
-    def owner_runs(self) -> list[tuple[int, int, tuple[int, ...]]]:
-        """Maximal layer runs `(lo, hi, owners)` held by the same node set: one gradient all-reduce each."""
-        # Every node's layers in one pass over the routes (`layers_of` per node and layer would
-        # rescan all routes each time: minutes at a thousand nodes).
+    def layers_by_node(self) -> dict[int, set[int]]:
+        """`layers_of` of every node, in one pass over the routes (`layers_of` for each node would
+        rescan all routes each time: seconds at a thousand nodes)."""
         stages_of: dict[int, set[int]] = {}
         for route in self.routes:
             for stage, node in route:
                 stages_of.setdefault(node, set()).add(stage)
         for stage, node in self.replicas:
             stages_of.setdefault(node, set()).add(stage)
-        layers: dict[int, set[int]] = {}
-        for node, stages in stages_of.items():
-            layers[node] = {layer for stage in stages for layer in range(*self.stages[stage])}
+        return {node: {layer for stage in stages for layer in range(*self.stages[stage])}
+                for node, stages in stages_of.items()}
+
+    def owner_runs(self) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Maximal layer runs `(lo, hi, owners)` held by the same node set: one gradient all-reduce each."""
+        layers = self.layers_by_node()
         nodes = self.nodes()
         owners_by_layer = [tuple(n for n in nodes if layer in layers.get(n, ())) for layer in range(self.num_layers)]
         runs: list[tuple[int, int, tuple[int, ...]]] = []

@@ -150,8 +150,9 @@ def make_plan(
                 if int(version) in (start, start + 1):
                     holders.setdefault(int(layer), []).append(n)
         lay = Layout.from_dict(layout.to_dict())
+        layers_of = lay.layers_by_node()
         for node in lay.nodes():
-            for layer in sorted(lay.layers_of(node)):
+            for layer in sorted(layers_of.get(node, ())):
                 sources = holders.get(layer, [])
                 if node in sources:
                     continue
@@ -189,9 +190,10 @@ def plan_for_fleet(
     strategy = get_strategy(config.strategy)
     current = strategy.layout_for(config, slots)
     members = alive_nodes(slots)
+    held = current.layers_by_node()
     step = 1  # any step > 0: the holders of every layer are checked, as after a real step
     alive = {
-        n: {"committed": step, "versions": dict.fromkeys(map(str, current.layers_of(n)), step), "leaving": n in noticed}
+        n: {"committed": step, "versions": dict.fromkeys(map(str, held.get(n, ())), step), "leaving": n in noticed}
         for n in members
         if n not in gone
     }
