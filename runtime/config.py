@@ -122,6 +122,59 @@ class ModelSpec:
         _raise(self.problems())
 
 
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "gpt-nano": {"kind": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128, "seq_len": 128, "vocab_size": 256},
+}
+"""Named models (`--model gpt-nano`): ModelSpec fields. gpt-nano is the demo's byte-level GPT."""
+
+
+def model_preset(name: str) -> ModelSpec:
+    """The ModelSpec of a preset name; raises `LayoutError` naming the presets there are."""
+    if name not in MODEL_PRESETS:
+        raise LayoutError(f"model {name!r} is unknown; expected one of {sorted(MODEL_PRESETS)}", field="model")
+    return ModelSpec(**MODEL_PRESETS[name])
+
+
+BYTE_VOCAB_SIZE = 256
+"""Token ids of the built-in byte-level tokenizer: one per byte value."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DataSpec:
+    """Where the job's samples come from. Empty `source`: synthetic random samples (tests, benchmarks)."""
+
+    source: str = ""
+    """`FORMAT:LOCATION[?options]` (see `runtime.data.uri`), or empty for synthetic data."""
+    tokenizer: str = "byte"
+    """text/jsonl/hf sources: `byte` (built in, vocabulary 256) or the path of a Hugging Face tokenizer.json."""
+    val_fraction: float = 0.05
+    """Share of the tokens (or items) held out for validation, from the end, when the source has no
+    validation split of its own (nanoGPT's val.bin)."""
+    val_batches: int = 4
+    """Held-out batches of `global_batch` samples each that a validation pass computes the loss on."""
+
+    def problems(self) -> list[LayoutError]:
+        """Every reason this data spec is malformed (what only a node can check is checked there)."""
+        from runtime.data.uri import check_tokenizer, parse_source
+
+        found = []
+        for name, check in (("source", parse_source), ("tokenizer", check_tokenizer)):
+            value = getattr(self, name)
+            if name == "source" and not value:
+                continue
+            try:
+                check(value)
+            except LayoutError as exc:
+                found.append(exc)
+        if not 0 < self.val_fraction < 1:
+            found.append(LayoutError(f"data.val_fraction={self.val_fraction} must be between 0 and 1 (exclusive)",
+                                     field="data.val_fraction"))
+        if self.val_batches < 1:
+            found.append(LayoutError(f"data.val_batches={self.val_batches} must be at least 1",
+                                     field="data.val_batches"))
+        return found
+
+
 @dataclass(kw_only=True, slots=True)
 class DeviceTime:
     """Emulated device time: every compute action is padded (with sleep) to this profiled duration.
@@ -157,7 +210,11 @@ class JobConfig:
     schedule: str = "1f1b"
     """Pipeline schedule: `1f1b` (fused backward) or `fiw` (backward split into input and weight)."""
     seed: int = 0
-    """Seeds the initial parameters and the synthetic data order."""
+    """Seeds the initial parameters and the data order."""
+    data: DataSpec = field(default_factory=DataSpec)
+    """What the job trains on (default: synthetic random samples)."""
+    val_every: int = 0
+    """Compute the validation loss every this many steps (and after the last); 0: never."""
     steps: int = 4
     """Optimizer steps to run."""
     lr: float = 1e-2
@@ -239,7 +296,7 @@ class JobConfig:
 
     def problems(self) -> list[LayoutError]:
         """Every reason this config cannot run, each naming its field (empty when it can)."""
-        found = self.model.problems()
+        found = self.model.problems() + self.data.problems()
 
         def bad(message: str, field: str) -> None:
             found.append(LayoutError(message, field=field))
@@ -266,6 +323,14 @@ class JobConfig:
             bad(f"min_stages={self.min_stages} must be between 1 and pp={self.pp}", "min_stages")
         if self.steps < 0:
             bad(f"steps={self.steps} must be >= 0", "steps")
+        if self.val_every < 0:
+            bad(f"val_every={self.val_every} must be >= 0 (0: no validation)", "val_every")
+        if self.val_every and not self.data.source:
+            bad("val_every needs held-out data: set data.source (synthetic data has no validation split)", "val_every")
+        if self.data.source and self.model.kind == "gpt" and self.data.tokenizer == "byte" \
+                and not self.data.source.startswith(("tokens:", "py:")) and self.model.vocab_size < BYTE_VOCAB_SIZE:
+            bad(f"model.vocab_size={self.model.vocab_size} is below the byte tokenizer's {BYTE_VOCAB_SIZE} ids; "
+                f"expected at least {BYTE_VOCAB_SIZE}", "model.vocab_size")
         if not self.op_timeout_s > 0:  # `not >` also rejects NaN
             bad(f"op_timeout_s={self.op_timeout_s} must be a positive number of seconds", "op_timeout_s")
         if not (self.transfer_timeout_s == 0 or self.op_timeout_s <= self.transfer_timeout_s < math.inf):
@@ -358,7 +423,7 @@ def _build(cls: type, data: Any, *, prefix: str) -> Any:
     return cls(**values)
 
 
-_NESTED.update({"ModelSpec": ModelSpec, "DeviceTime": DeviceTime})
+_NESTED.update({"ModelSpec": ModelSpec, "DeviceTime": DeviceTime, "DataSpec": DataSpec})
 
 
 def build_job_config(contract: dict[str, Any], **layout: Any) -> JobConfig:

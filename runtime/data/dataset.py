@@ -1,0 +1,129 @@
+"""One interface over every data format: a `Dataset` with a train and a validation split, and
+`Batches`, what a worker asks for micro-batch `j` of step `t` (see `sampler` for the rule).
+
+Each format is one module (`runtime/data/<format>.py`) with `open_source(uri, spec, model, cache)`
+returning a `Dataset`; `open_dataset` picks it by the source's format.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from runtime.config import DataSpec, JobConfig, ModelSpec
+from runtime.data.sampler import EpochPermutations, train_positions, val_positions
+from runtime.data.uri import SourceURI, parse_source
+
+
+class DataError(ValueError):
+    """Data a node cannot use (a missing file, a token file of the wrong size, a token id beyond the
+    model's vocabulary...). The message names the value and what was expected; a worker that meets
+    one fails the job once with it (no retry can fix the data)."""
+
+
+class Split(Protocol):
+    """A map-style collection of samples."""
+
+    def __len__(self) -> int: ...
+
+    def take(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples `ids`, stacked: (inputs, targets)."""
+        ...
+
+
+class TokenWindows:
+    """A flat array of token ids cut into non-overlapping windows of `seq_len` + 1 tokens (inputs and
+    the targets shifted by one). The array may be a `numpy.memmap`: only the windows taken are read."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int) -> None:
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.count = max(0, (len(tokens) - 1) // seq_len)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def take(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        length = self.seq_len
+        rows = np.stack([np.asarray(self.tokens[i * length : i * length + length + 1]) for i in ids])
+        rows = torch.from_numpy(rows.astype(np.int64))
+        return rows[:, :-1], rows[:, 1:]  # (B, T), (B, T)
+
+
+class MapSplit:
+    """A user's map-style dataset (`__len__`, `__getitem__(i) -> (input, target)`), or a range of it."""
+
+    def __init__(self, items: Any, start: int = 0, stop: int | None = None) -> None:
+        self.items = items
+        self.start = start
+        self.stop = len(items) if stop is None else stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def take(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [self.items[self.start + int(i)] for i in ids]
+        return torch.stack([torch.as_tensor(x) for x, _ in pairs]), torch.stack([torch.as_tensor(y) for _, y in pairs])
+
+
+@dataclass(kw_only=True, slots=True)
+class Dataset:
+    """A source opened on this node."""
+
+    train: Split
+    val: Split
+    description: dict[str, Any] = field(default_factory=dict)
+    """What a run records about its data (`spotpipe.json`): the source, its content hash, the
+    tokenizer, and the size of each split."""
+
+
+def cache_root(explicit: Path | None = None) -> Path:
+    """The node's data cache: `explicit`, else $SPOTPIPE_DATA_CACHE, else ~/.cache/spotpipe/data."""
+    import os
+
+    if explicit is not None:
+        return explicit
+    return Path(os.environ.get("SPOTPIPE_DATA_CACHE") or Path.home() / ".cache" / "spotpipe" / "data")
+
+
+def open_dataset(spec: DataSpec, model: ModelSpec, *, cache_dir: Path | None = None) -> Dataset:
+    """Open `spec.source` on this node; raises `DataError` naming what is wrong."""
+    uri: SourceURI = parse_source(spec.source)
+    module = importlib.import_module(f"runtime.data.formats.{uri.format}")
+    dataset = module.open_source(uri, spec, model, cache_root(cache_dir))
+    for name, split in (("training", dataset.train), ("validation", dataset.val)):
+        if len(split) < 1:
+            raise DataError(f"{spec.source}: the {name} split has no complete sample "
+                            f"(seq_len={model.seq_len} needs at least {model.seq_len + 1} tokens)")
+    return dataset
+
+
+class Batches:
+    """The micro-batches of a job, synthetic or from its data: the same tensors on every node."""
+
+    def __init__(self, config: JobConfig, *, cache_dir: Path | None = None) -> None:
+        self.config = config
+        self.dataset = open_dataset(config.data, config.model, cache_dir=cache_dir) if config.data.source else None
+        self._order = EpochPermutations(len(self.dataset.train), config.seed) if self.dataset else None
+
+    def train(self, *, step: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of micro-batch `index` (of `size` samples) of `step`."""
+        if self.dataset is None:
+            from runtime.model import microbatch_data
+
+            return microbatch_data(self.config.model, seed=self.config.seed, step=step, index=index, size=size)
+        first, count = train_positions(step=step, index=index, size=size, global_batch=self.config.global_batch)
+        return self.dataset.train.take(self._order.items(first, count))
+
+    def val(self, *, batch: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of micro-batch `index` of validation batch `batch` (held-out data)."""
+        if self.dataset is None:
+            raise DataError("synthetic data has no validation split; set data.source")
+        ids = val_positions(batch=batch, index=index, size=size, global_batch=self.config.global_batch,
+                            length=len(self.dataset.val))
+        return self.dataset.val.take(ids)

@@ -1,0 +1,1 @@
+"""One module per data format, each with `open_source(uri, spec, model, cache_dir) -> Dataset`."""
