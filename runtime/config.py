@@ -294,6 +294,11 @@ class JobConfig:
             return self.transfer_timeout_s
         return self.op_timeout_s + nbytes / (self.transfer_floor_mb_s * 1e6)
 
+    def validation_due(self, done: int) -> bool:
+        """Whether the parameters after `done` steps get a validation pass: every `val_every` steps
+        and after the last one."""
+        return self.val_every > 0 and done > 0 and (done % self.val_every == 0 or done == self.steps)
+
     def problems(self) -> list[LayoutError]:
         """Every reason this config cannot run, each naming its field (empty when it can)."""
         found = self.model.problems() + self.data.problems()

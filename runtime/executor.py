@@ -20,9 +20,10 @@ from torch import nn
 from runtime import _pipelining
 from runtime.comm import Comm, PeerAborted
 from runtime.config import JobConfig
+from runtime.data.dataset import Batches
 from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
-from runtime.model import activation_shape, loss_fn, microbatch_data
+from runtime.model import activation_shape, loss_fn
 from runtime.optim import LayerState
 from runtime.schedule import (
     ALL_REDUCE,
@@ -56,9 +57,17 @@ class Executor:
     """Executes action lists of one layout on one node; holds nothing across generations."""
 
     def __init__(
-        self, config: JobConfig, layout: Layout, node: int, held: dict[int, LayerState], comm: Comm | None
+        self,
+        config: JobConfig,
+        layout: Layout,
+        node: int,
+        held: dict[int, LayerState],
+        comm: Comm | None,
+        batches: Batches | None = None,
     ) -> None:
         self.config = config
+        self.batches = batches or Batches(config)
+        self._val_batch: int | None = None
         self.layout = layout
         self.node = node
         self.held = held
@@ -107,9 +116,20 @@ class Executor:
             time.sleep(left)
 
     def _data(self, step: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return microbatch_data(
-            self.config.model, seed=self.config.seed, step=step, index=mb, size=self.layout.microbatch_size
-        )
+        size = self.layout.microbatch_size
+        if self._val_batch is not None:
+            return self.batches.val(batch=self._val_batch, index=mb, size=size)
+        return self.batches.train(step=step, index=mb, size=size)
+
+    def run_validation(self, batch: int, actions: list[Action]) -> StepResult:
+        """Run `actions` (a `forward_schedule` list) on validation batch `batch`: forward only, no
+        gradients; the losses are in the result as for a training step."""
+        self._val_batch = batch
+        try:
+            with torch.no_grad():
+                return self.run_step(-1, actions)
+        finally:
+            self._val_batch = None
 
     # -- the step -----------------------------------------------------------------------------
     def run_step(self, step: int, actions: list[Action]) -> StepResult:
@@ -125,7 +145,7 @@ class Executor:
             self.plan,
             self.node,
             {i: list(state.params) for i, state in self.held.items()},
-            in_order=self._runs_in_order(actions),
+            in_order=self._val_batch is not None or self._runs_in_order(actions),  # validation: no gradients
         )
         reduces: dict[tuple[tuple[int, int], tuple[int, ...]], tuple[torch.Tensor, object]] = {}
         comm = self.comm

@@ -30,6 +30,7 @@ from runtime.metrics_log import read_records
 from runtime.strategies import initial_layout
 
 FAULT_KINDS = ("kill", "stop", "notice", "delay")
+FAULT_PHASES = ("step", "transfer", "validation")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,7 +52,8 @@ class Fault:
     """`step`: inside a training step. `transfer`: inside a state hand-over at a generation change
     (the first one starting at `step` or later, any if `step` is None), before the node's transfer
     message `at` (-1: the middle one; their number: after the last); a node not in the hand-over
-    fires once the nodes in it have met (see `Worker._transfer_fault_hook`)."""
+    fires once the nodes in it have met (see `Worker._transfer_fault_hook`). `validation`: inside
+    the validation pass on the parameters after `step` steps, before its action `at`."""
     delay_s: float = 0.0
     """`delay`: how long the worker sleeps."""
 
@@ -159,8 +161,8 @@ def run_local(
     """
     initial_layout(config)  # raises before any process starts
     for fault in faults:
-        if fault.phase not in ("step", "transfer"):
-            raise ValueError(f"fault phase {fault.phase!r} is unknown; expected 'step' or 'transfer'")
+        if fault.phase not in FAULT_PHASES:
+            raise ValueError(f"fault phase {fault.phase!r} is unknown; expected one of {FAULT_PHASES}")
         # A worker ignores a kind it does not know, so a typo would silently inject nothing.
         if fault.kind not in FAULT_KINDS:
             raise ValueError(f"fault kind {fault.kind!r} is unknown; expected one of {FAULT_KINDS}")

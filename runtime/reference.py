@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from runtime.config import JobConfig
+from runtime.data.dataset import Batches
 from runtime.grad_order import home_pipelines
-from runtime.model import build_layer, loss_fn, microbatch_data
+from runtime.model import build_layer, loss_fn
 from runtime.optim import LayerState
 
 
@@ -22,7 +25,25 @@ def named_parameters(states: dict[int, LayerState]) -> dict[str, torch.Tensor]:
 def train_reference(
     config: JobConfig, steps: int | None = None
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """Train the whole model in one process; returns final parameters and the loss per step.
+    """Train the whole model in one process; returns final parameters and the loss per step."""
+    run = reference_run(config, steps)
+    return run.params, run.losses
+
+
+@dataclass(slots=True)
+class ReferenceRun:
+    """What the single-process reference computed."""
+
+    params: dict[str, torch.Tensor]
+    """Final parameters by name (`layer{i}.{param}`)."""
+    losses: list[float]
+    """Training loss per step."""
+    val_losses: dict[int, float] = field(default_factory=dict)
+    """Validation loss by step index (the last step done), when `val_every` asks for it."""
+
+
+def reference_run(config: JobConfig, steps: int | None = None) -> ReferenceRun:
+    """Train the whole model in one process, validating where the distributed run does.
 
     Single-threaded like every worker (`Worker.run`): some CPU kernels (the embedding's backward)
     add in a different order with more threads."""
@@ -34,20 +55,36 @@ def train_reference(
         torch.set_num_threads(threads)
 
 
-def _train(config: JobConfig, steps: int | None) -> tuple[dict[str, torch.Tensor], list[float]]:
+def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: Batches) -> float:
+    """Mean loss over the held-out micro-batches a validation pass reads (no gradients)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in range(config.data.val_batches):
+            for mb in range(config.num_microbatches):
+                x, y = batches.val(batch=batch, index=mb, size=config.microbatch_size)
+                for layer in layers:
+                    x = layer(x)
+                total += loss_fn(x, y).item()
+                count += 1
+    return total / count
+
+
+def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
     config.validate()
     spec = config.model
     states = {i: LayerState(i, build_layer(spec, i, config.seed)) for i in range(spec.num_layers)}
     params = [p for i in range(spec.num_layers) for p in states[i].params]
     home = home_pipelines(config)
-    losses = []
-    for step in range(config.steps if steps is None else steps):
+    batches = Batches(config)
+    run = ReferenceRun(params={}, losses=[])
+    last = config.steps if steps is None else steps
+    for step in range(last):
         total = 0.0
         # Sum the gradients in `grad_order`'s fixed order: per home pipeline, micro-batches in
         # order; then the pipelines in order. The distributed runs reproduce it bit for bit.
         sums: dict[int, list[torch.Tensor]] = {}
         for mb in range(config.num_microbatches):
-            x, y = microbatch_data(spec, seed=config.seed, step=step, index=mb, size=config.microbatch_size)
+            x, y = batches.train(step=step, index=mb, size=config.microbatch_size)
             for i in range(spec.num_layers):
                 x = states[i].module(x)
             loss = loss_fn(x, y)
@@ -59,13 +96,17 @@ def _train(config: JobConfig, steps: int | None) -> tuple[dict[str, torch.Tensor
         first, *rest = sorted(sums)
         grads = [s.clone() for s in sums[first]]
         for g in rest:
-            for total, part in zip(grads, sums[g], strict=True):
-                total.add_(part)
+            for summed, part in zip(grads, sums[g], strict=True):
+                summed.add_(part)
         at = 0
         for i in range(spec.num_layers):
             state = states[i]
             own, at = grads[at : at + len(state.params)], at + len(state.params)
             state.step(own, lr=config.lr, weight_decay=config.weight_decay, snapshot=False)
             state.zero_grad()
-        losses.append(total / config.num_microbatches)
-    return named_parameters(states), losses
+        run.losses.append(total / config.num_microbatches)
+        done = step + 1
+        if config.validation_due(done):
+            run.val_losses[step] = validation_loss(config, [states[i].module for i in range(spec.num_layers)], batches)
+    run.params = named_parameters(states)
+    return run

@@ -386,6 +386,25 @@ def build_schedule(layout: Layout, kind: str = "1f1b", durations: Durations | No
     return out
 
 
+def forward_schedule(layout: Layout) -> dict[int, list[Action]]:
+    """Per-node action lists of a forward-only pass over `layout`'s routes (validation: no backward,
+    no all-reduce, no optimizer). Every node runs its hops in (micro-batch, hop) order, one order
+    shared by all nodes, so blocking receives and non-blocking sends cannot deadlock."""
+    layout.validate()
+    out: dict[int, list[Action]] = {node: [] for node in layout.nodes()}
+    for mb, route in enumerate(layout.routes):
+        pipe = layout.pipeline_of[mb]
+        for hop, (stage, node) in enumerate(route):
+            prev_node = route[hop - 1][1] if hop else -1
+            next_node = route[hop + 1][1] if hop + 1 < len(route) else -1
+            if hop and prev_node != node:
+                out[node].append(Action(RECV_ACT, stage, mb, prev_node, pipe))
+            out[node].append(Action(FORWARD, stage, mb, -1, pipe))
+            if next_node >= 0 and next_node != node:
+                out[node].append(Action(SEND_ACT, stage, mb, next_node, pipe))
+    return out
+
+
 def action_duration(layout: Layout, durations: Durations | None = None) -> Callable[[Action], float]:
     """Duration of each action from per-stage (F, I, W) durations; communication counts as 0."""
     durations = durations or stage_durations(layout)

@@ -34,13 +34,14 @@ from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
 from runtime.comm import Comm, bury, reap
 from runtime.config import JobConfig
 from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
+from runtime.data.dataset import Batches, DataError
 from runtime.executor import Executor
 from runtime.layout import Layout
 from runtime.membership import Plan, initial_plan, make_plan
 from runtime.model import build_layer
 from runtime.optim import LayerState
 from runtime.reference import named_parameters
-from runtime.schedule import build_schedule, stage_durations
+from runtime.schedule import build_schedule, forward_schedule, stage_durations
 from runtime.strategies import get_strategy
 from runtime.strategies.checkpoint import checkpoint_interval_steps
 
@@ -124,9 +125,9 @@ class Worker:
             self.on_step(record)
 
     # -- fault injection (tests and benchmarks) -----------------------------------------------
-    def _fault_hook(self, step: int, index: int, total: int) -> None:
+    def _fault_hook(self, step: int, index: int, total: int, phase: str = "step") -> None:
         for i, fault in enumerate(self.spec.faults):
-            if i in self.fired or fault.get("phase", "step") != "step" or fault["step"] != step:
+            if i in self.fired or fault.get("phase", "step") != phase or fault["step"] != step:
                 continue
             at = fault.get("at", -1)
             if (at if at >= 0 else total // 2) != index:
@@ -177,6 +178,7 @@ class Worker:
         self.store = store
         heartbeat = Heartbeat(spec.rendezvous, spec.job_id, self.node, cfg.heartbeat_timeout_s / 5)
         try:
+            self.batches = self._open_data()
             if spec.joining:
                 ready = time.time()
                 self.coord.request_join(self.node)
@@ -245,6 +247,36 @@ class Worker:
             heartbeat.stop()
             self._emit({"event": "heartbeat_stats", "max_gap_s": heartbeat.max_gap_s})
             self._close_comm()
+
+    def _open_data(self) -> Batches:
+        """The job's data on this node (tokenized into the node's cache by the first rank to get
+        here). Data this node cannot use fails the job: no retry or replacement can fix it."""
+        try:
+            return Batches(self.config)
+        except DataError as exc:
+            reason = f"data: {exc}"
+            self.coord.mark_failed(reason)
+            self._emit({"event": "job_failed", "reason": reason})
+            raise JobCannotContinue(reason) from None
+
+    def _validate(self, executor: Executor, layout: Layout, members: list[int], step: int, generation: int) -> None:
+        """The held-out loss of the parameters after `step` steps, computed by the pipeline without a
+        backward pass, summed over the members like a step's loss; every member emits it. The first
+        member records it in the store, so a generation that fails after this does not redo it."""
+        started = time.perf_counter()
+        actions = forward_schedule(layout).get(self.node, [])
+        if self.spec.faults:
+            executor.hook = lambda i, n: self._fault_hook(step, i, n, phase="validation")
+        total = torch.zeros(2, dtype=torch.float64)
+        for batch in range(self.config.data.val_batches):
+            result = executor.run_validation(batch, actions)
+            total[0] += result.loss_sum
+            total[1] += result.loss_count
+        self.comm.commit(total)
+        if members.index(self.node) == 0:
+            self.coord.store.set(f"val/{step}", "1")
+        self._emit({"step": step - 1, "generation": generation, "val_loss": float(total[0] / max(total[1], 1)),
+                    "val_time_s": time.perf_counter() - started})
 
     def _close_comm(self) -> None:
         if self.comm is not None:
@@ -382,8 +414,11 @@ class Worker:
                 "schedule_s": time.perf_counter() - built,
             }
         )
-        executor = Executor(cfg, layout, self.node, self.held, self.comm)
+        executor = Executor(cfg, layout, self.node, self.held, self.comm, self.batches)
         index = members.index(self.node)
+        start = plan["start_step"]
+        if self.config.validation_due(start) and not self.coord.store.check([f"val/{start}"]):
+            self._validate(executor, layout, members, start, generation)  # the generation that failed did not
         deferred = set(plan.get("deferred", []))
         # Join requests up to `told` are dealt with. When every slot is filled and nobody waits for a
         # replacement to leave (deferred), a new joiner could only be a spare: the first member tells
@@ -436,6 +471,8 @@ class Worker:
                     "members": len(members),
                 }
             )
+            if self.config.validation_due(step):
+                self._validate(executor, layout, members, step, generation)
             if vector[2] > 0 or vector[3:].sum() > 0:
                 return "graceful", "notice" if vector[3:].sum() > 0 else "join"
         return "done", ""

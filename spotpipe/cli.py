@@ -50,11 +50,34 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="a job's timeline")
     logs.add_argument("job", type=int)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    train = sub.add_parser("train", help="train a job file here, on local processes (no control plane)")
-    train.add_argument("file", type=Path)
+    add_train_parser(sub)
+    return parser
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    """`spotpipe train [FILE] [options]`: flags win over the job file's values."""
+    train = sub.add_parser(
+        "train", help="train here, on local processes (no control plane)",
+        description="Train on this machine's processes, like torchrun: options from flags, a job file, or both "
+                    "(flags win). Writes OUT/metrics.jsonl, OUT/spotpipe.json and, with tensorboard installed, "
+                    "OUT/tb/.")
+    train.add_argument("file", type=Path, nargs="?", help="a job file (TOML), optional")
+    train.add_argument("--data", metavar="URI", help="data source FORMAT:LOCATION, e.g. text:corpus/ or tokens:data/")
+    train.add_argument("--tokenizer", metavar="byte|PATH", help="byte (default) or a Hugging Face tokenizer.json")
+    train.add_argument("--model", metavar="SPEC", help="a model preset (gpt-nano); default gpt-nano without a file")
+    for name, text in (("dp", "pipelines (data-parallel degree)"), ("pp", "stages per pipeline"),
+                       ("microbatches", "micro-batches per pipeline per step"),
+                       ("global-batch", "samples per optimizer step"), ("steps", "optimizer steps"),
+                       ("seed", "seeds the initial parameters and the data order"),
+                       ("val-every", "validation loss every this many steps (0: never)")):
+        train.add_argument(f"--{name}", type=int, help=text)
+    train.add_argument("--lr", type=float, help="AdamW learning rate")
+    train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
+    train.add_argument("--fail", action="append", default=[], metavar="KIND:RANK@STEP",
+                       help="inject a failure: kill:RANK@STEP (SIGKILL) or notice:RANK@STEP (graceful leave); "
+                            "repeatable")
     train.add_argument("--out", type=Path, default=Path("var/train"), help="output folder (default var/train)")
     train.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
-    return parser
 
 
 def run_client(args: argparse.Namespace) -> int:
@@ -70,7 +93,13 @@ def run_client(args: argparse.Namespace) -> int:
         return commands.logs(args.job, follow=args.follow)
     if args.command == "cancel":
         return commands.cancel(args.job)
-    return commands.train(args.file, out_dir=args.out / args.file.stem, timeout_s=args.timeout)
+    from spotpipe.train import TrainOptions, run_train
+
+    return run_train(TrainOptions(
+        file=args.file, data=args.data, tokenizer=args.tokenizer, model=args.model, dp=args.dp, pp=args.pp,
+        microbatches=args.microbatches, global_batch=args.global_batch, steps=args.steps, strategy=args.strategy,
+        seed=args.seed, val_every=args.val_every, lr=args.lr, fails=args.fail, out=args.out, timeout_s=args.timeout,
+    ))
 
 
 def main(argv: list[str] | None = None) -> int:

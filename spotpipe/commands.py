@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -128,72 +127,3 @@ def cancel(job_id: int, *, out: TextIO = sys.stdout) -> int:
     job = _client().cancel(job_id)
     print(f"job {job['id']} {job['status']}", file=out)
     return 0
-
-
-def train(path: Path, *, out_dir: Path, timeout_s: float, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Run a job file on local processes (dp x pp of its explicit plan), no control plane."""
-    from runtime.config import (
-        LayoutError,
-        build_job_config,
-        contract_from_model_spec,
-        each_error,
-        explicit_layout,
-        resolve_strategy,
-    )
-
-    try:
-        body = load_job_file(path)
-        plan = body.get("plan") or {}
-        if not isinstance(plan, dict) or plan.get("auto"):
-            raise JobFileError(f"{path}: plan.auto needs a control plane's pools and prices (spotpipe submit); "
-                               "to train here, give plan.dp and plan.pp")
-        contract, total = (contract_from_model_spec(body["model_spec"]) if "model_spec" in body
-                           else (dict(body.get("config") or {}), None))
-        layout = explicit_layout(dp=plan.get("dp", 1), pp=plan.get("pp", 1), microbatches=plan.get("microbatches"),
-                                 total_microbatches=total)
-        config = build_job_config(contract, **layout, strategy=resolve_strategy(body.get("strategy", "auto")),
-                                  steps=body.get("target_steps"))
-    except JobFileError as exc:
-        print(f"error: {exc}", file=err)
-        return 2
-    except LayoutError as exc:
-        for problem in each_error(exc):
-            print(f"error: {problem.field or 'config'}: {problem.message}", file=err)
-        return 2
-    from runtime.launcher import run_local
-
-    print(f"training {path.name}: {config.model.kind} with {config.model.num_layers} layers, "
-          f"dp={config.dp} x pp={config.pp}, "
-          f"{config.steps} steps, strategy {config.strategy}; output in {out_dir}", file=out, flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    done = threading.Event()
-    watcher = threading.Thread(target=_show_progress, args=(out_dir, config.steps, done, out), daemon=True)
-    watcher.start()
-    try:
-        result = run_local(config, timeout_s=timeout_s, out_dir=out_dir)
-    finally:
-        done.set()
-        watcher.join()
-    steps = result.steps()
-    if not steps or any(code not in (0, None) for code in result.exit_codes.values()):
-        print(f"error: the run did not finish (exit codes {result.exit_codes}); see {out_dir}", file=err)
-        return 1
-    losses = [r["loss"] for r in steps if r.get("loss") is not None]
-    print(f"done: {max(r['step'] for r in steps) + 1} steps in {result.wall_s:.1f} s, loss {losses[0]:.4f} -> "
-          f"{losses[-1]:.4f}; final parameters in {out_dir}/node-*.pt", file=out)
-    return 0
-
-
-def _show_progress(out_dir: Path, steps: int, done: threading.Event, out: TextIO) -> None:
-    from runtime.metrics_log import read_records
-
-    last = -1
-    while not done.wait(1.0):
-        records = [r for path in out_dir.glob("metrics-*.jsonl") for r in read_records(path)
-                   if "step" in r and "event" not in r]
-        if records:
-            newest = max(records, key=lambda r: r["step"])
-            if newest["step"] != last:
-                last = newest["step"]
-                loss = f" loss {newest['loss']:.4f}" if newest.get("loss") is not None else ""
-                print(f"-- step {last + 1}/{steps}{loss}", file=out, flush=True)

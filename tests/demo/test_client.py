@@ -12,6 +12,7 @@ import pytest
 from spotpipe import commands
 from spotpipe.client import ClientError, endpoint_from_environment
 from spotpipe.jobfile import JobFileError, load_job_file
+from spotpipe.train import TrainOptions, run_train
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -65,21 +66,22 @@ def test_endpoint_comes_from_the_environment_then_the_credentials_profile(tmp_pa
 def test_train_refuses_what_it_cannot_run_naming_the_field(tmp_path: Path) -> None:
     err = io.StringIO()
     auto = _file(tmp_path, 'target_steps = 5\n[config.model]\nkind = "mlp"\n[plan]\nauto = true\n')
-    assert commands.train(auto, out_dir=tmp_path / "out", timeout_s=10, out=io.StringIO(), err=err) == 2
+    assert run_train(TrainOptions(file=auto, out=tmp_path / "out"), out=io.StringIO(), err=err) == 2
     assert "plan.auto needs a control plane" in err.getvalue()
     err = io.StringIO()
     bad = _file(tmp_path, 'target_steps = 5\n[config]\nlr = "x"\n[config.model]\nn_layer = 0\n[plan]\npp = 9\n')
-    assert commands.train(bad, out_dir=tmp_path / "out", timeout_s=10, out=io.StringIO(), err=err) == 2
+    assert run_train(TrainOptions(file=bad, out=tmp_path / "out"), out=io.StringIO(), err=err) == 2
     assert "error: lr: lr must be a finite number" in err.getvalue()
 
 
 @pytest.mark.runtime
 def test_train_runs_a_job_file_on_local_processes(tmp_path: Path) -> None:
     out, err = io.StringIO(), io.StringIO()
-    code = commands.train(EXAMPLES / "tiny-mlp.toml", out_dir=tmp_path / "tiny", timeout_s=120, out=out, err=err)
+    code = run_train(TrainOptions(file=EXAMPLES / "tiny-mlp.toml", out=tmp_path / "tiny"), out=out, err=err)
     assert code == 0, err.getvalue()
     assert "done: 40 steps" in out.getvalue()
-    assert len(list((tmp_path / "tiny").glob("node-*.pt"))) == 4  # dp=2 x pp=2: every node saved its layers
+    assert len(list((tmp_path / "tiny" / "ranks").glob("node-*.pt"))) == 4  # dp=2 x pp=2: every node saved its layers
+    assert len((tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()) == 40
 
 
 def test_every_client_command_says_when_no_control_plane_is_configured(monkeypatch, tmp_path: Path) -> None:

@@ -1,0 +1,304 @@
+"""`spotpipe train`: train on this machine, without a control plane, as `torchrun` would.
+
+The options come from flags, a job file, or both (flags win). It checks the job and opens its data
+here first (so a bad source fails before any process starts, and the node cache is filled once for
+every rank), starts the ranks as real processes, shows a progress line (step, loss, validation loss,
+tokens/s), and writes into the output folder:
+
+- `metrics.jsonl`: one JSON object per step: `step`, `loss` and, when measured, `val_loss`;
+- `spotpipe.json`: the resolved config, the data source with its content hash, the tokenizer, the
+  final losses and the wall time;
+- `tb/`: the same metrics as TensorBoard event files, when the `tensorboard` package is installed;
+- `ranks/`: each rank's own metrics log and final parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from runtime.config import (
+    JobConfig,
+    LayoutError,
+    build_job_config,
+    contract_from_model_spec,
+    each_error,
+    explicit_layout,
+    model_preset,
+    resolve_strategy,
+)
+from spotpipe.jobfile import JobFileError, load_job_file
+
+_FAIL = re.compile(r"^(kill|notice|stop):(\d+)@(\d+)$")
+POLL_S = 0.5
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainOptions:
+    """What `spotpipe train` was asked for; None: from the job file, else the contract's default."""
+
+    file: Path | None = None
+    data: str | None = None
+    tokenizer: str | None = None
+    model: str | None = None
+    dp: int | None = None
+    pp: int | None = None
+    microbatches: int | None = None
+    global_batch: int | None = None
+    steps: int | None = None
+    strategy: str | None = None
+    seed: int | None = None
+    val_every: int | None = None
+    lr: float | None = None
+    fails: list[str] = field(default_factory=list)
+    out: Path = Path("var/train")
+    timeout_s: float = 3600.0
+
+
+class TrainError(ValueError):
+    """Options that cannot run; the message names the option and what was expected."""
+
+
+def parse_fail(text: str) -> Any:
+    """`kill:RANK@STEP`, `notice:RANK@STEP` or `stop:RANK@STEP` as the launcher's fault."""
+    from runtime.launcher import Fault
+
+    match = _FAIL.match(text)
+    if not match:
+        raise TrainError(f"--fail {text!r}: expected KIND:RANK@STEP with KIND kill, notice or stop (e.g. kill:1@3)")
+    return Fault(node=int(match[2]), kind=match[1], step=int(match[3]))
+
+
+def resolve_config(options: TrainOptions) -> JobConfig:
+    """The JobConfig of the job file (if any) with the flags applied; raises `JobFileError`,
+    `LayoutError` (naming the field) or `TrainError`."""
+    body = load_job_file(options.file) if options.file else {}
+    plan = dict(body.get("plan") or {})
+    if plan.get("auto") and options.dp is None:
+        raise JobFileError(f"{options.file}: plan.auto needs a control plane's pools and prices (spotpipe submit); "
+                           "to train here, give plan.dp and plan.pp (or --dp and --pp)")
+    contract, total = (contract_from_model_spec(body["model_spec"]) if "model_spec" in body
+                       else (dict(body.get("config") or {}), None))
+    contract = json.loads(json.dumps(contract))  # a deep copy the flags can change
+    if options.model is not None:
+        contract["model"] = _preset_dict(options.model)
+    elif not options.file:
+        contract.setdefault("model", _preset_dict("gpt-nano"))
+    data = contract.setdefault("data", {}) if (options.data or options.tokenizer) else contract.get("data", {})
+    for key, value in (("source", options.data), ("tokenizer", options.tokenizer)):
+        if value is not None:
+            data[key] = value
+    for key in ("global_batch", "seed", "val_every", "lr"):
+        if getattr(options, key) is not None:
+            contract[key] = getattr(options, key)
+    layout = explicit_layout(
+        dp=options.dp if options.dp is not None else plan.get("dp", 1),
+        pp=options.pp if options.pp is not None else plan.get("pp", 1),
+        microbatches=options.microbatches if options.microbatches is not None else plan.get("microbatches"),
+        total_microbatches=total,
+    )
+    strategy = options.strategy or body.get("strategy", "auto")
+    steps = options.steps if options.steps is not None else body.get("target_steps", 100)
+    return build_job_config(contract, **layout, strategy=resolve_strategy(strategy), steps=steps)
+
+
+def _preset_dict(name: str) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(model_preset(name))
+
+
+def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Train; 0 when every step was done, 1 when the run failed, 2 for options or data that cannot run."""
+    try:
+        config = resolve_config(options)
+        faults = [parse_fail(text) for text in options.fails]
+        for fault in faults:
+            if not 0 <= fault.node < config.dp * config.pp:
+                raise TrainError(f"--fail {fault.kind}:{fault.node}@{fault.step}: rank {fault.node} does not exist; "
+                                 f"expected 0..{config.dp * config.pp - 1} (dp={config.dp} x pp={config.pp})")
+    except (JobFileError, TrainError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    except LayoutError as exc:
+        for problem in each_error(exc):
+            print(f"error: {problem.field or 'config'}: {problem.message}", file=err)
+        return 2
+    from runtime.data.dataset import Batches, DataError
+
+    try:
+        batches = Batches(config)  # checks the data here and fills this machine's cache for every rank
+    except DataError as exc:
+        print(f"error: data.source: {exc}", file=err)
+        return 2
+    data = batches.dataset.description if batches.dataset else {"source": "synthetic"}
+    return _launch(config, faults, data, options, out=out, err=err)
+
+
+def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: TrainOptions, *,
+            out: TextIO, err: TextIO) -> int:
+    from runtime.launcher import run_local
+
+    out_dir = options.out
+    ranks = out_dir / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    log = MetricsLog(out_dir, config)
+    print(f"training {config.model.kind} ({config.model.num_layers} layers) on {data.get('source')}: "
+          f"dp={config.dp} x pp={config.pp}, {config.steps} steps, strategy {config.strategy}; output in {out_dir}",
+          file=out, flush=True)
+    progress = Progress(config, out)
+    done = threading.Event()
+
+    def follow() -> None:
+        while not done.wait(POLL_S):
+            progress.show(log.poll(ranks))
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    try:
+        result = run_local(config, faults=faults, timeout_s=options.timeout_s, out_dir=ranks)
+    finally:
+        done.set()
+        watcher.join()
+        log.poll(ranks, final=True)
+        log.close()
+    progress.finish(log)
+    failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
+    summary = log.summary(config, data, wall_s=result.wall_s, failed=failed[0] if failed else None)
+    (out_dir / "spotpipe.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if failed:
+        print(f"error: the job failed: {failed[0]}", file=err)
+        return 1
+    if log.last_step + 1 < config.steps:
+        print(f"error: the run stopped after {log.last_step + 1} of {config.steps} steps "
+              f"(exit codes {result.exit_codes}); see {ranks}", file=err)
+        return 1
+    val = f", validation loss {log.last_val:.4f}" if log.last_val is not None else ""
+    print(f"done: {config.steps} steps in {result.wall_s:.1f} s, "
+          f"loss {log.first_loss:.4f} -> {log.last_loss:.4f}{val}; "
+          f"metrics in {out_dir / 'metrics.jsonl'}, final parameters in {ranks}/node-*.pt", file=out)
+    return 0
+
+
+class MetricsLog:
+    """Merges the ranks' records into one record per step, appended to `metrics.jsonl` once the
+    step is complete (its loss, and its validation loss when one is due), and to TensorBoard."""
+
+    def __init__(self, out_dir: Path, config: JobConfig) -> None:
+        self.config = config
+        self.path = out_dir / "metrics.jsonl"
+        self.path.write_text("")
+        self.steps: dict[int, dict[str, Any]] = {}
+        self.written = -1
+        self.tb = _tensorboard(out_dir / "tb")
+        self.tokens_per_sample = config.model.seq_len if config.model.kind == "gpt" else 1
+
+    def poll(self, ranks: Path, *, final: bool = False) -> dict[str, Any] | None:
+        """Read the ranks' logs, write the steps now complete; returns the newest step's record."""
+        from runtime.metrics_log import read_records
+
+        for path in sorted(ranks.glob("metrics-*.jsonl")):
+            for record in read_records(path):
+                if "step" not in record or "event" in record:
+                    continue
+                merged = self.steps.setdefault(record["step"], {"step": record["step"]})
+                if record.get("loss") is not None and "loss" not in merged:
+                    merged["loss"] = record["loss"]
+                    merged["tokens_per_s"] = self.config.global_batch * self.tokens_per_sample / record["step_time_s"]
+                if record.get("val_loss") is not None and "val_loss" not in merged:
+                    merged["val_loss"] = record["val_loss"]
+        with open(self.path, "a") as fh:
+            while self.written + 1 in self.steps:
+                record = self.steps[self.written + 1]
+                due = self.config.validation_due(record["step"] + 1)
+                if "loss" not in record or (due and "val_loss" not in record and not final):
+                    break
+                fh.write(json.dumps(record) + "\n")
+                self._to_tensorboard(record)
+                self.written += 1
+        return self.steps.get(self.written) if self.written >= 0 else None
+
+    def _to_tensorboard(self, record: dict[str, Any]) -> None:
+        if self.tb is None:
+            return
+        for key in ("loss", "val_loss", "tokens_per_s"):
+            if key in record:
+                self.tb.add_scalar(f"train/{key}" if key != "val_loss" else "val/loss", record[key], record["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+    @property
+    def last_step(self) -> int:
+        return self.written
+
+    @property
+    def first_loss(self) -> float:
+        return self.steps[0]["loss"]
+
+    @property
+    def last_loss(self) -> float:
+        return self.steps[self.written]["loss"]
+
+    @property
+    def last_val(self) -> float | None:
+        vals = [r["val_loss"] for s, r in sorted(self.steps.items()) if "val_loss" in r]
+        return vals[-1] if vals else None
+
+    def summary(self, config: JobConfig, data: dict[str, Any], *, wall_s: float, failed: str | None) -> dict[str, Any]:
+        """What `spotpipe.json` holds."""
+        done = [r for s, r in sorted(self.steps.items()) if s <= self.written]
+        return {
+            "config": config.to_dict(),
+            "data": data,
+            "tokenizer": config.data.tokenizer if config.data.source else None,
+            "steps_done": self.written + 1,
+            "final_loss": done[-1]["loss"] if done else None,
+            "final_val_loss": self.last_val,
+            "wall_s": wall_s,
+            "failed": failed,
+        }
+
+
+def _tensorboard(path: Path) -> Any:
+    """A SummaryWriter when the `tensorboard` package is installed (optional extra), else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(log_dir=str(path))
+
+
+class Progress:
+    """One progress line: rewritten in place on a terminal, a new line per step elsewhere (logs)."""
+
+    def __init__(self, config: JobConfig, out: TextIO) -> None:
+        self.steps = config.steps
+        self.out = out
+        self.tty = hasattr(out, "isatty") and out.isatty()
+        self.shown = -1
+        self.started = time.monotonic()
+
+    def show(self, record: dict[str, Any] | None) -> None:
+        if record is None or record["step"] == self.shown:
+            return
+        self.shown = record["step"]
+        done = record["step"] + 1
+        width = 24
+        bar = "#" * (width * done // max(self.steps, 1))
+        val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+        line = (f"step {done:>{len(str(self.steps))}}/{self.steps} [{bar:<{width}}] loss {record['loss']:.4f}{val} "
+                f"{record.get('tokens_per_s', 0):,.0f} tok/s")
+        print(f"\r{line}" if self.tty else line, end="" if self.tty else "\n", file=self.out, flush=True)
+
+    def finish(self, log: MetricsLog) -> None:
+        self.show(log.steps.get(log.written))
+        if self.tty:
+            print(file=self.out)
