@@ -1,6 +1,8 @@
 """`tokens:` nanoGPT's token files: flat binaries of token ids (uint16, or uint32 with
 `?dtype=uint32`), read with `numpy.memmap`, never loaded whole. The location is a folder with
-`train.bin` and `val.bin`, or one file whose tail (`data.val_fraction`) is held out."""
+`train.bin` and `val.bin`, or one file whose tail (`data.val_fraction`) is held out; either may be on
+S3 (`s3://bucket/prefix/` with both files, or `s3://bucket/key`), mirrored into the node cache.
+The node cache's tokenized corpora are in this format too (`runtime.data.cache`)."""
 
 from __future__ import annotations
 
@@ -35,22 +37,33 @@ def check_vocabulary(tokens: np.ndarray, vocab_size: int, name: str, chunk: int 
                         f"(model.vocab_size={vocab_size}); expected ids below {vocab_size}")
 
 
-def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Path) -> Dataset:
-    dtype = uri.options["dtype"]
-    root = Path(uri.location)
-    if root.is_dir():
-        train, val = open_token_file(root / "train.bin", dtype), open_token_file(root / "val.bin", dtype)
-    else:
-        tokens = open_token_file(root, dtype)
-        cut = len(tokens) - max(model.seq_len + 1, int(len(tokens) * spec.val_fraction))
-        if cut < model.seq_len + 1:
-            raise DataError(f"token file {root} has {len(tokens)} tokens: too few for a training and a validation "
-                            f"split of at least {model.seq_len + 1} tokens each")
-        train, val = tokens[:cut], tokens[cut:]
-    for name, part in (("training", train), ("validation", val)):
-        check_vocabulary(part, model.vocab_size, f"{uri} ({name} split)")
+def hold_out_tail(tokens: np.ndarray, spec: DataSpec, model: ModelSpec, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) of one token stream: the last `val_fraction` of the tokens (at least one
+    window, seq_len + 1 tokens) are held out."""
+    cut = len(tokens) - max(model.seq_len + 1, int(len(tokens) * spec.val_fraction))
+    if cut < model.seq_len + 1:
+        raise DataError(f"{name} has {len(tokens)} tokens: too few for a training and a validation "
+                        f"split of at least {model.seq_len + 1} tokens each")
+    return tokens[:cut], tokens[cut:]
+
+
+def windows_dataset(train: np.ndarray, val: np.ndarray, model: ModelSpec, description: dict) -> Dataset:
     return Dataset(
         train=TokenWindows(train, model.seq_len),
         val=TokenWindows(val, model.seq_len),
-        description={"source": str(uri), "format": "tokens", "train_tokens": len(train), "val_tokens": len(val)},
+        description={**description, "train_tokens": len(train), "val_tokens": len(val)},
     )
+
+
+def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Path) -> Dataset:
+    from runtime.data.files import local_root
+
+    dtype = uri.options["dtype"]
+    root = local_root(uri, cache_dir)
+    if root.is_dir():
+        train, val = open_token_file(root / "train.bin", dtype), open_token_file(root / "val.bin", dtype)
+    else:
+        train, val = hold_out_tail(open_token_file(root, dtype), spec, model, f"token file {root}")
+    for name, part in (("training", train), ("validation", val)):
+        check_vocabulary(part, model.vocab_size, f"{uri} ({name} split)")
+    return windows_dataset(train, val, model, {"source": str(uri), "format": "tokens"})
