@@ -1,7 +1,7 @@
 """One interface over every data format: a `Dataset` with a train and a validation split, and
 `Batches`, what a worker asks for micro-batch `j` of step `t` (see `sampler` for the rule).
 
-Each format is one module (`runtime/data/<format>.py`) with `open_source(uri, spec, model, cache)`
+Each format is one module (`runtime/data/formats/<format>.py`) with `open_source(uri, spec, model, cache)`
 returning a `Dataset`; `open_dataset` picks it by the source's format.
 """
 
@@ -125,5 +125,5 @@ class Batches:
         if self.dataset is None:
             raise DataError("synthetic data has no validation split; set data.source")
         ids = val_positions(batch=batch, index=index, size=size, global_batch=self.config.global_batch,
-                            length=len(self.dataset.val))
+                            batches=self.config.data.val_batches, length=len(self.dataset.val))
         return self.dataset.val.take(ids)

@@ -7,7 +7,10 @@ positions from `t * global_batch + j * size`. So what a micro-batch reads is a p
 (data, seed, t, j), whichever rank, pipeline or generation computes it: re-routed, taken-over,
 re-instantiated and restarted work reads exactly the samples of the failure-free run.
 
-Validation batches read the held-out items in order (no shuffling): val batch `b`, micro-batch `j`.
+Validation reads `val_batches * global_batch` held-out items spread evenly over the held-out split,
+in order (no shuffling): item `k` of the pass is `k * len(split) // (val_batches * global_batch)`
+(`k % len(split)` when the split has fewer items); val batch `b`, micro-batch `j` reads pass items
+`b * global_batch + j * size ...`.
 """
 
 from __future__ import annotations
@@ -48,7 +51,13 @@ def train_positions(*, step: int, index: int, size: int, global_batch: int) -> t
     return step * global_batch + index * size, size
 
 
-def val_positions(*, batch: int, index: int, size: int, global_batch: int, length: int) -> np.ndarray:
-    """Held-out item ids of micro-batch `index` of validation batch `batch` (in order, wrapping)."""
+def val_positions(
+    *, batch: int, index: int, size: int, global_batch: int, batches: int, length: int
+) -> np.ndarray:
+    """Held-out item ids of micro-batch `index` of validation batch `batch` (of `batches`): the
+    pass reads `batches * global_batch` items spread evenly over the held-out split, in order (all
+    of them, wrapping, when the split is smaller), so a pass samples the whole split, not its start."""
+    total = batches * global_batch
     first = batch * global_batch + index * size
-    return np.arange(first, first + size, dtype=np.int64) % length
+    k = np.arange(first, first + size, dtype=np.int64)
+    return k % length if total >= length else (k * length) // total

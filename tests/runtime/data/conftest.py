@@ -58,8 +58,11 @@ def expected_train_rows(rows: np.ndarray | list, config: JobConfig, step: int, i
 
 
 def expected_val_rows(rows, config: JobConfig, batch: int, index: int, size: int) -> list:
+    """The documented rule: the pass's items spread evenly over the split (all, wrapping, if fewer)."""
+    total = config.data.val_batches * config.global_batch
     first = batch * config.global_batch + index * size
-    return [rows[(first + k) % len(rows)] for k in range(size)]
+    spread = (lambda k: k % len(rows)) if total >= len(rows) else (lambda k: k * len(rows) // total)
+    return [rows[spread(first + k)] for k in range(size)]
 
 
 def as_pair(rows: list) -> tuple[torch.Tensor, torch.Tensor]:
