@@ -206,3 +206,42 @@ def test_s3_answers_are_read_as_missing_denied_or_unknown():
     assert "may not read it" in denied and "SPOTPIPE_DATA_S3_CHECK=false" in denied
     for code in ("SlowDown", "InternalError", "503"):
         assert _s3_problem("ListObjectsV2", error(code), "s3://b/p") is None  # S3 away: not the job's fault
+
+
+JOB_FILE = """
+name = "gpt-on-text"
+strategy = "recycle"
+target_steps = 2000
+deadline = "6h"
+
+[config]
+global_batch = 64
+val_every = 100                 # the validation loss every 100 steps (and after the last)
+[config.model]
+kind = "gpt"
+n_layer = 4
+n_embd = 128
+n_head = 4
+seq_len = 128
+vocab_size = 256                # the byte tokenizer's 256 ids
+[config.data]
+source = "text:s3://my-team-data/corpus/"   # FORMAT:LOCATION[?options]
+tokenizer = "byte"              # or the path / s3:// URI of a tokenizer.json
+val_fraction = 0.05             # held out from the end when the source has no validation split
+val_batches = 4
+"""
+
+
+def test_a_job_file_with_config_data_is_the_apis_body(world, tmp_path: Path, no_aws_credentials):
+    """The `[config.data]` example of docs/client.md, sent as `spotpipe submit` sends it."""
+    from spotpipe.jobfile import load_job_file
+
+    path = tmp_path / "gpt-on-text.toml"
+    path.write_text(JOB_FILE)
+    body = load_job_file(path)
+    response = world.member_client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    config = JobConfig.from_dict(TrainingJob.objects.get(pk=response.json()["id"]).config)
+    assert config.val_every == 100
+    assert config.data == DataSpec(source="text:s3://my-team-data/corpus/", tokenizer="byte", val_fraction=0.05,
+                                   val_batches=4)
