@@ -29,6 +29,10 @@ from agent.metadata import MetadataWatcher, make_watcher
 from agent.supervisor import WorkerSupervisor
 from agent.worker_entry import EXIT_FENCED, EXIT_JOB_FAILED
 
+# What a worker's `metrics` message carries into the control plane's sample (POST /jobs/{id}/metrics/):
+# a training step's loss and speed, or a validation pass's val_loss (a message without loss).
+METRIC_KEYS = ("step", "loss", "val_loss", "samples_per_s", "stage_times", "generation")
+
 logger = logging.getLogger("spotpipe.agent")
 
 
@@ -237,8 +241,7 @@ class Agent:
     def _on_worker_message(self, message: dict) -> None:
         kind = message.get("type")
         if kind == "metrics":
-            sample = {k: message[k] for k in ("step", "loss", "samples_per_s", "stage_times", "generation")
-                      if message.get(k) is not None}
+            sample = {k: message[k] for k in METRIC_KEYS if message.get(k) is not None}
             sample["at"] = datetime.now(UTC).isoformat()
             self.metrics.put(sample)
         elif kind == "generation":

@@ -57,6 +57,21 @@ def runtime_node(node: int, incarnation: int) -> int:
     return node + incarnation * INCARNATION_STRIDE
 
 
+def metrics_message(record: dict[str, Any], *, generation: int) -> dict[str, Any]:
+    """The agent's `metrics` message for one of the runtime's step records: a training step
+    (`loss`, `samples_per_s`, `stage_times_s`) or a validation pass (`val_loss`, no `loss`). `step`
+    becomes the number of completed steps (the runtime's is the index of the last one), so a
+    validation pass after step index s lands on the same step as that step's training record."""
+    message: dict[str, Any] = {
+        "type": "metrics", "step": int(record["step"]) + 1, "loss": record.get("loss"),
+        "samples_per_s": record.get("samples_per_s"), "stage_times": record.get("stage_times_s") or {},
+        "generation": generation, "runtime_generation": record.get("generation"),
+    }
+    if record.get("val_loss") is not None:
+        message["val_loss"] = record["val_loss"]
+    return message
+
+
 def emit(message: dict[str, Any]) -> None:
     sys.stdout.write("SPOTPIPE " + json.dumps(message) + "\n")
     sys.stdout.flush()
@@ -170,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 emit({"type": "spare", "generation": record["generation"]})
 
     def on_step(record: dict[str, Any]) -> None:
-        emit({"type": "metrics", "step": int(record["step"]) + 1, "loss": record.get("loss"),
-              "samples_per_s": record.get("samples_per_s"), "stage_times": record.get("stage_times_s") or {},
-              "generation": generation["number"], "runtime_generation": record.get("generation")})
+        emit(metrics_message(record, generation=generation["number"]))
 
     watcher = _Watcher(args.control, work_dir / "notice", node, coordinator, runtime_node=me)
     watcher.start()

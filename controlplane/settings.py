@@ -247,6 +247,10 @@ CELERY_DB_REUSE_MAX = 1000
 # --- spotpipe ------------------------------------------------------------------------------------
 SPOTPIPE_AWS_REGION = env.str("AWS_DEFAULT_REGION", default="us-east-1")
 SPOTPIPE_AWS_ENDPOINT_URL = env.str("SPOTPIPE_AWS_ENDPOINT_URL", default="") or None
+# Before a job with an s3:// data source or tokenizer is stored, the submit checks that the control
+# plane's AWS credentials (boto3's default chain) can list / read it (docs/api.md, "The job's data").
+SPOTPIPE_DATA_S3_CHECK = env.bool("SPOTPIPE_DATA_S3_CHECK", default=True)
+SPOTPIPE_S3_ENDPOINT_URL = env.str("SPOTPIPE_S3_ENDPOINT_URL", default="") or SPOTPIPE_AWS_ENDPOINT_URL
 # Where a job runs when its plan names no provider, and the instance types a plan on aws may use
 # when it names none (docs/api.md, "The plan"). The local provider has one type, local.node.
 SPOTPIPE_DEFAULT_PROVIDER = env.str("SPOTPIPE_DEFAULT_PROVIDER", default="local")

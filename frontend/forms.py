@@ -1,10 +1,12 @@
 """The job submission form. Validation of the job itself stays in `jobs.services.job_submit`; the
 form only parses browser input (numbers, a datetime-local field) into the job contract and the plan,
 and shows the service's errors next to the fields they name. Field names are the contract's
-(`runtime/config.py`), so `config.model.n_head` or `plan.dp` lands on the `n_head` or `dp` field."""
+(`runtime/config.py`), so `config.model.n_head`, `config.data.source` or `plan.dp` lands on the
+`n_head`, `source` or `dp` field."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django import forms
@@ -12,10 +14,14 @@ from django.core.exceptions import ValidationError
 
 from controlplane.accounts.models import Team
 from controlplane.jobs.models import Strategy
-from runtime.config import MODEL_KINDS
+from runtime.config import MODEL_KINDS, DataSpec, JobConfig
 
 MODEL_FIELDS = ("n_layer", "n_embd", "n_head", "seq_len", "vocab_size")
 GPT_ONLY = ("n_head", "seq_len", "vocab_size")
+DATA_FIELDS = ("source", "tokenizer", "val_every")
+# The runtime's defaults (runtime/config.py owns them): the byte tokenizer, no validation.
+DEFAULT_TOKENIZER = DataSpec().tokenizer
+DEFAULT_VAL_EVERY = {f.name: f.default for f in dataclasses.fields(JobConfig)}["val_every"]
 PLAN_CHOICES = [("auto", "Let the planner choose (cheapest that meets the deadline, or fastest within the budget)"),
                 ("manual", "I choose the layout")]
 
@@ -32,6 +38,16 @@ class JobSubmitForm(forms.Form):
     seq_len = forms.IntegerField(min_value=1, initial=128, required=False, label="Sequence length")
     vocab_size = forms.IntegerField(min_value=1, initial=1024, required=False, label="Vocabulary")
     global_batch = forms.IntegerField(min_value=1, initial=64, label="Global batch (samples per step)")
+    source = forms.CharField(
+        required=False, max_length=1000, label="Data source (FORMAT:LOCATION)",
+        widget=forms.TextInput(attrs={"placeholder": "text:s3://bucket/corpus/ (empty: synthetic tokens)"}),
+        help_text="tokens:, text:, jsonl:PATH?field=NAME, hf: or py:module:function; a path on the nodes, "
+                  "a glob or an s3:// URI",
+    )
+    tokenizer = forms.CharField(required=False, max_length=1000, initial=DEFAULT_TOKENIZER, label="Tokenizer",
+                                help_text="byte (built in, 256 ids), or the path or s3:// URI of a tokenizer.json")
+    val_every = forms.IntegerField(min_value=0, required=False, initial=DEFAULT_VAL_EVERY,
+                                   label="Validate every (steps, 0: never)")
     plan_mode = forms.ChoiceField(choices=PLAN_CHOICES, initial="auto", widget=forms.RadioSelect, label="Plan")
     dp = forms.IntegerField(min_value=1, required=False, label="Data-parallel pipelines (dp)")
     pp = forms.IntegerField(min_value=1, required=False, label="Pipeline stages (pp)")
@@ -45,6 +61,7 @@ class JobSubmitForm(forms.Form):
     FIELDSETS = (
         ("Job", ("team", "name", "strategy", "target_steps")),
         ("Model", ("kind", *MODEL_FIELDS, "global_batch")),
+        ("Data", DATA_FIELDS),
         ("Plan", ("plan_mode", "dp", "pp", "microbatches")),
         ("Deadline or budget (at least one)", ("deadline", "budget_usd")),
     )
@@ -63,7 +80,13 @@ class JobSubmitForm(forms.Form):
         for name in MODEL_FIELDS:
             if data.get(name) is not None and (data["kind"] == "gpt" or name not in GPT_ONLY):
                 model[name] = data[name]
-        return {"model": model, "global_batch": data["global_batch"]}
+        config: dict[str, Any] = {"model": model, "global_batch": data["global_batch"]}
+        source, tokenizer = data.get("source") or "", data.get("tokenizer") or ""
+        if source or tokenizer not in ("", DEFAULT_TOKENIZER):
+            config["data"] = {"source": source, **({"tokenizer": tokenizer} if tokenizer else {})}
+        if data.get("val_every") is not None:
+            config["val_every"] = data["val_every"]
+        return config
 
     def plan(self) -> dict[str, Any] | str:
         data = self.cleaned_data

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models import Avg, Count, Max, OuterRef, Q, Subquery
 
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeKind
 from controlplane.fleet.states import LIVE_STATES, InstanceState
@@ -298,7 +298,8 @@ def notices(*, team_ids: list[int], limit: int = 200) -> dict[str, Any]:
 
 def job_rows(*, team_ids: list[int], now: datetime, limit: int = 200) -> list[dict[str, Any]]:
     """Jobs with status, progress, last throughput and cost so far, newest first."""
-    latest = MetricSample.objects.filter(job_id=OuterRef("pk")).order_by("-step", "-id")
+    # The newest sample that measured a speed: a validation pass's sample has none.
+    latest = MetricSample.objects.filter(job_id=OuterRef("pk"), samples_per_s__isnull=False).order_by("-step", "-id")
     jobs = list(
         TrainingJob.objects.filter(team_id__in=team_ids)
         .annotate(throughput=Subquery(latest.values("samples_per_s")[:1]))
@@ -317,19 +318,27 @@ def job_rows(*, team_ids: list[int], now: datetime, limit: int = 200) -> list[di
 
 
 def job_metric_curves(*, job: TrainingJob, max_points: int = MAX_METRIC_POINTS) -> dict[str, Any]:
-    """Loss and throughput by step. A long run is sampled at every `stride`-th step (and its last
-    step), as TensorBoard samples scalars: one index probe per point on (job, step), so the cost
-    follows the points drawn, not the length of the run. Several samples of one step (one per
-    worker) are averaged."""
+    """Loss and throughput by step, and the validation loss by step. A long run is sampled at every
+    `stride`-th step (and its last step), as TensorBoard samples scalars: one index probe per point on
+    (job, step), so the cost follows the points drawn, not the length of the run. Several samples of
+    one step (one per worker) are averaged.
+
+    The validation loss is its own series (`val_step`, `val_loss`, `job_val_curve`): its steps are
+    every `val_every`-th, which a stride would mostly miss. A validation pass's samples (no loss, no
+    speed) add no point to the training curves, so a step whose training samples are not stored yet
+    does not draw a gap in them."""
     samples = MetricSample.objects.filter(job_id=job.pk)
+    val = job_val_curve(job=job, max_points=max_points)
     last_step = samples.aggregate(m=Max("step"))["m"]
     if last_step is None:
-        return {"stride": 1, "step": [], "loss": [], "samples_per_s": [], "at": [], "last_step": None}
+        return {"stride": 1, "step": [], "loss": [], "samples_per_s": [], "at": [], "last_step": None, **val}
     stride = max(1, math.ceil((last_step + 1) / max_points))
     if stride > 1:
         samples = samples.filter(step__in=sorted({*range(0, last_step + 1, stride), last_step}))
     grouped: dict[int, list] = {}
     for step, loss, speed, at in samples.order_by("step", "id").values_list("step", "loss", "samples_per_s", "at"):
+        if loss is None and speed is None:
+            continue  # a validation pass's sample: its own series
         entry = grouped.setdefault(step, [[], [], at])
         if loss is not None:
             entry[0].append(loss)
@@ -337,18 +346,34 @@ def job_metric_curves(*, job: TrainingJob, max_points: int = MAX_METRIC_POINTS) 
             entry[1].append(speed)
         entry[2] = max(entry[2], at)
 
-    def mean(values: list[float], digits: int) -> float | None:
-        return round(sum(values) / len(values), digits) if values else None
-
     steps = sorted(grouped)
     return {
         "stride": stride,
         "step": steps,
-        "loss": [mean(grouped[s][0], 6) for s in steps],
-        "samples_per_s": [mean(grouped[s][1], 3) for s in steps],
+        "loss": [_mean(grouped[s][0], 6) for s in steps],
+        "samples_per_s": [_mean(grouped[s][1], 3) for s in steps],
         "at": [iso(grouped[s][2]) for s in steps],
         "last_step": last_step,
+        **val,
     }
+
+
+def _mean(values: list[float], digits: int) -> float | None:
+    return round(sum(values) / len(values), digits) if values else None
+
+
+def job_val_curve(*, job: TrainingJob, max_points: int = MAX_METRIC_POINTS) -> dict[str, Any]:
+    """The validation loss by step (`val_step`, `val_loss`; the nodes' samples of one pass averaged),
+    at most `max_points` passes: every k-th and the last, when there are more."""
+    passes = dict(
+        MetricSample.objects.filter(job_id=job.pk, val_loss__isnull=False)
+        .values("step").annotate(mean=Avg("val_loss")).order_by("step").values_list("step", "mean")
+    )
+    steps = sorted(passes)
+    if len(steps) > max_points:
+        every = math.ceil(len(steps) / max_points)
+        steps = sorted({*steps[::every], steps[-1]})
+    return {"val_step": steps, "val_loss": [round(passes[s], 6) for s in steps]}
 
 
 def _member_instance_ids(generations: list[JobGeneration]) -> set[int]:
@@ -457,6 +482,7 @@ def job_detail(*, job: TrainingJob, now: datetime) -> dict[str, Any]:
         "job": {"id": job.pk, "name": job.name, "status": job.status, "status_message": job.status_message,
                 "strategy": job.strategy, "steps_done": job.steps_done, "target_steps": job.target_steps,
                 "current_generation": job.current_generation, "last_loss": job.last_loss,
+                "last_val_loss": job.last_val_loss,
                 "budget_usd": None if job.budget_usd is None else str(job.budget_usd),
                 "deadline": iso(job.deadline), "started_at": iso(job.started_at),
                 "finished_at": iso(job.finished_at)},

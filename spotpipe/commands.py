@@ -84,6 +84,8 @@ def jobs(*, out: TextIO = sys.stdout) -> int:
 def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
     job = _client().job(job_id)
     loss = f", loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
+    if job.get("last_val_loss") is not None:
+        loss += f", val loss {job['last_val_loss']:.4f}"
     print(f"job {job['id']} {job['name']}: {job['status']} {job['status_message']}".rstrip(), file=out)
     print(f"  steps {job['steps_done']}/{job['target_steps']}{loss}, generation {job['current_generation']}, "
           f"strategy {job['strategy']}", file=out)
@@ -115,6 +117,8 @@ def logs(job_id: int, *, follow: bool, out: TextIO = sys.stdout) -> int:
         if (job["steps_done"], job["status"]) != progress:
             progress = (job["steps_done"], job["status"])
             loss = f" loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
+            if job.get("last_val_loss") is not None:
+                loss += f" val loss {job['last_val_loss']:.4f}"
             print(f"-- step {job['steps_done']}/{job['target_steps']}{loss} ({job['status']})", file=out, flush=True)
         if job["status"] in ENDED:
             print_new()  # events written with the final status

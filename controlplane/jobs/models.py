@@ -53,6 +53,9 @@ class TrainingJob(TimeStampedModel):
     samples_done = models.BigIntegerField(default=0)
     initial_loss = models.FloatField(null=True, blank=True)
     last_loss = models.FloatField(null=True, blank=True)
+    last_val_loss = models.FloatField(
+        null=True, blank=True, help_text="Validation loss of the newest validation pass (config.val_every)."
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -148,7 +151,11 @@ class Reconfiguration(models.Model):
 
 class MetricSample(models.Model):
     """One training step's metrics as a worker reported it. Millions of rows: indexed by
-    (job, step) for progress and (job, at) for time-series charts."""
+    (job, step) for progress and (job, at) for time-series charts.
+
+    A validation pass (`config.val_every`) is a row of its own with `val_loss` and no `loss`: the
+    runtime reports it apart from the step's training record. Its rows are few (one per node and
+    pass), so a partial index on (job, step) finds them without reading the training rows."""
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metrics")
     generation = models.PositiveIntegerField(default=0)
@@ -158,6 +165,7 @@ class MetricSample(models.Model):
     step = models.PositiveIntegerField()
     at = models.DateTimeField()
     loss = models.FloatField(null=True, blank=True)
+    val_loss = models.FloatField(null=True, blank=True, help_text="Loss on the held-out batches (validation pass).")
     samples_per_s = models.FloatField(null=True, blank=True)
     stage_times = models.JSONField(default=dict, blank=True)
 
@@ -165,6 +173,8 @@ class MetricSample(models.Model):
         indexes = [
             models.Index(fields=["job", "step"], name="metric_job_step_idx"),
             models.Index(fields=["job", "at"], name="metric_job_at_idx"),
+            models.Index(fields=["job", "step"], name="metric_job_val_step_idx",
+                         condition=models.Q(val_loss__isnull=False)),
         ]
 
     def __str__(self) -> str:

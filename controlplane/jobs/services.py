@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from controlplane.common.errors import Conflict
 from controlplane.fleet.models import Instance
+from controlplane.jobs.data_checks import check_data
 from controlplane.jobs.models import (
     ACTIVE_JOB_STATUSES,
     JobEvent,
@@ -115,7 +116,6 @@ def _request_field(field: str, *, alias: bool) -> str:
 # --- Jobs ------------------------------------------------------------------------------------------
 
 
-@transaction.atomic
 def job_submit(
     *,
     team: Any,
@@ -137,7 +137,12 @@ def job_submit(
     `config`: the runtime's JobConfig fields other than the layout (model, global_batch, seed, lr,
     schedule, device_time, ...); `model_spec`: its older form. `plan`: None (one node), `"auto"`
     (the planner picks the cheapest plan that meets the deadline, or the fastest within the budget)
-    or an explicit `{dp, pp, nodes, microbatches, provider, instance_types, zones}`."""
+    or an explicit `{dp, pp, nodes, microbatches, provider, instance_types, zones}`.
+
+    The job's data (`config.data`) is then checked as far as the control plane can
+    (`data_checks.check_data`: an s3 source or tokenizer must be there for its AWS credentials),
+    before any write and outside the transaction, since that asks S3 over the network; what it did
+    not check, and why, goes with the `submitted` event (`data_checks`)."""
     errors, budget = _job_input_errors(
         name=name, strategy=strategy, target_steps=target_steps, deadline=deadline, budget_usd=budget_usd,
     )
@@ -157,18 +162,23 @@ def job_submit(
     if errors:
         raise ValidationError(errors)
     assert job_plan is not None and runtime_config is not None
-    job = TrainingJob.objects.create(
-        team=team, created_by=user, name=name.strip(), config=runtime_config.to_dict(), strategy=strategy,
-        plan=job_plan.to_dict(), target_steps=target_steps, deadline=deadline, budget_usd=budget,
-        status=JobStatus.PENDING,
-    )
-    job_record_event(
-        job=job, kind="submitted", message=f"submitted by {user or 'the system'}",
-        data={"strategy": strategy, "target_steps": target_steps,
-              "deadline": deadline.isoformat() if deadline else None,
-              "budget_usd": str(budget) if budget is not None else None,
-              "plan": {k: getattr(job_plan, k) for k in ("chosen_by", "provider", "nodes", "dp", "pp")}},
-    )
+    data_check = check_data(runtime_config.data)
+    if data_check.errors:
+        raise ValidationError(data_check.errors)
+    with transaction.atomic():
+        job = TrainingJob.objects.create(
+            team=team, created_by=user, name=name.strip(), config=runtime_config.to_dict(), strategy=strategy,
+            plan=job_plan.to_dict(), target_steps=target_steps, deadline=deadline, budget_usd=budget,
+            status=JobStatus.PENDING,
+        )
+        job_record_event(
+            job=job, kind="submitted", message=f"submitted by {user or 'the system'}",
+            data={"strategy": strategy, "target_steps": target_steps,
+                  "deadline": deadline.isoformat() if deadline else None,
+                  "budget_usd": str(budget) if budget is not None else None,
+                  "plan": {k: getattr(job_plan, k) for k in ("chosen_by", "provider", "nodes", "dp", "pp")},
+                  **({"data_checks": data_check.notes} if data_check.notes else {})},
+        )
     return job
 
 
@@ -251,7 +261,7 @@ def _sample_errors(index: int, sample: Any, instance_ids: set[int]) -> dict[str,
     step = sample.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0 or step > 2**31 - 1:
         errors[f"{at}.step"] = [f"must be a non-negative integer, got {step!r}"]
-    for name in ("loss", "samples_per_s"):
+    for name in ("loss", "val_loss", "samples_per_s"):
         value = sample.get(name)
         if value is not None and not _finite(value):
             errors[f"{at}.{name}"] = [f"must be a finite number, got {value!r}"]
@@ -271,7 +281,7 @@ def _sample_errors(index: int, sample: Any, instance_ids: set[int]) -> dict[str,
     instance = sample.get("instance")
     if instance is not None and instance not in instance_ids:
         errors[f"{at}.instance"] = [f"instance {instance!r} is not an instance of this job's team"]
-    unknown = set(sample) - {"step", "loss", "samples_per_s", "at", "generation", "stage_times", "instance"}
+    unknown = set(sample) - {"step", "loss", "val_loss", "samples_per_s", "at", "generation", "stage_times", "instance"}
     if unknown:
         errors[at] = [f"unknown fields: {', '.join(sorted(unknown))}"]
     return errors
@@ -281,9 +291,12 @@ def _sample_errors(index: int, sample: Any, instance_ids: set[int]) -> dict[str,
 def job_record_metrics(*, job: TrainingJob, samples: list[dict[str, Any]]) -> list[MetricSample]:
     """Store a batch of metric samples and move the job's progress forward, all or nothing.
 
-    Each sample: `step` (required), `loss`, `samples_per_s`, `at` (default now), `generation`
-    (default the job's current one), `stage_times` ({stage: seconds}), `instance` (id). Progress
-    only grows: a late batch of old steps is stored but does not rewind `steps_done`/`last_loss`.
+    Each sample: `step` (required), `loss`, `val_loss`, `samples_per_s`, `at` (default now),
+    `generation` (default the job's current one), `stage_times` ({stage: seconds}), `instance` (id).
+    A validation pass comes as samples with `val_loss` and no `loss` (the step is the last completed
+    one, as for training samples): they move `last_val_loss`, never `last_loss`/`initial_loss`.
+    Progress only grows: a late batch of old steps is stored but does not rewind `steps_done`,
+    `last_loss` or `last_val_loss`.
     """
     if not isinstance(samples, list) or not samples:
         raise ValidationError({"samples": ["expected a non-empty list of samples"]})
@@ -305,7 +318,7 @@ def job_record_metrics(*, job: TrainingJob, samples: list[dict[str, Any]]) -> li
     now = timezone.now()
     rows = [
         MetricSample(
-            job_id=locked.pk, step=s["step"], at=s.get("at") or now, loss=s.get("loss"),
+            job_id=locked.pk, step=s["step"], at=s.get("at") or now, loss=s.get("loss"), val_loss=s.get("val_loss"),
             samples_per_s=s.get("samples_per_s"), stage_times=s.get("stage_times") or {},
             generation=s["generation"] if s.get("generation") is not None else locked.current_generation,
             instance_id=s.get("instance"),
@@ -330,6 +343,15 @@ def job_record_metrics(*, job: TrainingJob, samples: list[dict[str, Any]]) -> li
         if locked.initial_loss is None:
             locked.initial_loss = min(with_loss, key=lambda r: (r.step, r.at)).loss
             fields.append("initial_loss")
+    with_val = [r for r in rows if r.val_loss is not None]
+    if with_val:
+        # Every node reports the same pass: the newest step wins, unless a pass of a later step is
+        # stored already (a late batch; the partial index on validation rows answers this).
+        latest = max(with_val, key=lambda r: (r.step, r.at))
+        later = MetricSample.objects.filter(job_id=locked.pk, val_loss__isnull=False, step__gt=latest.step)
+        if not later.exists():
+            locked.last_val_loss = latest.val_loss
+            fields.append("last_val_loss")
     if locked.started_at is None:
         locked.started_at = min(r.at for r in rows)
         fields.append("started_at")

@@ -145,6 +145,48 @@ def test_job_page_updates_without_reload(page, live_server, world):
     assert browser.drawn_points(page, "chart-loss") == before + 5
 
 
+def test_job_page_plots_the_validation_loss_beside_the_training_loss(page, live_server, world):
+    _login_a(page, live_server, world)
+    job = world["a"][2]["running"]
+    page.goto(f"{live_server.url}/jobs/{job.pk}/?poll=500")
+    browser.wait_loaded(page)
+    assert page.evaluate("document.getElementById('chart-loss').data.length") == 1  # no validation yet
+    last = MetricSample.objects.filter(job=job).order_by("-step").first()
+    # Two nodes report each validation pass (val_loss, no loss); the page averages them per step.
+    MetricSample.objects.bulk_create([
+        MetricSample(job=job, step=step, at=last.at, val_loss=value)
+        for step, values in ((100, (6.0, 6.2)), (200, (4.0, 4.4)), (last.step, (3.0, 3.0))) for value in values
+    ])
+    page.wait_for_function("document.getElementById('chart-loss').data.length === 2")
+    traces = page.evaluate("document.getElementById('chart-loss').data.map("
+                           "t => ({name: t.name, mode: t.mode, x: Array.from(t.x), y: Array.from(t.y)}))")
+    training, validation = traces
+    assert training["name"].startswith("training loss") and None not in training["y"]
+    assert validation["name"] == "validation loss" and "markers" in validation["mode"]
+    assert validation["x"] == [100, 200, last.step] and validation["y"] == [6.1, 4.2, 3.0]
+    assert "validation loss" in page.locator("#chart-loss g.legend").text_content()  # drawn, with its legend
+
+
+def test_submit_a_job_with_a_data_source(page, live_server, world):
+    _login_a(page, live_server, world)
+    page.goto(live_server.url + "/jobs/new/")
+    page.get_by_label("Name").fill("browser-data")
+    page.get_by_label("Budget (USD)").fill("20")
+    page.get_by_label("Vocabulary").fill("256")
+    page.get_by_label("Data source (FORMAT:LOCATION)").fill("text:/no/such/scheme://x")
+    page.get_by_label("Validate every (steps, 0: never)").fill("25")
+    page.get_by_role("button", name="Submit job").click()
+    error = page.locator("#id_source-error")
+    assert "data.source" in error.inner_text()  # the runtime's message, next to the field
+    assert page.get_by_label("Validate every (steps, 0: never)").input_value() == "25"  # the rest is kept
+    page.get_by_label("Data source (FORMAT:LOCATION)").fill("text:/srv/corpus/")
+    page.get_by_role("button", name="Submit job").click()
+    page.wait_for_url(f"{live_server.url}/jobs/*/")
+    job = TrainingJob.objects.get(name="browser-data")
+    assert job.config["data"]["source"] == "text:/srv/corpus/" and job.config["val_every"] == 25
+    assert job.config["data"]["tokenizer"] == "byte"
+
+
 def test_submit_a_job_and_see_its_empty_states(page, live_server, world):
     _login_a(page, live_server, world)
     page.goto(live_server.url + "/jobs/")

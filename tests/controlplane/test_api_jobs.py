@@ -156,7 +156,8 @@ def test_metrics_batch_updates_progress(world):
     ]
     response = world.member_client.post(f"/api/v1/jobs/{job.pk}/metrics/", {"samples": samples}, format="json")
     assert response.status_code == 201, response.content
-    assert response.json() == {"stored": 3, "steps_done": 3, "samples_done": 48, "last_loss": 3.5}
+    assert response.json() == {"stored": 3, "steps_done": 3, "samples_done": 48, "last_loss": 3.5,
+                               "last_val_loss": None}
     job.refresh_from_db()
     assert (job.steps_done, job.samples_done, job.initial_loss, job.last_loss) == (3, 48, 5.0, 3.5)
     assert job.started_at is not None
@@ -167,6 +168,53 @@ def test_metrics_batch_updates_progress(world):
     assert (job.steps_done, job.last_loss, job.initial_loss) == (3, 3.5, 5.0)
     listed = world.member_client.get(f"/api/v1/jobs/{job.pk}/metrics/?since_step=2&until_step=2").json()
     assert sorted(s["loss"] for s in listed["results"]) == [4.0, 9.0]
+
+
+def test_validation_loss_is_its_own_metric(world):
+    """A validation pass comes as samples with val_loss and no loss, one per node (the runtime
+    reports it on every node): stored beside the training samples, it moves last_val_loss and
+    nothing that is about the training loss."""
+    job = world.job
+    url = f"/api/v1/jobs/{job.pk}/metrics/"
+    train = [{"step": s, "loss": 5.0 - s / 10, "samples_per_s": 100.0} for s in range(1, 11)]
+    assert world.member_client.post(url, train, format="json").status_code == 201
+    # Two nodes report the pass after step 10, in a batch of their own; then step 11 trains on.
+    response = world.agent_client.post(url, [{"step": 10, "val_loss": 4.4}], format="json")
+    assert response.status_code == 201, response.content
+    assert response.json() == {"stored": 1, "steps_done": 10, "samples_done": 160, "last_loss": 4.0,
+                               "last_val_loss": 4.4}
+    world.member_client.post(url, [{"step": 10, "val_loss": 4.4}, {"step": 11, "loss": 3.9}], format="json")
+    job.refresh_from_db()
+    assert (job.steps_done, job.initial_loss, job.last_loss, job.last_val_loss) == (11, 4.9, 3.9, 4.4)
+
+    # A batch of only validation samples never touches the training loss, even as the first batch.
+    fresh = make_job(world.team)
+    response = world.member_client.post(f"/api/v1/jobs/{fresh.pk}/metrics/", [{"step": 5, "val_loss": 2.5}],
+                                        format="json")
+    assert response.status_code == 201
+    fresh.refresh_from_db()
+    assert (fresh.initial_loss, fresh.last_loss, fresh.last_val_loss, fresh.steps_done) == (None, None, 2.5, 5)
+
+    # A late pass of an earlier step is stored but does not rewind last_val_loss.
+    world.member_client.post(url, [{"step": 20, "val_loss": 3.0}], format="json")
+    world.member_client.post(url, [{"step": 15, "val_loss": 3.7}], format="json")
+    job.refresh_from_db()
+    assert job.last_val_loss == 3.0
+
+    # The API: the job and its metrics (filtered by step like any sample).
+    body = world.member_client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert body["last_val_loss"] == 3.0 and body["last_loss"] == 3.9
+    listed = world.member_client.get(f"{url}?since_step=10&until_step=10").json()["results"]
+    assert sorted((s["loss"], s["val_loss"]) for s in listed if s["val_loss"] is not None) == [(None, 4.4)] * 2
+    assert [s["loss"] for s in listed if s["val_loss"] is None] == [4.0]
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "low"])
+def test_a_bad_validation_loss_stores_nothing(world, value):
+    samples = [{"step": 1, "loss": 2.0}, {"step": 1, "val_loss": value}]
+    response = world.member_client.post(f"/api/v1/jobs/{world.job.pk}/metrics/", samples, format="json")
+    assert response.status_code == 400 and "samples[1].val_loss" in response.json()["errors"], response.content
+    assert MetricSample.objects.filter(job=world.job).count() == 0
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,37 @@ def test_long_metric_histories_are_sampled_by_stride(client_a, world):
     assert len(curves["loss"]) == len(curves["at"]) == 51
 
 
+def test_validation_loss_is_a_series_of_its_own_on_the_job_page(client_a, world):
+    """Validation passes (val_loss, no loss, one sample per node) are averaged per step into their own
+    series; the training curves and the jobs list's latest throughput do not see them."""
+    from controlplane.jobs.models import MetricSample
+
+    job = world["a"][2]["running"]
+    before = client_a.get(reverse("frontend:job-data", args=[job.pk])).json()["curves"]
+    assert before["val_step"] == [] and before["val_loss"] == []
+    last = MetricSample.objects.filter(job=job).order_by("-step").first()
+    passes = {100: (6.0, 6.2), 200: (4.0, 4.4), last.step: (3.0, 3.0)}
+    MetricSample.objects.bulk_create([
+        MetricSample(job=job, step=step, at=last.at, val_loss=value)
+        for step, values in passes.items() for value in values
+    ])
+    job.last_val_loss = 3.0
+    job.save(update_fields=["last_val_loss"])
+    data = client_a.get(reverse("frontend:job-data", args=[job.pk])).json()
+    curves = data["curves"]
+    assert curves["val_step"] == [100, 200, last.step] and curves["val_loss"] == [6.1, 4.2, 3.0]
+    assert data["job"]["last_val_loss"] == 3.0
+    for name in ("step", "loss", "samples_per_s", "at"):
+        assert curves[name] == before[name], name  # no gap, no extra point in the training curves
+    assert None not in curves["loss"]
+    rows = {j["name"]: j for j in client_a.get(reverse("frontend:jobs-data")).json()["jobs"]}
+    assert rows[job.name]["throughput"] > 0  # the newest sample is a validation pass: not a speed of 0/None
+    from frontend import selectors
+
+    sampled = selectors.job_val_curve(job=job, max_points=2)
+    assert sampled["val_step"] == [100, last.step]  # every 2nd pass and the last
+
+
 def test_a_job_with_no_data_renders_everywhere(client_a, world):
     team, _user, _ = world["a"]
     empty = make_job(team, name="fresh")
@@ -267,6 +298,42 @@ def test_submit_errors_name_the_field_and_write_nothing(client_a, world):
     errors = response.context["form"].errors
     assert "n_head" in errors and "pp" in errors  # both problems at once, each on its field
     assert not TrainingJob.objects.filter(name="bad").exists()
+
+
+def test_submit_a_job_with_a_data_source_from_the_dashboard(client_a, world):
+    team = world["a"][0]
+    form = {"team": team.pk, "name": "on-real-text", "kind": "gpt", "n_layer": 2, "n_embd": 32, "n_head": 2,
+            "seq_len": 16, "vocab_size": 256, "global_batch": 8, "plan_mode": "manual", "dp": 1, "pp": 1,
+            "microbatches": 1, "strategy": "recycle", "target_steps": 50, "budget_usd": "3",
+            "source": "jsonl:/data/*.jsonl?field=body", "tokenizer": "byte", "val_every": 10}
+    page = client_a.get(reverse("frontend:job-new")).content.decode()
+    assert 'name="source"' in page and 'name="tokenizer" value="byte"' in page and 'name="val_every" value="0"' in page
+    response = client_a.post(reverse("frontend:job-new"), form)
+    assert response.status_code == 302, response.context["form"].errors if response.context else response
+    job = TrainingJob.objects.get(name="on-real-text")
+    assert job.config["data"]["source"] == "jsonl:/data/*.jsonl?field=body" and job.config["val_every"] == 10
+    assert job.config["data"]["tokenizer"] == "byte"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"source": "csv:/data/x.csv"}, "source"),
+        ({"source": "text:/c", "tokenizer": "https://hf.co/t.json"}, "tokenizer"),
+        ({"source": "", "val_every": 10}, "val_every"),
+        ({"source": "text:/c", "vocab_size": 64}, "vocab_size"),
+    ],
+)
+def test_data_errors_show_next_to_their_field(client_a, world, changes, field):
+    form = {"team": world["a"][0].pk, "name": "bad-data", "kind": "gpt", "n_layer": 2, "n_embd": 32, "n_head": 2,
+            "seq_len": 16, "vocab_size": 256, "global_batch": 8, "plan_mode": "manual", "dp": 1, "pp": 1,
+            "strategy": "recycle", "target_steps": 50, "budget_usd": "3", "tokenizer": "byte", **changes}
+    response = client_a.post(reverse("frontend:job-new"), form)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert field in errors, errors
+    assert f'id="id_{field}-error"' in response.content.decode()
+    assert not TrainingJob.objects.filter(name="bad-data").exists()
 
 
 def test_submit_cannot_target_another_team(client_a, world):

@@ -173,3 +173,22 @@ def test_the_agent_reports_a_spare_worker_under_its_commands_generation(tmp_path
     agent._on_worker_message({"type": "spare", "generation": 7})
     assert len(sent) == 1 and sent[0]["kind"] == "worker_spare" and sent[0]["generation"] == 3
     assert "runtime generation 7 has no slot" in sent[0]["message"]
+
+
+def test_a_validation_pass_reaches_the_control_plane_as_its_own_sample(tmp_path: Path):
+    # The runtime's record of a validation pass has val_loss and no loss (issue 18): the worker
+    # forwards it, on the step of the training record it follows, and the agent keeps it.
+    from agent.worker_entry import metrics_message
+
+    train = metrics_message({"step": 9, "loss": 2.5, "samples_per_s": 80.0, "stage_times_s": {"0": 0.1},
+                             "generation": 2}, generation=3)
+    val = metrics_message({"step": 9, "val_loss": 2.75, "generation": 2}, generation=3)
+    assert "val_loss" not in train and train["loss"] == 2.5
+    assert (val["type"], val["step"], val["val_loss"], val["loss"], val["generation"]) == ("metrics", 10, 2.75, None, 3)
+    agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1"))
+    agent._on_worker_message(train)
+    agent._on_worker_message(val)
+    first, second = agent.metrics.get_nowait(), agent.metrics.get_nowait()
+    assert first["loss"] == 2.5 and "val_loss" not in first
+    assert {k: v for k, v in second.items() if k != "at"} == {"step": 10, "val_loss": 2.75, "stage_times": {},
+                                                              "generation": 3}

@@ -34,7 +34,7 @@ class JobSerializer(serializers.ModelSerializer):
         fields = [
             "id", "team", "name", "created_by", "config", "model_spec", "strategy", "target_steps", "deadline",
             "budget_usd", "status", "status_message", "plan", "current_generation", "steps_done",
-            "samples_done", "progress", "initial_loss", "last_loss", "live_instance_count",
+            "samples_done", "progress", "initial_loss", "last_loss", "last_val_loss", "live_instance_count",
             "created_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
@@ -110,13 +110,17 @@ class JobEventSerializer(serializers.ModelSerializer):
 class MetricSampleSerializer(serializers.ModelSerializer):
     class Meta:
         model = MetricSample
-        fields = ["step", "generation", "instance", "at", "loss", "samples_per_s", "stage_times"]
+        fields = ["step", "generation", "instance", "at", "loss", "val_loss", "samples_per_s", "stage_times"]
         read_only_fields = fields
 
 
 class MetricSampleInSerializer(serializers.Serializer):
     step = serializers.IntegerField(min_value=0, max_value=2**31 - 1)
     loss = serializers.FloatField(required=False, allow_null=True)
+    val_loss = serializers.FloatField(
+        required=False, allow_null=True,
+        help_text="Validation loss (a validation pass's sample, usually without `loss`).",
+    )
     samples_per_s = serializers.FloatField(required=False, allow_null=True, min_value=0)
     at = serializers.DateTimeField(required=False, help_text="Defaults to the time of the request.")
     generation = serializers.IntegerField(
@@ -140,6 +144,7 @@ class MetricBatchResultSerializer(serializers.Serializer):
     steps_done = serializers.IntegerField()
     samples_done = serializers.IntegerField()
     last_loss = serializers.FloatField(allow_null=True)
+    last_val_loss = serializers.FloatField(allow_null=True)
 
 
 class JobFilter(QueryFilterSerializer):

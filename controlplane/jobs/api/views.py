@@ -120,5 +120,5 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
                 sample["instance"] = token.instance_id
         stored = services.job_record_metrics(job=job, samples=samples)
         result = {"stored": len(stored), "steps_done": job.steps_done, "samples_done": job.samples_done,
-                  "last_loss": job.last_loss}
+                  "last_loss": job.last_loss, "last_val_loss": job.last_val_loss}
         return Response(MetricBatchResultSerializer(result).data, status=status.HTTP_201_CREATED)

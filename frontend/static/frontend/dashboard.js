@@ -306,8 +306,16 @@
     const emptyNote = el("empty-metrics");
     if (emptyNote) emptyNote.hidden = c.step.length > 0;
     const suffix = c.stride > 1 ? " (every " + c.stride + "th step)" : "";
-    plot("chart-loss", c.step.length ? [{ type: "scatter", mode: "lines", name: "loss" + suffix, x: c.step, y: c.loss, line: { color: COLORS[1] } }] : [],
-      { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "loss" } }, showlegend: false, uirevision: "loss" }, "No loss reported yet.");
+    // Training loss, and the validation loss (config.val_every) as a second trace with markers.
+    const lossTraces = c.step.length ? [{ type: "scatter", mode: "lines", name: "training loss" + suffix, x: c.step, y: c.loss, line: { color: COLORS[1] } }] : [];
+    const valPoints = (c.val_step || []).length;
+    if (valPoints) {
+      lossTraces.push({ type: "scatter", mode: "lines+markers", name: "validation loss", x: c.val_step, y: c.val_loss,
+        line: { color: COLORS[2], dash: "dot" }, marker: { size: 7, color: COLORS[2] } });
+    }
+    plot("chart-loss", lossTraces,
+      { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "loss" } }, showlegend: valPoints > 0,
+        legend: { orientation: "h", y: 1.12 }, uirevision: "loss" }, "No loss reported yet.");
     plot("chart-throughput", c.step.length ? [{ type: "scatter", mode: "lines", name: "samples/s" + suffix, x: c.step, y: c.samples_per_s, line: { color: COLORS[0] } }] : [],
       { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "samples/s" }, rangemode: "tozero" }, showlegend: false, uirevision: "tp" },
       "No throughput reported yet.");
