@@ -34,6 +34,7 @@ from controlplane.orchestration.rendezvous import rendezvous_release
 from runtime.config import resolve_strategy
 from spotpipe import processes, report, schedule, seed
 from spotpipe.driver import Console, Driver, layout_for, steps_for, submit_job
+from spotpipe.learning import learning_lines, learning_summary
 from spotpipe.market import STAND_IN_TYPE
 
 SUMMARY_NAME = "demo-summary.json"
@@ -227,7 +228,8 @@ def run_demo(options: DemoOptions) -> int:
                          nodes=options.nodes, steps=steps, seed=options.seed, checkpoint_dir=var_dir / "checkpoints")
         tasks.acquire_capacity.delay(job.pk)
         model = job.config["model"]
-        console.line(f"job {job.pk}: a GPT ({model['n_layer']} layers, d_model {model['n_embd']}) "
+        console.line(f"job {job.pk}: a byte-level GPT ({model['n_layer']} blocks, width {model['n_embd']}) learning "
+                     f"{job.config['data']['source']} "
                      f"for {steps} steps on {options.nodes} local nodes as dp={dp} x pp={pp}, strategy "
                      f"{options.strategy}: {base}/jobs/{job.pk}/")
         try:
@@ -255,7 +257,11 @@ def run_demo(options: DemoOptions) -> int:
         driver = Driver(job=job, schedule=plan, provider=provider, console=console, dp=dp, pp=pp)
         job = driver.run(timeout_s=max(240.0, options.duration * 4), on_tick=watch_stack)
         console.line(f"job {job.pk} {job.status} after {job.steps_done} steps: loss {job.initial_loss} -> "
-                     f"{job.last_loss}")
+                     f"{job.last_loss}, validation loss {job.last_val_loss}")
+        learned = learning_summary(job.config, val_loss=job.last_val_loss,
+                                   param_files=sorted(nodes_dir.rglob("node-*.pt")))
+        print()
+        print("\n".join(learning_lines(learned)), flush=True)
 
         if options.screenshot is not None:
             try:
@@ -276,10 +282,11 @@ def run_demo(options: DemoOptions) -> int:
         print("\n".join(report.comparison_lines(comparisons, trace=trace, dp=dp, pp=pp,
                                                 instance_type=STAND_IN_TYPE)), flush=True)
         ok = job.status == JobStatus.FINISHED and job.initial_loss is not None and job.last_loss is not None \
-            and job.last_loss < job.initial_loss
+            and job.last_loss < job.initial_loss and learned["learned"]
         summary.update({
             "job": job.pk, "status": job.status, "steps_done": job.steps_done, "target_steps": job.target_steps,
             "initial_loss": job.initial_loss, "final_loss": job.last_loss, "dashboard": f"{base}/jobs/{job.pk}/",
+            "learning": learned,
             "fired": [{"event": f.preemption.index + 1, "with_notice": f.preemption.with_notice,
                        "trace_t_s": f.preemption.trace_t_s, "at_step": f.at_step, "instances": f.instances,
                        "skipped": f.skipped} for f in driver.fired],

@@ -33,15 +33,15 @@ from controlplane.jobs.models import (
 from controlplane.jobs.services import job_submit
 from controlplane.orchestration.providers import ProviderError
 from controlplane.orchestration.providers.local import LocalProvider
+from runtime.config import MODEL_PRESETS
+from spotpipe.learning import corpus_source
 from spotpipe.schedule import NOTICE_S, Preemption, describe, max_survivable
 
-# The demo's job contract (the runtime's JobConfig fields): a small GPT (nanoGPT-style) that trains
-# on 2 CPU cores in a few minutes; every blocking call bounded by 2 s (a dead peer is found fast);
-# each compute action padded to a profiled device time so that pipeline stages overlap as on GPUs
-# (see docs/runtime.md, "emulated device time").
-CONFIG = {"model": {"kind": "gpt", "n_layer": 4, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64},
-          "global_batch": 16, "op_timeout_s": 2.0, "schedule": "fiw",
-          "device_time": {"forward_ms": 3, "backward_input_ms": 3, "backward_weight_ms": 3}}
+# The demo's job contract (the runtime's JobConfig fields): gpt-nano (4 blocks, width 128, context
+# 128, byte vocabulary) learning the Python standard library's source, validated every 25 steps;
+# every blocking call bounded by 2 s (a dead peer is found fast).
+CONFIG = {"model": dict(MODEL_PRESETS["gpt-nano"]), "global_batch": 16, "lr": 6e-3, "op_timeout_s": 2.0,
+          "schedule": "fiw", "data": {"source": corpus_source()}, "val_every": 25}
 MICROBATCHES_PER_STEP = 4
 # Steps per second of the demo job on this kind of machine (2 cores), measured by `spotpipe demo`
 # itself (see docs/demo.md): turns --duration into the job's steps.
