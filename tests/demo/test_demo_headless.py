@@ -21,8 +21,8 @@ import pytest
 
 from spotpipe.processes import stray_pids
 
-DURATION_S = 45
-TIMEOUT_S = 170
+DURATION_S = 60
+TIMEOUT_S = 200
 
 
 def _free_port() -> int:
@@ -140,6 +140,13 @@ def test_headless_demo_trains_through_preemptions_and_leaves_nothing_behind(tmp_
             job_id)
         assert status == "finished" and steps == target
         assert final < initial
+        # It learned the corpus: validation loss at most 0.8 x the unigram entropy (printed with ln(vocab)).
+        learning = summary["learning"]
+        ((val_loss,),) = db.rows("SELECT last_val_loss FROM jobs_trainingjob WHERE id = ?", job_id)
+        assert learning["val_loss"] == pytest.approx(val_loss)
+        assert val_loss <= 0.8 * learning["unigram_entropy_nats"], learning
+        assert learning["learned"] and learning["ln_vocab_nats"] == pytest.approx(5.545, abs=1e-3)
+        assert "unigram entropy" in output and len(learning["samples"]) == 3
 
         # At least two preemptions, one after a notice and one without.
         fired = [f for f in summary["fired"] if f["instances"]]
