@@ -1,0 +1,80 @@
+"""`spotpipe train`: flags over a job file, real data, validation, failures, and what it writes; bad
+input is one clear message with no process started."""
+
+from __future__ import annotations
+
+import io
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from spotpipe.train import TrainOptions, run_train
+
+CORPUS = Path(sysconfig.get_paths()["stdlib"]) / "argparse.py"
+TINY_GPT = """target_steps = 2
+strategy = "recycle"
+[config]
+global_batch = 8
+op_timeout_s = 2.0
+[config.model]
+kind = "gpt"
+n_layer = 2
+n_embd = 16
+n_head = 2
+seq_len = 16
+vocab_size = 256
+[plan]
+dp = 1
+pp = 1
+"""
+
+
+def _job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_GPT)
+    return path
+
+
+def _train(options: TrainOptions) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return run_train(options, out=out, err=err), out.getvalue(), err.getvalue()
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    code, out, err = _train(TrainOptions(
+        file=_job_file(tmp_path), data=f"text:{CORPUS}", dp=2, pp=2, microbatches=2, steps=8, val_every=4,
+        lr=0.01, fails=["kill:1@3"], out=out_dir))
+    assert code == 0, err
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(8))  # one record per step, in order, none twice
+    assert [r["step"] for r in records if "val_loss" in r] == [3, 7]
+    assert records[-1]["loss"] < records[0]["loss"]
+    summary = json.loads((out_dir / "spotpipe.json").read_text())
+    assert summary["config"]["dp"] == 2 and summary["config"]["steps"] == 8  # the flags won over the file
+    assert summary["config"]["model"]["n_embd"] == 16  # the file's model stayed
+    assert summary["data"]["source"] == f"text:{CORPUS}" and len(summary["data"]["content_hash"]) == 64
+    assert summary["tokenizer"] == "byte" and summary["final_val_loss"] == records[-1]["val_loss"]
+    assert "val " in out and "tok/s" in out and "done: 8 steps" in out
+    assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # the killed rank saved nothing
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(data="txt:corpus"), "data.source 'txt:corpus' is invalid: expected FORMAT:LOCATION"),
+    (dict(data="text:/nonexistent/corpus.txt"), "/nonexistent/corpus.txt"),
+    (dict(data="tokens:/nonexistent/train.bin"), "token file /nonexistent/train.bin does not exist"),
+    (dict(fails=["kill:9@1"]), "rank 9 does not exist; expected 0..0"),
+    (dict(fails=["boom"]), "expected KIND:RANK@STEP"),
+    (dict(model="gpt-huge"), "model 'gpt-huge' is unknown; expected one of ['gpt-nano']"),
+    (dict(val_every=2), "val_every needs held-out data"),
+])
+def test_bad_input_is_one_message_and_starts_nothing(tmp_path: Path, options: dict, message: str) -> None:
+    out_dir = tmp_path / "out"
+    code, _, err = _train(TrainOptions(file=_job_file(tmp_path), out=out_dir, **options))
+    assert code == 2
+    assert message in err
+    assert not (out_dir / "ranks").exists()  # no rank was started
