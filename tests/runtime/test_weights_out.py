@@ -30,6 +30,7 @@ from runtime.optim import LayerState
 from runtime.reference import train_reference
 from spotpipe.cli import main as cli_main
 from spotpipe.train import TrainOptions, run_train
+from tests.runtime.data.conftest import moto_s3, s3  # noqa: F401 (fixtures: moto's S3 server, a bucket)
 
 CORPUS = Path(sysconfig.get_paths()["stdlib"]) / "argparse.py"
 TINY_GPT = """target_steps = 4
@@ -79,6 +80,17 @@ def test_sharded_export_reassembles_into_the_full_state_dict(tmp_path: Path) -> 
     export_model(small, model, spec=spec)  # under the limit: one file, no index
     assert sorted(p.name for p in small.iterdir()) == sorted([INFO, "model.safetensors"])
     _assert_equal_state(load_model(small).state_dict(), model.state_dict(), rtol=0, atol=0)
+
+
+def test_load_model_from_s3(tmp_path: Path, s3) -> None:  # noqa: F811 (the fixture)
+    client, bucket = s3
+    spec = ModelSpec(kind="mlp", n_layer=2, n_embd=8, in_features=4, vocab_size=5)
+    model = build_model(spec, seed=1)
+    export_model(tmp_path, model, spec=spec, max_shard_bytes=300)
+    for path in tmp_path.iterdir():
+        client.upload_file(str(path), bucket, f"runs/7/{path.name}")
+    client.put_object(Bucket=bucket, Key="runs/7/ranks/node-0.pt", Body=b"not needed")
+    _assert_equal_state(load_model(f"s3://{bucket}/runs/7").state_dict(), model.state_dict(), rtol=0, atol=0)
 
 
 def test_distributed_writers_write_their_shards_and_the_index_comes_last(tmp_path: Path) -> None:
@@ -157,7 +169,14 @@ def test_weights_of_a_run_with_a_kill_load_equal_the_reference_and_continue_with
     assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
                                                          "model-00002-of-00002.safetensors"]
     full = JobConfig.from_dict({**info["config"], "steps": 8})
-    _assert_equal_state(spotpipe.load_model(second).state_dict(), _as_state_dict(train_reference(full)[0]))
+    expected = _as_state_dict(train_reference(full)[0])
+    _assert_equal_state(spotpipe.load_model(second).state_dict(), expected)
+    # The checkpoint strategy, killed before any checkpoint of its own: it restarts from the export.
+    third = tmp_path / "third"
+    code, _, err = _train(tmp_path, steps=8, init_from=str(first), strategy="checkpoint", fails=["kill:2@5"],
+                          out=third)
+    assert code == 0, err
+    _assert_equal_state(spotpipe.load_model(third).state_dict(), expected)
 
     capsys.readouterr()
     assert cli_main(["sample", str(second), "--prompt", "import ", "--tokens", "20"]) == 0
