@@ -252,6 +252,13 @@ class JobConfig:
     docs/runtime.md)."""
     min_stages: int = 1
     """oobleck: the fewest nodes a pipeline template may have (the model must fit on them)."""
+    init_from: str = ""
+    """Start from earlier weights: a folder (or s3://bucket/prefix) a spotpipe job exported
+    (model*.safetensors + spotpipe.json). With its optimizer state the job continues that one at its
+    steps_done (`steps` stays the total); with weights only it starts at step 0. Empty: seeded init."""
+    export_shard_bytes: int = 2 * 10**9
+    """The largest safetensors shard of an exported model (bytes); a writer's tensors past it go to
+    its next shard (see runtime/export.py)."""
     checkpoint_dir: str = ""
     """checkpoint: local directory or s3://bucket/prefix; empty means a temporary directory."""
     checkpoint_interval: int = 0
@@ -336,6 +343,12 @@ class JobConfig:
                 and not self.data.source.startswith(("tokens:", "py:")) and self.model.vocab_size < BYTE_VOCAB_SIZE:
             bad(f"model.vocab_size={self.model.vocab_size} is below the byte tokenizer's {BYTE_VOCAB_SIZE} ids; "
                 f"expected at least {BYTE_VOCAB_SIZE}", "model.vocab_size")
+        if self.init_from and (not self.init_from.strip() or self.init_from != self.init_from.strip()
+                               or (self.init_from.startswith("s3://") and len(self.init_from) <= 5)):
+            bad(f"init_from={self.init_from!r} is not a path; expected a weights folder (model*.safetensors) "
+                "or s3://bucket/prefix, or empty for a seeded start", "init_from")
+        if self.export_shard_bytes < 1:
+            bad(f"export_shard_bytes={self.export_shard_bytes} must be at least 1", "export_shard_bytes")
         if not self.op_timeout_s > 0:  # `not >` also rejects NaN
             bad(f"op_timeout_s={self.op_timeout_s} must be a positive number of seconds", "op_timeout_s")
         if not (self.transfer_timeout_s == 0 or self.op_timeout_s <= self.transfer_timeout_s < math.inf):

@@ -154,10 +154,12 @@ def run_local(
     joins: Sequence[Join] = (),
     timeout_s: float = 120.0,
     out_dir: str | Path | None = None,
+    export_dir: str | Path | None = None,
 ) -> RunResult:
     """Run `config` on dp*pp local processes over gloo with the given faults; returns final state.
 
     Validates the layout before anything starts (an impossible layout raises `LayoutError`).
+    With `export_dir`, the workers write the job's final weights there (`runtime.export`).
     """
     initial_layout(config)  # raises before any process starts
     for fault in faults:
@@ -197,6 +199,7 @@ def run_local(
             "config": config.to_dict(),
             "joining": joining,
             "out_dir": str(out),
+            "export_dir": str(export_dir or ""),
             "faults": own,
         }
         proc = ctx.Process(target=_child, args=(spec,), name=f"spotpipe-node-{node}", daemon=True)

@@ -17,8 +17,9 @@ from runtime.strategies.base import Slots, alive_nodes, fill_slots, full_slots
 Plan = dict[str, Any]
 
 
-def initial_plan(config: JobConfig) -> Plan:
-    """Generation 0: the full layout, step 0, every node builds its layers from the seed."""
+def initial_plan(config: JobConfig, *, start_step: int = 0) -> Plan:
+    """Generation 0: the full layout at `start_step` (0, or where the `init_from` export it
+    continues stopped); every node builds its layers from the seed (or loads them from init_from)."""
     slots = full_slots(config)
     layout = get_strategy(config.strategy).layout_for(config, slots)
     return {
@@ -26,7 +27,7 @@ def initial_plan(config: JobConfig) -> Plan:
         "slots": slots,
         "layout": layout.to_dict(),
         "members": list(layout.nodes()),
-        "start_step": 0,
+        "start_step": start_step,
         "restore_step": None,
         "transfers": [],
         "leaving": [],

@@ -36,6 +36,7 @@ from runtime.config import JobConfig
 from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.data.dataset import Batches, DataError
 from runtime.executor import Executor
+from runtime.export import ExportError, InitialState, export_layers, model_entry
 from runtime.layout import Layout
 from runtime.membership import Plan, initial_plan, make_plan
 from runtime.model import build_layer
@@ -66,6 +67,9 @@ class WorkerSpec:
     """True for a replacement joining a running job."""
     out_dir: str = ""
     """If set: metrics (`metrics-<node>.jsonl`) and final parameters (`node-<node>.pt`) go here."""
+    export_dir: str = ""
+    """If set: the job's final weights and optimizer state go here as safetensors (`runtime.export`),
+    each designated writer writing its layers' shards, with spotpipe.json beside them."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     """Injected faults: {"kind": "kill"|"stop"|"notice"|"delay", "step": k, "at": action index or -1
     (mid-step), "delay_s": seconds for "delay"}; with "phase": "transfer", during a state hand-over
@@ -110,6 +114,10 @@ class Worker:
         self.comm: Comm | None = None
         self.out = Path(spec.out_dir) if spec.out_dir else None
         self.ckpt: CheckpointStore | None = None
+        self.init: InitialState | None = None
+        self.init_step = 0
+        """The step generation 0 starts at: the `init_from` export's steps_done when it continues one."""
+        self.layout: Layout | None = None
         if self.strategy.restarts_from_checkpoint:
             location = self.config.checkpoint_dir or str((self.out or Path("/tmp")) / f"ckpt-{spec.job_id}")
             self.ckpt = open_checkpoint_store(location)
@@ -179,6 +187,7 @@ class Worker:
         heartbeat = Heartbeat(spec.rendezvous, spec.job_id, self.node, cfg.heartbeat_timeout_s / 5)
         try:
             self.batches = self._open_data()
+            self._open_init()
             if spec.joining:
                 ready = time.time()
                 self.coord.request_join(self.node)
@@ -204,7 +213,7 @@ class Worker:
                 generation = spec.generation
                 plan = self.coord.read_plan(generation)
                 if plan is None:
-                    plan = self.coord.publish_plan(generation, initial_plan(cfg))
+                    plan = self.coord.publish_plan(generation, initial_plan(cfg, start_step=self.init_step))
             assert plan is not None
             while True:
                 if "error" in plan:
@@ -259,6 +268,20 @@ class Worker:
             self._emit({"event": "job_failed", "reason": reason})
             raise JobCannotContinue(reason) from None
 
+    def _open_init(self) -> None:
+        """The weights the job starts from (`init_from`), when set; one this node cannot read fails
+        the job (no retry or replacement can fix it)."""
+        if not self.config.init_from:
+            return
+        try:
+            self.init = InitialState(self.config.init_from)
+        except (ExportError, OSError) as exc:
+            reason = f"init_from: {exc}"
+            self.coord.mark_failed(reason)
+            self._emit({"event": "job_failed", "reason": reason})
+            raise JobCannotContinue(reason) from None
+        self.init_step = self.init.start_step
+
     def _validate(self, executor: Executor, layout: Layout, members: list[int], step: int, generation: int) -> None:
         """The held-out loss of the parameters after `step` steps, computed by the pipeline without a
         backward pass, summed over the members like a step's loss; every member emits it. The first
@@ -307,6 +330,8 @@ class Worker:
                 if all(r.get("saved") == committed for r in records.values()):
                     self.ckpt.mark_complete(committed)  # everyone saved at this boundary (a notice)
                 step = self.ckpt.latest()
+                if self.init_step and (step is None or step < self.init_step):
+                    step = self.init_step  # nothing saved since the job's start from init_from
             return make_plan(
                 cfg,
                 generation=generation,
@@ -376,6 +401,7 @@ class Worker:
         cfg = self.config
         generation = plan["generation"]
         layout = Layout.from_dict(plan["layout"])
+        self.layout = layout
         self._apply_state(plan, layout)
         handover = any(src in plan["leaving"] for _, src, _ in plan["transfers"])
         if self.node in plan["leaving"]:
@@ -514,6 +540,13 @@ class Worker:
     def _new_layer(self, index: int) -> LayerState:
         return LayerState(index, build_layer(self.config.model, index, self.config.seed))
 
+    def _initial_layer(self, index: int) -> LayerState:
+        """Layer `index` as the job starts: seeded, or loaded from `init_from`."""
+        state = self._new_layer(index)
+        if self.init is not None:
+            self.init.apply(state)
+        return state
+
     def _transfer_bytes(self, index: int) -> int:
         """Bytes of layer `index`'s hand-over message (`LayerState.flat`: params and both AdamW
         moments in float64, plus the version); shapes only, built on the meta device."""
@@ -548,9 +581,11 @@ class Worker:
         if plan["restore_step"] is not None:
             self.held = {}
             for i in sorted(mine):
-                state = self._new_layer(i)
-                if start > 0:
+                if start > self.init_step:
+                    state = self._new_layer(i)
                     state.load_flat(self.ckpt.load_layer(start, i))
+                else:
+                    state = self._initial_layer(i)
                 self.held[i] = state
             return
         for i, state in list(self.held.items()):
@@ -621,9 +656,9 @@ class Worker:
             return  # keep what we sent until the receivers are training with it (_await_handover)
         for i in sorted(mine):
             if i not in self.held:
-                if start != 0:
+                if start != self.init_step:
                     raise RuntimeError(f"layer {i} missing at step {start} and no transfer planned")
-                self.held[i] = self._new_layer(i)
+                self.held[i] = self._initial_layer(i)
         for i in list(self.held):
             if i not in mine:
                 del self.held[i]
@@ -650,6 +685,27 @@ class Worker:
                 },
                 self.out / f"node-{self.node}.pt",
             )
+        if self.spec.export_dir and outcome == "done":
+            self._export()
+
+    def _export(self) -> None:
+        """Write this node's share of the job's final weights and optimizer state (`runtime.export`):
+        the layers it is the designated writer of in the final layout (first owner of each run)."""
+        assert self.layout is not None
+        writers = {i: owners[0] for lo, hi, owners in self.layout.owner_runs() if owners for i in range(lo, hi)}
+        cfg = self.config
+        info = {
+            "model": model_entry(cfg.model),
+            "config": cfg.to_dict(),
+            "tokenizer": cfg.data.tokenizer if cfg.data.source else None,
+            "steps_done": self.committed,
+        }
+        complete = export_layers(
+            self.spec.export_dir, spec=cfg.model, writers=writers, node=self.node, states=self.held,
+            steps_done=self.committed, export_id=f"{self.spec.job_id}/{self.committed}", info=info,
+            max_shard_bytes=cfg.export_shard_bytes,
+        )
+        self._emit({"event": "exported", "dir": self.spec.export_dir, "complete": complete})
 
 
 def run_worker(spec: WorkerSpec, on_step: StepCallback | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`spotpipe` console script: `spotpipe demo [options]` (docs/demo.md), and the client commands
-`submit`, `jobs`, `status`, `logs`, `cancel` (a control plane's REST API) and `train` (a job file
-on this machine, no control plane); see docs/client.md."""
+`submit`, `jobs`, `status`, `logs`, `cancel` (a control plane's REST API), `train` (a job file
+on this machine, no control plane) and `sample` (text from a trained model's weights folder); see
+docs/client.md."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from runtime.config import JOB_STRATEGIES
 
-CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train")
+CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train", "sample")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +53,23 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("job", type=int)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     add_train_parser(sub)
+    add_sample_parser(sub)
     return parser
+
+
+def add_sample_parser(sub: argparse._SubParsersAction) -> None:
+    """`spotpipe sample DIR --prompt TEXT --tokens N`: text from a language model's weights folder."""
+    sample = sub.add_parser(
+        "sample", help="print text sampled from a trained language model's weights folder",
+        description="Load DIR (model*.safetensors + spotpipe.json, as spotpipe train --out or a job writes it; "
+                    "or s3://bucket/prefix) and print the prompt followed by N sampled tokens, decoded with the "
+                    "job's tokenizer (byte, or its tokenizer.json).")
+    sample.add_argument("dir", help="weights folder or s3://bucket/prefix")
+    sample.add_argument("--prompt", default="", help="text to continue (default: empty)")
+    sample.add_argument("--tokens", type=int, default=200, help="tokens to sample (default 200)")
+    sample.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    sample.add_argument("--seed", type=int, default=0, help="seeds the sampling (default 0)")
+    sample.add_argument("--tokenizer", metavar="byte|PATH", help="override the tokenizer spotpipe.json names")
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -73,6 +90,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        ("val-every", "validation loss every this many steps (0: never)")):
         train.add_argument(f"--{name}", type=int, help=text)
     train.add_argument("--lr", type=float, help="AdamW learning rate")
+    train.add_argument("--init-from", metavar="DIR", help="start from a weights folder an earlier run wrote: with its "
+                                                        "optimizer state it continues that run (--steps is the total)")
     train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
     train.add_argument("--fail", action="append", default=[], metavar="KIND:RANK@STEP",
                        help="inject a failure: kill:RANK@STEP (SIGKILL) or notice:RANK@STEP (graceful leave); "
@@ -94,12 +113,18 @@ def run_client(args: argparse.Namespace) -> int:
         return commands.logs(args.job, follow=args.follow)
     if args.command == "cancel":
         return commands.cancel(args.job)
+    if args.command == "sample":
+        from spotpipe.sample import run_sample
+
+        return run_sample(args.dir, prompt=args.prompt, tokens=args.tokens, temperature=args.temperature,
+                          seed=args.seed, tokenizer=args.tokenizer)
     from spotpipe.train import TrainOptions, run_train
 
     return run_train(TrainOptions(
         file=args.file, data=args.data, tokenizer=args.tokenizer, model=args.model, dp=args.dp, pp=args.pp,
         microbatches=args.microbatches, global_batch=args.global_batch, steps=args.steps, strategy=args.strategy,
-        seed=args.seed, val_every=args.val_every, lr=args.lr, fails=args.fail, out=args.out, timeout_s=args.timeout,
+        seed=args.seed, val_every=args.val_every, lr=args.lr, init_from=args.init_from, fails=args.fail, out=args.out,
+        timeout_s=args.timeout,
     ))
 
 

@@ -9,7 +9,13 @@ tokens/s), and writes into the output folder:
 - `spotpipe.json`: the resolved config, the data source with its content hash, the tokenizer, the
   final losses and the wall time;
 - `tb/`: the same metrics as TensorBoard event files, when the `tensorboard` package is installed;
-- `ranks/`: each rank's own metrics log and final parameters.
+- `ranks/`: each rank's own metrics log and final parameters;
+- `model*.safetensors` (+ `model.safetensors.index.json` when sharded) and `optimizer*.safetensors`:
+  the final weights and AdamW state, written by the ranks (`runtime.export`); `spotpipe.json` then
+  also names the `model` to build (`spotpipe.load_model(OUT)`, `spotpipe sample OUT`).
+
+`--init-from DIR` starts from such a folder: with its optimizer state the run continues that job at
+its `steps_done` (`--steps` is the total), with weights only it starts at step 0.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class TrainOptions:
     seed: int | None = None
     val_every: int | None = None
     lr: float | None = None
+    init_from: str | None = None
     fails: list[str] = field(default_factory=list)
     out: Path = Path("var/train")
     timeout_s: float = 3600.0
@@ -94,7 +101,7 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     for key, value in (("source", options.data), ("tokenizer", options.tokenizer)):
         if value is not None:
             data[key] = value
-    for key in ("global_batch", "seed", "val_every", "lr"):
+    for key in ("global_batch", "seed", "val_every", "lr", "init_from"):
         if getattr(options, key) is not None:
             contract[key] = getattr(options, key)
     layout = explicit_layout(
@@ -138,17 +145,30 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
         print(f"error: data.source: {exc}", file=err)
         return 2
     data = batches.dataset.description if batches.dataset else {"source": "synthetic"}
-    return _launch(config, faults, data, options, out=out, err=err)
+    start = 0
+    if config.init_from:
+        from runtime.export import ExportError, InitialState
+
+        try:
+            start = InitialState(config.init_from).start_step
+        except (ExportError, OSError) as exc:
+            print(f"error: init_from: {exc}", file=err)
+            return 2
+        if start >= config.steps:
+            print(f"error: steps: init_from {config.init_from} continues a job that did {start} steps; "
+                  f"--steps is the total, expected more than {start}", file=err)
+            return 2
+    return _launch(config, faults, data, options, out=out, err=err, start=start)
 
 
 def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: TrainOptions, *,
-            out: TextIO, err: TextIO) -> int:
+            out: TextIO, err: TextIO, start: int = 0) -> int:
     from runtime.launcher import run_local
 
     out_dir = options.out
     ranks = out_dir / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
-    log = MetricsLog(out_dir, config)
+    log = MetricsLog(out_dir, config, start=start)
     print(f"training {config.model.kind} ({config.model.num_layers} layers) on {data.get('source')}: "
           f"dp={config.dp} x pp={config.pp}, {config.steps} steps, strategy {config.strategy}; output in {out_dir}",
           file=out, flush=True)
@@ -162,7 +182,7 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     watcher = threading.Thread(target=follow, daemon=True)
     watcher.start()
     try:
-        result = run_local(config, faults=faults, timeout_s=options.timeout_s, out_dir=ranks)
+        result = run_local(config, faults=faults, timeout_s=options.timeout_s, out_dir=ranks, export_dir=out_dir)
     finally:
         done.set()
         watcher.join()
@@ -171,7 +191,11 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     progress.finish(log)
     failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
     summary = log.summary(config, data, wall_s=result.wall_s, failed=failed[0] if failed else None)
-    (out_dir / "spotpipe.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from runtime.export import model_entry, write_json
+
+    summary["model"] = model_entry(config.model)  # what spotpipe.load_model builds
+    summary["init_from"] = config.init_from or None
+    write_json(out_dir / "spotpipe.json", summary)
     if failed:
         print(f"error: the job failed: {failed[0]}", file=err)
         return 1
@@ -182,7 +206,7 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     val = f", validation loss {log.last_val:.4f}" if log.last_val is not None else ""
     print(f"done: {config.steps} steps in {result.wall_s:.1f} s, "
           f"loss {log.first_loss:.4f} -> {log.last_loss:.4f}{val}; "
-          f"metrics in {out_dir / 'metrics.jsonl'}, final parameters in {ranks}/node-*.pt", file=out)
+          f"metrics in {out_dir / 'metrics.jsonl'}, weights in {out_dir}/model*.safetensors", file=out)
     return 0
 
 
@@ -190,12 +214,13 @@ class MetricsLog:
     """Merges the ranks' records into one record per step, appended to `metrics.jsonl` once the
     step is complete (its loss, and its validation loss when one is due), and to TensorBoard."""
 
-    def __init__(self, out_dir: Path, config: JobConfig) -> None:
+    def __init__(self, out_dir: Path, config: JobConfig, *, start: int = 0) -> None:
         self.config = config
         self.path = out_dir / "metrics.jsonl"
         self.path.write_text("")
         self.steps: dict[int, dict[str, Any]] = {}
-        self.written = -1
+        self.start = start  # the first step this run trains (init_from continues a job there)
+        self.written = start - 1
         self.tb = _tensorboard(out_dir / "tb")
         self.tokens_per_sample = config.model.seq_len if config.model.kind == "gpt" else 1
 
@@ -222,7 +247,7 @@ class MetricsLog:
                 fh.write(json.dumps(record) + "\n")
                 self._to_tensorboard(record)
                 self.written += 1
-        return self.steps.get(self.written) if self.written >= 0 else None
+        return self.steps.get(self.written) if self.written >= self.start else None
 
     def _to_tensorboard(self, record: dict[str, Any]) -> None:
         if self.tb is None:
@@ -241,7 +266,7 @@ class MetricsLog:
 
     @property
     def first_loss(self) -> float:
-        return self.steps[0]["loss"]
+        return self.steps[self.start]["loss"]
 
     @property
     def last_loss(self) -> float:
@@ -254,7 +279,7 @@ class MetricsLog:
 
     def summary(self, config: JobConfig, data: dict[str, Any], *, wall_s: float, failed: str | None) -> dict[str, Any]:
         """What `spotpipe.json` holds."""
-        done = [r for s, r in sorted(self.steps.items()) if s <= self.written]
+        done = [r for s, r in sorted(self.steps.items()) if self.start <= s <= self.written]
         return {
             "config": config.to_dict(),
             "data": data,

@@ -1,0 +1,451 @@
+"""Weights out: a job's parameters (and optionally its optimizer state) as safetensors, read back.
+
+The layout is Hugging Face's sharded safetensors layout, so any tool that reads a Hugging Face
+checkpoint folder reads ours:
+
+- `model.safetensors` when one writer holds every tensor and they fit one shard, else
+  `model-00001-of-0000n.safetensors` ... plus `model.safetensors.index.json`
+  (`{"metadata": {"total_size": BYTES, "steps_done": N}, "weight_map": {key: file}}`);
+- keys as in the state dict of the whole `nn.Sequential` (`0.wte.weight`, `3.c_attn.weight`, ...);
+- `optimizer*.safetensors` (same rule, optional): for every parameter key `K`, `K.exp_avg` and
+  `K.exp_avg_sq` (the AdamW moments), and `{layer}.version` (int64: optimizer steps applied);
+- `spotpipe.json` beside them: at least `model` (what `build_model` needs), `config` and `steps_done`.
+
+Distributed writing: every node computes the same shard plan from the final layout (which node is
+the designated writer of which layer: the first owner of each owner run, as checkpoints do) and
+the layers' shapes, writes only its own shards (a shard never mixes writers), each atomically (a
+temporary file, then `os.replace`). The index is written last, by whichever writer finds every
+shard of this export present (each shard's metadata names its export, so a stale file of an older
+export in the same folder does not count): of the writers, the last to finish always does. So a
+reader never sees an index that points at a missing file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runtime.config import ModelSpec
+
+MODEL = "model"
+OPTIMIZER = "optimizer"
+INFO = "spotpipe.json"
+DEFAULT_SHARD_BYTES = 2 * 10**9
+"""Largest shard (bytes of tensor data) before a writer's tensors go to a next shard (2 GB)."""
+
+
+class ExportError(ValueError):
+    """A weights folder that cannot be read or does not fit the model; the message says why."""
+
+
+# --- what goes into an export ------------------------------------------------------------------
+
+
+def layer_tensors(index: int, module: nn.Module) -> dict[str, torch.Tensor]:
+    """Layer `index`'s entries of the whole model's state dict (`{index}.{name}`)."""
+    return {f"{index}.{name}": t.detach() for name, t in module.state_dict().items()}
+
+
+def optimizer_tensors(state: Any) -> dict[str, torch.Tensor]:
+    """A `LayerState`'s AdamW moments and version, keyed after its parameters."""
+    out: dict[str, torch.Tensor] = {}
+    names = [name for name, _ in state.module.named_parameters()]
+    for name, m, v in zip(names, state.exp_avg, state.exp_avg_sq, strict=True):
+        out[f"{state.index}.{name}.exp_avg"] = m
+        out[f"{state.index}.{name}.exp_avg_sq"] = v
+    out[f"{state.index}.version"] = torch.tensor(state.version, dtype=torch.int64)
+    return out
+
+
+def model_entry(spec: ModelSpec) -> dict[str, Any]:
+    """The `model` entry of spotpipe.json: what `build_from_entry` rebuilds the module from.
+
+    Hook for user models (import path + kwargs): add their fields here and build them in
+    `build_from_entry`; a built-in model is its ModelSpec dict."""
+    import dataclasses
+
+    return dataclasses.asdict(spec)
+
+
+def build_from_entry(entry: Mapping[str, Any]) -> nn.Sequential:
+    """The (untrained) `nn.Sequential` of a spotpipe.json `model` entry, built on the meta device
+    (no memory, no initialisation: the weights are assigned when loaded)."""
+    # Hook for user models: an entry with an import path would call the user's function here.
+    from runtime.model import build_model
+
+    spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+    spec.validate()
+    with torch.device("meta"):
+        return build_model(spec, 0)
+
+
+# --- the shard plan -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ShardPlan:
+    """Which keys go to which file, and who writes it: the same on every writer."""
+
+    prefix: str
+    shards: list[tuple[int, list[str]]]
+    """(writer, keys) per shard, in file order."""
+    sizes: dict[str, int]
+
+    def file(self, k: int) -> str:
+        """File name of shard `k` (0-based)."""
+        if len(self.shards) == 1:
+            return f"{self.prefix}.safetensors"
+        return f"{self.prefix}-{k + 1:05d}-of-{len(self.shards):05d}.safetensors"
+
+    @property
+    def index_file(self) -> str:
+        return f"{self.prefix}.safetensors.index.json"
+
+    def weight_map(self) -> dict[str, str]:
+        return {key: self.file(k) for k, (_, keys) in enumerate(self.shards) for key in keys}
+
+
+def plan_shards(prefix: str, entries: Iterable[tuple[int, str, int]],
+                max_bytes: int = DEFAULT_SHARD_BYTES) -> ShardPlan:
+    """Shards of `(writer, key, nbytes)` entries (in order): each writer's keys in order, a new
+    shard when the next tensor would pass `max_bytes` (a tensor larger than that gets a shard of
+    its own); a shard holds one writer's tensors only."""
+    by_writer: dict[int, list[tuple[str, int]]] = {}
+    sizes: dict[str, int] = {}
+    for writer, key, nbytes in entries:
+        by_writer.setdefault(writer, []).append((key, nbytes))
+        sizes[key] = nbytes
+    shards: list[tuple[int, list[str]]] = []
+    for writer, keyed in by_writer.items():
+        current: list[str] = []
+        used = 0
+        for key, nbytes in keyed:
+            if current and used + nbytes > max_bytes:
+                shards.append((writer, current))
+                current, used = [], 0
+            current.append(key)
+            used += nbytes
+        if current:
+            shards.append((writer, current))
+    return ShardPlan(prefix, shards, sizes)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """`write(tmp_path)`, then rename over `path`: readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    """JSON written atomically."""
+    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(data, indent=2) + "\n"))
+
+
+def write_shards(directory: str | Path, plan: ShardPlan, writer: int, tensors: Mapping[str, torch.Tensor],
+                 metadata: Mapping[str, str]) -> list[str]:
+    """Write the shards of `plan` that `writer` writes (each atomically); returns their file names."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    written = []
+    for k, (owner, keys) in enumerate(plan.shards):
+        if owner != writer:
+            continue
+        missing = [key for key in keys if key not in tensors]
+        if missing:
+            raise ExportError(f"writer {writer} does not hold {missing[:3]} of its shard {plan.file(k)}")
+        body = {key: tensors[key].detach().to("cpu").contiguous() for key in keys}
+        _atomic_write(directory / plan.file(k), lambda tmp, b=body: save_file(b, tmp, metadata=dict(metadata)))
+        written.append(plan.file(k))
+    return written
+
+
+def _file_export_id(path: Path) -> str | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return (fh.metadata() or {}).get("export")
+    except (OSError, ValueError, RuntimeError):  # missing, or not a (whole) safetensors file
+        return None
+
+
+def write_index_if_complete(directory: str | Path, plan: ShardPlan, metadata: Mapping[str, Any]) -> bool:
+    """Write the index once every shard of this export (`metadata["export"]`) is in place;
+    True when the export is complete (index written, or a single file that needs none)."""
+    directory = Path(directory)
+    export_id = str(metadata["export"])
+    if any(_file_export_id(directory / plan.file(k)) != export_id for k in range(len(plan.shards))):
+        return False
+    if len(plan.shards) > 1:
+        meta = {"total_size": sum(plan.sizes.values()), **metadata}
+        write_json(directory / plan.index_file, {"metadata": meta, "weight_map": plan.weight_map()})
+    return True
+
+
+def export_state_dict(directory: str | Path, state: Mapping[str, torch.Tensor], *, prefix: str = MODEL,
+                      max_shard_bytes: int = DEFAULT_SHARD_BYTES, steps_done: int = 0,
+                      export_id: str = "") -> ShardPlan:
+    """Write a whole state dict from one process (one writer): one file when it fits `max_shard_bytes`."""
+    plan = plan_shards(prefix, ((0, key, _nbytes(t)) for key, t in state.items()), max_shard_bytes)
+    meta = {"format": "pt", "export": export_id or os.urandom(8).hex(), "steps_done": str(steps_done)}
+    write_shards(directory, plan, 0, state, meta)
+    if not write_index_if_complete(directory, plan, meta):
+        raise ExportError(f"export to {directory} is incomplete after writing every shard")
+    return plan
+
+
+def export_model(directory: str | Path, model: nn.Module, *, spec: ModelSpec | None = None,
+                 max_shard_bytes: int = DEFAULT_SHARD_BYTES, info: Mapping[str, Any] | None = None) -> ShardPlan:
+    """Write `model`'s state dict (and spotpipe.json with `spec` when given) from one process."""
+    if spec is not None or info is not None:
+        body = dict(info or {})
+        if spec is not None:
+            body.setdefault("model", model_entry(spec))
+        write_json(Path(directory) / INFO, body)
+    return export_state_dict(directory, model.state_dict(), max_shard_bytes=max_shard_bytes)
+
+
+def _meta_layer(spec: ModelSpec, index: int) -> nn.Module:
+    from runtime.model import build_layer
+
+    with torch.device("meta"):
+        return build_layer(spec, index, 0)
+
+
+def distributed_plans(spec: ModelSpec, writers: Mapping[int, int], *, optimizer: bool,
+                      max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, ShardPlan]:
+    """The model (and optimizer) shard plans of a distributed export, from shapes only (layers built
+    on the meta device): the same on every node. `writers`: layer -> designated writer node."""
+    model_entries, opt_entries = [], []
+    for layer in sorted(writers):
+        module, writer = _meta_layer(spec, layer), writers[layer]
+        model_entries += [(writer, key, _nbytes(t)) for key, t in layer_tensors(layer, module).items()]
+        if optimizer:
+            for name, p in module.named_parameters():
+                for moment in ("exp_avg", "exp_avg_sq"):
+                    opt_entries.append((writer, f"{layer}.{name}.{moment}", _nbytes(p)))
+            opt_entries.append((writer, f"{layer}.version", 8))
+    plans = {MODEL: plan_shards(MODEL, model_entries, max_shard_bytes)}
+    if optimizer:
+        plans[OPTIMIZER] = plan_shards(OPTIMIZER, opt_entries, max_shard_bytes)
+    return plans
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def _local(directory: str | Path) -> Path:
+    """A local folder of `directory`: itself, or an `s3://bucket/prefix` downloaded to a temporary folder."""
+    text = str(directory)
+    if not text.startswith("s3://"):
+        return Path(directory)
+    import boto3
+
+    bucket, _, prefix = text[5:].partition("/")
+    prefix = prefix.strip("/")
+    client = boto3.client("s3")
+    target = Path(tempfile.mkdtemp(prefix="spotpipe-weights-"))
+    paginator = client.get_paginator("list_objects_v2")
+    found = False
+    for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
+        for obj in page.get("Contents", []):
+            rest = obj["Key"][len(prefix) + 1 if prefix else 0:]
+            if "/" in rest or not rest:
+                continue  # only the top of the folder (checkpoints/, ranks/ are not needed)
+            client.download_file(bucket, obj["Key"], str(target / rest))
+            found = True
+    if not found:
+        raise ExportError(f"{text}: no objects under that prefix")
+    return target
+
+
+class WeightsFolder:
+    """One export (`model` or `optimizer` prefix) in a folder, read lazily tensor by tensor."""
+
+    def __init__(self, directory: str | Path, prefix: str = MODEL) -> None:
+        self.directory = Path(directory)
+        self.prefix = prefix
+        index = self.directory / f"{prefix}.safetensors.index.json"
+        single = self.directory / f"{prefix}.safetensors"
+        if index.is_file():
+            body = json.loads(index.read_text())
+            self.weight_map: dict[str, str] = body["weight_map"]
+            self.metadata: dict[str, Any] = body.get("metadata", {})
+        elif single.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as fh:
+                self.weight_map = {key: single.name for key in fh.keys()}  # noqa: SIM118 (not a dict)
+                self.metadata = dict(fh.metadata() or {})
+        else:
+            raise ExportError(f"{self.directory}: no {prefix}.safetensors and no {prefix}.safetensors.index.json "
+                              "(not a weights folder, or its export is not complete yet)")
+
+    @staticmethod
+    def exists(directory: str | Path, prefix: str) -> bool:
+        d = Path(directory)
+        return (d / f"{prefix}.safetensors.index.json").is_file() or (d / f"{prefix}.safetensors").is_file()
+
+    @property
+    def steps_done(self) -> int:
+        return int(self.metadata.get("steps_done", 0))
+
+    def tensors(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
+        """The named tensors, each file opened once; `ExportError` naming keys the folder lacks."""
+        from safetensors import safe_open
+
+        keys = list(keys)
+        missing = [k for k in keys if k not in self.weight_map]
+        if missing:
+            raise ExportError(f"{self.directory}: {self.prefix} weights lack {missing[:5]}"
+                              f"{' and more' if len(missing) > 5 else ''}")
+        by_file: dict[str, list[str]] = {}
+        for key in keys:
+            by_file.setdefault(self.weight_map[key], []).append(key)
+        out = {}
+        for name, names in by_file.items():
+            with safe_open(str(self.directory / name), framework="pt") as fh:
+                for key in names:
+                    out[key] = fh.get_tensor(key)
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.tensors(self.weight_map)
+
+
+def read_info(directory: str | Path) -> dict[str, Any]:
+    """The folder's spotpipe.json."""
+    path = Path(directory) / INFO
+    if not path.is_file():
+        raise ExportError(f"{directory}: no {INFO} (it names the model to build)")
+    return json.loads(path.read_text())
+
+
+def model_of_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The `model` entry of a spotpipe.json (older ones have it only under `config`)."""
+    entry = info.get("model") or (info.get("config") or {}).get("model")
+    if not entry:
+        raise ExportError(f"{INFO} has no model entry")
+    return dict(entry)
+
+
+def load_state_into(model: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """Assign `state` to `model` (meta or not), checking keys and shapes with one clear message."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+              if k in state and state[k].shape != v.shape]
+    if missing or extra or shapes:
+        raise ExportError(f"{where} does not fit the model: missing {missing[:5]}, unexpected {extra[:5]}, "
+                          f"shapes (weights vs model) {shapes[:5]}")
+    model.load_state_dict(dict(state), strict=True, assign=True)
+
+
+def load_model(directory: str | Path) -> nn.Sequential:
+    """The trained `nn.Sequential` of a weights folder (local or `s3://bucket/prefix`), in eval mode.
+
+    Needs only torch, safetensors and the model function (the built-in GPT/MLP from spotpipe.json's
+    `model` entry)."""
+    local = _local(directory)
+    model = build_from_entry(model_of_info(read_info(local)))
+    load_state_into(model, WeightsFolder(local).state_dict(), str(directory))
+    return model.eval()
+
+
+# --- a distributed job's final export (called by each worker) ------------------------------------
+
+
+def export_layers(directory: str | Path, *, spec: ModelSpec, writers: Mapping[int, int], node: int,
+                  states: Mapping[int, Any], steps_done: int, export_id: str, info: Mapping[str, Any],
+                  optimizer: bool = True, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> bool:
+    """Write this node's shards of a distributed export (`writers`: layer -> designated writer node;
+    `states`: this node's `LayerState`s), and the indexes when this node completes the export.
+    Returns True when this node saw the export complete."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    plans = distributed_plans(spec, writers, optimizer=optimizer, max_shard_bytes=max_shard_bytes)
+    mine = [layer for layer, w in writers.items() if w == node]
+    if mine:
+        write_json(directory / INFO, dict(info))  # every writer: the same content, before any index
+    meta = {"format": "pt", "export": export_id, "steps_done": str(steps_done)}
+    tensors: dict[str, torch.Tensor] = {}
+    opt: dict[str, torch.Tensor] = {}
+    for layer in mine:
+        tensors.update(layer_tensors(layer, states[layer].module))
+        if optimizer:
+            opt.update(optimizer_tensors(states[layer]))
+    # Every writer writes its optimizer shards before its model shards, so once the model's shards
+    # are all in place the optimizer's are too: a reader that finds the model's index finds the
+    # optimizer's (when the export has one).
+    order = [OPTIMIZER, MODEL] if optimizer else [MODEL]
+    for prefix in order:
+        write_shards(directory, plans[prefix], node, opt if prefix == OPTIMIZER else tensors, meta)
+    complete = True
+    for prefix in order:  # the model's index only after the optimizer's
+        complete = complete and write_index_if_complete(directory, plans[prefix], meta)
+    return complete
+
+
+class InitialState:
+    """The weights (and optimizer state, when the folder has it) a job starts from (`init_from`).
+
+    With optimizer state the job continues the exported one: its layers get the moments and
+    versions, and training resumes at the export's `steps_done` (`start_step`), so the data order
+    and the learning-rate step continue; with weights only it fine-tunes from step 0."""
+
+    def __init__(self, directory: str | Path) -> None:
+        local = _local(directory)
+        if not Path(local).is_dir():
+            raise ExportError(f"init_from {str(directory)!r} is not a folder; expected a folder of weights "
+                              "that a spotpipe job wrote (model*.safetensors)")
+        self.directory = str(directory)
+        self.weights = WeightsFolder(local)
+        self.optimizer = WeightsFolder(local, OPTIMIZER) if WeightsFolder.exists(local, OPTIMIZER) else None
+
+    @property
+    def start_step(self) -> int:
+        return self.optimizer.steps_done if self.optimizer is not None else 0
+
+    def apply(self, state: Any) -> None:
+        """Load layer `state.index`'s parameters (and moments and version) into a `LayerState`."""
+        i = state.index
+        expected = layer_tensors(i, state.module)
+        found = self.weights.tensors(expected)
+        for key, t in expected.items():
+            if found[key].shape != t.shape:
+                raise ExportError(f"init_from {self.directory}: {key} has shape {tuple(found[key].shape)}; "
+                                  f"the model's is {tuple(t.shape)}")
+            with torch.no_grad():
+                t.copy_(found[key])
+        if self.optimizer is not None:
+            moments = optimizer_tensors(state)
+            loaded = self.optimizer.tensors(moments)
+            for key, t in moments.items():
+                if key.endswith(".version"):
+                    state.version = int(loaded[key])
+                else:
+                    t.copy_(loaded[key])

@@ -1,0 +1,46 @@
+"""`spotpipe sample DIR --prompt TEXT --tokens N`: text from a trained language model's weights."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+
+def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
+               tokenizer: str | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Print `prompt` and `tokens` sampled tokens; 0 on success, 2 for a folder or options that cannot."""
+    from runtime.config import ModelSpec
+    from runtime.data.dataset import DataError
+    from runtime.data.tokenizer import load_tokenizer
+    from runtime.export import ExportError, _local, load_model, model_of_info, read_info
+    from runtime.generate import sample
+
+    if tokens < 0 or not temperature > 0:
+        print(f"error: --tokens ({tokens}) must be >= 0 and --temperature ({temperature}) > 0", file=err)
+        return 2
+    try:
+        local = _local(directory)
+        info = read_info(local)
+        entry = model_of_info(info)
+        if entry.get("kind") != "gpt":
+            print(f"error: {directory} holds a {entry.get('kind')!r} model; sample needs a language model (gpt)",
+                  file=err)
+            return 2
+        spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+        model = load_model(local)
+        name = tokenizer or info.get("tokenizer") or "byte"
+        tok = load_tokenizer(name, Path(tempfile.gettempdir()))
+    except (ExportError, DataError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    ids = [int(i) for i in tok.encode(prompt)] if prompt else []
+    if not ids:
+        ids = [0]  # something to condition on
+        prompt_text = ""
+    else:
+        prompt_text = prompt
+    drawn = sample(model, spec, ids, tokens, temperature=temperature, seed=seed)
+    print(prompt_text + tok.decode(drawn), file=out)
+    return 0
