@@ -13,6 +13,7 @@ the node agent can hand them to `python -m runtime.worker --spec JSON` unchanged
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,15 @@ STRATEGY_LABELS = {
 }
 SCHEDULES = ("1f1b", "fiw")
 MODEL_KINDS = ("gpt", "mlp")
+"""The built-in models (what the planner can estimate without building anything)."""
+USER_MODEL_KIND = "py"
+"""A user's model, built by the function at `ModelSpec.path` (see `runtime.usermodel`)."""
+IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"
+"""`package.module:function` (a model function, a loss function or a `py:` dataset)."""
+ARGS_MAX_BYTES = 65_536
+"""The largest `model.args` (as JSON) a contract may carry."""
+ARGS_MAX_DEPTH = 8
+"""The deepest nesting of objects and lists `model.args` may have."""
 
 
 FAULT_TOLERANT_STRATEGIES = tuple(s for s in STRATEGIES if s != "none")
@@ -80,10 +90,25 @@ def _raise(problems: list[LayoutError]) -> None:
 
 @dataclass(kw_only=True, slots=True)
 class ModelSpec:
-    """Which model to build. Both kinds are a list of layers: input layer, `n_layer` blocks, head."""
+    """Which model to build: always a list of layers the partitioner cuts into stages.
+
+    The built-in kinds are input layer, `n_layer` blocks, head; a user's model (`kind="py"`) is the
+    list of layers its function at `path` returns (see `runtime.usermodel` and docs/runtime.md)."""
 
     kind: str = "mlp"
-    """`gpt` (nanoGPT-style decoder) or `mlp` (tanh MLP classifier, for fast tests)."""
+    """`gpt` (nanoGPT-style decoder), `mlp` (tanh MLP classifier, for fast tests) or `py` (a user's
+    model function at `path`)."""
+    path: str = ""
+    """py only: the model function, `package.module:function`, importable on every node; it returns an
+    `nn.Sequential`, a list of `nn.Module` layers, or a list of zero-argument layer factories."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """py only: the keyword arguments the model function is called with (a JSON object)."""
+    loss: str = ""
+    """py only: `package.module:function` of the loss, `loss(output, target) -> scalar tensor`;
+    empty: mean cross-entropy over the last dimension."""
+    layers: int = 0
+    """py only: how many layers the function returns, recorded by `runtime.usermodel.validate_model`
+    (`spotpipe train` / `spotpipe submit` run it); 0: not validated yet (a node records it at start)."""
     n_layer: int = 4
     """Number of transformer blocks (gpt) or hidden layers (mlp); the model has n_layer + 2 layers."""
     n_embd: int = 32
@@ -99,15 +124,37 @@ class ModelSpec:
 
     @property
     def num_layers(self) -> int:
-        """Layers the partitioner can place: input layer + blocks + head."""
-        return self.n_layer + 2
+        """Layers the partitioner can place: input layer + blocks + head (py: `layers`)."""
+        return self.layers if self.kind == USER_MODEL_KIND else self.n_layer + 2
 
     def problems(self) -> list[LayoutError]:
         """Every reason this model cannot be built (empty when it can)."""
+        import re
+
         found = []
-        if self.kind not in MODEL_KINDS:
-            found.append(LayoutError(f"model kind {self.kind!r} is unknown; expected one of {MODEL_KINDS}",
+        kinds = (*MODEL_KINDS, USER_MODEL_KIND)
+        if self.kind not in kinds:
+            found.append(LayoutError(f"model kind {self.kind!r} is unknown; expected one of {kinds}",
                                      field="model.kind"))
+        if self.kind == USER_MODEL_KIND:
+            if not re.match(IMPORT_PATH_PATTERN, self.path):
+                found.append(LayoutError(f"model.path {self.path!r} is invalid; expected the model function as "
+                                         "package.module:function", field="model.path"))
+            if self.loss and not re.match(IMPORT_PATH_PATTERN, self.loss):
+                found.append(LayoutError(f"model.loss {self.loss!r} is invalid; expected empty (cross-entropy) or "
+                                         "a loss function as package.module:function", field="model.loss"))
+            if self.layers < 0:
+                found.append(LayoutError(f"model.layers={self.layers} must be >= 0 (0: not validated yet)",
+                                         field="model.layers"))
+            return found
+        for name in ("path", "loss"):
+            if getattr(self, name):
+                found.append(LayoutError(f"model.{name} is for a user's model; expected kind={USER_MODEL_KIND!r} "
+                                         f"with it, or no {name} for kind={self.kind!r}", field=f"model.{name}"))
+        if self.args or self.layers:
+            name = "args" if self.args else "layers"
+            found.append(LayoutError(f"model.{name} is for a user's model (kind={USER_MODEL_KIND!r}); "
+                                     f"expected none for kind={self.kind!r}", field=f"model.{name}"))
         for name in ("n_layer", "n_embd", "seq_len", "vocab_size", "in_features", "n_head"):
             if getattr(self, name) < 1:
                 found.append(LayoutError(f"model {name}={getattr(self, name)} must be at least 1",
@@ -320,7 +367,11 @@ class JobConfig:
         for name in ("dp", "pp", "microbatches"):
             if getattr(self, name) < 1:
                 bad(f"{name}={getattr(self, name)} must be at least 1", name)
-        if self.pp > self.model.num_layers:
+        known = self.model.num_layers > 0  # a user's model not validated yet: its layers are unknown
+        if known and self.pp > self.model.num_layers and self.model.kind == USER_MODEL_KIND:
+            bad(f"pp={self.pp} stages but the model function {self.model.path} returns only "
+                f"{self.model.num_layers} layers; expected pp <= {self.model.num_layers}", "pp")
+        elif known and self.pp > self.model.num_layers:
             bad(f"pp={self.pp} stages but the model has only {self.model.num_layers} layers "
                 f"(n_layer={self.model.n_layer} + input + head); expected pp <= {self.model.num_layers}", "pp")
         if self.global_batch < 1:
@@ -328,7 +379,7 @@ class JobConfig:
         elif self.num_microbatches >= 1 and self.global_batch % self.num_microbatches:
             bad(f"global_batch={self.global_batch} is not divisible by dp*microbatches={self.num_microbatches}; "
                 f"expected a multiple of {self.num_microbatches}", "global_batch")
-        if self.layer_costs is not None and len(self.layer_costs) != self.model.num_layers:
+        if known and self.layer_costs is not None and len(self.layer_costs) != self.model.num_layers:
             bad(f"layer_costs has {len(self.layer_costs)} entries; expected {self.model.num_layers} (one per layer)",
                 "layer_costs")
         if not 1 <= self.min_stages <= max(self.pp, 1):
@@ -405,11 +456,42 @@ def _check_value(path: str, annotation: str, value: Any) -> Any:
             raise _type_error(path, "a string", value)
         if len(value) > 1000 or "\x00" in value:
             raise _type_error(path, "a string of at most 1,000 characters without NUL", value[:40])
+    elif base == "dict[str, Any]":
+        if not isinstance(value, dict):
+            raise _type_error(path, "a JSON object", value)
+        _check_json(path, value, depth=0)
+        try:
+            size = len(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise _type_error(path, f"a JSON object ({exc})", value) from None
+        if size > ARGS_MAX_BYTES:
+            raise LayoutError(f"{path} is {size:,} bytes as JSON; expected at most {ARGS_MAX_BYTES:,}", field=path)
+        value = json.loads(json.dumps(value))  # a copy the caller cannot change under us
     elif base == "list[float]":
         if not isinstance(value, list) or len(value) > 100_000:
             raise _type_error(path, "a list of numbers", value)
         value = [_check_value(f"{path}[{i}]", "float", v) for i, v in enumerate(value)]
     return value
+
+
+def _check_json(path: str, value: Any, *, depth: int) -> None:
+    """`value` is plain JSON (objects with string keys, lists, strings, finite numbers, booleans,
+    null) nested at most `ARGS_MAX_DEPTH` deep; raises `LayoutError` naming `path`."""
+    if depth > ARGS_MAX_DEPTH:
+        raise LayoutError(f"{path} is nested more than {ARGS_MAX_DEPTH} levels deep; expected a flatter object",
+                          field=path)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _type_error(path, "an object with string keys", key)
+            _check_json(f"{path}.{key}", item, depth=depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(f"{path}[{i}]", item, depth=depth + 1)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise _type_error(path, "a finite number", value)
+    elif value is not None and not isinstance(value, str | int | float | bool):
+        raise _type_error(path, "JSON (an object, list, string, number, true/false or null)", value)
 
 
 _NESTED: dict[str, type] = {}  # annotation name -> dataclass, filled below

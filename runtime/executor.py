@@ -23,7 +23,6 @@ from runtime.config import JobConfig
 from runtime.data.dataset import Batches
 from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
-from runtime.model import activation_shape, loss_fn
 from runtime.optim import LayerState
 from runtime.schedule import (
     ALL_REDUCE,
@@ -39,6 +38,7 @@ from runtime.schedule import (
     SEND_GRAD,
     Action,
 )
+from runtime.usermodel import boundary_shapes, loss_for
 
 
 @dataclass(slots=True)
@@ -76,7 +76,10 @@ class Executor:
         self.hop_of = {
             (stage, m): h for m, route in enumerate(layout.routes) for h, (stage, _) in enumerate(route)
         }
-        self.act_shape = activation_shape(config.model, layout.microbatch_size)
+        first_input = self.batches.train(step=0, index=0, size=layout.microbatch_size)[0]
+        self.boundaries = boundary_shapes(config, first_input)
+        """(shape, dtype) of the activation entering each layer (what boundary `b` sends)."""
+        self.loss_fn = loss_for(config.model)
         self.device = config.device_time
         self.plan = grad_plan(layout, home_pipelines(config))
         self.layer_numel = {i: sum(p.numel() for p in state.params) for i, state in held.items()}
@@ -95,6 +98,11 @@ class Executor:
     def _params(self, stage: int) -> list[nn.Parameter]:
         lo, hi = self.layout.stages[stage]
         return [p for i in range(lo, hi) for p in self.held[i].params]
+
+    def _buffer(self, boundary: int) -> torch.Tensor:
+        """An empty tensor shaped like what crosses `boundary` (the input of layer `boundary`)."""
+        shape, dtype = self.boundaries[boundary]
+        return torch.empty(shape, dtype=dtype)
 
     def _tag(self, mb: int, boundary: int, backward: bool) -> int:
         return (mb * (self.layout.num_layers + 1) + boundary) * 2 + int(backward)
@@ -189,9 +197,9 @@ class Executor:
                 boundary = lo if (act.kind in (SEND_GRAD, RECV_ACT)) else hi
                 tag = self._tag(act.microbatch, boundary, backward)
                 if act.kind in (SEND_ACT, SEND_GRAD):
-                    self.comm.send_poison(torch.empty(self.act_shape), act.peer, tag)
+                    self.comm.send_poison(self._buffer(boundary), act.peer, tag)
                 elif not (act is current and consumed):
-                    self.comm.drain(torch.empty(self.act_shape), act.peer, tag)
+                    self.comm.drain(self._buffer(boundary), act.peer, tag)
             elif act.kind == ALL_REDUCE and (act.layers, act.group) not in started_reduces:
                 numel = sum(self.layer_numel[i] for i in range(*act.layers))
                 replicas = self._replica_owners(act)
@@ -212,7 +220,7 @@ class Executor:
             key = (act.stage, act.microbatch)
             started = time.perf_counter()
             if act.kind == RECV_ACT:
-                buf = torch.empty(self.act_shape)
+                buf = self._buffer(self.layout.stages[act.stage][0])
                 comm.recv(buf, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][0], False))
                 inputs[key] = buf.requires_grad_()
             elif act.kind == SEND_ACT:
@@ -220,7 +228,7 @@ class Executor:
                 keep_alive.append(out)
                 comm.send(out, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][1], False))
             elif act.kind == RECV_GRAD:
-                buf = torch.empty(self.act_shape)
+                buf = self._buffer(self.layout.stages[act.stage][1])
                 comm.recv(buf, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][1], True))
                 out_grads[key] = buf
             elif act.kind == SEND_GRAD:
@@ -266,7 +274,7 @@ class Executor:
         for layer in self._layers(act.stage):
             out = layer(out)
         if hop == len(route) - 1:
-            loss = loss_fn(out, self._data(step, act.microbatch)[1])
+            loss = self.loss_fn(out, self._data(step, act.microbatch)[1])
             result.loss_sum += loss.item()
             result.loss_count += 1
             outputs[key] = loss / self.num_mb

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.config import ModelSpec
+from runtime.config import USER_MODEL_KIND, ModelSpec
 
 
 class Embed(nn.Module):
@@ -78,7 +78,12 @@ class Dense(nn.Module):
 
 
 def build_layer(spec: ModelSpec, index: int, seed: int) -> nn.Module:
-    """Build layer `index` of the model, initialised from (seed, index) only."""
+    """Build layer `index` of the model, initialised from (seed, index) only (a user's model: see
+    `runtime.usermodel` for its rule)."""
+    if spec.kind == USER_MODEL_KIND:
+        from runtime.usermodel import build_user_layer
+
+        return build_user_layer(spec, index, seed)
     if not 0 <= index < spec.num_layers:
         raise IndexError(f"layer {index} out of range; the model has {spec.num_layers} layers")
     gen_state = torch.random.get_rng_state()
@@ -100,7 +105,8 @@ def build_model(spec: ModelSpec, seed: int) -> nn.Sequential:
 
 
 def activation_shape(spec: ModelSpec, batch: int) -> tuple[int, ...]:
-    """Shape of the tensor passed between any two layers (what a stage sends and receives)."""
+    """Shape of the tensor passed between any two layers of a built-in model. The executor uses the
+    per-boundary shapes of `runtime.usermodel.boundary_shapes` (any model)."""
     return (batch, spec.seq_len, spec.n_embd) if spec.kind == "gpt" else (batch, spec.n_embd)
 
 

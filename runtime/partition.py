@@ -5,11 +5,14 @@ from __future__ import annotations
 import functools
 import time
 
-from runtime.config import LayoutError, ModelSpec
+from runtime.config import USER_MODEL_KIND, LayoutError, ModelSpec
 
 
 def estimate_layer_costs(spec: ModelSpec) -> list[float]:
-    """Relative forward+backward cost per layer from multiply-adds (used when nothing was profiled)."""
+    """Relative forward+backward cost per layer from multiply-adds (used when nothing was profiled);
+    a user's model not profiled (no `layer_costs` in its contract): the same cost for every layer."""
+    if spec.kind == USER_MODEL_KIND:
+        return [1.0] * spec.num_layers
     c, t, v = spec.n_embd, spec.seq_len, spec.vocab_size
     if spec.kind == "gpt":
         block = 12 * c * c * t + 2 * t * t * c

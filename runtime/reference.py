@@ -9,8 +9,9 @@ import torch
 from runtime.config import JobConfig
 from runtime.data.dataset import Batches
 from runtime.grad_order import home_pipelines
-from runtime.model import build_layer, loss_fn
+from runtime.model import build_layer
 from runtime.optim import LayerState
+from runtime.usermodel import loss_for
 
 
 def named_parameters(states: dict[int, LayerState]) -> dict[str, torch.Tensor]:
@@ -58,6 +59,7 @@ def reference_run(config: JobConfig, steps: int | None = None) -> ReferenceRun:
 def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: Batches) -> float:
     """Mean loss over the held-out micro-batches a validation pass reads (no gradients)."""
     total, count = 0.0, 0
+    loss_fn = loss_for(config.model)
     with torch.no_grad():
         for batch in range(config.data.val_batches):
             for mb in range(config.num_microbatches):
@@ -72,6 +74,7 @@ def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: B
 def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
     config.validate()
     spec = config.model
+    loss_fn = loss_for(spec)
     states = {i: LayerState(i, build_layer(spec, i, config.seed)) for i in range(spec.num_layers)}
     params = [p for i in range(spec.num_layers) for p in states[i].params]
     home = home_pipelines(config)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
 from runtime.comm import Comm, bury, reap
-from runtime.config import JobConfig
+from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError
 from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.data.dataset import Batches, DataError
 from runtime.executor import Executor
@@ -188,6 +188,7 @@ class Worker:
         try:
             self.batches = self._open_data()
             self._open_init()
+            self._check_model()
             if spec.joining:
                 ready = time.time()
                 self.coord.request_join(self.node)
@@ -281,6 +282,24 @@ class Worker:
             self._emit({"event": "job_failed", "reason": reason})
             raise JobCannotContinue(reason) from None
         self.init_step = self.init.start_step
+
+    def _check_model(self) -> None:
+        """A user's model is validated again here, before any generation forms (its import, return
+        type, layers, initialisation and shapes); a model this node cannot build fails the job once.
+        A contract without `model.layers` (not validated by a client) gets it here: every rank finds
+        the same count, and the stages are split evenly (no profiled `layer_costs`)."""
+        if self.config.model.kind != USER_MODEL_KIND:
+            return
+        from runtime.usermodel import validate_model
+
+        try:
+            validate_model(self.config, batches=self.batches, profile=False).record(self.config)
+            self.config.validate()
+        except LayoutError as exc:
+            reason = f"model: {exc}"
+            self.coord.mark_failed(reason)
+            self._emit({"event": "job_failed", "reason": reason})
+            raise JobCannotContinue(reason) from None
 
     def _validate(self, executor: Executor, layout: Layout, members: list[int], step: int, generation: int) -> None:
         """The held-out loss of the parameters after `step` steps, computed by the pipeline without a

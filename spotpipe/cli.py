@@ -82,7 +82,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("file", type=Path, nargs="?", help="a job file (TOML), optional")
     train.add_argument("--data", metavar="URI", help="data source FORMAT:LOCATION, e.g. text:corpus/ or tokens:data/")
     train.add_argument("--tokenizer", metavar="byte|PATH", help="byte (default) or a Hugging Face tokenizer.json")
-    train.add_argument("--model", metavar="SPEC", help="a model preset (gpt-nano); default gpt-nano without a file")
+    train.add_argument("--model", metavar="SPEC", help="a model preset (gpt-nano; default without a file) or your "
+                                                        "model function, package.module:function")
+    train.add_argument("--model-args", metavar="JSON", help="keyword arguments of the model function (a JSON object)")
     for name, text in (("dp", "pipelines (data-parallel degree)"), ("pp", "stages per pipeline"),
                        ("microbatches", "micro-batches per pipeline per step"),
                        ("global-batch", "samples per optimizer step"), ("steps", "optimizer steps"),
@@ -124,7 +126,7 @@ def run_client(args: argparse.Namespace) -> int:
         file=args.file, data=args.data, tokenizer=args.tokenizer, model=args.model, dp=args.dp, pp=args.pp,
         microbatches=args.microbatches, global_batch=args.global_batch, steps=args.steps, strategy=args.strategy,
         seed=args.seed, val_every=args.val_every, lr=args.lr, init_from=args.init_from, fails=args.fail, out=args.out,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout, model_args=args.model_args,
     ))
 
 

@@ -62,10 +62,39 @@ def _guarded(command: Callable[..., int]) -> Callable[..., int]:
 
 @_guarded
 def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
-    job = _client().submit(load_job_file(path))
+    from runtime.config import LayoutError, each_error
+
+    body = load_job_file(path)
+    try:
+        body = validate_user_model(body)  # before anything is sent: the control plane never imports it
+    except LayoutError as exc:
+        raise JobFileError("\n".join(f"{path}: {p.field or 'model'}: {p.message}" for p in each_error(exc))) from None
+    job = _client().submit(body)
     print(f"job {job['id']} submitted: {job['name']} ({job['status']})", file=out)
     print(f"  {describe_plan(job['plan'])}", file=out)
     return 0
+
+
+def validate_user_model(body: dict[str, Any]) -> dict[str, Any]:
+    """A job file's body with its user model (`config.model.kind = "py"`) checked here, where the
+    code is (the control plane never imports it), and its layer count and profiled per-layer costs
+    recorded in the contract (`config.model.layers`, `config.layer_costs`); raises `LayoutError`
+    naming what is wrong. Other models: the body unchanged."""
+    config = body.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    if not (isinstance(model, dict) and model.get("kind") == "py"):
+        return body
+    from runtime.config import JobConfig
+    from runtime.usermodel import validate_model
+
+    plan = body.get("plan") if isinstance(body.get("plan"), dict) else {}
+    layout = {name: plan[name] if isinstance(plan.get(name), int) else 1 for name in ("dp", "pp", "microbatches")}
+    job = JobConfig.from_dict({**config, **layout, "strategy": "none", "steps": 1})
+    report = validate_model(job, need_data=False)
+    body = {**body, "config": {**config, "model": {**model, "layers": report.num_layers}}}
+    if report.layer_costs is not None and config.get("layer_costs") is None:
+        body["config"]["layer_costs"] = report.layer_costs
+    return body
 
 
 @_guarded

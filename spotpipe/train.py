@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runtime.config import (
+    USER_MODEL_KIND,
     JobConfig,
     LayoutError,
     build_job_config,
@@ -53,6 +54,8 @@ class TrainOptions:
     data: str | None = None
     tokenizer: str | None = None
     model: str | None = None
+    model_args: str | None = None
+    """`--model-args JSON`: keyword arguments of a model function (`--model package.module:function`)."""
     dp: int | None = None
     pp: int | None = None
     microbatches: int | None = None
@@ -94,7 +97,13 @@ def resolve_config(options: TrainOptions) -> JobConfig:
                        else (dict(body.get("config") or {}), None))
     contract = json.loads(json.dumps(contract))  # a deep copy the flags can change
     if options.model is not None:
-        contract["model"] = _preset_dict(options.model)
+        contract["model"] = _model_dict(options.model, options.model_args)
+    elif options.model_args is not None:
+        model = contract.get("model")
+        if not (isinstance(model, dict) and model.get("kind") == USER_MODEL_KIND):
+            raise TrainError("--model-args: the model is not a model function; expected "
+                             "--model package.module:function (or a job file's config.model with kind = py) with it")
+        model["args"] = _model_args(options.model_args)
     elif not options.file:
         contract.setdefault("model", _preset_dict("gpt-nano"))
     data = contract.setdefault("data", {}) if (options.data or options.tokenizer) else contract.get("data", {})
@@ -113,6 +122,40 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     strategy = options.strategy or body.get("strategy", "auto")
     steps = options.steps if options.steps is not None else body.get("target_steps", 100)
     return build_job_config(contract, **layout, strategy=resolve_strategy(strategy), steps=steps)
+
+
+def _model_args(text: str) -> dict[str, Any]:
+    try:
+        args = json.loads(text)
+    except ValueError as exc:
+        raise TrainError(f"--model-args {text!r} is not JSON ({exc}); expected a JSON object, "
+                         "e.g. '{\"width\": 64}'") from None
+    if not isinstance(args, dict):
+        raise TrainError(f"--model-args {text!r} is a JSON {type(args).__name__}; expected a JSON object of keyword "
+                         "arguments")
+    return args
+
+
+def _model_dict(model: str, args: str | None) -> dict[str, Any]:
+    """`--model`: a preset name, or a model function `package.module:function` (with `--model-args`)."""
+    if ":" in model:
+        return {"kind": USER_MODEL_KIND, "path": model, "args": _model_args(args) if args is not None else {}}
+    if args is not None:
+        raise TrainError(f"--model-args is for a model function; --model {model!r} is a preset "
+                         "(expected --model package.module:function with it)")
+    return _preset_dict(model)
+
+
+def validate_user_model(config: JobConfig, batches: Any = None) -> None:
+    """For a user's model: import it, check it (`runtime.usermodel.validate_model`) and record its
+    layer count and profiled per-layer costs into `config`, here, before any process starts; raises
+    `LayoutError` (a `ModelError`) naming what is wrong."""
+    if config.model.kind != USER_MODEL_KIND:
+        return
+    from runtime.usermodel import validate_model
+
+    validate_model(config, batches=batches).record(config)
+    config.validate()
 
 
 def _preset_dict(name: str) -> dict[str, Any]:
@@ -144,6 +187,12 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
     except DataError as exc:
         print(f"error: data.source: {exc}", file=err)
         return 2
+    try:
+        validate_user_model(config, batches)
+    except LayoutError as exc:
+        for problem in each_error(exc):
+            print(f"error: {problem.field or 'model'}: {problem.message}", file=err)
+        return 2
     data = batches.dataset.description if batches.dataset else {"source": "synthetic"}
     start = 0
     if config.init_from:
@@ -169,7 +218,8 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     ranks = out_dir / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(out_dir, config, start=start)
-    print(f"training {config.model.kind} ({config.model.num_layers} layers) on {data.get('source')}: "
+    name = config.model.path if config.model.kind == USER_MODEL_KIND else config.model.kind
+    print(f"training {name} ({config.model.num_layers} layers) on {data.get('source')}: "
           f"dp={config.dp} x pp={config.pp}, {config.steps} steps, strategy {config.strategy}; output in {out_dir}",
           file=out, flush=True)
     progress = Progress(config, out)

@@ -4,6 +4,7 @@ this module on first use, so that importing the planner does not load torch."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import torch
@@ -39,7 +40,7 @@ class _OpCounter(TorchDispatchMode):
 def meta_layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> tuple[LayerFeatures, ...]:
     """Every layer's features for one micro-batch; `spec_items` is the ModelSpec as sorted
     (field, value) pairs, so that the result can be cached per model."""
-    spec = ModelSpec(**dict(spec_items))
+    spec = ModelSpec(**{k: json.loads(v) if k == "args" else v for k, v in spec_items})
     kind = getattr(torch, dtype)
     out: list[LayerFeatures] = []
     if spec.kind == "gpt":

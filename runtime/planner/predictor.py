@@ -12,6 +12,7 @@ come from running it once on the `meta` device, so any model size costs nothing 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -40,7 +41,8 @@ def layer_features(spec: ModelSpec, *, microbatch_size: int, dtype: str = "float
     from runtime.planner.meta_features import meta_layer_features
 
     spec.validate()
-    return list(meta_layer_features(tuple(sorted(asdict(spec).items())), microbatch_size, dtype))
+    items = ((k, json.dumps(v, sort_keys=True) if k == "args" else v) for k, v in asdict(spec).items())  # hashable
+    return list(meta_layer_features(tuple(sorted(items)), microbatch_size, dtype))
 
 
 def _row(flops: float, nbytes: float, ops: int, device: DeviceSpec) -> list[float]:

@@ -1,0 +1,212 @@
+"""Your own model: user models unlike the GPT (a CNN classifier returned whole, a residual MLP with
+LayerNorm as layer factories with a custom loss) trained through `spotpipe train` with dp=2, pp=2
+under every fault-tolerant strategy with a rank killed and with a notice, ending with the parameters
+of the failure-free single-process run; and every validation failure is one message, before any
+process starts."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.reference import train_reference
+from runtime.usermodel import ModelError, boundary_shapes, build_user_layer, validate_model
+from spotpipe.train import TrainOptions, run_train
+
+M = "tests.usermodels.models"
+CNN = dict(model=f"{M}:cnn", model_args='{"channels": 4}', data=f"py:{M}:images")
+RESMLP_FILE = f"""target_steps = 4
+[config]
+global_batch = 8
+op_timeout_s = 2.0
+heartbeat_timeout_s = 4.0
+lr = 0.01
+[config.data]
+source = "py:{M}:regression"
+[config.model]
+kind = "py"
+path = "{M}:resmlp"
+loss = "{M}:huber"
+args = {{ width = 16, blocks = 2 }}
+[plan]
+dp = 2
+pp = 2
+microbatches = 2
+"""
+
+
+def _train(**options) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return run_train(TrainOptions(**options), out=out, err=err), out.getvalue(), err.getvalue()
+
+
+def _rank_params(ranks: Path) -> dict[str, list[torch.Tensor]]:
+    params: dict[str, list[torch.Tensor]] = {}
+    for path in sorted(ranks.glob("node-*.pt")):
+        for name, value in torch.load(path)["params"].items():
+            params.setdefault(name, []).append(value)
+    return params
+
+
+def assert_reference(out_dir: Path) -> None:
+    """The ranks' final parameters (every copy) equal the single-process run of the resolved config."""
+    config = JobConfig.from_dict(json.loads((out_dir / "spotpipe.json").read_text())["config"])
+    reference, _ = train_reference(config)
+    params = _rank_params(out_dir / "ranks")
+    assert set(params) == set(reference), "the finished ranks do not hold the whole model"
+    for name, expected in reference.items():
+        for value in params[name]:
+            torch.testing.assert_close(value, expected, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["kill", "notice"])
+@pytest.mark.parametrize("strategy", ["recycle", "bamboo", "oobleck", "checkpoint"])
+@pytest.mark.parametrize("model", ["cnn", "resmlp"])
+def test_user_model_same_math_under_failures(tmp_path: Path, model: str, strategy: str, kind: str) -> None:
+    out_dir = tmp_path / "out"
+    if model == "cnn":
+        options = dict(**CNN, dp=2, pp=2, microbatches=2, global_batch=8, steps=4, lr=0.01)
+    else:
+        (tmp_path / "job.toml").write_text(RESMLP_FILE)
+        options = dict(file=tmp_path / "job.toml")
+    code, out, err = _train(**options, strategy=strategy, fails=[f"{kind}:1@2"], out=out_dir)
+    assert code == 0, err
+    summary = json.loads((out_dir / "spotpipe.json").read_text())
+    assert summary["config"]["model"]["layers"] == 4 and len(summary["config"]["layer_costs"]) == 4
+    assert f"training {M}:{model} (4 layers)" in out
+    assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # rank 1 was killed or left: it saved nothing
+    assert_reference(out_dir)
+
+
+def test_boundaries_change_shape_and_init_is_the_same_on_every_rank() -> None:
+    config = JobConfig(model=ModelSpec(kind="py", path=f"{M}:cnn", args={"channels": 4}, layers=4), dp=1, pp=4,
+                       microbatches=1, global_batch=2)
+    shapes = boundary_shapes(config, torch.zeros(2, 1, 8, 8))
+    assert [s for s, _ in shapes] == [(2, 1, 8, 8), (2, 4, 8, 8), (2, 8, 4, 4), (2, 16)]
+    assert all(d == torch.float32 for _, d in shapes)
+    # a layer built again (a survivor or a replacement) equals the original; factories too
+    for path in (f"{M}:cnn", f"{M}:resmlp"):
+        spec = ModelSpec(kind="py", path=path, layers=4)
+        first, again = build_user_layer(spec, 2, seed=5), build_user_layer(spec, 2, seed=5)
+        for a, b in zip(first.parameters(), again.parameters(), strict=True):
+            assert torch.equal(a, b)
+        other = build_user_layer(spec, 2, seed=6)
+        assert not all(torch.equal(a, b) for a, b in zip(first.parameters(), other.parameters(), strict=True))
+
+
+def test_a_factory_layer_is_built_alone() -> None:
+    """Layer factories: building layer 3 alone gives the layer of a whole build (seeded per index)."""
+    spec = ModelSpec(kind="py", path=f"{M}:resmlp", layers=4)
+    whole = [build_user_layer(spec, i, seed=0) for i in range(4)]
+    torch.manual_seed(123)  # the global generator's state does not matter
+    alone = build_user_layer(spec, 3, seed=0)
+    for a, b in zip(whole[3].parameters(), alone.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+BAD = [
+    (dict(model="nosuchpkg.models:net"), "model.path: model.path 'nosuchpkg.models:net': importing 'nosuchpkg.models' "
+                                          "failed (ModuleNotFoundError: No module named 'nosuchpkg')"),
+    (dict(model=f"{M}:nothing"), f"module '{M}' has no model function 'nothing'"),
+    (dict(model=f"{M}:returns_dict"), f"model function {M}:returns_dict returned dict; expected an nn.Sequential"),
+    (dict(model=f"{M}:mixed"), f"model function {M}:mixed returned a list of Linear, str; expected"),
+    (dict(model=f"{M}:two_layers", pp=4), f"model function {M}:two_layers returns 2 layers, fewer than the pp=4 "
+                                          "pipeline stages; expected at least 4 layers"),
+    (dict(model=f"{M}:mismatched"), "layer 2 (Linear) cannot take the output of layer 1 (Linear), a tensor of shape "
+                                    "(2, 16) (float32): RuntimeError"),
+    (dict(model=f"{M}:parameterless"), "layer 1 (ReLU) has no parameters; expected every layer to hold parameters"),
+    (dict(model=f"{M}:nondeterministic"), "layer 0 (Linear) is initialised non-deterministically: layer factory 0 run "
+                                          "twice under torch.manual_seed(0) gave different values of 'weight'"),
+    (dict(model=f"{M}:resmlp"), "model.loss: the loss (cross-entropy) cannot take the last layer's output"),
+    (dict(model=f"{M}:resmlp", loss=f"{M}:bad_loss"), "the loss (tests.usermodels.models:bad_loss) returns a tensor of "
+                                                      "shape (2, 2) (float32); expected a scalar tensor"),
+    (dict(model=f"{M}:resmlp", loss=f"{M}:absent"), "module 'tests.usermodels.models' has no loss function 'absent'"),
+    (dict(model=f"{M}:resmlp", model_args="[1]"), "--model-args '[1]' is a JSON list; expected a JSON object"),
+    (dict(model=f"{M}:resmlp", model_args='{"width": 16, "depth": 3}'),
+     "resmlp(**{\"width\": 16, \"depth\": 3}) raised TypeError"),
+    (dict(model="gpt-nano", model_args="{}"), "--model-args is for a model function"),
+    (dict(model="not a path:x"), "model.path 'not a path:x' is invalid; expected the model function as "
+                                 "package.module:function"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD)
+def test_bad_model_is_one_message_and_starts_nothing(tmp_path: Path, options: dict, message: str) -> None:
+    loss = options.pop("loss", None)
+    out_dir = tmp_path / "out"
+    if loss:  # the job file's model (a --model flag would replace it, loss and all)
+        options.pop("model")
+        (tmp_path / "job.toml").write_text(RESMLP_FILE.replace(f'loss = "{M}:huber"', f'loss = "{loss}"'))
+        options = dict(file=tmp_path / "job.toml", **options)
+    else:
+        options = dict(data=f"py:{M}:regression", dp=1, pp=options.pop("pp", 2), global_batch=8, **options)
+    code, _, err = _train(**options, out=out_dir)
+    assert code == 2, err
+    assert message in err, err
+    assert err.count("error:") == 1, err
+    assert not (out_dir / "ranks").exists()  # no rank was started
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("x", "model.args must be a JSON object"),
+    ({"a": float("nan")}, "model.args.a must be a finite number"),
+    ({"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {"i": 1}}}}}}}}}, "nested more than 8 levels deep"),
+    ({"a": "x" * 70_000}, "expected at most 65,536"),
+])
+def test_model_args_are_checked_by_the_contract(args: object, message: str) -> None:
+    with pytest.raises(LayoutError, match=r"model\.args") as info:
+        JobConfig.from_dict({"model": {"kind": "py", "path": f"{M}:cnn", "args": args}})
+    assert message in str(info.value)
+
+
+def test_contract_fields_of_a_user_model() -> None:
+    config = JobConfig.from_dict({"model": {"kind": "py", "path": f"{M}:cnn", "args": {"channels": 2}}, "pp": 8})
+    config.validate()  # layers unknown until validated: pp is checked then
+    config.model.layers = 4
+    with pytest.raises(LayoutError, match=rf"pp=8 stages but the model function {M}:cnn returns only 4 layers"):
+        config.validate()
+    with pytest.raises(LayoutError, match=r"model\.path is for a user's model"):
+        JobConfig.from_dict({"model": {"kind": "gpt", "path": f"{M}:cnn"}}).validate()
+    assert JobConfig.from_dict(config.to_dict()) == config  # round-trips through JSON
+
+
+def test_validate_model_records_layers_and_costs() -> None:
+    config = JobConfig(model=ModelSpec(kind="py", path=f"{M}:cnn"), dp=1, pp=2, microbatches=1, global_batch=4,
+                       data=__import__("runtime.config").config.DataSpec(source=f"py:{M}:images"))
+    report = validate_model(config)
+    assert report.num_layers == 4 and len(report.layer_costs) == 4 and all(c > 0 for c in report.layer_costs)
+    assert report.boundaries[2] == ((4, 8, 4, 4), torch.float32)
+    report.record(config)
+    assert config.model.layers == 4 and config.layer_costs == report.layer_costs
+    with pytest.raises(ModelError, match=r"returns 4 layers but the job's contract says model\.layers=5"):
+        config.model.layers = 5
+        validate_model(config, profile=False)
+
+
+def test_submit_validates_here_and_sends_layers_and_costs(tmp_path: Path, monkeypatch) -> None:
+    from spotpipe import commands
+
+    sent = []
+
+    class Client:
+        def submit(self, body):
+            sent.append(body)
+            return {"id": 1, "name": "x", "status": "queued", "plan": {}}
+
+    monkeypatch.setattr(commands, "_client", Client)
+    monkeypatch.setattr(commands, "describe_plan", lambda plan: "")
+    (tmp_path / "job.toml").write_text(RESMLP_FILE)
+    assert commands.submit(tmp_path / "job.toml") == 0
+    assert sent[0]["config"]["model"]["layers"] == 4 and len(sent[0]["config"]["layer_costs"]) == 4
+    (tmp_path / "bad.toml").write_text(RESMLP_FILE.replace(":resmlp", ":parameterless")
+                                          .replace("args = { width = 16, blocks = 2 }\n", ""))
+    err = io.StringIO()
+    assert commands.submit(tmp_path / "bad.toml", err=err) == 2
+    assert "layer 1 (ReLU) has no parameters" in err.getvalue() and len(sent) == 1  # nothing sent
