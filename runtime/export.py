@@ -68,8 +68,7 @@ def optimizer_tensors(state: Any) -> dict[str, torch.Tensor]:
 def model_entry(spec: ModelSpec) -> dict[str, Any]:
     """The `model` entry of spotpipe.json: what `build_from_entry` rebuilds the module from.
 
-    Hook for user models (import path + kwargs): add their fields here and build them in
-    `build_from_entry`; a built-in model is its ModelSpec dict."""
+    It is the ModelSpec dict, a user model's import path, kwargs, loss and layer count included."""
     import dataclasses
 
     return dataclasses.asdict(spec)
@@ -78,7 +77,7 @@ def model_entry(spec: ModelSpec) -> dict[str, Any]:
 def build_from_entry(entry: Mapping[str, Any]) -> nn.Sequential:
     """The (untrained) `nn.Sequential` of a spotpipe.json `model` entry, built on the meta device
     (no memory, no initialisation: the weights are assigned when loaded)."""
-    # Hook for user models: an entry with an import path would call the user's function here.
+    # A user model (kind "py") is built by its function through build_layer, like on the nodes.
     from runtime.model import build_model
 
     spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})

@@ -83,6 +83,25 @@ def test_user_model_same_math_under_failures(tmp_path: Path, model: str, strateg
     assert f"training {M}:{model} (4 layers)" in out
     assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # rank 1 was killed or left: it saved nothing
     assert_reference(out_dir)
+    assert_loaded_model_is_the_reference(out_dir)
+
+
+def assert_loaded_model_is_the_reference(out_dir: Path) -> None:
+    """`spotpipe.load_model` on the run's folder gives a module whose forward equals the reference
+    model's (trained in one process) on the same input."""
+    import spotpipe
+    from runtime.data.dataset import Batches
+    from runtime.model import build_model
+
+    config = JobConfig.from_dict(json.loads((out_dir / "spotpipe.json").read_text())["config"])
+    reference, _ = train_reference(config)
+    expected = build_model(config.model, config.seed)
+    expected.load_state_dict({f"{k.split('.', 1)[0].removeprefix('layer')}.{k.split('.', 1)[1]}": v
+                              for k, v in reference.items()})
+    loaded = spotpipe.load_model(out_dir)
+    x, _ = Batches(config).val(batch=0, index=0, size=2)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected.eval()(x))
 
 
 def test_boundaries_change_shape_and_init_is_the_same_on_every_rank() -> None:
