@@ -169,10 +169,26 @@ class ModelSpec:
         _raise(self.problems())
 
 
+GPT2_VOCAB_SIZE = 50257
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "gpt-nano": {"kind": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128, "seq_len": 128, "vocab_size": 256},
+    "gpt2": {"kind": "gpt", "n_layer": 12, "n_head": 12, "n_embd": 768, "seq_len": 1024, "vocab_size": GPT2_VOCAB_SIZE},
+    "gpt2-medium": {"kind": "gpt", "n_layer": 24, "n_head": 16, "n_embd": 1024, "seq_len": 1024,
+                    "vocab_size": GPT2_VOCAB_SIZE},
+    "gpt2-large": {"kind": "gpt", "n_layer": 36, "n_head": 20, "n_embd": 1280, "seq_len": 1024,
+                   "vocab_size": GPT2_VOCAB_SIZE},
+    "gpt2-xl": {"kind": "gpt", "n_layer": 48, "n_head": 25, "n_embd": 1600, "seq_len": 1024,
+                "vocab_size": GPT2_VOCAB_SIZE},
 }
-"""Named models (`--model gpt-nano`): ModelSpec fields. gpt-nano is the demo's byte-level GPT."""
+"""Named models (`--model gpt2`): ModelSpec fields. gpt-nano is the demo's byte-level GPT; the gpt2
+presets have GPT-2's shapes (blocks, heads, width, context), with the input embedding and the output
+head untied (GPT-2 ties them: these have 38.6M (gpt2) to 80.4M (gpt2-xl) more parameters). The
+vocabulary is the job's tokenizer's when it has one (`preset_for_tokenizer`), else GPT-2's 50,257."""
+
+
+def preset_vocabulary(tokenizer_vocab: int | None, name: str) -> int:
+    """The vocabulary of preset `name` for a job whose tokenizer has `tokenizer_vocab` ids (None: no tokenizer)."""
+    return tokenizer_vocab if tokenizer_vocab is not None else MODEL_PRESETS[name]["vocab_size"]
 
 
 def model_preset(name: str) -> ModelSpec:

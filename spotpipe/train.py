@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runtime.config import (
+    BYTE_VOCAB_SIZE,
+    MODEL_PRESETS,
     USER_MODEL_KIND,
     JobConfig,
     LayoutError,
@@ -38,6 +40,7 @@ from runtime.config import (
     each_error,
     explicit_layout,
     model_preset,
+    preset_vocabulary,
     resolve_strategy,
 )
 from spotpipe.jobfile import JobFileError, load_job_file
@@ -110,6 +113,10 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     for key, value in (("source", options.data), ("tokenizer", options.tokenizer)):
         if value is not None:
             data[key] = value
+    preset = options.model if options.model in MODEL_PRESETS else None if options.model else \
+        ("gpt-nano" if not options.file else None)
+    if preset is not None:
+        contract["model"]["vocab_size"] = preset_vocabulary(_tokenizer_vocabulary(data), preset)
     for key in ("global_batch", "seed", "val_every", "lr", "init_from"):
         if getattr(options, key) is not None:
             contract[key] = getattr(options, key)
@@ -122,6 +129,22 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     strategy = options.strategy or body.get("strategy", "auto")
     steps = options.steps if options.steps is not None else body.get("target_steps", 100)
     return build_job_config(contract, **layout, strategy=resolve_strategy(strategy), steps=steps)
+
+
+def _tokenizer_vocabulary(data: dict[str, Any]) -> int | None:
+    """The ids of the tokenizer that reads this job's text (None: no text source, or an s3 tokenizer
+    not fetched here); a preset's vocabulary follows it."""
+    source = str(data.get("source") or "")
+    if not source or source.startswith(("tokens:", "py:")):
+        return None
+    tokenizer = str(data.get("tokenizer") or "byte")
+    if tokenizer == "byte":
+        return BYTE_VOCAB_SIZE
+    if tokenizer.startswith("s3://") or not Path(tokenizer).is_file():
+        return None  # the nodes check it against the model
+    from runtime.data.tokenizer import HFTokenizer
+
+    return HFTokenizer(Path(tokenizer)).vocab_size
 
 
 def _model_args(text: str) -> dict[str, Any]:

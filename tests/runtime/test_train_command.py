@@ -78,3 +78,19 @@ def test_bad_input_is_one_message_and_starts_nothing(tmp_path: Path, options: di
     assert code == 2
     assert message in err
     assert not (out_dir / "ranks").exists()  # no rank was started
+
+
+def test_presets_have_gpt2_shapes_and_take_the_tokenizers_vocabulary(tmp_path: Path) -> None:
+    import torch
+
+    from runtime.model import build_model
+    from spotpipe.train import resolve_config
+
+    text = resolve_config(TrainOptions(model="gpt2", data=f"text:{CORPUS}"))
+    assert (text.model.n_layer, text.model.n_head, text.model.n_embd, text.model.seq_len) == (12, 12, 768, 1024)
+    assert text.model.vocab_size == 256  # the byte tokenizer's ids
+    assert resolve_config(TrainOptions(model="gpt2-xl", data=f"tokens:{tmp_path}")).model.vocab_size == 50257
+    with torch.device("meta"):
+        params = sum(p.numel() for p in build_model(resolve_config(TrainOptions(model="gpt2")).model, 0).parameters())
+    # GPT-2's 124M with its head untied (+ 50,257 x 768) and no attention input bias (- 12 x 2,304).
+    assert params == 124_439_808 + 50_257 * 768 - 12 * 3 * 768
