@@ -77,7 +77,7 @@ def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: 
     (dict(data="tokens:/nonexistent/train.bin"), "token file /nonexistent/train.bin does not exist"),
     (dict(fails=["kill:9@1"]), "rank 9 does not exist; expected 0..0"),
     (dict(fails=["boom"]), "expected KIND:RANK@STEP"),
-    (dict(model="gpt-huge"), "model 'gpt-huge' is unknown; expected one of ['gpt-nano']"),
+    (dict(model="gpt-huge"), "model 'gpt-huge' is unknown; expected one of ['gpt-nano', 'gpt2'"),
     (dict(val_every=2), "val_every needs held-out data"),
 ])
 def test_bad_input_is_one_message_and_starts_nothing(tmp_path: Path, options: dict, message: str) -> None:
