@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import threading
 import time
@@ -239,7 +240,8 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
 
     out_dir = options.out
     ranks = out_dir / "ranks"
-    ranks.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(ranks, ignore_errors=True)  # a previous run's logs here would be read as this run's
+    ranks.mkdir(parents=True)
     log = MetricsLog(out_dir, config, start=start)
     name = config.model.path if config.model.kind == USER_MODEL_KIND else config.model.kind
     print(f"training {name} ({config.model.num_layers} layers) on {data.get('source')}: "
