@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from controlplane.accounts.models import Team
 from controlplane.common.errors import DomainError
+from controlplane.jobs.artifacts import job_artifacts_summary
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.selectors import job_plan_summary
 from controlplane.jobs.services import job_cancel, job_resume, job_submit
@@ -55,7 +56,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_request(request, job_id)
     spent = costs.job_costs_so_far(job_ids=[job.pk]).get(job.pk)
     return _page(request, "job_detail.html", "job", reverse("frontend:job-data", args=[job.pk]), job=job,
-                 plan=job_plan_summary(job=job, cost_so_far=spent))
+                 plan=job_plan_summary(job=job, cost_so_far=spent), artifacts=job_artifacts_summary(job=job))
 
 
 @login_required
