@@ -50,9 +50,26 @@ def job_artifacts_location(*, job: TrainingJob | int) -> str:
     return str(Path(artifact_store()) / f"job-{job_id}")
 
 
-def _complete(folder: Path) -> bool:
-    """The export is whole: its model index (sharded) or its single model file is in place."""
-    return (folder / "model.safetensors.index.json").is_file() or (folder / "model.safetensors").is_file()
+def _export_files(folder: Path) -> list[str] | None:
+    """The names of the export's files in `folder`, as a reader sees them (`runtime.export.WeightsFolder`:
+    an index, when there is one, and the shards it names; else the single file), plus spotpipe.json;
+    None until the model's index or single file is in place (writers put it last). Driven by the
+    indexes, so a stale shard of an older export in the same folder is not listed."""
+    names: list[str] = []
+    for prefix in ("model", "optimizer"):
+        index, single = folder / f"{prefix}.safetensors.index.json", folder / f"{prefix}.safetensors"
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return None  # being replaced, or not an index: not complete
+            names += [index.name, *shards]
+        elif single.is_file():
+            names.append(single.name)
+        elif prefix == "model":
+            return None
+    names.append("spotpipe.json")
+    return names
 
 
 def _sha256(path: Path) -> str:
@@ -86,22 +103,25 @@ def job_artifact_list(*, job: TrainingJob) -> list[Artifact]:
     """The job's weight files (empty until its export is complete), each with its size and sha256
     (computed once per file version, then read from the sidecar)."""
     folder = Path(job_artifacts_location(job=job))
-    if not folder.is_dir() or not _complete(folder):
+    names = _export_files(folder) if folder.is_dir() else None
+    if names is None:
         return []
     cached = _read_sidecar(folder)
     fresh: dict[str, Any] = {}
     artifacts = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if not ARTIFACT_NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
+    for name in sorted(set(names)):
+        path = folder / name
+        # Only the export's own names (an index could name anything), regular files, no links.
+        if not ARTIFACT_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
             continue
-        stat = entry.stat(follow_symlinks=False)
-        known = cached.get(entry.name) or {}
+        stat = path.stat()
+        known = cached.get(name) or {}
         if known.get("size") == stat.st_size and known.get("mtime_ns") == stat.st_mtime_ns and known.get("sha256"):
             sha = known["sha256"]
         else:
-            sha = _sha256(Path(entry.path))
-        fresh[entry.name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
-        artifacts.append(Artifact(entry.name, stat.st_size, sha, Path(entry.path)))
+            sha = _sha256(path)
+        fresh[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
+        artifacts.append(Artifact(name, stat.st_size, sha, path))
     if fresh != cached:
         _write_sidecar(folder, fresh)
     return artifacts

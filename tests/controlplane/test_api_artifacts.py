@@ -7,6 +7,7 @@ tests/orchestration/test_artifacts_end_to_end.py."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -66,11 +67,13 @@ def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
     _export(folder, sharded=True)
     (folder / "notes.txt").write_text("not an artifact")
     (folder / ".tmp-model.safetensors-x").write_text("a writer's temporary file")
+    (folder / "model-00001-of-00009.safetensors").write_text("a stale shard of an older export")
     body = client.get(url).json()
     assert body["complete"]
     names = [f["name"] for f in body["files"]]
     assert "model.safetensors.index.json" in names and "spotpipe.json" in names
     assert sum(n.endswith(".safetensors") for n in names) >= 2 and "notes.txt" not in names
+    assert "model-00001-of-00009.safetensors" not in names  # the index says what the export is
     for f in body["files"]:
         assert f["size"] == (folder / f["name"]).stat().st_size and f["sha256"] == _sha(folder / f["name"])
         assert f["url"].endswith(f"/api/v1/jobs/{job.pk}/artifacts/{f['name']}")
@@ -87,9 +90,18 @@ def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
     assert b"".join(response.streaming_content) == (folder / name).read_bytes()
     assert name in response["Content-Disposition"]
     (store / "secret.safetensors").write_text("another folder")
-    for bad in ("notes.txt", artifacts.SIDECAR, "..", "..%2Fsecret.safetensors", "%2E%2E", "model.safetensors"):
+    for bad in ("notes.txt", artifacts.SIDECAR, "model-00001-of-00009.safetensors", "..",
+                "..%2Fsecret.safetensors", "%2E%2E", "model.safetensors"):
         assert client.get(url + bad).status_code == 404, bad
     assert client.get(f"/api/v1/jobs/{job.pk}/artifacts/../secret.safetensors").status_code == 404
+    # An index naming a path outside the folder does not make it servable.
+    monkeypatch.undo()  # the rewritten index is hashed again (its size and time changed)
+    index = folder / "model.safetensors.index.json"
+    body_index = json.loads(index.read_text())
+    body_index["weight_map"]["0.bias"] = "../secret.safetensors"
+    index.write_text(json.dumps(body_index))
+    assert "../secret.safetensors" not in [f["name"] for f in client.get(url).json()["files"]]
+    assert client.get(url + "..%2Fsecret.safetensors").status_code == 404
 
     # Team scope: another team's token sees no such job; no token is 401.
     other = make_team()
