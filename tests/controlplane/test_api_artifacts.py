@@ -108,6 +108,9 @@ def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
     stranger = token_client(make_api_token(other, user=make_api_user(other)))
     assert stranger.get(url).status_code == 404 and stranger.get(url + name).status_code == 404
     assert token_client().get(url).status_code == 401 and token_client().get(url + name).status_code == 401
+    # The job's own agents do not read its weights (agent tokens reach only their listed actions).
+    agent = token_client(make_api_token(team, instance=make_instance(team, job=job)))
+    assert agent.get(url).status_code == 403 and agent.get(url + name).status_code == 403
 
 
 def test_the_job_page_links_the_files_and_shows_the_snippet(store: Path) -> None:
