@@ -253,13 +253,9 @@ SPOTPIPE_DATA_S3_CHECK = env.bool("SPOTPIPE_DATA_S3_CHECK", default=True)
 SPOTPIPE_S3_ENDPOINT_URL = env.str("SPOTPIPE_S3_ENDPOINT_URL", default="") or SPOTPIPE_AWS_ENDPOINT_URL
 # The artifact store: each job's final weights go to <store>/job-<id>/ (the control plane hands that
 # folder to the nodes' workers as their export folder; docs/orchestration.md, "The artifact store").
-# A local folder: the nodes must see it (the local provider's nodes are processes on this host).
+# A local folder the nodes see (the local provider's nodes are processes on this host), or
+# s3://bucket/prefix (the nodes upload with their AWS credentials, the control plane reads with its own).
 SPOTPIPE_ARTIFACTS = env.str("SPOTPIPE_ARTIFACTS", default="") or str(VAR_DIR / "artifacts")
-if SPOTPIPE_ARTIFACTS.startswith("s3://"):
-    raise environ.ImproperlyConfigured(
-        f"SPOTPIPE_ARTIFACTS={SPOTPIPE_ARTIFACTS!r}: an s3:// artifact store is not supported yet "
-        "(workers write their export to local files only); use a folder the nodes share"
-    )
 # Where a job runs when its plan names no provider, and the instance types a plan on aws may use
 # when it names none (docs/api.md, "The plan"). The local provider has one type, local.node.
 SPOTPIPE_DEFAULT_PROVIDER = env.str("SPOTPIPE_DEFAULT_PROVIDER", default="local")

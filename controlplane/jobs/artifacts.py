@@ -8,11 +8,13 @@ in a sidecar (`.sha256.json`, keyed by name, size and modification time) in the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,94 +38,171 @@ class Artifact:
     name: str
     size: int
     sha256: str
-    path: Path
+    version: str
+    """What identifies this version of the file: `mtime_ns` locally, the ETag on S3."""
 
 
 def artifact_store() -> str:
-    """The artifact store's root (a local folder)."""
+    """The artifact store's root: a local folder or `s3://bucket/prefix`."""
     return str(settings.SPOTPIPE_ARTIFACTS)
 
 
 def job_artifacts_location(*, job: TrainingJob | int) -> str:
     """The job's folder in the artifact store: what its workers get as their export folder."""
     job_id = job if isinstance(job, int) else job.pk
-    return str(Path(artifact_store()) / f"job-{job_id}")
+    store = artifact_store()
+    if store.startswith("s3://"):
+        return f"{store.rstrip('/')}/job-{job_id}"
+    return str(Path(store) / f"job-{job_id}")
 
 
-def _export_files(folder: Path) -> list[str] | None:
-    """The names of the export's files in `folder`, as a reader sees them (`runtime.export.WeightsFolder`:
-    an index, when there is one, and the shards it names; else the single file), plus spotpipe.json;
+class _LocalFolder:
+    def __init__(self, location: str) -> None:
+        self.root = Path(location)
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            return (self.root / name).read_text()
+        except OSError:
+            return None
+
+    def stat(self, name: str) -> tuple[int, str] | None:
+        """(size, version) of a regular file (no links), else None."""
+        path = self.root / name
+        if path.is_symlink() or not path.is_file():
+            return None
+        st = path.stat()
+        return st.st_size, str(st.st_mtime_ns)
+
+    def chunks(self, name: str) -> Iterator[bytes]:
+        with (self.root / name).open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                yield chunk
+
+    def open(self, name: str) -> Any:
+        return (self.root / name).open("rb")
+
+    def write_text(self, name: str, text: str) -> None:
+        """Atomically (a concurrent lister reads the old file or the new one)."""
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".tmp-{name}-")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, self.root / name)
+
+
+class _S3Folder:
+    """The same on `s3://bucket/prefix` with the control plane's AWS credentials."""
+
+    def __init__(self, location: str) -> None:
+        import boto3
+
+        bucket, _, prefix = location[5:].partition("/")
+        self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        endpoint = getattr(settings, "SPOTPIPE_S3_ENDPOINT_URL", None)
+        self.client = boto3.client("s3", region_name=getattr(settings, "SPOTPIPE_AWS_REGION", None),
+                                   endpoint_url=endpoint)
+
+    def _missing(self, exc: Exception) -> bool:
+        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        return code in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"].read().decode()
+        except self.client.exceptions.ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise
+
+    def stat(self, name: str) -> tuple[int, str] | None:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + name)
+        except self.client.exceptions.ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise
+        return int(head["ContentLength"]), str(head.get("ETag", ""))
+
+    def chunks(self, name: str) -> Iterator[bytes]:
+        body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+        yield from body.iter_chunks(_CHUNK)
+
+    def open(self, name: str) -> Any:
+        return self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+
+    def write_text(self, name: str, text: str) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=text.encode(),
+                               ContentType="application/json")
+
+
+def _folder(location: str) -> _LocalFolder | _S3Folder:
+    return _S3Folder(location) if location.startswith("s3://") else _LocalFolder(location)
+
+
+def _export_files(folder: _LocalFolder | _S3Folder) -> list[str] | None:
+    """The names of the export's files, as a reader sees them (`runtime.export.WeightsFolder`: an
+    index, when there is one, and the shards it names; else the single file), plus spotpipe.json;
     None until the model's index or single file is in place (writers put it last). Driven by the
     indexes, so a stale shard of an older export in the same folder is not listed."""
     names: list[str] = []
     for prefix in ("model", "optimizer"):
-        index, single = folder / f"{prefix}.safetensors.index.json", folder / f"{prefix}.safetensors"
-        if index.is_file():
+        index_name, single = f"{prefix}.safetensors.index.json", f"{prefix}.safetensors"
+        text = folder.read_text(index_name)
+        if text is not None:
             try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                shards = sorted(set(json.loads(text)["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 return None  # being replaced, or not an index: not complete
-            names += [index.name, *shards]
-        elif single.is_file():
-            names.append(single.name)
+            names += [index_name, *shards]
+        elif folder.stat(single) is not None:
+            names.append(single)
         elif prefix == "model":
             return None
     names.append("spotpipe.json")
     return names
 
 
-def _sha256(path: Path) -> str:
+def _sha256(folder: _LocalFolder | _S3Folder, name: str) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
+    for chunk in folder.chunks(name):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
-def _read_sidecar(folder: Path) -> dict[str, Any]:
+def _read_sidecar(folder: _LocalFolder | _S3Folder) -> dict[str, Any]:
     try:
-        body = json.loads((folder / SIDECAR).read_text())
-    except (OSError, ValueError):
+        body = json.loads(folder.read_text(SIDECAR) or "{}")
+    except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
-
-
-def _write_sidecar(folder: Path, body: dict[str, Any]) -> None:
-    """Atomically (a concurrent lister reads the old sidecar or the new one); best effort."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".tmp-{SIDECAR}-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(body, fh, indent=1, sort_keys=True)
-        os.replace(tmp, folder / SIDECAR)
-    except OSError:
-        pass
 
 
 def job_artifact_list(*, job: TrainingJob) -> list[Artifact]:
     """The job's weight files (empty until its export is complete), each with its size and sha256
     (computed once per file version, then read from the sidecar)."""
-    folder = Path(job_artifacts_location(job=job))
-    names = _export_files(folder) if folder.is_dir() else None
+    folder = _folder(job_artifacts_location(job=job))
+    names = _export_files(folder)
     if names is None:
         return []
     cached = _read_sidecar(folder)
     fresh: dict[str, Any] = {}
     artifacts = []
     for name in sorted(set(names)):
-        path = folder / name
         # Only the export's own names (an index could name anything), regular files, no links.
-        if not ARTIFACT_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
+        stat = folder.stat(name) if ARTIFACT_NAME.fullmatch(name) else None
+        if stat is None:
             continue
-        stat = path.stat()
+        size, version = stat
         known = cached.get(name) or {}
-        if known.get("size") == stat.st_size and known.get("mtime_ns") == stat.st_mtime_ns and known.get("sha256"):
+        if known.get("size") == size and known.get("version") == version and known.get("sha256"):
             sha = known["sha256"]
         else:
-            sha = _sha256(path)
-        fresh[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
-        artifacts.append(Artifact(name, stat.st_size, sha, path))
+            sha = _sha256(folder, name)
+        fresh[name] = {"size": size, "version": version, "sha256": sha}
+        artifacts.append(Artifact(name, size, sha, version))
     if fresh != cached:
-        _write_sidecar(folder, fresh)
+        with contextlib.suppress(Exception):  # a cache: best effort
+            folder.write_text(SIDECAR, json.dumps(fresh, indent=1, sort_keys=True))
     return artifacts
 
 
@@ -134,6 +213,12 @@ def job_artifact_get(*, job: TrainingJob, name: str) -> Artifact:
         if artifact.name == name:
             return artifact
     raise Http404(f"job {job.pk} has no artifact {name!r}")
+
+
+def job_artifact_open(*, job: TrainingJob, name: str) -> tuple[Artifact, Any]:
+    """A listed file and an open binary stream of it (a file, or the S3 object's body)."""
+    artifact = job_artifact_get(job=job, name=name)
+    return artifact, _folder(job_artifacts_location(job=job)).open(name)
 
 
 def job_artifacts_summary(*, job: TrainingJob, base_url: str = "") -> dict[str, Any]:

@@ -18,6 +18,7 @@ from controlplane.orchestration.services import agent_commands
 from runtime.export import export_state_dict, write_json
 from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
 from tests.controlplane.factories import make_instance, make_job, make_team
+from tests.runtime.data.conftest import moto_s3, s3  # noqa: F401 (fixtures: moto's S3 server, a bucket)
 
 pytestmark = pytest.mark.django_db
 
@@ -80,7 +81,7 @@ def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
     assert f'spotpipe.load_model("{folder}")' in body["load_snippet"]
 
     # Checksums are computed once: a second listing reads them from the sidecar.
-    monkeypatch.setattr(artifacts, "_sha256", lambda path: pytest.fail(f"hashed {path} again"))
+    monkeypatch.setattr(artifacts, "_sha256", lambda folder, name: pytest.fail(f"hashed {name} again"))
     assert client.get(url).json()["files"] == body["files"]
 
     # Download: the bytes, only names in the listing.
@@ -111,6 +112,44 @@ def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
     # The job's own agents do not read its weights (agent tokens reach only their listed actions).
     agent = token_client(make_api_token(team, instance=make_instance(team, job=job)))
     assert agent.get(url).status_code == 403 and agent.get(url + name).status_code == 403
+
+
+def test_an_s3_store_lists_and_serves_what_the_workers_uploaded(s3, settings) -> None:  # noqa: F811
+    """SPOTPIPE_ARTIFACTS=s3://... (moto): the job's folder is a prefix, the workers' export uploads
+    there (runtime.export), the API lists it (sha256 cached in a sidecar object) and streams it."""
+    from runtime.config import ModelSpec
+    from runtime.export import export_layers, model_entry
+    from runtime.model import build_layer
+    from runtime.optim import LayerState
+
+    client, bucket = s3
+    settings.SPOTPIPE_ARTIFACTS = f"s3://{bucket}/store"
+    settings.SPOTPIPE_S3_ENDPOINT_URL = None  # boto3 finds moto through AWS_ENDPOINT_URL
+    team = make_team()
+    job = make_job(team)
+    location = artifacts.job_artifacts_location(job=job)
+    assert location == f"s3://{bucket}/store/job-{job.pk}"
+    spec = ModelSpec(kind="mlp", n_layer=2, n_embd=8, in_features=4, vocab_size=5)
+    states = {i: LayerState(i, build_layer(spec, i, 0)) for i in range(spec.num_layers)}
+    common = dict(spec=spec, writers={0: 1, 1: 1, 2: 2, 3: 2}, steps_done=3, export_id="x/3",
+                  info={"model": model_entry(spec), "steps_done": 3})
+    client_api = token_client(make_api_token(team, user=make_api_user(team)))
+    url = f"/api/v1/jobs/{job.pk}/artifacts/"
+    assert not export_layers(location, node=2, states={i: states[i] for i in (2, 3)}, **common)
+    assert client_api.get(url).json()["files"] == []  # not complete yet
+    assert export_layers(location, node=1, states={i: states[i] for i in (0, 1)}, **common)
+    body = client_api.get(url).json()
+    names = [f["name"] for f in body["files"]]
+    assert "model.safetensors.index.json" in names and "spotpipe.json" in names and body["complete"]
+    for f in body["files"]:
+        data = client.get_object(Bucket=bucket, Key=f"store/job-{job.pk}/{f['name']}")["Body"].read()
+        assert f["size"] == len(data) and f["sha256"] == hashlib.sha256(data).hexdigest()
+        response = client_api.get(url + f["name"])
+        assert response.status_code == 200 and b"".join(response.streaming_content) == data
+    sidecar = json.loads(client.get_object(Bucket=bucket, Key=f"store/job-{job.pk}/{artifacts.SIDECAR}")["Body"].read())
+    assert set(sidecar) == set(names)
+    assert client_api.get(url + artifacts.SIDECAR).status_code == 404
+    assert f'spotpipe.load_model("{location}")' in body["load_snippet"]
 
 
 def test_the_job_page_links_the_files_and_shows_the_snippet(store: Path) -> None:

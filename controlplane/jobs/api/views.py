@@ -115,9 +115,10 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
     )
     def artifact_download(self, request: Request, pk: str | None = None, name: str = "") -> FileResponse:
         """One file of the job's artifacts listing, streamed (only names the listing has)."""
-        artifact = artifacts.job_artifact_get(job=self._job(), name=name)
-        response = FileResponse(artifact.path.open("rb"), as_attachment=True, filename=artifact.name,
+        artifact, stream = artifacts.job_artifact_open(job=self._job(), name=name)
+        response = FileResponse(stream, as_attachment=True, filename=artifact.name,
                                 content_type="application/octet-stream")
+        response["Content-Length"] = str(artifact.size)
         response["X-Checksum-SHA256"] = artifact.sha256
         return response
 
