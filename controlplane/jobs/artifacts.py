@@ -95,12 +95,15 @@ class _S3Folder:
 
     def __init__(self, location: str) -> None:
         import boto3
+        from botocore.config import Config
 
         bucket, _, prefix = location[5:].partition("/")
         self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""
         endpoint = getattr(settings, "SPOTPIPE_S3_ENDPOINT_URL", None)
+        # Short connect timeout and few retries: a page or a listing should fail fast, not hang.
+        config = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
         self.client = boto3.client("s3", region_name=getattr(settings, "SPOTPIPE_AWS_REGION", None),
-                                   endpoint_url=endpoint)
+                                   endpoint_url=endpoint, config=config)
 
     def _missing(self, exc: Exception) -> bool:
         code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))

@@ -166,3 +166,18 @@ def test_the_job_page_links_the_files_and_shows_the_snippet(store: Path) -> None
     assert "import spotpipe" in html and "spotpipe.load_model(&quot;" in html
     # The link works with the dashboard's session.
     assert page.get(f"/api/v1/jobs/{job.pk}/artifacts/model.safetensors").status_code == 200
+
+
+def test_the_job_page_says_when_the_store_cannot_be_read(store: Path, monkeypatch) -> None:
+    team = make_team()
+    user = make_api_user(team)
+    job = make_job(team)
+    page = token_client()
+    page.force_login(user)
+
+    def unreachable(**kwargs):
+        raise OSError("connect timeout on endpoint URL")
+
+    monkeypatch.setattr("frontend.views.job_artifacts_summary", unreachable)
+    response = page.get(f"/jobs/{job.pk}/")
+    assert response.status_code == 200 and 'id="artifacts-error"' in response.content.decode()
