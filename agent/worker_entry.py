@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     worker_spec = WorkerSpec(
         job_id=job_id, node=me, rendezvous=layout["rendezvous"], config=job["config"],
         generation=0, joining=incarnation > 0 or node >= initial_nodes, out_dir=str(out_dir),
+        # The job's folder in the control plane's artifact store: the final weights go there.
+        export_dir=str(job.get("artifacts") or ""),
     )
 
     class AgentWorker(Worker):

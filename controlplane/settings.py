@@ -251,6 +251,11 @@ SPOTPIPE_AWS_ENDPOINT_URL = env.str("SPOTPIPE_AWS_ENDPOINT_URL", default="") or 
 # plane's AWS credentials (boto3's default chain) can list / read it (docs/api.md, "The job's data").
 SPOTPIPE_DATA_S3_CHECK = env.bool("SPOTPIPE_DATA_S3_CHECK", default=True)
 SPOTPIPE_S3_ENDPOINT_URL = env.str("SPOTPIPE_S3_ENDPOINT_URL", default="") or SPOTPIPE_AWS_ENDPOINT_URL
+# The artifact store: each job's final weights go to <store>/job-<id>/ (the control plane hands that
+# folder to the nodes' workers as their export folder; docs/orchestration.md, "The artifact store").
+# A local folder the nodes see (the local provider's nodes are processes on this host), or
+# s3://bucket/prefix (the nodes upload with their AWS credentials, the control plane reads with its own).
+SPOTPIPE_ARTIFACTS = env.str("SPOTPIPE_ARTIFACTS", default="") or str(VAR_DIR / "artifacts")
 # Where a job runs when its plan names no provider, and the instance types a plan on aws may use
 # when it names none (docs/api.md, "The plan"). The local provider has one type, local.node.
 SPOTPIPE_DEFAULT_PROVIDER = env.str("SPOTPIPE_DEFAULT_PROVIDER", default="local")

@@ -3,6 +3,8 @@ frame, tables that need no chart, and empty states; charts come from the page's 
 
 from __future__ import annotations
 
+import logging
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -13,12 +15,15 @@ from django.views.decorators.http import require_POST
 
 from controlplane.accounts.models import Team
 from controlplane.common.errors import DomainError
+from controlplane.jobs.artifacts import job_artifacts_location, job_artifacts_summary
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.selectors import job_plan_summary
 from controlplane.jobs.services import job_cancel, job_resume, job_submit
 from frontend import costs
 from frontend.access import job_for_request, visible_team_ids
 from frontend.forms import JobSubmitForm
+
+logger = logging.getLogger(__name__)
 
 
 def _page(request: HttpRequest, template: str, page: str, data_url: str, **context) -> HttpResponse:
@@ -55,7 +60,16 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_request(request, job_id)
     spent = costs.job_costs_so_far(job_ids=[job.pk]).get(job.pk)
     return _page(request, "job_detail.html", "job", reverse("frontend:job-data", args=[job.pk]), job=job,
-                 plan=job_plan_summary(job=job, cost_so_far=spent))
+                 plan=job_plan_summary(job=job, cost_so_far=spent), artifacts=_artifacts(job))
+
+
+def _artifacts(job: TrainingJob) -> dict:
+    """The job's artifacts for its page; an unreachable store (S3) says so instead of failing the page."""
+    try:
+        return job_artifacts_summary(job=job)
+    except Exception as exc:  # boto3/botocore errors, OSError
+        logger.warning("artifacts of job %s: %s", job.pk, exc)
+        return {"location": job_artifacts_location(job=job), "files": [], "error": str(exc)[:200]}
 
 
 @login_required

@@ -380,11 +380,76 @@ def load_model(directory: str | Path) -> nn.Sequential:
 
 def export_layers(directory: str | Path, *, spec: ModelSpec, writers: Mapping[int, int], node: int,
                   states: Mapping[int, Any], steps_done: int, export_id: str, info: Mapping[str, Any],
-                  optimizer: bool = True, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> bool:
+                  optimizer: bool = True, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+                  staging: str | Path | None = None) -> bool:
     """Write this node's shards of a distributed export (`writers`: layer -> designated writer node;
     `states`: this node's `LayerState`s), and the indexes when this node completes the export.
-    Returns True when this node saw the export complete."""
-    directory = Path(directory)
+    Returns True when this node saw the export complete.
+
+    `directory` may be `s3://bucket/prefix`: the shards are written to a local staging folder
+    (`staging`, else a temporary one; removed afterwards) and uploaded, in the same order and with
+    the same rule for the index (`_upload_export`)."""
+    if str(directory).startswith("s3://"):
+        local = Path(staging) if staging is not None else Path(tempfile.mkdtemp(prefix="spotpipe-export-"))
+        try:
+            return _export_layers_local(local, spec=spec, writers=writers, node=node, states=states,
+                                        steps_done=steps_done, export_id=export_id, info=info, optimizer=optimizer,
+                                        max_shard_bytes=max_shard_bytes, upload_to=str(directory))
+        finally:
+            import shutil
+
+            shutil.rmtree(local, ignore_errors=True)
+    return _export_layers_local(Path(directory), spec=spec, writers=writers, node=node, states=states,
+                                steps_done=steps_done, export_id=export_id, info=info, optimizer=optimizer,
+                                max_shard_bytes=max_shard_bytes)
+
+
+def _s3_location(url: str) -> tuple[str, str]:
+    """(bucket, key prefix ending in "/" or empty) of `s3://bucket/prefix`."""
+    bucket, _, prefix = url[5:].partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def _upload_export(url: str, local: Path, *, plans: Mapping[str, ShardPlan], order: list[str], mine: list[str],
+                   info: bool, metadata: Mapping[str, str]) -> bool:
+    """Upload this writer's part of an export from `local` to `url` and, when every shard of this
+    export is then in the bucket, the indexes: spotpipe.json first, the writer's shards (optimizer
+    before model, each object tagged with the export id in its S3 metadata), then the indexes, the
+    model's last. As on disk, the last writer to finish finds every shard and writes the index, so
+    a reader never finds an index naming a missing object (S3 is read-after-write consistent)."""
+    import boto3
+
+    bucket, prefix = _s3_location(url)
+    client = boto3.client("s3")
+    export_id = str(metadata["export"])
+    if info:
+        client.upload_file(str(local / INFO), bucket, prefix + INFO, ExtraArgs={"ContentType": "application/json"})
+    for name in mine:
+        client.upload_file(str(local / name), bucket, prefix + name, ExtraArgs={"Metadata": {"export": export_id}})
+
+    def uploaded_export(name: str) -> str | None:
+        try:
+            return client.head_object(Bucket=bucket, Key=prefix + name).get("Metadata", {}).get("export")
+        except client.exceptions.ClientError:
+            return None
+
+    for name in order:
+        plan = plans[name]
+        if any(uploaded_export(plan.file(k)) != export_id for k in range(len(plan.shards))):
+            return False
+    for name in order:  # the model's index only after the optimizer's
+        plan = plans[name]
+        if len(plan.shards) > 1:
+            body = {"metadata": {"total_size": sum(plan.sizes.values()), **metadata}, "weight_map": plan.weight_map()}
+            client.put_object(Bucket=bucket, Key=prefix + plan.index_file, ContentType="application/json",
+                              Body=(json.dumps(body, indent=2) + "\n").encode())
+    return True
+
+
+def _export_layers_local(directory: Path, *, spec: ModelSpec, writers: Mapping[int, int], node: int,
+                         states: Mapping[int, Any], steps_done: int, export_id: str, info: Mapping[str, Any],
+                         optimizer: bool, max_shard_bytes: int, upload_to: str | None = None) -> bool:
     directory.mkdir(parents=True, exist_ok=True)
     plans = distributed_plans(spec, writers, optimizer=optimizer, max_shard_bytes=max_shard_bytes)
     mine = [layer for layer, w in writers.items() if w == node]
@@ -401,8 +466,12 @@ def export_layers(directory: str | Path, *, spec: ModelSpec, writers: Mapping[in
     # are all in place the optimizer's are too: a reader that finds the model's index finds the
     # optimizer's (when the export has one).
     order = [OPTIMIZER, MODEL] if optimizer else [MODEL]
+    written: list[str] = []
     for prefix in order:
-        write_shards(directory, plans[prefix], node, opt if prefix == OPTIMIZER else tensors, meta)
+        written += write_shards(directory, plans[prefix], node, opt if prefix == OPTIMIZER else tensors, meta)
+    if upload_to is not None:
+        return _upload_export(upload_to, directory, plans=plans, order=order, mine=written, info=bool(mine),
+                              metadata=meta)
     complete = True
     for prefix in order:  # the model's index only after the optimizer's
         complete = complete and write_index_if_complete(directory, plans[prefix], meta)

@@ -395,6 +395,7 @@ def agent_enroll(
 def agent_commands(*, instance_id: int) -> dict[str, Any]:
     """What the agent of `instance_id` should do now: its job, the current generation and its own
     assignment in it, and an action (`run`, `standby`, `idle`, `stop`)."""
+    from controlplane.jobs.artifacts import job_artifacts_location
     from controlplane.orchestration.selectors import instance_command_version
 
     instance = Instance.objects.select_related("job").get(pk=instance_id)
@@ -422,6 +423,8 @@ def agent_commands(*, instance_id: int) -> dict[str, Any]:
         "config": job.config,
         "plan": job.plan,
         "steps_done": job.steps_done,
+        # The job's folder in the artifact store: the workers export the final weights there.
+        "artifacts": job_artifacts_location(job=job),
     }
     if job.status not in ACTIVE_JOB_STATUSES:
         answer["action"] = "stop"

@@ -261,6 +261,27 @@ def test_download_cost_report_and_check_totals_against_the_api(page, live_server
     assert Decimal(api["total_usd"]) > 0 and Decimal(api["savings_usd"]) > 0
 
 
+def test_job_page_downloads_the_weights_and_shows_how_to_load_them(page, live_server, world, tmp_path, settings):
+    from controlplane.jobs.artifacts import job_artifacts_location
+    from runtime.config import ModelSpec
+    from runtime.export import export_model
+    from runtime.model import build_model
+
+    settings.SPOTPIPE_ARTIFACTS = str(tmp_path / "artifacts")
+    job = world["a"][2]["finished"]
+    spec = ModelSpec(kind="mlp", n_layer=1, n_embd=8)
+    folder = Path(job_artifacts_location(job=job))
+    export_model(folder, build_model(spec, 0), spec=spec)
+    _login_a(page, live_server, world)
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    browser.wait_loaded(page)
+    assert "spotpipe.load_model" in page.locator("#artifacts-snippet").inner_text()
+    with page.expect_download() as info:
+        page.locator("#artifacts-table a", has_text="model.safetensors").click()
+    assert Path(info.value.path()).read_bytes() == (folder / "model.safetensors").read_bytes()
+    assert info.value.suggested_filename == "model.safetensors"
+
+
 def _team_b_urls(world) -> list[str]:
     urls = []
     for job in world["b"][2].values():

@@ -32,6 +32,8 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
         "/api/v1/jobs/{id}/reconfigurations/": {"get"},
         "/api/v1/jobs/{id}/events/": {"get"},
         "/api/v1/jobs/{id}/metrics/": {"get", "post"},
+        "/api/v1/jobs/{id}/artifacts/": {"get"},
+        "/api/v1/jobs/{id}/artifacts/{name}": {"get"},
         "/api/v1/instances/": {"get"},
         "/api/v1/instances/{id}/": {"get"},
         "/api/v1/instances/{id}/events/": {"get"},

@@ -94,6 +94,13 @@ def _no_rendezvous_store(monkeypatch):
     monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "none")
 
 
+@pytest.fixture(autouse=True)
+def _artifact_store(tmp_path, settings):
+    """Each test's jobs export their weights under its own folder: job ids restart with every test
+    database, so a shared store would mix one run's files with an older run's of the same id."""
+    settings.SPOTPIPE_ARTIFACTS = str(tmp_path / "artifacts")
+
+
 @pytest.fixture(scope="session")
 def orchestration_worker(django_db_setup, django_db_blocker):
     """One real Celery worker thread for the session, on a queue no other process consumes (the

@@ -117,6 +117,38 @@ def test_distributed_writers_write_their_shards_and_the_index_comes_last(tmp_pat
                              **{**common, "export_id": "job/2"})
 
 
+def test_distributed_writers_upload_to_s3_and_the_index_comes_last(tmp_path: Path, s3) -> None:  # noqa: F811
+    """The same export to `s3://` (moto): each writer stages its shards locally, uploads them tagged
+    with the export id, and the last writer to finish uploads the indexes; load_model reads it back."""
+    client, bucket = s3
+    spec = ModelSpec(kind="mlp", n_layer=2, n_embd=8, in_features=4, vocab_size=5)
+    states = {i: LayerState(i, build_layer(spec, i, 0)) for i in range(spec.num_layers)}
+    for state in states.values():
+        state.step([torch.ones_like(p) for p in state.params], lr=0.1, weight_decay=0.0, snapshot=False)
+    url = f"s3://{bucket}/jobs/job-3"
+    common = dict(spec=spec, writers={0: 5, 1: 5, 2: 7, 3: 7}, steps_done=1, export_id="job/1",
+                  info={"model": model_entry(spec)}, max_shard_bytes=10**9)
+
+    def keys() -> list[str]:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix="jobs/job-3/").get("Contents", [])
+        return sorted(o["Key"].removeprefix("jobs/job-3/") for o in listed)
+
+    staging = tmp_path / "node-7"
+    assert not export_layers(url, node=7, states={i: states[i] for i in (2, 3)}, staging=staging, **common)
+    assert not staging.exists()  # the staging folder is removed after the upload
+    assert not [k for k in keys() if k.endswith(".index.json")]  # no index before every shard is in
+    assert INFO in keys()
+    assert export_layers(url, node=5, states={i: states[i] for i in (0, 1)}, **common)
+    assert [k for k in keys() if k.startswith("model")] == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    head = client.head_object(Bucket=bucket, Key="jobs/job-3/model-00001-of-00002.safetensors")
+    assert head["Metadata"]["export"] == "job/1"
+    whole = {f"{i}.{k}": v for i in range(4) for k, v in states[i].module.state_dict().items()}
+    _assert_equal_state(load_model(url).state_dict(), whole, rtol=0, atol=0)
+    # A later export into the same prefix: the old objects do not count as the new one's shards.
+    assert not export_layers(url, node=7, states={i: states[i] for i in (2, 3)}, **{**common, "export_id": "job/2"})
+
+
 def test_load_model_imports_neither_django_nor_the_control_plane() -> None:
     code = ("import sys, spotpipe; spotpipe.load_model; "
             "assert not [m for m in sys.modules if m.startswith(('django', 'controlplane'))], sys.modules.keys()")

@@ -147,6 +147,22 @@ class MetricBatchResultSerializer(serializers.Serializer):
     last_val_loss = serializers.FloatField(allow_null=True)
 
 
+class ArtifactSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="File name in the job's folder (model.safetensors, spotpipe.json, ...).")
+    size = serializers.IntegerField(help_text="Bytes.")
+    sha256 = serializers.CharField(help_text="Hex digest of the file's bytes.")
+    url = serializers.CharField(help_text="Where to download it (GET, same token).")
+
+
+class ArtifactListSerializer(serializers.Serializer):
+    location = serializers.CharField(help_text="The job's folder in the artifact store (SPOTPIPE_ARTIFACTS).")
+    complete = serializers.BooleanField(
+        help_text="The export is whole (its index is in place); files is empty until then."
+    )
+    files = ArtifactSerializer(many=True)
+    load_snippet = serializers.CharField(help_text="Python lines that load the weights with spotpipe.load_model.")
+
+
 class JobFilter(QueryFilterSerializer):
     status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
     strategy = serializers.ChoiceField(choices=Strategy.choices, required=False)

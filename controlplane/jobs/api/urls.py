@@ -1,5 +1,6 @@
 """API routes of this app, mounted under /api/v1/."""
 
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from controlplane.jobs.api.views import JobViewSet
@@ -7,4 +8,9 @@ from controlplane.jobs.api.views import JobViewSet
 router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
 
-urlpatterns = router.urls
+urlpatterns = [
+    # A file of the job's artifacts: its name as is (no trailing slash), one path segment.
+    path("jobs/<str:pk>/artifacts/<str:name>", JobViewSet.as_view({"get": "artifact_download"}),
+         name="job-artifact-download"),
+    *router.urls,
+]

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -23,8 +25,9 @@ from controlplane.common.api import (
     validate_or_400,
 )
 from controlplane.fleet.models import Instance
-from controlplane.jobs import selectors, services
+from controlplane.jobs import artifacts, selectors, services
 from controlplane.jobs.api.serializers import (
+    ArtifactListSerializer,
     JobEventFilter,
     JobEventSerializer,
     JobFilter,
@@ -94,6 +97,30 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
     def events(self, request: Request, pk: str | None = None) -> Response:
         events = self.filter_queryset(selectors.job_event_list(job=self._job()))
         return self.paginated_response(events, JobEventSerializer)
+
+    @extend_schema(responses=ArtifactListSerializer)
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def artifacts(self, request: Request, pk: str | None = None) -> Response:
+        """The job's final weights (safetensors, Hugging Face layout) with sizes and sha256; empty
+        until every worker's export is in."""
+        summary = artifacts.job_artifacts_summary(job=self._job(), base_url=request.build_absolute_uri("/")[:-1])
+        return Response(ArtifactListSerializer(summary).data)
+
+    @extend_schema(
+        operation_id="jobs_artifacts_download",
+        parameters=[OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH,
+                                     description="A file name from the artifacts listing.")],
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="The file."),
+                   404: OpenApiResponse(description="No such job for this token, or no such file in its listing.")},
+    )
+    def artifact_download(self, request: Request, pk: str | None = None, name: str = "") -> FileResponse:
+        """One file of the job's artifacts listing, streamed (only names the listing has)."""
+        artifact, stream = artifacts.job_artifact_open(job=self._job(), name=name)
+        response = FileResponse(stream, as_attachment=True, filename=artifact.name,
+                                content_type="application/octet-stream")
+        response["Content-Length"] = str(artifact.size)
+        response["X-Checksum-SHA256"] = artifact.sha256
+        return response
 
     @extend_schema(responses=MetricSampleSerializer(many=True))
     @action(detail=True, methods=["get"])

@@ -1,0 +1,250 @@
+"""A job's artifacts: the final weights its workers export (runtime/export.py) into the job's folder
+of the artifact store (`SPOTPIPE_ARTIFACTS`, `<store>/job-<id>/`), listed and served by the API.
+
+The control plane hands the folder to the agents in the `run` command (`job.artifacts`); every
+worker of the final layout writes its shards there at the end of the job, the last one the index
+(so a listing never names a file that is not whole). Checksums are computed once per file and kept
+in a sidecar (`.sha256.json`, keyed by name, size and modification time) in the same folder."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.http import Http404
+
+from controlplane.jobs.models import TrainingJob
+
+SIDECAR = ".sha256.json"
+# What a job's folder may hold that the API serves: the export's weight files, its optimizer state,
+# their indexes and spotpipe.json. Nothing else (temporary files, the sidecar) is listed or served.
+ARTIFACT_NAME = re.compile(
+    r"(model|optimizer)(-\d{5}-of-\d{5})?\.safetensors|(model|optimizer)\.safetensors\.index\.json|spotpipe\.json"
+)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    name: str
+    size: int
+    sha256: str
+    version: str
+    """What identifies this version of the file: `mtime_ns` locally, the ETag on S3."""
+
+
+def artifact_store() -> str:
+    """The artifact store's root: a local folder or `s3://bucket/prefix`."""
+    return str(settings.SPOTPIPE_ARTIFACTS)
+
+
+def job_artifacts_location(*, job: TrainingJob | int) -> str:
+    """The job's folder in the artifact store: what its workers get as their export folder."""
+    job_id = job if isinstance(job, int) else job.pk
+    store = artifact_store()
+    if store.startswith("s3://"):
+        return f"{store.rstrip('/')}/job-{job_id}"
+    return str(Path(store) / f"job-{job_id}")
+
+
+class _LocalFolder:
+    def __init__(self, location: str) -> None:
+        self.root = Path(location)
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            return (self.root / name).read_text()
+        except OSError:
+            return None
+
+    def stat(self, name: str) -> tuple[int, str] | None:
+        """(size, version) of a regular file (no links), else None."""
+        path = self.root / name
+        if path.is_symlink() or not path.is_file():
+            return None
+        st = path.stat()
+        return st.st_size, str(st.st_mtime_ns)
+
+    def chunks(self, name: str) -> Iterator[bytes]:
+        with (self.root / name).open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                yield chunk
+
+    def open(self, name: str) -> Any:
+        return (self.root / name).open("rb")
+
+    def write_text(self, name: str, text: str) -> None:
+        """Atomically (a concurrent lister reads the old file or the new one)."""
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".tmp-{name}-")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, self.root / name)
+
+
+class _S3Folder:
+    """The same on `s3://bucket/prefix` with the control plane's AWS credentials."""
+
+    def __init__(self, location: str) -> None:
+        import boto3
+        from botocore.config import Config
+
+        bucket, _, prefix = location[5:].partition("/")
+        self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        endpoint = getattr(settings, "SPOTPIPE_S3_ENDPOINT_URL", None)
+        # Short connect timeout and few retries: a page or a listing should fail fast, not hang.
+        config = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
+        self.client = boto3.client("s3", region_name=getattr(settings, "SPOTPIPE_AWS_REGION", None),
+                                   endpoint_url=endpoint, config=config)
+
+    def _missing(self, exc: Exception) -> bool:
+        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        return code in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+
+    def read_text(self, name: str) -> str | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"].read().decode()
+        except self.client.exceptions.ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise
+
+    def stat(self, name: str) -> tuple[int, str] | None:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + name)
+        except self.client.exceptions.ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise
+        return int(head["ContentLength"]), str(head.get("ETag", ""))
+
+    def chunks(self, name: str) -> Iterator[bytes]:
+        body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+        yield from body.iter_chunks(_CHUNK)
+
+    def open(self, name: str) -> Any:
+        return self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+
+    def write_text(self, name: str, text: str) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=text.encode(),
+                               ContentType="application/json")
+
+
+def _folder(location: str) -> _LocalFolder | _S3Folder:
+    return _S3Folder(location) if location.startswith("s3://") else _LocalFolder(location)
+
+
+def _export_files(folder: _LocalFolder | _S3Folder) -> list[str] | None:
+    """The names of the export's files, as a reader sees them (`runtime.export.WeightsFolder`: an
+    index, when there is one, and the shards it names; else the single file), plus spotpipe.json;
+    None until the model's index or single file is in place (writers put it last). Driven by the
+    indexes, so a stale shard of an older export in the same folder is not listed."""
+    names: list[str] = []
+    for prefix in ("model", "optimizer"):
+        index_name, single = f"{prefix}.safetensors.index.json", f"{prefix}.safetensors"
+        text = folder.read_text(index_name)
+        if text is not None:
+            try:
+                shards = sorted(set(json.loads(text)["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return None  # being replaced, or not an index: not complete
+            names += [index_name, *shards]
+        elif folder.stat(single) is not None:
+            names.append(single)
+        elif prefix == "model":
+            return None
+    names.append("spotpipe.json")
+    return names
+
+
+def _sha256(folder: _LocalFolder | _S3Folder, name: str) -> str:
+    digest = hashlib.sha256()
+    for chunk in folder.chunks(name):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_sidecar(folder: _LocalFolder | _S3Folder) -> dict[str, Any]:
+    try:
+        body = json.loads(folder.read_text(SIDECAR) or "{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def job_artifact_list(*, job: TrainingJob) -> list[Artifact]:
+    """The job's weight files (empty until its export is complete), each with its size and sha256
+    (computed once per file version, then read from the sidecar)."""
+    folder = _folder(job_artifacts_location(job=job))
+    names = _export_files(folder)
+    if names is None:
+        return []
+    cached = _read_sidecar(folder)
+    fresh: dict[str, Any] = {}
+    artifacts = []
+    for name in sorted(set(names)):
+        # Only the export's own names (an index could name anything), regular files, no links.
+        stat = folder.stat(name) if ARTIFACT_NAME.fullmatch(name) else None
+        if stat is None:
+            continue
+        size, version = stat
+        known = cached.get(name) or {}
+        if known.get("size") == size and known.get("version") == version and known.get("sha256"):
+            sha = known["sha256"]
+        else:
+            sha = _sha256(folder, name)
+        fresh[name] = {"size": size, "version": version, "sha256": sha}
+        artifacts.append(Artifact(name, size, sha, version))
+    if fresh != cached:
+        with contextlib.suppress(Exception):  # a cache: best effort
+            folder.write_text(SIDECAR, json.dumps(fresh, indent=1, sort_keys=True))
+    return artifacts
+
+
+def job_artifact_get(*, job: TrainingJob, name: str) -> Artifact:
+    """One of the job's listed files by name; Http404 for any name the listing does not have (so no
+    path outside the job's folder can be asked for)."""
+    for artifact in job_artifact_list(job=job):
+        if artifact.name == name:
+            return artifact
+    raise Http404(f"job {job.pk} has no artifact {name!r}")
+
+
+def job_artifact_open(*, job: TrainingJob, name: str) -> tuple[Artifact, Any]:
+    """A listed file and an open binary stream of it (a file, or the S3 object's body)."""
+    artifact = job_artifact_get(job=job, name=name)
+    return artifact, _folder(job_artifacts_location(job=job)).open(name)
+
+
+def job_artifacts_summary(*, job: TrainingJob, base_url: str = "") -> dict[str, Any]:
+    """The API's (and the job page's) view of the job's artifacts: where they are, whether the export
+    is complete, the files and the lines that load them."""
+    files = job_artifact_list(job=job)
+    location = job_artifacts_location(job=job)
+    return {
+        "location": location,
+        "complete": bool(files),
+        "files": [
+            {"name": a.name, "size": a.size, "sha256": a.sha256,
+             "url": f"{base_url}/api/v1/jobs/{job.pk}/artifacts/{a.name}"}
+            for a in files
+        ],
+        "load_snippet": load_snippet(location),
+    }
+
+
+def load_snippet(location: str) -> str:
+    """Three lines that load the job's weights (`spotpipe.load_model`)."""
+    return "\n".join([
+        "import spotpipe",
+        f"model = spotpipe.load_model({json.dumps(location)})  # nn.Sequential, eval mode",
+        "print(model)",
+    ])
