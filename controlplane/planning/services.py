@@ -245,6 +245,11 @@ def plan_job(
     if problems:
         raise problems[0] if len(problems) == 1 else LayoutErrors(problems)
     assert base is not None
+    if base.model.kind == USER_MODEL_KIND and not base.model.layers:
+        # The control plane splits the model when it reacts to a lost node, and cannot count the layers itself.
+        raise LayoutError(f"model.layers is not set for the model function {base.model.path}; expected its layer "
+                          "count, which `spotpipe submit` records by validating the model on your machine",
+                          field="model.layers")
     if ask.auto and base.model.kind == USER_MODEL_KIND:
         raise LayoutError(f"plan.auto cannot plan a model function ({base.model.path}): the planner predicts step "
                           "times from the model's layers, and the control plane never imports user code; expected "

@@ -157,6 +157,11 @@ def test_a_model_function_is_never_imported_and_cannot_be_auto_planned(world, tm
     explicit = world.member_client.post("/api/v1/jobs/", {**payload, "plan": {"dp": 2, "pp": 2}}, format="json")
     assert explicit.status_code == 201, explicit.content
     assert explicit.json()["config"]["model"]["path"] == "h19_user_model:net"
+    unvalidated = world.member_client.post(
+        "/api/v1/jobs/", {**payload, "config": {"model": {**model, "layers": 0}}, "plan": {"dp": 2, "pp": 2}},
+        format="json")
+    assert unvalidated.status_code == 400, unvalidated.content
+    assert "spotpipe submit" in str(unvalidated.json()["errors"]["config.model.layers"])
     assert "h19_user_model" not in sys.modules and not marker.exists()
 
 
