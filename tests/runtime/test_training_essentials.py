@@ -1,0 +1,129 @@
+"""Training essentials (issue 19): AdamW betas/eps, weight-decay groups, warmup + cosine learning
+rate, global gradient-norm clipping and skipping non-finite steps, all under the same-math
+guarantee: a distributed run under failures equals the single-process reference bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runtime.config import DataSpec, JobConfig, LayoutError, ModelSpec, each_error
+from runtime.launcher import Fault, run_local
+from runtime.optim import LayerState, lr_at
+from runtime.reference import reference_run
+from runtime.usermodel import validate_model
+from tests.runtime.conftest import assert_same_math, small_config
+from tests.usermodels.models import Residual
+
+M = "tests.usermodels.models"
+
+ESSENTIALS = dict(clip=1e-3, lr_schedule="cosine", warmup_steps=2, lr_min=1e-3, betas=[0.8, 0.99], eps=1e-6,
+                  weight_decay=0.1, weight_decay_min_dim=2)
+"""Every new knob away from its default, with a clip so small that every step is clipped."""
+
+
+def test_lr_schedule_values() -> None:
+    constant = JobConfig(lr=0.1, steps=10)
+    assert [lr_at(constant, s) for s in (0, 5, 9)] == [0.1, 0.1, 0.1]
+    warm = JobConfig(lr=0.1, steps=10, warmup_steps=4)
+    assert [lr_at(warm, s) for s in range(5)] == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1])
+    cosine = JobConfig(lr=0.1, lr_min=0.01, steps=12, warmup_steps=1, lr_schedule="cosine")
+    assert lr_at(cosine, 0) == pytest.approx(0.1)  # the warmup's last step reaches lr
+    assert lr_at(cosine, 1) == pytest.approx(0.1)  # the cosine starts at lr ...
+    assert lr_at(cosine, 6) == pytest.approx(0.055)  # ... is half-way at the middle ...
+    assert lr_at(cosine, 11) == pytest.approx(0.01)  # ... and reaches lr_min at the last step
+    assert lr_at(cosine, 20) == pytest.approx(0.01)
+    values = [lr_at(cosine, s) for s in range(1, 12)]
+    assert values == sorted(values, reverse=True)
+
+
+def test_new_fields_are_validated_by_name() -> None:
+    bad = JobConfig(betas=[0.9], eps=0.0, lr_schedule="linear", warmup_steps=-1, lr_min=1.0, clip=-1.0,
+                    weight_decay_min_dim=-1, weight_decay=-0.1)
+    fields = {e.field for e in each_error(_problems(bad))}
+    assert fields == {"betas", "eps", "lr_schedule", "warmup_steps", "lr_min", "clip", "weight_decay_min_dim",
+                      "weight_decay"}
+    with pytest.raises(LayoutError, match="betas"):
+        JobConfig(betas=[0.9, 1.0]).validate()
+    config = JobConfig.from_dict({**JobConfig().to_dict(), **ESSENTIALS})
+    config.validate()
+    assert JobConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(LayoutError, match="clip must be a finite number"):
+        JobConfig.from_dict({"clip": "big"})
+
+
+def _problems(config: JobConfig) -> LayoutError:
+    with pytest.raises(LayoutError) as info:
+        config.validate()
+    return info.value
+
+
+def test_weight_decay_groups_spare_norms_and_biases() -> None:
+    torch.manual_seed(0)
+    for min_dim, decayed in ((2, {"fc1.weight", "fc2.weight"}), (0, None)):
+        layer = Residual(4)
+        before = {n: p.detach().clone() for n, p in layer.named_parameters()}
+        state = LayerState(0, layer)
+        # Zero gradients: Adam's update is exactly 0, so only the decay can move a parameter.
+        state.step([torch.zeros_like(p) for p in state.params], snapshot=False,
+                   hyper=__import__("runtime.optim").optim.Hyper(lr=0.5, weight_decay=0.1, decay_min_dim=min_dim))
+        for name, p in layer.named_parameters():
+            if decayed is None or name in decayed:
+                torch.testing.assert_close(p.detach(), before[name] * (1 - 0.05), rtol=0, atol=0)
+            else:  # norm.weight, norm.bias, fc1.bias, fc2.bias
+                assert torch.equal(p.detach(), before[name]), name
+    assert {n for n, _ in Residual(4).named_parameters()} == {"norm.weight", "norm.bias", "fc1.weight", "fc1.bias",
+                                                              "fc2.weight", "fc2.bias"}
+
+
+def test_reference_clips_and_reports_the_norm() -> None:
+    plain = reference_run(small_config())
+    assert all(n is not None and n > 0 for n in plain.grad_norms) and plain.skipped == []
+    clipped = reference_run(small_config(clip=1e-3))
+    assert clipped.grad_norms[0] == plain.grad_norms[0]  # the norm is taken before clipping
+    assert any(not torch.equal(plain.params[k], clipped.params[k]) for k in plain.params)
+    loose = reference_run(small_config(clip=1e6))  # never reached: the same bits as no clipping
+    assert all(torch.equal(plain.params[k], loose.params[k]) for k in plain.params)
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("strategy", "fault"), [("recycle", "kill"), ("bamboo", "notice")])
+def test_clipping_under_failures_equals_the_reference(strategy: str, fault: str) -> None:
+    config = small_config(strategy=strategy, steps=5, **ESSENTIALS)
+    result = run_local(config, faults=[Fault(node=1, kind=fault, step=2)], timeout_s=100)
+    assert result.exit_codes[1] == (-9 if fault == "kill" else 0), result.exit_codes
+    assert_same_math(result, config)
+    norms = reference_run(config).grad_norms
+    for record in result.steps():
+        assert record["grad_norm"] == norms[record["step"]] and record["skipped"] is False
+    assert all(n > config.clip for n in norms)  # every step was clipped
+
+
+def _inf_config(**kw) -> JobConfig:
+    config = JobConfig(model=ModelSpec(kind="py", path=f"{M}:resmlp", loss=f"{M}:huber", args={"width": 8}),
+                       data=DataSpec(source="py:tests.runtime._essentials_models:regression_with_inf"),
+                       dp=2, pp=2, microbatches=2, global_batch=8, steps=5, op_timeout_s=2.0,
+                       heartbeat_timeout_s=4.0, **kw)
+    validate_model(config, profile=False).record(config)
+    return config
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+def test_non_finite_step_is_skipped_everywhere_and_counted() -> None:
+    config = _inf_config(strategy="recycle", clip=1.0)
+    ref = reference_run(config)
+    assert ref.skipped == [2], ref.skipped  # the one step that reads the infinite sample
+    assert not math.isfinite(ref.grad_norms[2])
+    assert all(math.isfinite(n) for i, n in enumerate(ref.grad_norms) if i != 2)
+    assert all(torch.isfinite(p).all() for p in ref.params.values())
+    # Kill a node in the skipped step: the survivors roll it back and redo it, skipping it again.
+    result = run_local(config, faults=[Fault(node=2, kind="kill", step=2)], timeout_s=100)
+    assert result.exit_codes[2] == -9, result.exit_codes
+    assert_same_math(result, config)
+    records = result.steps()
+    assert {(r["node"], r["step"]) for r in records if r["skipped"]} == {(0, 2), (1, 2), (3, 2)}
+    assert all(r["skipped_steps"] == int(r["step"] >= 2) for r in records)
