@@ -127,3 +127,26 @@ def test_non_finite_step_is_skipped_everywhere_and_counted() -> None:
     records = result.steps()
     assert {(r["node"], r["step"]) for r in records if r["skipped"]} == {(0, 2), (1, 2), (3, 2)}
     assert all(r["skipped_steps"] == int(r["step"] >= 2) for r in records)
+
+
+def test_train_flags_set_the_new_fields() -> None:
+    from spotpipe.cli import build_parser
+    from spotpipe.train import TrainError, TrainOptions, resolve_config
+
+    args = build_parser().parse_args(["train", "--lr-schedule", "cosine", "--warmup", "3", "--lr-min", "1e-4",
+                                      "--clip", "1.0", "--weight-decay", "0.1", "--decay-min-dim", "2",
+                                      "--betas", "0.8,0.99", "--eps", "1e-6"])
+    options = TrainOptions(lr_schedule=args.lr_schedule, warmup=args.warmup, lr_min=args.lr_min, clip=args.clip,
+                           weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim, betas=args.betas,
+                           eps=args.eps, steps=10)
+    config = resolve_config(options)
+    assert (config.lr_schedule, config.warmup_steps, config.lr_min, config.clip, config.weight_decay,
+            config.weight_decay_min_dim, config.betas, config.eps) == \
+        ("cosine", 3, 1e-4, 1.0, 0.1, 2, [0.8, 0.99], 1e-6)
+    with pytest.raises(TrainError, match="--betas"):
+        resolve_config(TrainOptions(betas="0.9;0.95"))
+    with pytest.raises(LayoutError, match="betas"):
+        resolve_config(TrainOptions(betas="0.9"))
+    defaults = resolve_config(TrainOptions())
+    assert (defaults.clip, defaults.warmup_steps, defaults.lr_schedule, defaults.weight_decay_min_dim) == \
+        (0.0, 0, "constant", 0)
