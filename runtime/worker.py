@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import math
 import os
 import signal
 import sys
@@ -517,7 +518,9 @@ class Worker:
                     "samples_per_s": cfg.global_batch / elapsed,
                     "stage_times_s": {str(k): v for k, v in result.stage_time_s.items()},
                     "members": len(members),
-                    "grad_norm": result.grad_norm,
+                    # inf/NaN as null: the record stays strict JSON (`skipped` says why)
+                    "grad_norm": result.grad_norm if result.grad_norm is not None
+                    and math.isfinite(result.grad_norm) else None,
                     "skipped": result.skipped,
                     "skipped_steps": self.skipped_steps,
                 }

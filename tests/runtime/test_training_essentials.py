@@ -4,17 +4,22 @@ guarantee: a distributed run under failures equals the single-process reference 
 
 from __future__ import annotations
 
+import datetime
 import math
+import os
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from runtime.comm import Comm, PeerAborted
 from runtime.config import DataSpec, JobConfig, LayoutError, ModelSpec, each_error
 from runtime.launcher import Fault, run_local
 from runtime.optim import LayerState, lr_at
 from runtime.reference import reference_run
 from runtime.usermodel import validate_model
-from tests.runtime.conftest import assert_same_math, small_config
+from tests.runtime.conftest import assert_same_math, gloo_pair, small_config
 from tests.usermodels.models import Residual
 
 M = "tests.usermodels.models"
@@ -126,6 +131,7 @@ def test_non_finite_step_is_skipped_everywhere_and_counted() -> None:
     assert_same_math(result, config)
     records = result.steps()
     assert {(r["node"], r["step"]) for r in records if r["skipped"]} == {(0, 2), (1, 2), (3, 2)}
+    assert all(r["grad_norm"] is None for r in records if r["skipped"])  # inf/NaN: null in the JSON record
     assert all(r["skipped_steps"] == int(r["step"] >= 2) for r in records)
 
 
@@ -150,3 +156,25 @@ def test_train_flags_set_the_new_fields() -> None:
     defaults = resolve_config(TrainOptions())
     assert (defaults.clip, defaults.warmup_steps, defaults.lr_schedule, defaults.weight_decay_min_dim) == \
         (0.0, 0, "constant", 0)
+
+
+def _norm_exchange(rank: int, port: int, results) -> None:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=20))
+    comm = Comm(dist.PrefixStore("t", store), prefix="pg", node=rank, members=[0, 1], timeout_s=10.0)
+    if rank == 1:  # abandons the step before its part of the norm exchange
+        comm.poison_norms(4)
+    else:  # the first member waits for rank 1's part: the poison releases it long before the timeout
+        started = time.perf_counter()
+        try:
+            comm.sum_norms(torch.zeros(4, dtype=torch.float64))
+            results.put("summed")
+        except PeerAborted as exc:
+            results.put(f"aborted after {time.perf_counter() - started:.1f}s: {exc}")
+    store.wait(["finished"])
+    os._exit(0)
+
+
+@pytest.mark.runtime
+def test_a_member_that_abandons_before_the_norm_exchange_releases_the_others() -> None:
+    [outcome] = gloo_pair(_norm_exchange)
+    assert outcome.startswith("aborted after") and float(outcome.split()[2].rstrip("s:")) < 5, outcome
