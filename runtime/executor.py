@@ -24,6 +24,7 @@ from runtime.data.dataset import Batches
 from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
 from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
+from runtime.rng import layer_rng
 from runtime.schedule import (
     ALL_REDUCE,
     BACKWARD,
@@ -288,9 +289,7 @@ class Executor:
             x = self._data(step, act.microbatch)[0]
             inputs[key] = x
         x = inputs[key]
-        out = x
-        for layer in self._layers(act.stage):
-            out = layer(out)
+        out = self._run_layers(step, act, x)
         if hop == len(route) - 1:
             loss = self.loss_fn(out, self._data(step, act.microbatch)[1])
             result.loss_sum += loss.item()
@@ -306,14 +305,23 @@ class Executor:
         if hop < len(route) - 1 and any(s == nxt_stage and n == self.node for s, n in self.layout.replicas):
             rf_inputs[(nxt_stage, act.microbatch)] = out.detach()
 
+    def _run_layers(self, step: int, act: Action, x: torch.Tensor) -> torch.Tensor:
+        """The stage's layers on `x`, each with its random state (`runtime.rng`: dropout is the same
+        wherever and however often the layer runs)."""
+        rng_step = step if self._val_batch is None else -1 - self._val_batch
+        lo, hi = self.layout.stages[act.stage]
+        for i in range(lo, hi):
+            with layer_rng(self.config.seed, rng_step, act.microbatch, i):
+                x = self.held[i].module(x)
+        return x
+
     def _redundant_forward(self, step, act, rf_inputs) -> None:
         if self.hop_of[(act.stage, act.microbatch)] == 0:  # replica of the first stage: input is the data
             x = self._data(step, act.microbatch)[0]
         else:
             x = rf_inputs.pop((act.stage, act.microbatch))
         with torch.no_grad():
-            for layer in self._layers(act.stage):
-                x = layer(x)
+            self._run_layers(step, act, x)
 
     def _backward(self, act, inputs, outputs, out_grads, param_groups) -> None:
         key = (act.stage, act.microbatch)

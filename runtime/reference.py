@@ -11,6 +11,7 @@ from runtime.data.dataset import Batches
 from runtime.grad_order import home_pipelines
 from runtime.model import build_layer
 from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
+from runtime.rng import layer_rng
 from runtime.usermodel import loss_for
 
 
@@ -68,8 +69,9 @@ def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: B
         for batch in range(config.data.val_batches):
             for mb in range(config.num_microbatches):
                 x, y = batches.val(batch=batch, index=mb, size=config.microbatch_size)
-                for layer in layers:
-                    x = layer(x)
+                for i, layer in enumerate(layers):
+                    with layer_rng(config.seed, -1 - batch, mb, i):
+                        x = layer(x)
                 total += loss_fn(x, y).item()
                 count += 1
     return total / count
@@ -93,7 +95,8 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
         for mb in range(config.num_microbatches):
             x, y = batches.train(step=step, index=mb, size=config.microbatch_size)
             for i in range(spec.num_layers):
-                x = states[i].module(x)
+                with layer_rng(config.seed, step, mb, i):  # dropout: the executor's random state
+                    x = states[i].module(x)
             loss = loss_fn(x, y)
             total += loss.item()
             for p, grad in zip(params, sums.get(home[mb], [None] * len(params)), strict=True):

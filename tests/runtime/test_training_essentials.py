@@ -178,3 +178,40 @@ def _norm_exchange(rank: int, port: int, results) -> None:
 def test_a_member_that_abandons_before_the_norm_exchange_releases_the_others() -> None:
     [outcome] = gloo_pair(_norm_exchange)
     assert outcome.startswith("aborted after") and float(outcome.split()[2].rstrip("s:")) < 5, outcome
+
+
+def _dropout_config(p: float = 0.3, **kw) -> JobConfig:
+    config = JobConfig(model=ModelSpec(kind="py", path="tests.runtime._essentials_models:dropout_mlp",
+                                       loss=f"{M}:huber", args={"p": p}),
+                       data=DataSpec(source=f"py:{M}:regression"), dp=2, pp=2, microbatches=2, global_batch=8,
+                       steps=4, op_timeout_s=2.0, heartbeat_timeout_s=4.0, **kw)
+    validate_model(config, profile=False).record(config)
+    return config
+
+
+def test_dropout_random_state_is_derived_not_global() -> None:
+    from runtime.rng import layer_rng, layer_seed
+
+    assert len({layer_seed(0, s, m, i) for s in range(3) for m in range(3) for i in range(3)}) == 27
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    with layer_rng(0, 1, 2, 3):
+        inside = torch.rand(3)
+    assert torch.equal(torch.rand(3), expected)  # the global stream is untouched
+    with layer_rng(0, 1, 2, 3):
+        assert torch.equal(torch.rand(3), inside)  # the same (seed, step, micro-batch, layer): the same draw
+    a, b = reference_run(_dropout_config()), reference_run(_dropout_config())
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    plain = reference_run(_dropout_config(p=0.0))
+    assert a.losses != plain.losses  # dropout is active in training
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("strategy", "fault"), [("recycle", "kill"), ("bamboo", "notice"), ("oobleck", "kill")])
+def test_dropout_under_failures_equals_the_reference(strategy: str, fault: str) -> None:
+    config = _dropout_config(strategy=strategy, schedule="fiw" if strategy == "recycle" else "1f1b")
+    result = run_local(config, faults=[Fault(node=1, kind=fault, step=1)], timeout_s=100)
+    assert result.exit_codes[1] == (-9 if fault == "kill" else 0), result.exit_codes
+    assert_same_math(result, config)
