@@ -304,6 +304,9 @@ class JobConfig:
     """Clip the global gradient norm (over all layers, after the all-reduce) to this; 0: no clipping."""
     skip_nonfinite: bool = True
     """Skip (on every node alike) a step whose global gradient norm is not finite, and count it."""
+    recompute: bool = False
+    """Activation recomputation per layer: keep only each layer's input, recompute its activations in
+    the backward (less memory, about one more forward of compute); the same math."""
     layer_costs: list[float] | None = None
     """Measured relative cost per layer (forward+backward) for balancing stages; None = estimate."""
     device_time: DeviceTime | None = None

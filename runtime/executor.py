@@ -24,7 +24,7 @@ from runtime.data.dataset import Batches
 from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
 from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
-from runtime.rng import layer_rng
+from runtime.rng import forward_layer, layer_rng
 from runtime.schedule import (
     ALL_REDUCE,
     BACKWARD,
@@ -312,7 +312,7 @@ class Executor:
         lo, hi = self.layout.stages[act.stage]
         for i in range(lo, hi):
             with layer_rng(self.config.seed, rng_step, act.microbatch, i):
-                x = self.held[i].module(x)
+                x = forward_layer(self.config, self.held[i].module, x)
         return x
 
     def _redundant_forward(self, step, act, rf_inputs) -> None:

@@ -11,7 +11,7 @@ from runtime.data.dataset import Batches
 from runtime.grad_order import home_pipelines
 from runtime.model import build_layer
 from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
-from runtime.rng import layer_rng
+from runtime.rng import forward_layer, layer_rng
 from runtime.usermodel import loss_for
 
 
@@ -96,7 +96,7 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
             x, y = batches.train(step=step, index=mb, size=config.microbatch_size)
             for i in range(spec.num_layers):
                 with layer_rng(config.seed, step, mb, i):  # dropout: the executor's random state
-                    x = states[i].module(x)
+                    x = forward_layer(config, states[i].module, x)
             loss = loss_fn(x, y)
             total += loss.item()
             for p, grad in zip(params, sums.get(home[mb], [None] * len(params)), strict=True):

@@ -11,6 +11,9 @@ import hashlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
+
+from runtime.config import JobConfig
 
 
 def layer_seed(seed: int, step: int, microbatch: int, layer: int) -> int:
@@ -30,3 +33,12 @@ def layer_rng(seed: int, step: int, microbatch: int, layer: int) -> Iterator[Non
         yield
     finally:
         generator.set_state(saved)
+
+
+def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """One layer's forward; with `config.recompute` (and gradients on), its activations are not kept
+    but recomputed in the backward (`torch.utils.checkpoint`, non-reentrant), replaying the random
+    state the forward had (`preserve_rng_state`): the same bits as keeping them."""
+    if config.recompute and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
+    return module(x)

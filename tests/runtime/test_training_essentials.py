@@ -141,11 +141,13 @@ def test_train_flags_set_the_new_fields() -> None:
 
     args = build_parser().parse_args(["train", "--lr-schedule", "cosine", "--warmup", "3", "--lr-min", "1e-4",
                                       "--clip", "1.0", "--weight-decay", "0.1", "--decay-min-dim", "2",
-                                      "--betas", "0.8,0.99", "--eps", "1e-6"])
+                                      "--betas", "0.8,0.99", "--eps", "1e-6", "--recompute"])
     options = TrainOptions(lr_schedule=args.lr_schedule, warmup=args.warmup, lr_min=args.lr_min, clip=args.clip,
                            weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim, betas=args.betas,
-                           eps=args.eps, steps=10)
+                           eps=args.eps, recompute=args.recompute, steps=10)
     config = resolve_config(options)
+    assert config.recompute is True
+    assert build_parser().parse_args(["train"]).recompute is None
     assert (config.lr_schedule, config.warmup_steps, config.lr_min, config.clip, config.weight_decay,
             config.weight_decay_min_dim, config.betas, config.eps) == \
         ("cosine", 3, 1e-4, 1.0, 0.1, 2, [0.8, 0.99], 1e-6)
@@ -154,8 +156,8 @@ def test_train_flags_set_the_new_fields() -> None:
     with pytest.raises(LayoutError, match="betas"):
         resolve_config(TrainOptions(betas="0.9"))
     defaults = resolve_config(TrainOptions())
-    assert (defaults.clip, defaults.warmup_steps, defaults.lr_schedule, defaults.weight_decay_min_dim) == \
-        (0.0, 0, "constant", 0)
+    assert (defaults.clip, defaults.warmup_steps, defaults.lr_schedule, defaults.weight_decay_min_dim,
+            defaults.recompute) == (0.0, 0, "constant", 0, False)
 
 
 def _norm_exchange(rank: int, port: int, results) -> None:
@@ -181,10 +183,11 @@ def test_a_member_that_abandons_before_the_norm_exchange_releases_the_others() -
 
 
 def _dropout_config(p: float = 0.3, **kw) -> JobConfig:
+    kw = {"steps": 4, **kw}
     config = JobConfig(model=ModelSpec(kind="py", path="tests.runtime._essentials_models:dropout_mlp",
                                        loss=f"{M}:huber", args={"p": p}),
                        data=DataSpec(source=f"py:{M}:regression"), dp=2, pp=2, microbatches=2, global_batch=8,
-                       steps=4, op_timeout_s=2.0, heartbeat_timeout_s=4.0, **kw)
+                       op_timeout_s=2.0, heartbeat_timeout_s=4.0, **kw)
     validate_model(config, profile=False).record(config)
     return config
 
@@ -212,6 +215,38 @@ def test_dropout_random_state_is_derived_not_global() -> None:
 @pytest.mark.parametrize(("strategy", "fault"), [("recycle", "kill"), ("bamboo", "notice"), ("oobleck", "kill")])
 def test_dropout_under_failures_equals_the_reference(strategy: str, fault: str) -> None:
     config = _dropout_config(strategy=strategy, schedule="fiw" if strategy == "recycle" else "1f1b")
+    result = run_local(config, faults=[Fault(node=1, kind=fault, step=1)], timeout_s=100)
+    assert result.exit_codes[1] == (-9 if fault == "kill" else 0), result.exit_codes
+    assert_same_math(result, config)
+
+
+def test_recompute_is_the_same_math_in_the_reference() -> None:
+    for config, other in ((_dropout_config(), _dropout_config(recompute=True)),
+                          (small_config(model=ModelSpec(kind="gpt", n_layer=2)),
+                           small_config(model=ModelSpec(kind="gpt", n_layer=2), recompute=True))):
+        a, b = reference_run(config), reference_run(other)
+        assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    calls = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: calls.append(type(m).__name__))
+    try:
+        reference_run(_dropout_config(steps=1))
+        once = len(calls)
+        calls.clear()
+        reference_run(_dropout_config(steps=1, recompute=True))
+    finally:
+        handle.remove()
+    assert len(calls) > once  # the forwards ran again in the backward
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("strategy", "schedule", "fault", "model"), [
+    ("recycle", "fiw", "kill", "dropout"), ("bamboo", "1f1b", "notice", "dropout"), ("recycle", "fiw", "kill", "gpt"),
+])
+def test_recompute_under_failures_equals_the_reference(strategy: str, schedule: str, fault: str, model: str) -> None:
+    gpt = ModelSpec(kind="gpt", n_layer=2)
+    config = (_dropout_config(strategy=strategy, schedule=schedule, recompute=True) if model == "dropout" else
+              small_config(strategy=strategy, schedule=schedule, recompute=True, model=gpt))
     result = run_local(config, faults=[Fault(node=1, kind=fault, step=1)], timeout_s=100)
     assert result.exit_codes[1] == (-9 if fault == "kill" else 0), result.exit_codes
     assert_same_math(result, config)
