@@ -197,14 +197,20 @@ def adamw_update(
     decay_min_dim: int = 0,
 ) -> None:
     """Decoupled-weight-decay Adam, element-wise, so any split of the parameters gives the same result.
-    Only parameters with at least `decay_min_dim` dimensions are decayed."""
+    Only parameters with at least `decay_min_dim` dimensions are decayed.
+
+    The operations, and so the rounding, of `torch.optim.AdamW(betas=betas, eps=eps)` on CPU (its
+    single-tensor path, torch==2.13.0): the same parameters after the same gradients, bit for bit
+    (tests/runtime/test_plain_pytorch.py). An equivalent formula rounded otherwise (m * b1 + (1 - b1)
+    g, sqrt(v / bc2)) drifts from torch's by float32 noise that training amplifies step after step."""
     b1, b2 = betas
     bc1 = 1 - b1**step
-    bc2 = 1 - b2**step
+    bc2_sqrt = (1 - b2**step) ** 0.5
+    step_size = lr / bc1
     for p, g, m, v in zip(params, grads, exp_avg, exp_avg_sq, strict=True):
         if p.dim() >= decay_min_dim:
             p.mul_(1 - lr * wd)
-        m.mul_(b1).add_(g, alpha=1 - b1)
+        m.lerp_(g, 1 - b1)
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        denom = (v / bc2).sqrt_().add_(eps)
-        p.addcdiv_(m, denom, value=-lr / bc1)
+        denom = (v.sqrt() / bc2_sqrt).add_(eps)
+        p.addcdiv_(m, denom, value=-step_size)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import threading
 import time
@@ -263,7 +264,8 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
 
     out_dir = options.out
     ranks = out_dir / "ranks"
-    ranks.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(ranks, ignore_errors=True)  # a previous run's logs here would be read as this run's
+    ranks.mkdir(parents=True)
     log = MetricsLog(out_dir, config, start=start)
     name = config.model.path if config.model.kind == USER_MODEL_KIND else config.model.kind
     print(f"training {name} ({config.model.num_layers} layers) on {data.get('source')}: "
@@ -318,15 +320,14 @@ class MetricsLog:
         self.steps: dict[int, dict[str, Any]] = {}
         self.start = start  # the first step this run trains (init_from continues a job there)
         self.written = start - 1
+        self._offsets: dict[Path, int] = {}
         self.tb = _tensorboard(out_dir / "tb")
         self.tokens_per_sample = config.model.seq_len if config.model.kind == "gpt" else 1
 
     def poll(self, ranks: Path, *, final: bool = False) -> dict[str, Any] | None:
         """Read the ranks' logs, write the steps now complete; returns the newest step's record."""
-        from runtime.metrics_log import read_records
-
         for path in sorted(ranks.glob("metrics-*.jsonl")):
-            for record in read_records(path):
+            for record in self._new_records(path):
                 if "step" not in record or "event" in record:
                     continue
                 merged = self.steps.setdefault(record["step"], {"step": record["step"]})
@@ -345,6 +346,20 @@ class MetricsLog:
                 self._to_tensorboard(record)
                 self.written += 1
         return self.steps.get(self.written) if self.written >= self.start else None
+
+    def _new_records(self, path: Path) -> list[dict[str, Any]]:
+        """The complete records appended to `path` since the last poll (each poll reads only what is
+        new: re-reading whole logs every poll grew with the run, on the workers' cores)."""
+        offset = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+        except OSError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a torn last line is read again next time
+        self._offsets[path] = offset + len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def _to_tensorboard(self, record: dict[str, Any]) -> None:
         if self.tb is None:

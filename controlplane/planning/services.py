@@ -24,6 +24,7 @@ from controlplane.planning.selectors import pools_for_plan
 from runtime.config import (
     LAYOUT_FIELDS,
     SCHEDULES,
+    USER_MODEL_KIND,
     DeviceTime,
     JobConfig,
     LayoutError,
@@ -244,6 +245,10 @@ def plan_job(
     if problems:
         raise problems[0] if len(problems) == 1 else LayoutErrors(problems)
     assert base is not None
+    if ask.auto and base.model.kind == USER_MODEL_KIND:
+        raise LayoutError(f"plan.auto cannot plan a model function ({base.model.path}): the planner predicts step "
+                          "times from the model's layers, and the control plane never imports user code; expected "
+                          "an explicit plan (plan.dp, plan.pp)", field="plan.auto")
     if ask.auto:
         return _planned(base, contract, team_id=team_id, total_microbatches=total_microbatches, deadline=deadline,
                         budget_usd=budget_usd, ask=ask, at=at or timezone.now())

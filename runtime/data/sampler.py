@@ -39,10 +39,14 @@ class EpochPermutations:
 
     def items(self, first: int, count: int) -> np.ndarray:
         """Item ids at stream positions first .. first + count - 1."""
+        epoch, offset = divmod(first, self.size)
         out = np.empty(count, dtype=np.int64)
-        for k, position in enumerate(range(first, first + count)):
-            epoch, offset = divmod(position, self.size)
-            out[k] = self.epoch(epoch)[offset]
+        done = 0
+        while done < count:  # one slice per epoch the positions cross (not one lookup per position)
+            take = min(count - done, self.size - offset)
+            out[done : done + take] = self.epoch(epoch)[offset : offset + take]
+            done += take
+            epoch, offset = epoch + 1, 0
         return out
 
 

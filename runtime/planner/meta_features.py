@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from runtime.config import ModelSpec
+from runtime.config import USER_MODEL_KIND, ModelSpec
 from runtime.model import build_layer
 from runtime.planner.predictor import LayerFeatures
 
@@ -41,6 +41,8 @@ def meta_layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> 
     """Every layer's features for one micro-batch; `spec_items` is the ModelSpec as sorted
     (field, value) pairs, so that the result can be cached per model."""
     spec = ModelSpec(**{k: json.loads(v) if k == "args" else v for k, v in spec_items})
+    if spec.kind == USER_MODEL_KIND:  # the planner runs in the control plane, which never imports user code
+        raise ValueError(f"the planner has no features for a model function ({spec.path}); it plans built-in models")
     kind = getattr(torch, dtype)
     out: list[LayerFeatures] = []
     if spec.kind == "gpt":

@@ -143,6 +143,23 @@ def test_a_py_source_is_never_imported_by_the_control_plane(world, tmp_path: Pat
     assert any("user code" in n for n in _notes(response.json()["id"]))
 
 
+def test_a_model_function_is_never_imported_and_cannot_be_auto_planned(world, tmp_path: Path, monkeypatch):
+    marker = tmp_path / "imported"
+    (tmp_path / "h19_user_model.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\ndef net():\n    raise SystemExit('ran user code')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = {"kind": "py", "path": "h19_user_model:net", "args": {"width": 8}, "layers": 4}
+    payload = {"name": "mine", "strategy": "recycle", "target_steps": 20, "config": {"model": model},
+               "deadline": (timezone.now() + timedelta(hours=1)).isoformat()}
+    auto = world.member_client.post("/api/v1/jobs/", {**payload, "plan": {"auto": True}}, format="json")
+    assert auto.status_code == 400, auto.content
+    assert "plan.auto cannot plan a model function" in str(auto.json()["errors"]["plan.auto"])
+    explicit = world.member_client.post("/api/v1/jobs/", {**payload, "plan": {"dp": 2, "pp": 2}}, format="json")
+    assert explicit.status_code == 201, explicit.content
+    assert explicit.json()["config"]["model"]["path"] == "h19_user_model:net"
+    assert "h19_user_model" not in sys.modules and not marker.exists()
+
+
 # --- S3: looked up with the control plane's credentials -----------------------------------------------
 
 

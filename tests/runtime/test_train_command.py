@@ -61,6 +61,14 @@ def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: 
     assert summary["tokenizer"] == "byte" and summary["final_val_loss"] == records[-1]["val_loss"]
     assert "val " in out and "tok/s" in out and "done: 8 steps" in out
     assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # the killed rank saved nothing
+    # The same metrics as TensorBoard event files (tensorboard is in the dev extra).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out_dir / "tb"))
+    events.Reload()
+    val = [records[3]["val_loss"], records[7]["val_loss"]]
+    assert [e.value for e in events.Scalars("val/loss")] == pytest.approx(val)
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(8))
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -69,7 +77,7 @@ def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: 
     (dict(data="tokens:/nonexistent/train.bin"), "token file /nonexistent/train.bin does not exist"),
     (dict(fails=["kill:9@1"]), "rank 9 does not exist; expected 0..0"),
     (dict(fails=["boom"]), "expected KIND:RANK@STEP"),
-    (dict(model="gpt-huge"), "model 'gpt-huge' is unknown; expected one of ['gpt-nano']"),
+    (dict(model="gpt-huge"), "model 'gpt-huge' is unknown; expected one of ['gpt-nano', 'gpt2'"),
     (dict(val_every=2), "val_every needs held-out data"),
 ])
 def test_bad_input_is_one_message_and_starts_nothing(tmp_path: Path, options: dict, message: str) -> None:
