@@ -302,8 +302,10 @@ class JobConfig:
     """cosine: the learning rate of the last step (0 <= lr_min <= lr)."""
     clip: float = 0.0
     """Clip the global gradient norm (over all layers, after the all-reduce) to this; 0: no clipping."""
-    skip_nonfinite: bool = True
-    """Skip (on every node alike) a step whose global gradient norm is not finite, and count it."""
+    skip_nonfinite: bool = False
+    """Skip (on every node alike) a step whose global gradient norm is not finite, and count it
+    (always so when `clip` > 0). Off by default: the norm exchange it needs is one more round trip per
+    step, measured +6 to +22 ms on a 46-52 ms step of a tiny model on 2 shared cores (4 processes)."""
     recompute: bool = False
     """Activation recomputation per layer: keep only each layer's input, recompute its activations in
     the backward (less memory, about one more forward of compute); the same math."""

@@ -80,8 +80,8 @@ def clip_decision(config: JobConfig, per_layer: Sequence[float]) -> tuple[float,
     for v in per_layer:
         total += float(v)
     norm = math.sqrt(total) if total >= 0 else math.nan
-    if not math.isfinite(norm):
-        return norm, None, config.skip_nonfinite
+    if not math.isfinite(norm):  # clipping by a non-finite norm would spread NaN: skip then too
+        return norm, None, config.skip_nonfinite or config.clip > 0
     if config.clip > 0:
         coef = config.clip / (norm + CLIP_EPS)
         if coef < 1.0:

@@ -104,6 +104,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--eps", type=float, help="AdamW epsilon (default 1e-8)")
     train.add_argument("--recompute", action="store_true", default=None,
                        help="recompute each layer's activations in the backward (less memory, same math)")
+    train.add_argument("--skip-nonfinite", action="store_true", default=None,
+                       help="skip (and count) a step whose global gradient norm is inf/NaN (always on with --clip)")
     train.add_argument("--init-from", metavar="DIR", help="start from a weights folder an earlier run wrote: with its "
                                                         "optimizer state it continues that run (--steps is the total)")
     train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
@@ -140,7 +142,7 @@ def run_client(args: argparse.Namespace) -> int:
         seed=args.seed, val_every=args.val_every, lr=args.lr, init_from=args.init_from, fails=args.fail, out=args.out,
         timeout_s=args.timeout, model_args=args.model_args, lr_schedule=args.lr_schedule, warmup=args.warmup,
         lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
-        betas=args.betas, eps=args.eps, recompute=args.recompute,
+        betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
     ))
 
 

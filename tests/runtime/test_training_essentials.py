@@ -84,7 +84,8 @@ def test_weight_decay_groups_spare_norms_and_biases() -> None:
 
 
 def test_reference_clips_and_reports_the_norm() -> None:
-    plain = reference_run(small_config())
+    assert reference_run(small_config()).grad_norms == [None] * 4  # neither clip nor skip_nonfinite: no norm
+    plain = reference_run(small_config(skip_nonfinite=True))
     assert all(n is not None and n > 0 for n in plain.grad_norms) and plain.skipped == []
     clipped = reference_run(small_config(clip=1e-3))
     assert clipped.grad_norms[0] == plain.grad_norms[0]  # the norm is taken before clipping
@@ -118,8 +119,9 @@ def _inf_config(**kw) -> JobConfig:
 
 @pytest.mark.runtime
 @pytest.mark.timeout(120)
-def test_non_finite_step_is_skipped_everywhere_and_counted() -> None:
-    config = _inf_config(strategy="recycle", clip=1.0)
+@pytest.mark.parametrize("knob", [{"clip": 1.0}, {"skip_nonfinite": True}])
+def test_non_finite_step_is_skipped_everywhere_and_counted(knob: dict) -> None:
+    config = _inf_config(strategy="recycle", **knob)
     ref = reference_run(config)
     assert ref.skipped == [2], ref.skipped  # the one step that reads the infinite sample
     assert not math.isfinite(ref.grad_norms[2])
@@ -157,7 +159,8 @@ def test_train_flags_set_the_new_fields() -> None:
         resolve_config(TrainOptions(betas="0.9"))
     defaults = resolve_config(TrainOptions())
     assert (defaults.clip, defaults.warmup_steps, defaults.lr_schedule, defaults.weight_decay_min_dim,
-            defaults.recompute) == (0.0, 0, "constant", 0, False)
+            defaults.recompute, defaults.skip_nonfinite) == (0.0, 0, "constant", 0, False, False)
+    assert resolve_config(TrainOptions(skip_nonfinite=True)).skip_nonfinite is True
 
 
 def _norm_exchange(rank: int, port: int, results) -> None:
