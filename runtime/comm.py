@@ -27,6 +27,8 @@ POISON = -1.2345e38
 
 _COMMIT_TAG = 2 << 24
 """Tag of the per-step commit messages."""
+_NORM_TAG = 3 << 24
+"""Tag of the per-step gradient-norm sums (`sum_norms`), before any optimizer step."""
 
 
 class PeerAborted(RuntimeError):
@@ -274,6 +276,19 @@ class Comm:
 
         Point-to-point rather than a gloo collective so that a member that fails can poison it
         (`poison_commit`) and nobody waits for the timeout in the barrier."""
+        return self._sum_members(vector, _COMMIT_TAG)
+
+    def sum_norms(self, vector: torch.Tensor) -> torch.Tensor:
+        """The step's gradient-norm exchange: `vector` (float64, one entry per layer, filled by that
+        layer's designated owner, zeros elsewhere) summed over all members like `commit`, on its own
+        tag; a member that abandons the step first poisons it (`poison_norms`)."""
+        return self._sum_members(vector, _NORM_TAG)
+
+    def poison_norms(self, numel: int) -> None:
+        """We abandon the step before the norm exchange: unblock whoever waits for us there."""
+        self._poison_sum(numel, _NORM_TAG)
+
+    def _sum_members(self, vector: torch.Tensor, tag: int) -> torch.Tensor:
         leader = self.members[0]
         if len(self.members) == 1:
             return vector
@@ -281,26 +296,29 @@ class Comm:
             total = vector.clone()
             for other in self.members[1:]:
                 part = torch.empty_like(vector)
-                self.recv(part, other, _COMMIT_TAG)
+                self.recv(part, other, tag)
                 total.add_(part)
             for other in self.members[1:]:
-                self.send(total, other, _COMMIT_TAG)
+                self.send(total, other, tag)
             vector.copy_(total)
         else:
-            self.send(vector, leader, _COMMIT_TAG)
-            self.recv(vector, leader, _COMMIT_TAG)
+            self.send(vector, leader, tag)
+            self.recv(vector, leader, tag)
         return vector
 
     def poison_commit(self, numel: int) -> None:
         """We abandon the step: unblock whoever waits for us in the commit barrier."""
+        self._poison_sum(numel, _COMMIT_TAG)
+
+    def _poison_sum(self, numel: int, tag: int) -> None:
         if self.world is None or len(self.members) == 1:
             return
         like = torch.empty(numel, dtype=torch.float64)
         if self.node == self.members[0]:
             for other in self.members[1:]:
-                self.send_poison(like, other, _COMMIT_TAG)
+                self.send_poison(like, other, tag)
         else:
-            self.send_poison(like, self.members[0], _COMMIT_TAG)
+            self.send_poison(like, self.members[0], tag)
 
     def close(self) -> int:
         """Drop the group so its sockets close and peers blocked on us fail fast.

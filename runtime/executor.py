@@ -23,7 +23,8 @@ from runtime.config import JobConfig
 from runtime.data.dataset import Batches
 from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
-from runtime.optim import LayerState
+from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
+from runtime.rng import forward_layer, layer_rng
 from runtime.schedule import (
     ALL_REDUCE,
     BACKWARD,
@@ -51,6 +52,10 @@ class StepResult:
     """Micro-batches whose loss this node computed."""
     stage_time_s: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     """Busy (compute) seconds per stage id."""
+    grad_norm: float | None = None
+    """The global gradient norm (all layers, before clipping), when the step computed it."""
+    skipped: bool = False
+    """The gradients were not finite: no node applied this step (the versions still advance)."""
 
 
 class Executor:
@@ -90,6 +95,10 @@ class Executor:
         self.current: Action | None = None
         self.hook: Callable[[int, int], None] | None = None
         """Called with (action index, number of actions) before each action (fault injection)."""
+        self._norm_done = False
+        """This step's gradient-norm exchange completed (or is not needed)."""
+        self._update: tuple[dict, float | None, bool, object] | None = None
+        """This step's reduced gradients by run, clip factor, skip and optimizer settings."""
 
     # -- helpers ------------------------------------------------------------------------------
     def _layers(self, stage: int) -> list[nn.Module]:
@@ -165,6 +174,8 @@ class Executor:
         reduces: dict[tuple[tuple[int, int], tuple[int, ...]], tuple[torch.Tensor, object]] = {}
         comm = self.comm
         started = time.perf_counter()
+        self._norm_done = self._val_batch is not None or not norm_needed(self.config)
+        self._update = None
         try:
             self._loop(
                 step,
@@ -194,7 +205,11 @@ class Executor:
         """We abandon the step: poison every message we still owe, and accept every message we are
         still owed (a peer's send completes only once we posted its receive), so peers fail or move
         on now, not at their timeout. `consumed`: the current action's receive got a poison message."""
-        if self.comm is None or self.current is None:
+        if self.comm is None:
+            return
+        if not self._norm_done:  # whoever waits for our part of the norm exchange gives up now
+            self.comm.poison_norms(self.layout.num_layers)
+        if self.current is None:
             return
         current = self.current
         for act in actions[actions.index(current) :]:
@@ -255,8 +270,10 @@ class Executor:
             elif act.kind == ALL_REDUCE:
                 reduces[(act.layers, act.group)] = self._start_allreduce(act)
             elif act.kind == OPTIMIZER:
-                flat, work = reduces.pop((act.layers, act.group))
-                self._optimizer_step(act, flat, work)
+                if self._update is None:
+                    self._update = self._prepare_update(step, actions, index, reduces, result)
+                    self.current = act
+                self._optimizer_step(act)
             else:
                 raise ValueError(f"unknown action kind {act.kind!r}")
             if act.stage >= 0 and act.kind in (
@@ -268,6 +285,8 @@ class Executor:
             ):
                 self._pad(act, started)
                 result.stage_time_s[act.stage] += time.perf_counter() - started
+        if not self._norm_done:  # no optimizer action here: still take part in the norm exchange
+            self._exchange_norms({}, result)
 
     def _forward(self, step, act, inputs, outputs, rf_inputs, result) -> None:
         key = (act.stage, act.microbatch)
@@ -277,9 +296,7 @@ class Executor:
             x = self._data(step, act.microbatch)[0]
             inputs[key] = x
         x = inputs[key]
-        out = x
-        for layer in self._layers(act.stage):
-            out = layer(out)
+        out = self._run_layers(step, act, x)
         if hop == len(route) - 1:
             loss = self.loss_fn(out, self._data(step, act.microbatch)[1])
             result.loss_sum += loss.item()
@@ -295,14 +312,23 @@ class Executor:
         if hop < len(route) - 1 and any(s == nxt_stage and n == self.node for s, n in self.layout.replicas):
             rf_inputs[(nxt_stage, act.microbatch)] = out.detach()
 
+    def _run_layers(self, step: int, act: Action, x: torch.Tensor) -> torch.Tensor:
+        """The stage's layers on `x`, each with its random state (`runtime.rng`: dropout is the same
+        wherever and however often the layer runs)."""
+        rng_step = step if self._val_batch is None else -1 - self._val_batch
+        lo, hi = self.layout.stages[act.stage]
+        for i in range(lo, hi):
+            with layer_rng(self.config.seed, rng_step, act.microbatch, i):
+                x = forward_layer(self.config, self.held[i].module, x)
+        return x
+
     def _redundant_forward(self, step, act, rf_inputs) -> None:
         if self.hop_of[(act.stage, act.microbatch)] == 0:  # replica of the first stage: input is the data
             x = self._data(step, act.microbatch)[0]
         else:
             x = rf_inputs.pop((act.stage, act.microbatch))
         with torch.no_grad():
-            for layer in self._layers(act.stage):
-                x = layer(x)
+            self._run_layers(step, act, x)
 
     def _backward(self, act, inputs, outputs, out_grads, param_groups) -> None:
         key = (act.stage, act.microbatch)
@@ -368,20 +394,59 @@ class Executor:
                     computing.add(node)
         return tuple(n for n in act.group if n not in computing)
 
-    def _optimizer_step(self, act: Action, flat: torch.Tensor, handle) -> None:
+    def _finish(self, act: Action, flat: torch.Tensor, handle) -> dict[int, list[torch.Tensor]]:
+        """Finish the all-reduce of `act`'s run: layer -> its reduced gradients (views of the sum)."""
         if handle is not None:
             flat = self.comm.finish_allreduce(handle, lambda parts: self._fold(act, parts))
         else:
             flat = self._fold(act, {self.node: flat})
-        lo, hi = act.layers
+        out: dict[int, list[torch.Tensor]] = {}
         offset = 0
-        for i in range(lo, hi):
-            state = self.held[i]
+        for i in range(*act.layers):
             grads = []
-            for p in state.params:
+            for p in self.held[i].params:
                 grads.append(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
-            state.step(
-                grads, lr=self.config.lr, weight_decay=self.config.weight_decay, snapshot=self.snapshot
-            )
+            out[i] = grads
+        return out
+
+    def _prepare_update(self, step: int, actions: list[Action], index: int, reduces: dict, result: StepResult):
+        """Before the first optimizer action: finish every all-reduce of this node (in action order,
+        forwarding to replicas as before), then, when clipping or the non-finite check is on,
+        exchange the global gradient norm so every node scales, or skips, alike."""
+        finished: dict[tuple, dict[int, list[torch.Tensor]]] = {}
+        for act in actions[index:]:
+            if act.kind == OPTIMIZER:
+                self.current = act
+                flat, work = reduces.pop((act.layers, act.group))
+                finished[(act.layers, act.group)] = self._finish(act, flat, work)
+        coef, skip = None, False
+        if not self._norm_done:
+            coef, skip = self._exchange_norms(finished, result)
+        return finished, coef, skip, hyper_at(self.config, step)
+
+    def _exchange_norms(self, finished: dict, result: StepResult) -> tuple[float | None, bool]:
+        """Sum, over all members, each layer's sum of squares of its reduced gradients, filled in by
+        the layer's designated owner (the first owner of its run, so replicas count once); zeros
+        elsewhere add exactly, so every entry has the bits of one computation, and `clip_decision`
+        adds the layers in order: every node and the reference decide alike."""
+        vector = torch.zeros(self.layout.num_layers, dtype=torch.float64)
+        for (_, group), grads in finished.items():
+            if group[0] == self.node:
+                for i, g in grads.items():
+                    vector[i] = layer_sumsq(g)
+        if self.comm is not None and len(self.comm.members) > 1:
+            self.comm.sum_norms(vector)
+        self._norm_done = True
+        norm, coef, skip = clip_decision(self.config, vector.tolist())
+        result.grad_norm, result.skipped = norm, skip
+        return coef, skip
+
+    def _optimizer_step(self, act: Action) -> None:
+        finished, coef, skip, hyper = self._update
+        grads = finished.pop((act.layers, act.group))
+        for i in range(*act.layers):
+            state = self.held[i]
+            own = grads[i] if coef is None or skip else scale_grads(grads[i], coef)
+            state.step(own, hyper=hyper, snapshot=self.snapshot, skip=skip)
             state.zero_grad()

@@ -10,7 +10,8 @@ from runtime.config import JobConfig
 from runtime.data.dataset import Batches
 from runtime.grad_order import home_pipelines
 from runtime.model import build_layer
-from runtime.optim import LayerState
+from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
+from runtime.rng import forward_layer, layer_rng
 from runtime.usermodel import loss_for
 
 
@@ -41,6 +42,10 @@ class ReferenceRun:
     """Training loss per step."""
     val_losses: dict[int, float] = field(default_factory=dict)
     """Validation loss by step index (the last step done), when `val_every` asks for it."""
+    grad_norms: list[float | None] = field(default_factory=list)
+    """Global gradient norm per step (before clipping), None when the config computes none."""
+    skipped: list[int] = field(default_factory=list)
+    """Steps skipped for a non-finite gradient."""
 
 
 def reference_run(config: JobConfig, steps: int | None = None) -> ReferenceRun:
@@ -64,8 +69,9 @@ def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: B
         for batch in range(config.data.val_batches):
             for mb in range(config.num_microbatches):
                 x, y = batches.val(batch=batch, index=mb, size=config.microbatch_size)
-                for layer in layers:
-                    x = layer(x)
+                for i, layer in enumerate(layers):
+                    with layer_rng(config.seed, -1 - batch, mb, i):
+                        x = layer(x)
                 total += loss_fn(x, y).item()
                 count += 1
     return total / count
@@ -89,7 +95,8 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
         for mb in range(config.num_microbatches):
             x, y = batches.train(step=step, index=mb, size=config.microbatch_size)
             for i in range(spec.num_layers):
-                x = states[i].module(x)
+                with layer_rng(config.seed, step, mb, i):  # dropout: the executor's random state
+                    x = forward_layer(config, states[i].module, x)
             loss = loss_fn(x, y)
             total += loss.item()
             for p, grad in zip(params, sums.get(home[mb], [None] * len(params)), strict=True):
@@ -101,11 +108,21 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
         for g in rest:
             for summed, part in zip(grads, sums[g], strict=True):
                 summed.add_(part)
-        at = 0
+        per_layer, at = [], 0
+        for i in range(spec.num_layers):
+            per_layer.append(grads[at : at + len(states[i].params)])
+            at += len(states[i].params)
+        coef, skip, norm = None, False, None
+        if norm_needed(config):  # the executor's `_exchange_norms`, in one process
+            norm, coef, skip = clip_decision(config, [layer_sumsq(g) for g in per_layer])
+        run.grad_norms.append(norm)
+        if skip:
+            run.skipped.append(step)
+        hyper = hyper_at(config, step)
         for i in range(spec.num_layers):
             state = states[i]
-            own, at = grads[at : at + len(state.params)], at + len(state.params)
-            state.step(own, lr=config.lr, weight_decay=config.weight_decay, snapshot=False)
+            own = per_layer[i] if coef is None or skip else scale_grads(per_layer[i], coef)
+            state.step(own, hyper=hyper, snapshot=False, skip=skip)
             state.zero_grad()
         run.losses.append(total / config.num_microbatches)
         done = step + 1

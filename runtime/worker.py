@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import math
 import os
 import signal
 import sys
@@ -108,6 +109,8 @@ class Worker:
         self.on_step = on_step
         self.held: dict[int, LayerState] = {}
         self.committed = 0
+        self.skipped_steps = 0
+        """Committed steps this process saw skipped for a non-finite gradient (every node skips alike)."""
         self.notice = False
         self.fired: set[int] = set()
         self._state_bytes: dict[int, int] = {}
@@ -502,6 +505,7 @@ class Worker:
                 reap()  # groups given up after failures, beyond a few (off the recovery path)
             step += 1
             self.committed = step
+            self.skipped_steps += int(result.skipped)
             if self.ckpt is not None and step % self.ckpt_every == 0 and index == 0:
                 self.ckpt.mark_complete(step)
             elapsed = time.perf_counter() - started
@@ -514,6 +518,11 @@ class Worker:
                     "samples_per_s": cfg.global_batch / elapsed,
                     "stage_times_s": {str(k): v for k, v in result.stage_time_s.items()},
                     "members": len(members),
+                    # inf/NaN as null: the record stays strict JSON (`skipped` says why)
+                    "grad_norm": result.grad_norm if result.grad_norm is not None
+                    and math.isfinite(result.grad_norm) else None,
+                    "skipped": result.skipped,
+                    "skipped_steps": self.skipped_steps,
                 }
             )
             if self.config.validation_due(step):

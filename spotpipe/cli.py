@@ -91,7 +91,21 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        ("seed", "seeds the initial parameters and the data order"),
                        ("val-every", "validation loss every this many steps (0: never)")):
         train.add_argument(f"--{name}", type=int, help=text)
-    train.add_argument("--lr", type=float, help="AdamW learning rate")
+    train.add_argument("--lr", type=float, help="AdamW learning rate (the peak, with --warmup / --lr-schedule)")
+    train.add_argument("--lr-schedule", choices=("constant", "cosine"),
+                       help="after the warmup: constant (default) or cosine decay to --lr-min at the last step")
+    train.add_argument("--warmup", type=int, metavar="STEPS", help="linear learning-rate warmup steps (default 0)")
+    train.add_argument("--lr-min", type=float, help="cosine: the learning rate of the last step (default 0)")
+    train.add_argument("--clip", type=float, metavar="NORM", help="clip the global gradient norm (default 0: off)")
+    train.add_argument("--weight-decay", type=float, help="AdamW decoupled weight decay (default 0.01)")
+    train.add_argument("--decay-min-dim", type=int, metavar="N", help="decay only tensors with at least N dims: "
+                                                                      "2 spares biases and norms (default 0: all)")
+    train.add_argument("--betas", metavar="B1,B2", help="AdamW betas (default 0.9,0.95)")
+    train.add_argument("--eps", type=float, help="AdamW epsilon (default 1e-8)")
+    train.add_argument("--recompute", action="store_true", default=None,
+                       help="recompute each layer's activations in the backward (less memory, same math)")
+    train.add_argument("--skip-nonfinite", action="store_true", default=None,
+                       help="skip (and count) a step whose global gradient norm is inf/NaN (always on with --clip)")
     train.add_argument("--init-from", metavar="DIR", help="start from a weights folder an earlier run wrote: with its "
                                                         "optimizer state it continues that run (--steps is the total)")
     train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
@@ -126,7 +140,9 @@ def run_client(args: argparse.Namespace) -> int:
         file=args.file, data=args.data, tokenizer=args.tokenizer, model=args.model, dp=args.dp, pp=args.pp,
         microbatches=args.microbatches, global_batch=args.global_batch, steps=args.steps, strategy=args.strategy,
         seed=args.seed, val_every=args.val_every, lr=args.lr, init_from=args.init_from, fails=args.fail, out=args.out,
-        timeout_s=args.timeout, model_args=args.model_args,
+        timeout_s=args.timeout, model_args=args.model_args, lr_schedule=args.lr_schedule, warmup=args.warmup,
+        lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
+        betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
     ))
 
 

@@ -69,6 +69,23 @@ class TrainOptions:
     seed: int | None = None
     val_every: int | None = None
     lr: float | None = None
+    lr_schedule: str | None = None
+    """`--lr-schedule constant|cosine` (after the warmup)."""
+    warmup: int | None = None
+    """`--warmup STEPS`: linear warmup steps (`warmup_steps`)."""
+    lr_min: float | None = None
+    clip: float | None = None
+    """`--clip NORM`: global gradient-norm clipping (0: off)."""
+    weight_decay: float | None = None
+    decay_min_dim: int | None = None
+    """`--decay-min-dim 2`: decay only tensors with at least 2 dims (`weight_decay_min_dim`)."""
+    betas: str | None = None
+    """`--betas B1,B2`."""
+    eps: float | None = None
+    recompute: bool | None = None
+    skip_nonfinite: bool | None = None
+    """`--skip-nonfinite`: skip (and count) a step whose gradient norm is not finite."""
+    """`--recompute`: activation recomputation per layer."""
     init_from: str | None = None
     fails: list[str] = field(default_factory=list)
     out: Path = Path("var/train")
@@ -118,9 +135,18 @@ def resolve_config(options: TrainOptions) -> JobConfig:
         ("gpt-nano" if not options.file else None)
     if preset is not None:
         contract["model"]["vocab_size"] = preset_vocabulary(_tokenizer_vocabulary(data), preset)
-    for key in ("global_batch", "seed", "val_every", "lr", "init_from"):
+    for key in ("global_batch", "seed", "val_every", "lr", "init_from", "lr_schedule", "lr_min", "clip",
+                "weight_decay", "eps", "recompute", "skip_nonfinite"):
         if getattr(options, key) is not None:
             contract[key] = getattr(options, key)
+    for key, flag in (("warmup_steps", "warmup"), ("weight_decay_min_dim", "decay_min_dim")):
+        if getattr(options, flag) is not None:
+            contract[key] = getattr(options, flag)
+    if options.betas is not None:
+        try:
+            contract["betas"] = [float(b) for b in options.betas.split(",")]
+        except ValueError:
+            raise TrainError(f"--betas {options.betas!r}: expected two numbers B1,B2 (e.g. 0.9,0.95)") from None
     layout = explicit_layout(
         dp=options.dp if options.dp is not None else plan.get("dp", 1),
         pp=options.pp if options.pp is not None else plan.get("pp", 1),

@@ -16,7 +16,7 @@ from runtime.comm import Comm, PeerAborted
 from runtime.executor import Executor
 from runtime.layout import initial_layout
 from runtime.model import build_layer
-from runtime.optim import LayerState
+from runtime.optim import LayerState, norm_needed
 from runtime.schedule import ALL_REDUCE, RECV_GRAD, SEND_ACT, build_schedule
 from tests.runtime.conftest import gloo_pair, small_config
 
@@ -28,6 +28,7 @@ class RecordingComm:
         self.poisoned: list[tuple[int, int]] = []
         self.drained: list[tuple[int, int]] = []
         self.drained_reduces: list[tuple[int, tuple[int, ...]]] = []
+        self.norms_poisoned = 0
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         pass  # a real message sent before the failure
@@ -40,6 +41,9 @@ class RecordingComm:
 
     def poison_allreduce(self, numel_for: dict[int, int], tag: int) -> None:
         pass
+
+    def poison_norms(self, numel: int) -> None:
+        self.norms_poisoned += 1
 
     def drain_allreduce(
         self, numel: int, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = (), sizes=None
@@ -82,6 +86,8 @@ def test_abandoning_a_step_drains_every_message_still_owed_to_it() -> None:
     assert sorted(comm.poisoned) == sorted(_tags(executor, actions, SEND_ACT))
     reduces = [a for a in actions if a.kind == ALL_REDUCE]
     assert [(tag, owners) for tag, owners in comm.drained_reduces] == [(a.layers[0], a.group) for a in reduces]
+    # whoever waits for our part of the gradient-norm exchange (clip, skip_nonfinite) gives up too
+    assert comm.norms_poisoned == int(norm_needed(executor.config))
 
 
 def test_a_receive_that_got_the_poison_is_not_drained_again() -> None:

@@ -1,0 +1,44 @@
+"""Random state of a layer's forward (dropout and any other randomness in a layer), derived from
+(seed, step, micro-batch, layer), so it does not depend on which node runs the layer, in which
+order, or how often (a redone step, bamboo's redundant forward): the same-math guarantee holds for
+models with dropout. The global CPU generator is seeded for the call and restored afterwards
+(about 3 us per layer call), so nothing else (the data order, other layers) sees a difference."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from runtime.config import JobConfig
+
+
+def layer_seed(seed: int, step: int, microbatch: int, layer: int) -> int:
+    """A 63-bit seed for one layer's forward on one micro-batch of one step (validation passes use
+    `step = -1 - batch`)."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{microbatch}/{layer}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextlib.contextmanager
+def layer_rng(seed: int, step: int, microbatch: int, layer: int) -> Iterator[None]:
+    """Run a layer's forward with the CPU generator seeded by `layer_seed`, then restore it."""
+    generator = torch.default_generator
+    saved = generator.get_state()
+    generator.manual_seed(layer_seed(seed, step, microbatch, layer))
+    try:
+        yield
+    finally:
+        generator.set_state(saved)
+
+
+def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """One layer's forward; with `config.recompute` (and gradients on), its activations are not kept
+    but recomputed in the backward (`torch.utils.checkpoint`, non-reentrant), replaying the random
+    state the forward had (`preserve_rng_state`): the same bits as keeping them."""
+    if config.recompute and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
+    return module(x)
