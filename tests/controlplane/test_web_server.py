@@ -110,8 +110,15 @@ def test_granian_serves_the_webhooks_stores_once_and_refuses_an_oversized_body(s
     assert list(rows) == [("server-ev-1", "i-0aaaabbbbccccdddd", "received")]
 
     big = json.dumps({**EVENT, "id": "server-ev-big", "pad": "x" * (1024 * 1024)}).encode()
-    status, body = _post(url, big, headers)
-    assert status == 413 and "1048576-byte limit" in body["detail"]
+    try:
+        status, body = _post(url, big, headers)
+    except (urllib.error.URLError, ConnectionError) as exc:
+        # The server answers 413 as soon as it reads the Content-Length and closes: a client still
+        # sending the megabyte may meet the closed connection (EPIPE/RST) before it reads the answer.
+        # Refused either way; which one a client sees depends on the timing (flaky before, issue 21).
+        assert isinstance(getattr(exc, "reason", exc), BrokenPipeError | ConnectionResetError), exc
+    else:
+        assert status == 413 and "1048576-byte limit" in body["detail"]
     bad_key_status, body = _post(url, json.dumps({**EVENT, "id": "server-ev-2"}).encode(),
                                  {**headers, "x-api-key": "wrong"})
     assert bad_key_status == 401, body
