@@ -24,7 +24,7 @@ from runtime.data.dataset import Batches
 from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
 from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
-from runtime.rng import forward_layer, layer_rng
+from runtime.rng import evaluating, forward_layer, layer_rng
 from runtime.schedule import (
     ALL_REDUCE,
     BACKWARD,
@@ -147,10 +147,11 @@ class Executor:
 
     def run_validation(self, batch: int, actions: list[Action]) -> StepResult:
         """Run `actions` (a `forward_schedule` list) on validation batch `batch`: forward only, no
-        gradients; the losses are in the result as for a training step."""
+        gradients, modules in eval mode (no dropout); the losses are in the result as for a training step."""
         self._val_batch = batch
+        modules = [state.module for state in self.held.values()]
         try:
-            with torch.no_grad():
+            with torch.no_grad(), evaluating(modules):
                 return self.run_step(-1, actions)
         finally:
             self._val_batch = None

@@ -11,7 +11,7 @@ from runtime.data.dataset import Batches
 from runtime.grad_order import home_pipelines
 from runtime.model import build_layer
 from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
-from runtime.rng import forward_layer, layer_rng
+from runtime.rng import evaluating, forward_layer, layer_rng
 from runtime.usermodel import loss_for
 
 
@@ -62,10 +62,10 @@ def reference_run(config: JobConfig, steps: int | None = None) -> ReferenceRun:
 
 
 def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: Batches) -> float:
-    """Mean loss over the held-out micro-batches a validation pass reads (no gradients)."""
+    """Mean loss over the held-out micro-batches a validation pass reads (no gradients, eval mode)."""
     total, count = 0.0, 0
     loss_fn = loss_for(config.model)
-    with torch.no_grad():
+    with torch.no_grad(), evaluating(layers):
         for batch in range(config.data.val_batches):
             for mb in range(config.num_microbatches):
                 x, y = batches.val(batch=batch, index=mb, size=config.microbatch_size)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -42,3 +42,18 @@ def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torc
     if config.recompute and torch.is_grad_enabled():
         return torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
     return module(x)
+
+
+@contextlib.contextmanager
+def evaluating(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """`modules` in eval mode (no dropout, norms' running statistics untouched), restored after:
+    a validation pass measures the model, not one draw of its dropout masks."""
+    modules = list(modules)
+    modes = [m.training for m in modules]
+    for module in modules:
+        module.eval()
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes, strict=True):
+            module.train(mode)

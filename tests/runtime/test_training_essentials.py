@@ -253,3 +253,34 @@ def test_recompute_under_failures_equals_the_reference(strategy: str, schedule: 
     result = run_local(config, faults=[Fault(node=1, kind=fault, step=1)], timeout_s=100)
     assert result.exit_codes[1] == (-9 if fault == "kill" else 0), result.exit_codes
     assert_same_math(result, config)
+
+
+def test_validation_runs_in_eval_mode_without_dropout() -> None:
+    # The same trained weights score the same held-out loss whatever the dropout rate: validation
+    # measures the model, not a draw of its masks (train mode is restored after the pass).
+    from runtime.data.dataset import Batches
+    from runtime.model import build_layer
+    from runtime.reference import validation_loss
+
+    losses = []
+    for p in (0.0, 0.9):
+        config = _dropout_config(p=p, val_every=2)
+        layers = [build_layer(config.model, i, config.seed) for i in range(config.model.num_layers)]
+        losses.append(validation_loss(config, layers, Batches(config)))
+        assert all(layer.training for layer in layers)
+    assert losses[0] == losses[1]
+    assert reference_run(_dropout_config(p=0.3, val_every=2)).val_losses  # and the reference validates
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+def test_validation_with_dropout_under_a_kill_equals_the_reference() -> None:
+    from runtime.reference import reference_run as run
+
+    config = _dropout_config(strategy="recycle", schedule="fiw", val_every=2)
+    result = run_local(config, faults=[Fault(node=1, kind="kill", step=1)], timeout_s=100)
+    expected = run(config).val_losses
+    got = {r["step"]: r["val_loss"] for r in result.steps() if "val_loss" in r}
+    assert sorted(got) == sorted(expected) == [1, 3]
+    for step, value in got.items():
+        torch.testing.assert_close(value, expected[step])
