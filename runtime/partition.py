@@ -24,22 +24,30 @@ def profile_layer_costs(spec: ModelSpec, *, batch: int, seed: int = 0, repeats: 
     """Measured forward+backward seconds per layer on this machine for one micro-batch."""
     # Imported here: the control plane plans layouts with this module, and its web and worker
     # processes should not load torch (2 s and about 200 MB each) for that.
-    import torch
-
     from runtime.model import build_layer, microbatch_data
 
     x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=batch)
+    return time_layers([build_layer(spec, i, seed) for i in range(spec.num_layers)], x, repeats=repeats)
+
+
+def time_layers(layers: list, x: object, *, repeats: int = 3) -> list[float]:
+    """Best-of-`repeats` forward+backward seconds of each layer in turn, fed by the previous one's
+    output (`x`: the first layer's input); runs on copies, so `layers` are left unchanged."""
+    import copy
+
+    import torch
+
     costs = []
-    for i in range(spec.num_layers):
-        layer = build_layer(spec, i, seed)
-        inp = x if i == 0 else x.detach().requires_grad_()
+    for layer in layers:
+        layer = copy.deepcopy(layer)
+        inp = x.detach().requires_grad_() if x.is_floating_point() else x
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
             out = layer(inp)
             out.float().sum().backward()
             best = min(best, time.perf_counter() - start)
-        costs.append(best)
+        costs.append(max(best, 1e-6))
         with torch.no_grad():
             x = layer(inp).detach()
     return costs

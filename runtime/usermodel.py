@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import importlib
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError, ModelSpec
+from runtime.partition import time_layers
 
 EXPECTED_RETURN = ("an nn.Sequential, a list of nn.Module layers, or a list of zero-argument layer factories "
                    "(callables returning an nn.Module)")
@@ -328,23 +328,5 @@ def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = Tr
         meta = [build_user_layer(spec, i, config.seed) for i in range(count)]
     report.boundaries = dry_forward(config, meta, x, y)
     if profile:
-        report.layer_costs = profile_costs(layers, x)
+        report.layer_costs = time_layers(layers, x)
     return report
-
-
-def profile_costs(layers: list[nn.Module], x: torch.Tensor, *, repeats: int = 3) -> list[float]:
-    """Best-of-`repeats` forward+backward seconds per layer on input `x` (copies: `layers` unchanged)."""
-    costs = []
-    for layer in layers:
-        layer = copy.deepcopy(layer)
-        inp = x.detach().requires_grad_() if x.is_floating_point() else x
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = layer(inp)
-            out.float().sum().backward()
-            best = min(best, time.perf_counter() - start)
-        costs.append(max(best, 1e-6))
-        with torch.no_grad():
-            x = layer(inp).detach()
-    return costs
