@@ -110,6 +110,11 @@ ROWS: list[Row] = [
     # --- billing
     Row("api/v1/billing/segments/", "GET", "/api/v1/billing/segments/", API_LIST),
     Row("api/v1/jobs/<int:pk>/cost-report/", "GET", "/api/v1/jobs/{job}/cost-report/", API_OBJ),
+    Row("api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/$", "GET", "/api/v1/jobs/{job}/artifacts/", API_OBJ),
+    # The matrix's job has no weights yet: its own team gets 404 for the file too (a file that
+    # exists is served to its team only: tests/controlplane/test_api_artifacts.py).
+    Row("api/v1/jobs/<str:pk>/artifacts/<str:name>", "GET", "/api/v1/jobs/{job}/artifacts/model.safetensors",
+        E(401, 404, 404, 404, 403)),
     # --- planning: an existing job of team A
     Row("api/v1/plans/", "POST", "/api/v1/plans/", E(401, 200, 200, 404, 403),
         body={"job": "{job}", "instance_types": ["p3.2xlarge"]}),
