@@ -1,34 +1,11 @@
-"""Use a trained GPT: put the nodes' final parameters back together and sample text from it.
-
-Each node of a finished job saves the parameters of the layers it holds (`node-<id>.pt`,
-`layer{i}.{name}` -> tensor); any set of files that covers every layer makes the whole model.
-"""
+"""Sample text from a trained GPT (`spotpipe.load_model` loads one from its weights folder)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from runtime.config import ModelSpec
-from runtime.model import build_model
-
-
-def assemble_model(param_files: Iterable[Path], spec: ModelSpec, seed: int = 0) -> nn.Sequential:
-    """The whole model from the nodes' parameter files; `ValueError` naming the layers no file holds."""
-    state: dict[str, torch.Tensor] = {}
-    for path in param_files:
-        for name, tensor in torch.load(path, map_location="cpu", weights_only=True)["params"].items():
-            layer, _, rest = name.partition(".")
-            state[f"{layer.removeprefix('layer')}.{rest}"] = tensor
-    model = build_model(spec, seed)
-    missing = sorted({int(k.split(".")[0]) for k in model.state_dict()} - {int(k.split(".")[0]) for k in state})
-    if missing:
-        raise ValueError(f"no parameter file holds layer(s) {missing} of the {spec.num_layers}-layer model")
-    model.load_state_dict(state)
-    return model.eval()
 
 
 @torch.no_grad()

@@ -27,6 +27,7 @@ from django.db import connection
 
 from controlplane.billing.reports import job_cost_report
 from controlplane.fleet.models import Instance, InterruptionNotice
+from controlplane.jobs.artifacts import job_artifacts_location
 from controlplane.jobs.models import JobStatus
 from controlplane.orchestration import tasks
 from controlplane.orchestration.providers.local import LocalProvider
@@ -259,7 +260,7 @@ def run_demo(options: DemoOptions) -> int:
         console.line(f"job {job.pk} {job.status} after {job.steps_done} steps: loss {job.initial_loss} -> "
                      f"{job.last_loss}, validation loss {job.last_val_loss}")
         learned = learning_summary(job.config, val_loss=job.last_val_loss,
-                                   param_files=sorted(nodes_dir.rglob("node-*.pt")))
+                                   weights=job_artifacts_location(job=job))
         print()
         print("\n".join(learning_lines(learned)), flush=True)
 

@@ -20,13 +20,14 @@ def corpus_source() -> str:
     return f"text:{Path(sysconfig.get_paths()['stdlib'])}/*.py"
 
 
-def learning_summary(config: dict[str, Any], *, val_loss: float | None, param_files: list[Path]) -> dict[str, Any]:
+def learning_summary(config: dict[str, Any], *, val_loss: float | None, weights: str) -> dict[str, Any]:
     """The figures `learning_lines` prints (and the demo's summary JSON holds)."""
     from runtime.config import JobConfig
     from runtime.data.dataset import Batches
     from runtime.data.stats import unigram_entropy
     from runtime.data.tokenizer import ByteTokenizer
-    from runtime.generate import assemble_model, sample
+    from runtime.export import load_model
+    from runtime.generate import sample
 
     job = JobConfig.from_dict(config)
     batches = Batches(job)  # the nodes filled this machine's cache: opening it reads no corpus again
@@ -42,8 +43,8 @@ def learning_summary(config: dict[str, Any], *, val_loss: float | None, param_fi
         "samples": [],
     }
     try:
-        model = assemble_model(param_files, job.model, job.seed)
-    except ValueError as exc:
+        model = load_model(weights)  # the job's exported weights, as a team would load them
+    except (ValueError, OSError) as exc:
         summary["samples_error"] = str(exc)
         return summary
     tokenizer = ByteTokenizer()

@@ -131,9 +131,9 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     for key, value in (("source", options.data), ("tokenizer", options.tokenizer)):
         if value is not None:
             data[key] = value
-    preset = options.model if options.model in MODEL_PRESETS else None if options.model else \
-        ("gpt-nano" if not options.file else None)
-    if preset is not None:
+    # A preset's vocabulary follows the tokenizer (gpt-nano is the default without a file or --model).
+    preset = options.model if options.model else (None if options.file else "gpt-nano")
+    if preset in MODEL_PRESETS:
         contract["model"]["vocab_size"] = preset_vocabulary(_tokenizer_vocabulary(data), preset)
     for key in ("global_batch", "seed", "val_every", "lr", "init_from", "lr_schedule", "lr_min", "clip",
                 "weight_decay", "eps", "recompute", "skip_nonfinite"):
