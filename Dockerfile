@@ -1,19 +1,34 @@
-# One image for web, worker, beat and demo nodes (cookiecutter-django style).
-FROM python:3.11-slim
+# Images by role (pyproject.toml's extras; docs/architecture.md, "Roles and dependencies"):
+#   docker build --target controlplane -t spotpipe-controlplane .  web server and Celery beat
+#   docker build --target node -t spotpipe-node .                  a training node: agent + runtime, no Django
+#   docker build --target all -t spotpipe .                        the Celery worker whose local provider runs
+#                                                                  nodes in its own container, and the demo
+# docker-compose.yml builds the ones it runs. Every dependency has a wheel for Python 3.11 on
+# manylinux (psycopg[binary] included), so no compiler is installed.
+FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
-RUN apt-get update && apt-get install -y --no-install-recommends build-essential libpq-dev \
-    && rm -rf /var/lib/apt/lists/*
-# CPU build of torch from PyTorch's CPU index: never a multi-GB CUDA download.
+# CPU build of torch from PyTorch's CPU index first, so no extra below can pull a multi-GB CUDA
+# build (the planner needs torch's meta device in the control plane too).
 RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md manage.py ./
 COPY controlplane ./controlplane
 COPY agent ./agent
 COPY runtime ./runtime
 COPY frontend ./frontend
 COPY bench ./bench
 COPY spotpipe ./spotpipe
-COPY manage.py ./
-RUN pip install -e .
+
+FROM base AS controlplane
+RUN pip install ".[controlplane]"
+EXPOSE 8000
+CMD ["python", "-m", "granian", "--interface", "wsgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "3", "--blocking-threads", "16", "--no-ws", "controlplane.wsgi:application"]
+
+FROM base AS node
+RUN pip install ".[runtime]"
+CMD ["spotpipe-agent", "--help"]
+
+FROM base AS all
+RUN pip install ".[controlplane,runtime]"
 EXPOSE 8000
 CMD ["python", "-m", "granian", "--interface", "wsgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "3", "--blocking-threads", "16", "--no-ws", "controlplane.wsgi:application"]

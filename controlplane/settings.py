@@ -74,7 +74,6 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "django_celery_beat",
     "controlplane.accounts",
     "controlplane.market",
     "controlplane.fleet",
@@ -201,12 +200,27 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# --- Cache: rate-limit counts ------------------------------------------------------------------
+# Counts must be seen by every web and worker process (a per-process cache lets N processes allow
+# N times each limit): Redis when there is one (atomic INCR), else files under VAR_DIR shared by the
+# processes of this host (the embedded default; its get-then-set increments can lose a count when
+# two processes hit the same key at once, which only makes a limit slightly looser).
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    # Short socket timeouts: a hung Redis must cost a request a second at most (ratelimit.py then
+    # lets it through uncounted).
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": "spotpipe",
+                          "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                          "LOCATION": str(VAR_DIR / "cache"), "OPTIONS": {"MAX_ENTRIES": 100_000}}}
+
 # --- Celery --------------------------------------------------------------------------------------
 # Redis in production; with no server, kombu's filesystem transport, which a real worker process
 # can consume from. The dashboard reads the database, never a result backend.
 BROKER_DIR = VAR_DIR / "broker"
 _default_broker = "spotfs://"  # kombu's filesystem transport with atomic writes (controlplane/broker.py)
-REDIS_URL = env.str("REDIS_URL", default="")
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or REDIS_URL or _default_broker
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith(("filesystem://", "spotfs://")):
@@ -236,7 +250,8 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 # Celery's own file scheduler with the schedule in code: beat needs no database. With
 # django_celery_beat's DatabaseScheduler, a PostgreSQL restart followed by Redis restarts left beat
 # sending detect_dead_agents ~100 times a second instead of twice (the chaos soak, bench/chaos.py):
-# the flood starved every other task. django_celery_beat stays installed (its tables exist).
+# the flood starved every other task, so django_celery_beat is not installed (a database upgraded
+# from an older spotpipe keeps its unused django_celery_beat_* tables; drop them at will).
 CELERY_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE

@@ -1,6 +1,8 @@
 """Fixed-window rate limits for the login form and the webhook receivers, keyed by client IP and
-route prefix, counted in Django's cache (per process with the default local-memory cache; shared
-across processes when CACHES points at Redis).
+route prefix, counted in Django's cache, which settings.py shares between processes (Redis, or files
+under SPOTPIPE_VAR_DIR on the embedded default). When the cache cannot be reached (Redis restarting)
+requests pass uncounted and a warning is logged: a limiter outage must not become an outage of
+notice intake, which the outbox keeps working through a broker outage.
 
 Limits come from the environment (requests per window; 0 disables a rule):
   SPOTPIPE_RATELIMIT_LOGIN      default 20   POSTs to /accounts/login/ and /admin/login/ per IP per minute
@@ -19,6 +21,7 @@ on the same host every client would look like 127.0.0.1 and would then be exempt
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse, JsonResponse
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,15 +95,9 @@ class RateLimitMiddleware:
             if rule.methods is not None and request.method not in rule.methods:
                 continue
             window = window_s()
-            bucket = int(time.time() // window)
-            key = f"ratelimit:{rule.name}:{ip}:{bucket}"
-            # add() then incr(): both atomic in the local-memory and Redis caches.
-            cache.add(key, 0, timeout=window + 1)
-            try:
-                count = cache.incr(key)
-            except ValueError:  # expired between add and incr
-                cache.set(key, 1, timeout=window + 1)
-                count = 1
+            count = _count(f"ratelimit:{rule.name}:{ip}:{int(time.time() // window)}", window)
+            if count is None:
+                continue
             if count > rule.limit:
                 retry_after = window - int(time.time()) % window
                 response = JsonResponse(
@@ -107,4 +106,19 @@ class RateLimitMiddleware:
                 )
                 response["Retry-After"] = str(max(retry_after, 1))
                 return response
+        return None
+
+
+def _count(key: str, window: int) -> int | None:
+    """This request's number in its window (add() then incr(): atomic in Redis); None when the
+    cache cannot be reached."""
+    try:
+        cache.add(key, 0, timeout=window + 1)
+        try:
+            return cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.set(key, 1, timeout=window + 1)
+            return 1
+    except Exception as exc:  # the cache's server is down: count nothing rather than refuse everything
+        log.warning("rate limit not counted: cache unreachable (%s)", type(exc).__name__)
         return None

@@ -54,7 +54,8 @@ class AgentBootstrap:
     enroll_key: str
     cloud: str = "aws"
     heartbeat_s: float = 0.5
-    agent_package: str = "spotpipe"
+    agent_package: str = "spotpipe[runtime]"
+    """What the node pip-installs: the agent and the torch runtime, none of the control plane."""
     extra_args: tuple[str, ...] = ()
 
     def agent_argv(self) -> list[str]:
