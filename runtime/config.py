@@ -202,6 +202,9 @@ def model_preset(name: str) -> ModelSpec:
 
 BYTE_VOCAB_SIZE = 256
 """Token ids of the built-in byte-level tokenizer: one per byte value."""
+TOKENIZED_FORMATS = ("text", "jsonl", "hf")
+"""Source formats whose documents go through the job's tokenizer (`tokens` are ids already, `py`
+datasets give tensors): the model's vocabulary must cover the tokenizer's for these."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -217,6 +220,11 @@ class DataSpec:
     validation split of its own (nanoGPT's val.bin)."""
     val_batches: int = 4
     """Held-out batches of `global_batch` samples each that a validation pass computes the loss on."""
+
+    @property
+    def tokenized(self) -> bool:
+        """True when the source's documents go through `tokenizer` (see `TOKENIZED_FORMATS`)."""
+        return self.source.partition(":")[0] in TOKENIZED_FORMATS
 
     def problems(self) -> list[LayoutError]:
         """Every reason this data spec is malformed (what only a node can check is checked there)."""
@@ -431,8 +439,8 @@ class JobConfig:
             bad(f"val_every={self.val_every} must be >= 0 (0: no validation)", "val_every")
         if self.val_every and not self.data.source:
             bad("val_every needs held-out data: set data.source (synthetic data has no validation split)", "val_every")
-        if self.data.source and self.model.kind == "gpt" and self.data.tokenizer == "byte" \
-                and not self.data.source.startswith(("tokens:", "py:")) and self.model.vocab_size < BYTE_VOCAB_SIZE:
+        if self.data.tokenized and self.model.kind == "gpt" and self.data.tokenizer == "byte" \
+                and self.model.vocab_size < BYTE_VOCAB_SIZE:
             bad(f"model.vocab_size={self.model.vocab_size} is below the byte tokenizer's {BYTE_VOCAB_SIZE} ids; "
                 f"expected at least {BYTE_VOCAB_SIZE}", "model.vocab_size")
         if self.init_from and (not self.init_from.strip() or self.init_from != self.init_from.strip()

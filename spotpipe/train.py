@@ -34,6 +34,7 @@ from runtime.config import (
     BYTE_VOCAB_SIZE,
     MODEL_PRESETS,
     USER_MODEL_KIND,
+    DataSpec,
     JobConfig,
     LayoutError,
     build_job_config,
@@ -161,8 +162,7 @@ def resolve_config(options: TrainOptions) -> JobConfig:
 def _tokenizer_vocabulary(data: dict[str, Any]) -> int | None:
     """The ids of the tokenizer that reads this job's text (None: no text source, or an s3 tokenizer
     not fetched here); a preset's vocabulary follows it."""
-    source = str(data.get("source") or "")
-    if not source or source.startswith(("tokens:", "py:")):
+    if not DataSpec(source=str(data.get("source") or "")).tokenized:
         return None
     tokenizer = str(data.get("tokenizer") or "byte")
     if tokenizer == "byte":
