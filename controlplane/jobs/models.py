@@ -27,6 +27,22 @@ ACTIVE_JOB_STATUSES = frozenset(
     {JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING}
 )
 
+_J = JobStatus
+# Which status may follow which (`controlplane.jobs.services.job_set_status` enforces it). An active
+# job only moves forward (pending -> provisioning -> running <-> recovering) or ends; it may end from
+# any active status (a resumed job may already hold its last step). Only resume leaves an end, and
+# only back to pending; finished is final.
+JOB_TRANSITIONS: dict[str, frozenset[str]] = {
+    _J.PENDING: frozenset({_J.PROVISIONING, _J.RUNNING, _J.RECOVERING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
+    _J.PROVISIONING: frozenset({_J.RUNNING, _J.RECOVERING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
+    _J.RUNNING: frozenset({_J.RECOVERING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
+    _J.RECOVERING: frozenset({_J.RUNNING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
+    _J.FINISHED: frozenset(),
+    _J.FAILED: frozenset({_J.PENDING}),
+    _J.CANCELLED: frozenset({_J.PENDING}),
+}
+ENDED_JOB_STATUSES = frozenset({_J.FINISHED, _J.FAILED, _J.CANCELLED})
+
 
 class TrainingJob(TimeStampedModel):
     """A training job submitted by a team, with a deadline and/or a budget."""

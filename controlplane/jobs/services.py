@@ -16,7 +16,8 @@ from controlplane.common.errors import Conflict
 from controlplane.fleet.models import Instance
 from controlplane.jobs.data_checks import check_data
 from controlplane.jobs.models import (
-    ACTIVE_JOB_STATUSES,
+    ENDED_JOB_STATUSES,
+    JOB_TRANSITIONS,
     JobEvent,
     JobGeneration,
     JobStatus,
@@ -30,8 +31,12 @@ from runtime.config import JOB_STRATEGIES, LayoutError, alias_field, contract_fr
 MAX_BUDGET_USD = Decimal("9999999999.99")  # what budget_usd (12 digits, 2 decimals) can hold
 MAX_METRIC_BATCH = 1000
 
-CANCELLABLE = frozenset(ACTIVE_JOB_STATUSES)
-RESUMABLE = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
+CANCELLABLE = frozenset(s for s, following in JOB_TRANSITIONS.items() if JobStatus.CANCELLED in following)
+RESUMABLE = frozenset(s for s, following in JOB_TRANSITIONS.items() if JobStatus.PENDING in following)
+
+
+class IllegalJobTransition(Conflict):
+    """A status change that `JOB_TRANSITIONS` does not allow (409)."""
 
 
 # --- Validation ------------------------------------------------------------------------------------
@@ -200,16 +205,9 @@ def job_cancel(*, job: TrainingJob, user: Any | None = None, reason: str = "") -
             f"job is {locked.status!r}; cancel is allowed only from: {', '.join(sorted(CANCELLABLE))}",
             field="status",
         )
-    previous = locked.status
-    now = timezone.now()
-    locked.status = JobStatus.CANCELLED
-    locked.status_message = (reason or f"cancelled by {user or 'the system'}")[:300]
-    locked.finished_at = now
-    fields = ["status", "status_message", "finished_at", "updated_at"]
-    locked.save(update_fields=fields)
-    _sync(job, locked, fields)
-    job_record_event(job=locked, kind="cancelled", message=locked.status_message,
-                     data={"from": previous, "by": getattr(user, "pk", None)}, at=now)
+    job_set_status(locked, JobStatus.CANCELLED, reason or f"cancelled by {user or 'the system'}",
+                   kind="cancelled", data={"by": getattr(user, "pk", None)})
+    _sync(job, locked, ["status", "status_message", "finished_at", "updated_at"])
     return job
 
 
@@ -225,16 +223,37 @@ def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
         )
     if locked.deadline is not None and locked.deadline <= timezone.now() and locked.budget_usd is None:
         raise Conflict("the job's deadline has passed and it has no budget; submit a new job", field="deadline")
-    previous = locked.status
-    locked.status = JobStatus.PENDING
-    locked.status_message = f"resumed by {user or 'the system'}"[:300]
-    locked.finished_at = None
-    fields = ["status", "status_message", "finished_at", "updated_at"]
-    locked.save(update_fields=fields)
-    _sync(job, locked, fields)
-    job_record_event(job=locked, kind="resumed", message=locked.status_message,
-                     data={"from": previous, "by": getattr(user, "pk", None), "steps_done": locked.steps_done})
+    job_set_status(locked, JobStatus.PENDING, f"resumed by {user or 'the system'}", kind="resumed",
+                   data={"by": getattr(user, "pk", None), "steps_done": locked.steps_done})
+    _sync(job, locked, ["status", "status_message", "finished_at", "updated_at"])
     return job
+
+
+def job_set_status(job: TrainingJob, status: str, message: str, *, kind: str = "",
+                   data: dict[str, Any] | None = None) -> bool:
+    """The one writer of a job's status (the caller holds the job's row lock): moves it if
+    `JOB_TRANSITIONS` allows, stamps `finished_at` when it ends (cleared when resumed) and puts the
+    move on the timeline (`kind`, default `job_<status>`). False when it is there already; an
+    illegal move raises `IllegalJobTransition` and writes nothing."""
+    previous = job.status
+    if previous == status:
+        return False
+    if status not in JOB_TRANSITIONS[previous]:
+        allowed = ", ".join(sorted(JOB_TRANSITIONS[previous])) or "none: it is final"
+        raise IllegalJobTransition(f"job is {previous!r} and cannot become {status!r} (allowed: {allowed})",
+                                   field="status")
+    job.status = status
+    job.status_message = message[:300]
+    fields = ["status", "status_message", "updated_at"]
+    if status in ENDED_JOB_STATUSES and job.finished_at is None:
+        job.finished_at = timezone.now()
+        fields.append("finished_at")
+    elif status not in ENDED_JOB_STATUSES and job.finished_at is not None:
+        job.finished_at = None
+        fields.append("finished_at")
+    job.save(update_fields=fields)
+    job_record_event(job=job, kind=kind or f"job_{status}", message=message, data={"from": previous, **(data or {})})
+    return True
 
 
 def job_record_event(

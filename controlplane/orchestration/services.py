@@ -25,6 +25,7 @@ from controlplane.fleet.services import instance_transition
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, LIVE_STATES, TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import (
     ACTIVE_JOB_STATUSES,
+    JOB_TRANSITIONS,
     JobEvent,
     JobStatus,
     MetricSample,
@@ -35,7 +36,7 @@ from controlplane.jobs.models import (
 )
 from controlplane.jobs.reconfiguration import current_generations, reconfiguration_decide
 from controlplane.jobs.selectors import job_runtime_config
-from controlplane.jobs.services import job_generation_publish, job_record_event
+from controlplane.jobs.services import job_generation_publish, job_record_event, job_set_status
 from controlplane.market.models import Cloud, InstanceType, Region, Zone
 from controlplane.orchestration import reactions
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
@@ -73,18 +74,15 @@ def _lock_job(job: TrainingJob) -> TrainingJob:
 
 
 def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict | None = None) -> None:
-    """Move the job's status (the caller holds the job lock) and put it on the timeline."""
-    if job.status == status:
-        return
+    """Move the job's status (the caller holds the job lock) and tell the team's alert URLs. A move
+    the job's state machine refuses (a reaction that arrives after the job ended) changes nothing:
+    a late event must not bring a failed or finished job back."""
     previous = job.status
-    job.status = status
-    job.status_message = message[:300]
-    fields = ["status", "status_message", "updated_at"]
-    if status in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELLED) and job.finished_at is None:
-        job.finished_at = _now()
-        fields.append("finished_at")
-    job.save(update_fields=fields)
-    job_record_event(job=job, kind=f"job_{status}", message=message, data={"from": previous, **(data or {})})
+    if status != previous and status not in JOB_TRANSITIONS[previous]:
+        logger.warning("job %s stays %s: %s would be illegal (%s)", job.pk, previous, status, message)
+        return
+    if not job_set_status(job, status, message, data=data):
+        return
     # Teams' outbound alert URLs hear of recovering / recovered / failed / finished.
     recovered = previous == JobStatus.RECOVERING and status == JobStatus.RUNNING
     alert_job_status(job=job, status="recovered" if recovered else status, message=message)
