@@ -192,6 +192,16 @@ class MetricSample(models.Model):
             models.Index(fields=["job", "step"], name="metric_job_val_step_idx",
                          condition=models.Q(val_loss__isnull=False)),
         ]
+        # One training row and one validation row per (job, generation, instance, step): a batch an
+        # agent sends again (its POST timed out after the commit) stores nothing twice.
+        # `job_record_metrics` skips the repeats; these are the backstop. Rows without an instance
+        # (not from an agent) are not deduplicated: NULLs are distinct in a unique index.
+        constraints = [
+            models.UniqueConstraint(fields=["job", "generation", "instance", "step"], name="metric_train_once",
+                                    condition=models.Q(val_loss__isnull=True)),
+            models.UniqueConstraint(fields=["job", "generation", "instance", "step"], name="metric_val_once",
+                                    condition=models.Q(val_loss__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id} step {self.step}"

@@ -344,7 +344,7 @@ def job_record_metrics(*, job: TrainingJob, samples: list[dict[str, Any]]) -> li
         )
         for s in samples
     ]
-    created = MetricSample.objects.bulk_create(rows, batch_size=500)
+    created = MetricSample.objects.bulk_create(_new_samples(locked, rows), batch_size=500)
 
     fields = ["updated_at"]
     newest = max(rows, key=lambda r: (r.step, r.at))
@@ -377,6 +377,30 @@ def job_record_metrics(*, job: TrainingJob, samples: list[dict[str, Any]]) -> li
     locked.save(update_fields=fields)
     _sync(job, locked, fields)
     return created
+
+
+def _sample_key(row: MetricSample) -> tuple[int, int | None, int, bool]:
+    """What makes a sample unique (the model's `metric_*_once` constraints)."""
+    return row.generation, row.instance_id, row.step, row.val_loss is not None
+
+
+def _new_samples(job: TrainingJob, rows: list[MetricSample]) -> list[MetricSample]:
+    """The rows not stored yet: a batch sent again (an agent retrying a POST whose answer it lost)
+    or repeating itself stores each sample once. The caller holds the job's lock, so no concurrent
+    batch of this job inserts between this read and the insert. Rows without an instance are kept."""
+    stored = {
+        (g, i, s, v is not None)
+        for g, i, s, v in MetricSample.objects.filter(job=job, step__in={r.step for r in rows}, instance__isnull=False)
+        .values_list("generation", "instance_id", "step", "val_loss")
+    }
+    fresh = []
+    for row in rows:
+        key = _sample_key(row)
+        if row.instance_id is None or key not in stored:
+            fresh.append(row)
+            if row.instance_id is not None:
+                stored.add(key)
+    return fresh
 
 
 # --- Generations -----------------------------------------------------------------------------------

@@ -332,3 +332,37 @@ def test_bad_job_filter_answers_400_naming_the_parameter(world, query, param):
 def test_bad_metric_filter_answers_400(world, query, param):
     response = world.member_client.get(f"/api/v1/jobs/{world.job.pk}/metrics/?{query}")
     assert response.status_code == 400 and param in response.json()["errors"]
+
+
+def test_a_metrics_batch_sent_again_is_stored_once(world):
+    """An agent whose POST timed out after the commit sends the batch again (issue 21: metrics
+    idempotence): one row per (job, generation, instance, step) and kind, and progress unchanged."""
+    url = f"/api/v1/jobs/{world.job.pk}/metrics/"
+    batch = [{"step": 1, "loss": 2.0, "generation": 0}, {"step": 2, "loss": 1.5, "generation": 0},
+             {"step": 2, "val_loss": 1.7, "generation": 0}]
+    first = world.agent_client.post(url, batch, format="json")
+    assert first.status_code == 201 and first.json()["stored"] == 3
+    again = world.agent_client.post(url, batch, format="json")
+    assert again.status_code == 201 and again.json()["stored"] == 0
+    assert again.json()["steps_done"] == 2 and again.json()["last_loss"] == 1.5
+    # A batch that repeats itself, and a retried step overlapping a new one: only the new row lands.
+    overlap = world.agent_client.post(url, [{"step": 2, "loss": 1.5, "generation": 0},
+                                            {"step": 3, "loss": 1.2, "generation": 0},
+                                            {"step": 3, "loss": 1.2, "generation": 0}], format="json")
+    assert overlap.json()["stored"] == 1
+    rows = MetricSample.objects.filter(job=world.job)
+    assert sorted((r.step, r.val_loss is not None) for r in rows) == [(1, False), (2, False), (2, True), (3, False)]
+    # The same step in the next generation (redone after a failure) is a new sample.
+    redo = world.agent_client.post(url, [{"step": 3, "loss": 1.25, "generation": 1}], format="json")
+    assert redo.json()["stored"] == 1
+
+
+def test_the_database_refuses_a_repeated_sample(world):
+    """The unique constraints back the service up, on SQLite and PostgreSQL alike."""
+    from django.db import IntegrityError, transaction
+
+    sample = {"job": world.job, "generation": 0, "instance": world.instance, "step": 4, "at": timezone.now()}
+    MetricSample.objects.create(loss=1.0, **sample)
+    MetricSample.objects.create(val_loss=1.1, **sample)  # the validation row of the same step is another kind
+    with pytest.raises(IntegrityError), transaction.atomic():
+        MetricSample.objects.create(loss=1.0, **sample)
