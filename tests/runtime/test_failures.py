@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from runtime.checkpoints import Checkpoints
 from runtime.config import DeviceTime, ModelSpec
 from runtime.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 from runtime.strategies import get_strategy
@@ -161,7 +162,7 @@ def test_checkpoint_restarts_from_last_checkpoint(tmp_path) -> None:
     assert restarts and all(e["start_step"] == 2 for e in restarts)  # checkpoint of step 2
     redone = Counter(committed_steps(result, 0))
     assert redone[2] == 2  # step 2 was computed twice: the steps since the checkpoint are lost
-    assert (tmp_path / "step-2" / "COMPLETE").exists()
+    assert (tmp_path / "checkpoints" / "step-2" / "model.safetensors.index.json").exists()  # an export: two writers
 
 
 def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) -> None:
@@ -169,8 +170,36 @@ def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) 
     result = run_local(config, faults=[Fault(node=1, kind="notice", step=2)], timeout_s=80)
     assert all(code == 0 for code in result.exit_codes.values()), result.exit_codes
     assert_same_math(result, config)
-    assert (tmp_path / "step-3" / "COMPLETE").exists()  # written at the boundary after step 2
+    assert (tmp_path / "checkpoints" / "step-3" / "model.safetensors.index.json").exists()  # at the boundary
     assert Counter(committed_steps(result, 0)) == Counter(range(config.steps))  # nothing replayed
     # Generations that ended cleanly (the notice's, the last) leave no gloo group parked behind.
     closed = events(result, "groups_closed")
     assert closed and all(e["parked"] == 0 for e in closed), closed
+
+
+@pytest.mark.parametrize("strategy", ["recycle", "bamboo", "oobleck"])
+def test_losing_every_holder_of_a_stage_falls_back_to_the_checkpoint(strategy: str, tmp_path) -> None:
+    # Nodes 1 and 3 hold stage 1 of both pipelines and die at once (a zone-wide reclaim) in step 3,
+    # after the checkpoint of step 2. recycle and oobleck have no other copy of stage 1: they
+    # restart from the checkpoint and replay step 2. bamboo's replicas (node 0 and 2 hold stage 1's)
+    # keep it going without one, as before.
+    config = small_config(strategy=strategy, steps=5, checkpoint_interval=2)
+    faults = [Fault(node=n, kind="kill", step=3) for n in (1, 3)]
+    result = run_local(config, faults=faults, export_dir=tmp_path, timeout_s=80)
+    assert result.exit_codes[0] == 0 and result.exit_codes[2] == 0, result.exit_codes
+    assert_same_math(result, config)
+    assert 2 in Checkpoints(str(tmp_path)).complete_steps()  # the one written before the kill
+    restored = [e for e in events(result, "generation") if "restored from checkpoint step 2" in e["reason"]]
+    if strategy == "bamboo":
+        assert not restored and Counter(committed_steps(result, 0))[2] == 1  # nothing replayed
+    else:
+        assert sorted(e["node"] for e in restored) == [0, 2] and all(e["start_step"] == 2 for e in restored)
+        assert Counter(committed_steps(result, 0))[2] == 2  # step 2 replayed from the checkpoint
+
+
+def test_losing_a_stage_without_a_checkpoint_fails_naming_the_missing_checkpoint() -> None:
+    config = small_config(strategy="recycle", steps=4)  # Young/Daly from the priors: no checkpoint in 4 steps
+    result = run_local(config, faults=[Fault(node=n, kind="kill", step=2) for n in (1, 3)], timeout_s=80)
+    failures = events(result, "job_failed")
+    assert sorted(e["node"] for e in failures) == [0, 2]
+    assert all("no checkpoint was available to restart from" in e["reason"] for e in failures), failures
