@@ -177,24 +177,37 @@ def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) 
     assert closed and all(e["parked"] == 0 for e in closed), closed
 
 
-@pytest.mark.parametrize("strategy", ["recycle", "bamboo", "oobleck"])
-def test_losing_every_holder_of_a_stage_falls_back_to_the_checkpoint(strategy: str, tmp_path) -> None:
-    # Nodes 1 and 3 hold stage 1 of both pipelines and die at once (a zone-wide reclaim) in step 3,
-    # after the checkpoint of step 2. recycle and oobleck have no other copy of stage 1: they
-    # restart from the checkpoint and replay step 2. bamboo's replicas (node 0 and 2 hold stage 1's)
-    # keep it going without one, as before.
-    config = small_config(strategy=strategy, steps=5, checkpoint_interval=2)
-    faults = [Fault(node=n, kind="kill", step=3) for n in (1, 3)]
-    result = run_local(config, faults=faults, export_dir=tmp_path, timeout_s=80)
-    assert result.exit_codes[0] == 0 and result.exit_codes[2] == 0, result.exit_codes
+@pytest.mark.parametrize(
+    ("strategy", "dp", "pp", "killed", "restores"),
+    [
+        # dp=2 x pp=2: nodes 1 and 3 hold stage 1 of both pipelines; recycle and oobleck have no
+        # other copy of it, bamboo's replicas (on nodes 0 and 2) keep it going without a restart.
+        ("recycle", 2, 2, (1, 3), True),
+        ("oobleck", 2, 2, (1, 3), True),
+        ("bamboo", 2, 2, (1, 3), False),
+        # dp=1 x pp=3: nodes 1 (stage 1) and 0 (its bamboo replica) are every holder of stage 1.
+        ("bamboo", 1, 3, (0, 1), True),
+    ],
+)
+def test_losing_every_holder_of_a_stage_falls_back_to_the_checkpoint(
+    strategy: str, dp: int, pp: int, killed: tuple[int, ...], restores: bool, tmp_path
+) -> None:
+    # The holders die together (a zone-wide reclaim) at the start of step 3, after the checkpoint of
+    # step 2; the job restarts from it, replays step 2 and ends with the failure-free math.
+    config = small_config(strategy=strategy, dp=dp, pp=pp, global_batch=4 * dp, steps=5, checkpoint_interval=2)
+    result = run_local(config, faults=[Fault(node=n, kind="kill", step=3, at=0) for n in killed],
+                       export_dir=tmp_path, timeout_s=80)
+    survivors = [n for n in range(config.num_nodes) if n not in killed]
+    assert all(result.exit_codes[n] == 0 for n in survivors), result.exit_codes
     assert_same_math(result, config)
     assert 2 in Checkpoints(str(tmp_path)).complete_steps()  # the one written before the kill
     restored = [e for e in events(result, "generation") if "restored from checkpoint step 2" in e["reason"]]
-    if strategy == "bamboo":
-        assert not restored and Counter(committed_steps(result, 0))[2] == 1  # nothing replayed
+    replays = Counter(committed_steps(result, survivors[0]))[2]
+    if restores:
+        assert sorted(e["node"] for e in restored) == survivors and all(e["start_step"] == 2 for e in restored)
+        assert replays == 2  # step 2 redone from the checkpoint
     else:
-        assert sorted(e["node"] for e in restored) == [0, 2] and all(e["start_step"] == 2 for e in restored)
-        assert Counter(committed_steps(result, 0))[2] == 2  # step 2 replayed from the checkpoint
+        assert not restored and replays == 1
 
 
 def test_losing_a_stage_without_a_checkpoint_fails_naming_the_missing_checkpoint() -> None:
