@@ -86,25 +86,23 @@ class Checkpoints:
     # -- writing ---------------------------------------------------------------------------------
     def write(self, step: int, *, spec: ModelSpec, writers: Mapping[int, int], node: int, states: Mapping[int, Any],
               export_id: str, info: Mapping[str, Any], max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> bool:
-        """This node's shards of the checkpoint of `step` (`export_layers`); True when this node saw
-        it complete (then it also removes the checkpoints older than the last `KEEP`). `export_id`
-        must differ between attempts at the same step (e.g. name the generation), so shards left by
-        an attempt that died are never counted as this one's."""
+        """This node's shards of the checkpoint of `step` (`export_layers`), then `prune`; True when
+        this node saw it complete. `export_id` must differ between attempts at the same step (e.g.
+        name the generation), so shards left by an attempt that died are never counted as this one's."""
         body = {"model": model_entry(spec), **info, "steps_done": step}  # loadable by `load_model`
         complete = export_layers(self.step_dir(step), spec=spec, writers=writers, node=node, states=states,
                                  steps_done=step, export_id=export_id, info=body, max_shard_bytes=max_shard_bytes)
-        if complete:
-            self.prune()
+        self.prune()
         return complete
 
     def prune(self) -> None:
-        """Delete every checkpoint folder (complete or not) older than the `KEEP` newest complete ones."""
-        complete = self.complete_steps()
-        if len(complete) <= KEEP:
-            return
-        oldest_kept = complete[-KEEP]
-        for step in self._all_steps():
-            if step < oldest_kept:
+        """Keep the `KEEP` newest complete checkpoints and the `KEEP` newest folders (complete or
+        being written); delete the rest. Incomplete folders go too, so a root that never sees one
+        complete (writers on several machines each given a local folder) does not fill the disk."""
+        steps = self._all_steps()
+        keep = set(self.complete_steps()[-KEEP:]) | set(steps[-KEEP:])
+        for step in steps:
+            if step not in keep:
                 self._remove(step)
 
     def _all_steps(self) -> list[int]:

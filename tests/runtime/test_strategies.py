@@ -270,6 +270,10 @@ def test_checkpoints_are_exports_complete_when_the_last_writer_is_done_and_keep_
         write(step, 0)
     assert store.complete_steps() == [4, 6] and KEEP == 2  # step 2 was deleted
     assert not (tmp_path / "checkpoints" / "step-2").exists()
+    for step in (8, 10, 12):  # never completed (the other writer died): only the 2 newest stay
+        write(step, 1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-10", "step-12", "step-4", "step-6"]
+    assert store.latest() == 6
 
 
 def test_snapshot_rollback_restores_the_pre_step_state() -> None:
