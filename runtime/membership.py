@@ -132,7 +132,7 @@ def make_plan(
         **next_durability(config, previous, lost=bool(lost), records=alive,
                           now=float(previous.get("started_at", 0.0)) if now is None else now),
     }
-    restart = {"alive": alive, "noticed": noticed, "candidates": candidates, "checkpoint_step": checkpoint_step}
+    fallback = {"alive": alive, "noticed": noticed, "candidates": candidates, "checkpoint_step": checkpoint_step}
     if isinstance(layout, LayoutError):
         if strategy.restarts_from_checkpoint and alive:
             # The state comes back from the checkpoint whoever runs it: wait for replacements
@@ -147,7 +147,7 @@ def make_plan(
                 "restore_step": None,
                 "transfers": [],
             }
-        return _restart_or_fail(config, base, str(layout), **restart)
+        return _restart_or_fail(config, base, str(layout), **fallback)
     start = max(int(rec["committed"]) for rec in alive.values())
     transfers: list[list[int]] = []
     restore = None
@@ -171,7 +171,7 @@ def make_plan(
                 if not sources:
                     lost_state = (f"layer {layer} has no surviving copy at step {start} "
                                   "(every node that held it is gone; no replica had it)")
-                    return _restart_or_fail(config, base, lost_state, **restart)
+                    return _restart_or_fail(config, base, lost_state, **fallback)
                 transfers.append([layer, sources[0], node])
     return {
         **base,
