@@ -25,10 +25,10 @@ from typing import Any
 
 from bench.report import Progress, print_table
 from runtime.config import DeviceTime, JobConfig, ModelSpec
+from runtime.durability import checkpoint_interval_steps, young_daly_interval_s
 from runtime.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 from runtime.schedule import action_duration, build_schedule, simulate, stage_durations
 from runtime.strategies import get_strategy
-from runtime.strategies.checkpoint import checkpoint_interval_steps, young_daly_interval_s
 
 KILLED = 5  # pipeline 1, stage 1 of DP=2 x PP=4
 
@@ -150,18 +150,16 @@ def _run(config: JobConfig, **kw: Any) -> RunResult:
 
 
 def _checkpoint_cost_s(config: JobConfig) -> float:
-    """Measured time to write this model's checkpoint (all layers) to a local directory."""
-    from runtime.checkpoint_store import LocalCheckpointStore
+    """Measured time to write this model's checkpoint (all layers, one writer) to a local directory."""
+    from runtime.checkpoints import Checkpoints
     from runtime.model import build_layer
     from runtime.optim import LayerState
 
-    states = [LayerState(i, build_layer(config.model, i, 0)) for i in range(config.model.num_layers)]
+    states = {i: LayerState(i, build_layer(config.model, i, 0)) for i in range(config.model.num_layers)}
     with tempfile.TemporaryDirectory() as tmp:
-        store = LocalCheckpointStore(tmp)
         start = time.perf_counter()
-        for s in states:
-            store.save_layer(1, s.index, s.flat())
-        store.mark_complete(1)
+        Checkpoints(tmp).write(1, spec=config.model, writers=dict.fromkeys(states, 0), node=0, states=states,
+                               export_id="bench", info={})
         return time.perf_counter() - start
 
 

@@ -356,15 +356,17 @@ class JobConfig:
     """The largest safetensors shard of an exported model (bytes); a writer's tensors past it go to
     its next shard (see runtime/export.py)."""
     checkpoint_dir: str = ""
-    """checkpoint: local directory or s3://bucket/prefix; empty means a temporary directory."""
+    """Where checkpoints go (every strategy; local directory or s3://bucket/prefix) when the job has no
+    export dir; empty means a per-job temporary directory (`runtime.checkpoints.checkpoint_root`)."""
     checkpoint_interval: int = 0
-    """checkpoint: steps between checkpoints; 0 derives it from Young/Daly (see checkpoint_cost_s)."""
+    """Steps between checkpoints; 0 derives it from Young/Daly (`runtime.durability`)."""
     mtbf_s: float = 3600.0
-    """checkpoint: observed mean time between failures of the job, for Young/Daly."""
+    """Prior (and ceiling) of the job's mean time between failures, for Young/Daly; the failures the
+    job sees pull the estimate down (`runtime.durability.estimated_mtbf_s`)."""
     checkpoint_cost_s: float = 0.05
-    """checkpoint: measured time to write one checkpoint, for Young/Daly."""
+    """Prior of the time to write one checkpoint, for Young/Daly, until a write is measured."""
     step_time_s: float = 0.1
-    """checkpoint: measured time of one step, to turn the Young/Daly period into steps."""
+    """Prior of the time of one step, to turn the Young/Daly period into steps, until steps are measured."""
 
     @property
     def num_microbatches(self) -> int:

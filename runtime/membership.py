@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.config import JobConfig, LayoutError
+from runtime.durability import initial_durability, next_durability
 from runtime.layout import Layout
 from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, alive_nodes, fill_slots, full_slots
@@ -17,9 +18,10 @@ from runtime.strategies.base import Slots, alive_nodes, fill_slots, full_slots
 Plan = dict[str, Any]
 
 
-def initial_plan(config: JobConfig, *, start_step: int = 0) -> Plan:
+def initial_plan(config: JobConfig, *, start_step: int = 0, started_at: float = 0.0) -> Plan:
     """Generation 0: the full layout at `start_step` (0, or where the `init_from` export it
-    continues stopped); every node builds its layers from the seed (or loads them from init_from)."""
+    continues stopped); every node builds its layers from the seed (or loads them from init_from).
+    `started_at`: the job's start (wall clock), for the failure rate (`runtime.durability`)."""
     slots = full_slots(config)
     layout = get_strategy(config.strategy).layout_for(config, slots)
     return {
@@ -36,6 +38,7 @@ def initial_plan(config: JobConfig, *, start_step: int = 0) -> Plan:
         "lost": [],
         "joined": [],
         "reason": "start",
+        **initial_durability(config, started_at=started_at),
     }
 
 
@@ -72,6 +75,7 @@ def make_plan(
     checkpoint_step: int | None,
     reason: str,
     spares: list[int] | None = None,
+    now: float | None = None,
 ) -> Plan:
     """The next generation's plan.
 
@@ -81,6 +85,10 @@ def make_plan(
     `joiners` are the join requests new since `previous`; `spares` the previous plan's spares that
     are still alive (standing by outside the group). Both fill empty slots, spares first (they
     waited longest); whoever gets no slot is listed in `spare` and stands by for a later plan.
+    `checkpoint_step`: the newest complete checkpoint (None: none). A strategy that keeps state
+    alive without one (recycle, bamboo, oobleck) restarts from it only when a change lost every copy
+    of some layer (`_restart_or_fail`). `now`: wall clock, for the failure rate that sets the next
+    checkpoint interval (`runtime.durability`; None: no time has passed).
     """
     strategy = get_strategy(config.strategy)
     candidates = [*(spares or []), *(n for n in joiners if n not in (spares or []))]
@@ -121,7 +129,10 @@ def make_plan(
         "joined": [n for n in candidates if n not in extra],
         "joins_consumed": previous["joins_consumed"] + len(joiners),
         "reason": reason,
+        **next_durability(config, previous, lost=bool(lost), records=alive,
+                          now=float(previous.get("started_at", 0.0)) if now is None else now),
     }
+    fallback = {"alive": alive, "noticed": noticed, "candidates": candidates, "checkpoint_step": checkpoint_step}
     if isinstance(layout, LayoutError):
         if strategy.restarts_from_checkpoint and alive:
             # The state comes back from the checkpoint whoever runs it: wait for replacements
@@ -136,7 +147,7 @@ def make_plan(
                 "restore_step": None,
                 "transfers": [],
             }
-        return {**base, "error": str(layout)}
+        return _restart_or_fail(config, base, str(layout), **fallback)
     start = max(int(rec["committed"]) for rec in alive.values())
     transfers: list[list[int]] = []
     restore = None
@@ -158,11 +169,9 @@ def make_plan(
                 if node in sources:
                     continue
                 if not sources:
-                    return {
-                        **base,
-                        "error": f"layer {layer} has no surviving copy at step {start} "
-                        "(every node that held it is gone; no replica had it)",
-                    }
+                    lost_state = (f"layer {layer} has no surviving copy at step {start} "
+                                  "(every node that held it is gone; no replica had it)")
+                    return _restart_or_fail(config, base, lost_state, **fallback)
                 transfers.append([layer, sources[0], node])
     return {
         **base,
@@ -172,6 +181,42 @@ def make_plan(
         "start_step": start,
         "restore_step": restore,
         "transfers": transfers,
+    }
+
+
+def _restart_or_fail(config: JobConfig, base: Plan, lost_state: str, *, alive: dict[int, dict[str, Any]],
+                     noticed: list[int], candidates: list[int], checkpoint_step: int | None) -> Plan:
+    """The plan when the state is lost (`lost_state` says what): for a strategy that falls back to
+    checkpoints, a restart from the newest complete one -- the survivors (but noticed ones, who
+    leave) and the candidates packed into fresh slots pipeline by pipeline and laid out by the
+    strategy itself (so later plans go on from these slots as usual), every member loading its
+    layers from the checkpoint and replaying the steps since; otherwise, or with no checkpoint, the
+    error that ends the job."""
+    if not get_strategy(config.strategy).falls_back_to_checkpoint:
+        return {**base, "error": lost_state}
+    if checkpoint_step is None:
+        return {**base, "error": f"{lost_state}; no checkpoint was available to restart from"}
+    staying = [n for n in sorted(alive) if n not in noticed]
+    slots, extra = fill_slots([[None] * config.pp for _ in range(config.dp)],
+                              [*staying, *(n for n in candidates if n not in staying)])
+    try:
+        layout = get_strategy(config.strategy).layout_for(config, slots)
+    except LayoutError as exc:
+        return {**base, "error": f"{lost_state}; restarting from the checkpoint of step {checkpoint_step} "
+                                 f"failed too: {exc}"}
+    return {
+        **base,
+        "slots": slots,
+        "leaving": list(noticed),
+        "deferred": [],
+        "joined": [n for n in candidates if n not in extra],
+        "layout": layout.to_dict(),
+        "members": list(layout.nodes()),
+        "spare": extra,
+        "start_step": checkpoint_step,
+        "restore_step": checkpoint_step,
+        "transfers": [],
+        "reason": f"{base['reason']}: {lost_state}; restored from checkpoint step {checkpoint_step}",
     }
 
 

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.checkpoint_store import CheckpointStore, open_checkpoint_store
+from runtime.checkpoints import Checkpoints, checkpoint_root
 from runtime.comm import Comm, bury, reap
 from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError
 from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.data.dataset import Batches, DataError
+from runtime.durability import checkpoint_due
 from runtime.executor import Executor
 from runtime.export import ExportError, InitialState, export_layers, model_entry
 from runtime.layout import Layout
@@ -45,7 +46,6 @@ from runtime.optim import LayerState
 from runtime.reference import named_parameters
 from runtime.schedule import build_schedule, forward_schedule, stage_durations
 from runtime.strategies import get_strategy
-from runtime.strategies.checkpoint import checkpoint_interval_steps
 
 StepCallback = Callable[[dict[str, Any]], None]
 
@@ -70,7 +70,8 @@ class WorkerSpec:
     """If set: metrics (`metrics-<node>.jsonl`) and final parameters (`node-<node>.pt`) go here."""
     export_dir: str = ""
     """If set: the job's final weights and optimizer state go here as safetensors (`runtime.export`),
-    each designated writer writing its layers' shards, with spotpipe.json beside them."""
+    each designated writer writing its layers' shards, with spotpipe.json beside them; and its
+    checkpoints, in the same format, under `checkpoints/step-N/` (`runtime.checkpoints`)."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     """Injected faults: {"kind": "kill"|"stop"|"notice"|"delay", "step": k, "at": action index or -1
     (mid-step), "delay_s": seconds for "delay"}; with "phase": "transfer", during a state hand-over
@@ -116,15 +117,18 @@ class Worker:
         self._state_bytes: dict[int, int] = {}
         self.comm: Comm | None = None
         self.out = Path(spec.out_dir) if spec.out_dir else None
-        self.ckpt: CheckpointStore | None = None
+        # Every strategy writes checkpoints (the plan says when): `checkpoint` restarts from them
+        # after any change, recycle/bamboo/oobleck only when a change lost every copy of a layer.
+        self.ckpt = Checkpoints(checkpoint_root(export_dir=spec.export_dir, checkpoint_dir=self.config.checkpoint_dir,
+                                                out_dir=spec.out_dir, job_id=spec.job_id))
+        self.ckpt_cost_s: float | None = None
+        """Seconds this node's last checkpoint write took (None: it wrote none yet)."""
+        self.saved_step: int | None = None
+        self.step_times: list[float] = []
         self.init: InitialState | None = None
         self.init_step = 0
         """The step generation 0 starts at: the `init_from` export's steps_done when it continues one."""
         self.layout: Layout | None = None
-        if self.strategy.restarts_from_checkpoint:
-            location = self.config.checkpoint_dir or str((self.out or Path("/tmp")) / f"ckpt-{spec.job_id}")
-            self.ckpt = open_checkpoint_store(location)
-            self.ckpt_every = checkpoint_interval_steps(self.config)
 
     # -- reporting ----------------------------------------------------------------------------
     def _emit(self, record: dict[str, Any]) -> None:
@@ -217,7 +221,9 @@ class Worker:
                 generation = spec.generation
                 plan = self.coord.read_plan(generation)
                 if plan is None:
-                    plan = self.coord.publish_plan(generation, initial_plan(cfg, start_step=self.init_step))
+                    plan = self.coord.publish_plan(
+                        generation, initial_plan(cfg, start_step=self.init_step, started_at=time.time())
+                    )
             assert plan is not None
             while True:
                 if "error" in plan:
@@ -332,28 +338,27 @@ class Worker:
     def _next_plan(self, previous: Plan, reason: str, *, graceful: bool) -> Plan:
         cfg = self.config
         generation = previous["generation"] + 1
-        saved = None
-        if graceful and self.ckpt is not None and "waiting" not in previous:
-            saved = self._save_checkpoint(Layout.from_dict(previous["layout"]), self.committed)
+        if (graceful and self.strategy.restarts_from_checkpoint and "waiting" not in previous
+                and self.saved_step != self.committed):
+            # At a graceful boundary every member is here: a checkpoint now loses no step.
+            self._save_checkpoint(Layout.from_dict(previous["layout"]), self.committed, previous["generation"])
+        recent = self.step_times[-20:]
         record = {
             "committed": self.committed,
             "versions": {str(i): st.version for i, st in self.held.items()},
             "leaving": self.notice,
-            "saved": saved,
+            # What the next checkpoint interval is computed from (`runtime.durability`).
+            "checkpoint_cost_s": self.ckpt_cost_s,
+            "step_time_s": sorted(recent)[len(recent) // 2] if recent else None,
         }
 
         def decide(records: dict[int, dict[str, Any]]) -> Plan:
             joiners = self.coord.joiners(previous["joins_consumed"], self.coord.join_count())
             # Spares stand by outside the group; one that died (dead mark, stale heartbeat) is dropped.
             spares = [n for n in previous.get("spare", []) if not self.coord.is_gone(n, cfg.heartbeat_timeout_s)]
-            step = None
-            if self.ckpt is not None:
-                committed = max(r["committed"] for r in records.values())
-                if all(r.get("saved") == committed for r in records.values()):
-                    self.ckpt.mark_complete(committed)  # everyone saved at this boundary (a notice)
-                step = self.ckpt.latest()
-                if self.init_step and (step is None or step < self.init_step):
-                    step = self.init_step  # nothing saved since the job's start from init_from
+            step = self.ckpt.latest()
+            if self.init_step and (step is None or step < self.init_step):
+                step = self.init_step  # nothing saved since the job's start from init_from
             return make_plan(
                 cfg,
                 generation=generation,
@@ -363,6 +368,7 @@ class Worker:
                 checkpoint_step=step,
                 reason=reason,
                 spares=spares,
+                now=time.time(),
             )
 
         return self.coord.form_generation(
@@ -481,8 +487,6 @@ class Worker:
             if self.spec.faults:
                 executor.hook = lambda i, n, s=step: self._fault_hook(s, i, n)
             result = executor.run_step(step, actions)
-            if self.ckpt is not None and (step + 1) % self.ckpt_every == 0:
-                self._save_checkpoint(layout, step + 1)
             if not self.notice and self.coord.notice_pending(self.node):
                 self.notice = True
             vector = torch.zeros(3 + len(members), dtype=torch.float64)
@@ -506,9 +510,10 @@ class Worker:
             step += 1
             self.committed = step
             self.skipped_steps += int(result.skipped)
-            if self.ckpt is not None and step % self.ckpt_every == 0 and index == 0:
-                self.ckpt.mark_complete(step)
             elapsed = time.perf_counter() - started
+            self.step_times.append(elapsed)
+            if checkpoint_due(plan, step, cfg.steps):
+                self._save_checkpoint(layout, step, generation)
             self._emit(
                 {
                     "step": step - 1,
@@ -611,7 +616,7 @@ class Worker:
             for i in sorted(mine):
                 if start > self.init_step:
                     state = self._new_layer(i)
-                    state.load_flat(self.ckpt.load_layer(start, i))
+                    self.ckpt.load(start, state)
                 else:
                     state = self._initial_layer(i)
                 self.held[i] = state
@@ -691,13 +696,39 @@ class Worker:
             if i not in mine:
                 del self.held[i]
 
-    def _save_checkpoint(self, layout: Layout, step: int) -> int:
-        """Save the layers this node is the designated writer of (first owner of each run)."""
-        for lo, hi, owners in layout.owner_runs():
-            if owners and owners[0] == self.node:
-                for i in range(lo, hi):
-                    self.ckpt.save_layer(step, i, self.held[i].flat())
-        return step
+    @staticmethod
+    def _writers(layout: Layout) -> dict[int, int]:
+        """Layer -> its designated writer in `layout` (the first owner of each owner run), for
+        checkpoints and the final export alike."""
+        return {i: owners[0] for lo, hi, owners in layout.owner_runs() if owners for i in range(lo, hi)}
+
+    def _export_info(self, steps_done: int) -> dict[str, Any]:
+        """spotpipe.json of an export or checkpoint after `steps_done` steps."""
+        cfg = self.config
+        return {
+            "model": model_entry(cfg.model),
+            "config": cfg.to_dict(),
+            "tokenizer": cfg.data.tokenizer if cfg.data.source else None,
+            "steps_done": steps_done,
+        }
+
+    def _save_checkpoint(self, layout: Layout, step: int, generation: int) -> None:
+        """Write this node's share of the checkpoint of `step` (the layers it is the designated
+        writer of) and time it: the write's duration is the checkpoint cost of the next interval."""
+        writers = self._writers(layout)
+        if self.node not in writers.values():
+            return
+        began = time.perf_counter()
+        complete = self.ckpt.write(
+            step, spec=self.config.model, writers=writers, node=self.node, states=self.held,
+            # The generation in the id: shards an earlier attempt at this step left never count.
+            export_id=f"{self.spec.job_id}/checkpoint/{step}/{generation}", info=self._export_info(step),
+            max_shard_bytes=self.config.export_shard_bytes,
+        )
+        self.ckpt_cost_s = time.perf_counter() - began
+        self.saved_step = step
+        self._emit({"event": "checkpoint", "step": step, "generation": generation, "seconds": self.ckpt_cost_s,
+                    "complete": complete, "dir": self.ckpt.step_dir(step)})
 
     def _finish(self, outcome: str) -> None:
         if outcome == "left":
@@ -720,18 +751,10 @@ class Worker:
         """Write this node's share of the job's final weights and optimizer state (`runtime.export`):
         the layers it is the designated writer of in the final layout (first owner of each run)."""
         assert self.layout is not None
-        writers = {i: owners[0] for lo, hi, owners in self.layout.owner_runs() if owners for i in range(lo, hi)}
-        cfg = self.config
-        info = {
-            "model": model_entry(cfg.model),
-            "config": cfg.to_dict(),
-            "tokenizer": cfg.data.tokenizer if cfg.data.source else None,
-            "steps_done": self.committed,
-        }
         complete = export_layers(
-            self.spec.export_dir, spec=cfg.model, writers=writers, node=self.node, states=self.held,
-            steps_done=self.committed, export_id=f"{self.spec.job_id}/{self.committed}", info=info,
-            max_shard_bytes=cfg.export_shard_bytes,
+            self.spec.export_dir, spec=self.config.model, writers=self._writers(self.layout), node=self.node,
+            states=self.held, steps_done=self.committed, export_id=f"{self.spec.job_id}/{self.committed}",
+            info=self._export_info(self.committed), max_shard_bytes=self.config.export_shard_bytes,
         )
         self._emit({"event": "exported", "dir": self.spec.export_dir, "complete": complete})
 

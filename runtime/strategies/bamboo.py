@@ -34,6 +34,7 @@ class BambooStrategy:
 
     name = "bamboo"
     restarts_from_checkpoint = False
+    falls_back_to_checkpoint = True
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         placeholder = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]

@@ -21,6 +21,9 @@ class Strategy(Protocol):
     name: str
     restarts_from_checkpoint: bool
     """True: after a change, every node reloads the last checkpoint (steps since it are lost)."""
+    falls_back_to_checkpoint: bool
+    """True: when a change loses every copy of some layer (all holders of a stage at once), the job
+    restarts from the last complete checkpoint instead of failing (`membership.make_plan`)."""
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         """The layout for the current slots; raises LayoutError naming what cannot be covered."""

@@ -12,6 +12,7 @@ class NoneStrategy:
 
     name = "none"
     restarts_from_checkpoint = False
+    falls_back_to_checkpoint = False
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         missing = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]

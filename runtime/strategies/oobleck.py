@@ -29,6 +29,7 @@ class OobleckStrategy:
 
     name = "oobleck"
     restarts_from_checkpoint = False
+    falls_back_to_checkpoint = True
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         nodes = alive_nodes(slots)

@@ -36,6 +36,7 @@ class RecycleStrategy:
 
     name = "recycle"
     restarts_from_checkpoint = False
+    falls_back_to_checkpoint = True
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         # Stage boundaries come from the full layout; placeholder nodes keep routes well-formed.

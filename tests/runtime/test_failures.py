@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from runtime.checkpoints import Checkpoints
 from runtime.config import DeviceTime, ModelSpec
 from runtime.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 from runtime.strategies import get_strategy
@@ -161,7 +162,7 @@ def test_checkpoint_restarts_from_last_checkpoint(tmp_path) -> None:
     assert restarts and all(e["start_step"] == 2 for e in restarts)  # checkpoint of step 2
     redone = Counter(committed_steps(result, 0))
     assert redone[2] == 2  # step 2 was computed twice: the steps since the checkpoint are lost
-    assert (tmp_path / "step-2" / "COMPLETE").exists()
+    assert (tmp_path / "checkpoints" / "step-2" / "model.safetensors.index.json").exists()  # an export: two writers
 
 
 def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) -> None:
@@ -169,8 +170,49 @@ def test_checkpoint_on_notice_saves_at_the_boundary_and_loses_nothing(tmp_path) 
     result = run_local(config, faults=[Fault(node=1, kind="notice", step=2)], timeout_s=80)
     assert all(code == 0 for code in result.exit_codes.values()), result.exit_codes
     assert_same_math(result, config)
-    assert (tmp_path / "step-3" / "COMPLETE").exists()  # written at the boundary after step 2
+    assert (tmp_path / "checkpoints" / "step-3" / "model.safetensors.index.json").exists()  # at the boundary
     assert Counter(committed_steps(result, 0)) == Counter(range(config.steps))  # nothing replayed
     # Generations that ended cleanly (the notice's, the last) leave no gloo group parked behind.
     closed = events(result, "groups_closed")
     assert closed and all(e["parked"] == 0 for e in closed), closed
+
+
+@pytest.mark.parametrize(
+    ("strategy", "dp", "pp", "killed", "restores"),
+    [
+        # dp=2 x pp=2: nodes 1 and 3 hold stage 1 of both pipelines; recycle and oobleck have no
+        # other copy of it, bamboo's replicas (on nodes 0 and 2) keep it going without a restart.
+        ("recycle", 2, 2, (1, 3), True),
+        ("oobleck", 2, 2, (1, 3), True),
+        ("bamboo", 2, 2, (1, 3), False),
+        # dp=1 x pp=3: nodes 1 (stage 1) and 0 (its bamboo replica) are every holder of stage 1.
+        ("bamboo", 1, 3, (0, 1), True),
+    ],
+)
+def test_losing_every_holder_of_a_stage_falls_back_to_the_checkpoint(
+    strategy: str, dp: int, pp: int, killed: tuple[int, ...], restores: bool, tmp_path
+) -> None:
+    # The holders die together (a zone-wide reclaim) at the start of step 3, after the checkpoint of
+    # step 2; the job restarts from it, replays step 2 and ends with the failure-free math.
+    config = small_config(strategy=strategy, dp=dp, pp=pp, global_batch=4 * dp, steps=5, checkpoint_interval=2)
+    result = run_local(config, faults=[Fault(node=n, kind="kill", step=3, at=0) for n in killed],
+                       export_dir=tmp_path, timeout_s=80)
+    survivors = [n for n in range(config.num_nodes) if n not in killed]
+    assert all(result.exit_codes[n] == 0 for n in survivors), result.exit_codes
+    assert_same_math(result, config)
+    assert 2 in Checkpoints(str(tmp_path)).complete_steps()  # the one written before the kill
+    restored = [e for e in events(result, "generation") if "restored from checkpoint step 2" in e["reason"]]
+    replays = Counter(committed_steps(result, survivors[0]))[2]
+    if restores:
+        assert sorted(e["node"] for e in restored) == survivors and all(e["start_step"] == 2 for e in restored)
+        assert replays == 2  # step 2 redone from the checkpoint
+    else:
+        assert not restored and replays == 1
+
+
+def test_losing_a_stage_without_a_checkpoint_fails_naming_the_missing_checkpoint() -> None:
+    config = small_config(strategy="recycle", steps=4)  # Young/Daly from the priors: no checkpoint in 4 steps
+    result = run_local(config, faults=[Fault(node=n, kind="kill", step=2) for n in (1, 3)], timeout_s=80)
+    failures = events(result, "job_failed")
+    assert sorted(e["node"] for e in failures) == [0, 2]
+    assert all("no checkpoint was available to restart from" in e["reason"] for e in failures), failures

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 
-import boto3
 import pytest
 import torch
-from moto import mock_aws
 
-from runtime.checkpoint_store import LocalCheckpointStore, S3CheckpointStore
+from runtime.checkpoints import KEEP, Checkpoints
 from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.durability import (
+    checkpoint_due,
+    checkpoint_interval_steps,
+    estimated_mtbf_s,
+    next_durability,
+    young_daly_interval_s,
+)
+from runtime.export import load_model
 from runtime.launcher import faults_from_trace
 from runtime.layout import Layout, initial_layout
 from runtime.membership import initial_plan, make_plan
@@ -19,7 +25,6 @@ from runtime.optim import LayerState
 from runtime.schedule import action_duration, build_schedule, simulate, validate_schedule
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
-from runtime.strategies.checkpoint import checkpoint_interval_steps, young_daly_interval_s
 from runtime.strategies.oobleck import pipeline_templates
 
 pytestmark = pytest.mark.timeout(30)
@@ -141,6 +146,63 @@ def test_checkpoint_regroups_full_pipelines_and_young_daly() -> None:
     assert checkpoint_interval_steps(config(checkpoint_interval=7)) == 7
 
 
+def test_interval_follows_the_observed_failure_rate_and_the_measured_write() -> None:
+    # MTBF: the prior counts as one pseudo-failure interval; never above the prior.
+    assert estimated_mtbf_s(3600, elapsed_s=0, failures=0) == 3600
+    assert estimated_mtbf_s(3600, elapsed_s=10_000, failures=0) == 3600  # quiet time does not raise it
+    assert estimated_mtbf_s(3600, elapsed_s=400, failures=1) == 2000  # (3600 + 400) / 2
+    assert estimated_mtbf_s(3600, elapsed_s=400, failures=3) == 1000  # (3600 + 400) / 4
+    c = config(mtbf_s=3600, checkpoint_cost_s=0.5, step_time_s=2.0)
+    assert checkpoint_interval_steps(c) == 30  # priors: sqrt(2 * 0.5 * 3600) = 60 s = 30 steps
+    previous = {"started_at": 1000.0, "failures": 1, "start_step": 0}
+    records = {0: {"checkpoint_cost_s": 0.02, "step_time_s": 1.0}, 2: {"checkpoint_cost_s": 0.08, "step_time_s": 0.5}}
+    fields = next_durability(c, previous, lost=True, records=records, now=1400.0)
+    # 2 failures in 400 s: MTBF (3600 + 400) / 3; the slowest writer (0.08 s) and step (1.0 s)
+    assert fields["failures"] == 2 and fields["started_at"] == 1000.0
+    assert fields["mtbf_s"] == pytest.approx(4000 / 3)
+    assert fields["checkpoint_every"] == round(young_daly_interval_s(0.08, 4000 / 3) / 1.0) == 15
+    # Nothing measured yet: the priors; a notice (lost=False) is not a failure.
+    assert next_durability(c, previous, lost=False, records={0: {}}, now=1000.0)["checkpoint_every"] == round(
+        young_daly_interval_s(0.5, 3600 / 2) / 2.0)
+    assert next_durability(config(checkpoint_interval=3), previous, lost=True, records=records,
+                           now=1400.0)["checkpoint_every"] == 3  # the configured interval overrides
+    # Due every `checkpoint_every` steps from the generation's start, never at the last step.
+    plan = {"checkpoint_every": 2, "start_step": 3}
+    assert [t for t in range(12) if checkpoint_due(plan, t, 9)] == [5, 7]
+
+
+def test_plans_carry_the_interval_every_rank_checkpoints_at() -> None:
+    c = config(strategy="recycle", recycle_spill=False, dp=2, pp=2, microbatches=2, global_batch=8,
+               model=ModelSpec(n_layer=2), mtbf_s=100.0, checkpoint_cost_s=0.5, step_time_s=1.0)
+    first = initial_plan(c, started_at=50.0)
+    assert first["checkpoint_every"] == 10 and first["failures"] == 0  # sqrt(2 * 0.5 * 100) s of 1 s steps
+    alive = {n: {**record(2, {}), "checkpoint_cost_s": 0.5, "step_time_s": 1.0} for n in (0, 2, 3)}
+    plan = make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None,
+                     reason="x", now=150.0)
+    assert plan["failures"] == 1 and plan["checkpoint_every"] == 10  # (100 + 100) / 2 = 100 s: the prior
+
+
+def test_losing_every_holder_of_a_stage_restarts_from_the_checkpoint() -> None:
+    c = config(strategy="recycle", dp=2, pp=2, microbatches=2, global_batch=8, model=ModelSpec(n_layer=2))
+    first = initial_plan(c)
+    alive = {n: record(5, dict.fromkeys(range(*first_layout_range(first, n)), 5)) for n in (0, 2)}
+
+    def lose_stage_1(step: int | None) -> dict:
+        return make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=step,
+                         reason="failure")
+
+    plan = lose_stage_1(4)
+    assert plan["restore_step"] == plan["start_step"] == 4 and not plan["transfers"]
+    assert plan["slots"] == [[0, 2], [None, None]]  # the survivors packed into fresh slots
+    assert sorted(plan["members"]) == [0, 2] and plan["lost"] == [1, 3]
+    assert plan["reason"].endswith("restored from checkpoint step 4")
+    missing = lose_stage_1(None)["error"]
+    assert "no surviving copy" in missing and missing.endswith("no checkpoint was available to restart from")
+    # `none` never restarts, checkpoint or not.
+    assert "error" in make_plan(dataclasses.replace(c, strategy="none"), generation=1, previous=first,
+                                alive=alive, joiners=[], checkpoint_step=4, reason="failure")
+
+
 def record(committed: int, layers: dict[int, int], leaving: bool = False) -> dict:
     return {"committed": committed, "versions": {str(k): v for k, v in layers.items()}, "leaving": leaving}
 
@@ -170,7 +232,8 @@ def test_plan_error_when_no_copy_survives() -> None:
 
     # With spill (the default) node 0 could host stage 1, but nobody holds its layer any more.
     assert plan_without_node_1(c)["error"] == (
-        "layer 2 has no surviving copy at step 2 (every node that held it is gone; no replica had it)"
+        "layer 2 has no surviving copy at step 2 (every node that held it is gone; no replica had it); "
+        "no checkpoint was available to restart from"
     )
     peers_only = plan_without_node_1(dataclasses.replace(c, recycle_spill=False))
     assert "no surviving node for stage 1" in peers_only["error"]
@@ -182,31 +245,35 @@ def state(index: int) -> LayerState:
     return s
 
 
-def test_local_checkpoint_store_round_trip(tmp_path) -> None:
-    store = LocalCheckpointStore(tmp_path)
-    s = state(1)
-    store.save_layer(4, 1, s.flat())
-    assert store.latest() is None  # not complete yet
-    store.mark_complete(4)
-    assert store.latest() == 4
-    back = state(1)
-    back.load_flat(store.load_layer(4, 1))
+def test_checkpoints_are_exports_complete_when_the_last_writer_is_done_and_keep_two(tmp_path) -> None:
+    spec = ModelSpec()
+    states = {i: state(i) for i in range(spec.num_layers)}
+    half = spec.num_layers // 2
+    writers = {i: 0 if i < half else 1 for i in states}
+    store = Checkpoints(str(tmp_path))
+
+    def write(step: int, node: int) -> bool:
+        mine = {i: s for i, s in states.items() if writers[i] == node}
+        return store.write(step, spec=spec, writers=writers, node=node, states=mine, export_id=f"j/{step}", info={})
+
+    assert not write(2, 1) and store.latest() is None  # one writer of two: not complete
+    assert write(2, 0) and store.latest() == 2
+    back = LayerState(1, build_layer(spec, 1, 99))
+    store.load(2, back)
     assert back.version == 5
-    for a, b in zip(back.tensors(), s.tensors(), strict=True):
-        torch.testing.assert_close(a, b)
-
-
-def test_s3_checkpoint_store_round_trip() -> None:
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="ckpt")
-        store = S3CheckpointStore("ckpt", "job-1", client=client)
-        s = state(0)
-        for step in (2, 6):
-            store.save_layer(step, 0, s.flat())
-            store.mark_complete(step)
-        assert store.latest() == 6
-        torch.testing.assert_close(store.load_layer(6, 0), s.flat())
+    for a, b in zip(back.tensors(), states[1].tensors(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    whole = load_model(store.step_dir(2))  # a checkpoint is a weights folder: load_model reads it
+    torch.testing.assert_close(whole[1].state_dict(), states[1].module.state_dict(), rtol=0, atol=0)
+    for step in (4, 6):
+        write(step, 1)
+        write(step, 0)
+    assert store.complete_steps() == [4, 6] and KEEP == 2  # step 2 was deleted
+    assert not (tmp_path / "checkpoints" / "step-2").exists()
+    for step in (8, 10, 12):  # never completed (the other writer died): only the 2 newest stay
+        write(step, 1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-10", "step-12", "step-4", "step-6"]
+    assert store.latest() == 6
 
 
 def test_snapshot_rollback_restores_the_pre_step_state() -> None:

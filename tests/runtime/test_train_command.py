@@ -9,7 +9,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
+import spotpipe
 from spotpipe.train import TrainOptions, run_train
 
 CORPUS = Path(sysconfig.get_paths()["stdlib"]) / "argparse.py"
@@ -31,9 +33,10 @@ pp = 1
 """
 
 
-def _job_file(tmp_path: Path) -> Path:
+def _job_file(tmp_path: Path, config: str = "") -> Path:
+    """TINY_GPT, with `config` lines added to its [config] table."""
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY_GPT)
+    path.write_text(TINY_GPT.replace("[config]\n", f"[config]\n{config}"))
     return path
 
 
@@ -47,7 +50,8 @@ def _train(options: TrainOptions) -> tuple[int, str, str]:
 def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     code, out, err = _train(TrainOptions(
-        file=_job_file(tmp_path), data=f"text:{CORPUS}", dp=2, pp=2, microbatches=2, steps=8, val_every=4,
+        file=_job_file(tmp_path, "checkpoint_interval = 3\n"), data=f"text:{CORPUS}", dp=2, pp=2, microbatches=2,
+        steps=8, val_every=4,
         lr=0.01, fails=["kill:1@3"], out=out_dir))
     assert code == 0, err
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
@@ -61,6 +65,14 @@ def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: 
     assert summary["tokenizer"] == "byte" and summary["final_val_loss"] == records[-1]["val_loss"]
     assert "val " in out and "tok/s" in out and "done: 8 steps" in out
     assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # the killed rank saved nothing
+    # Checkpoints every 3 steps beside the weights, in their format: step 3 (before the kill) and 6
+    # (3 steps into the generation after it); each loads like the final weights.
+    assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    checkpoint = spotpipe.load_model(out_dir / "checkpoints" / "step-6")
+    assert json.loads((out_dir / "checkpoints" / "step-6" / "spotpipe.json").read_text())["steps_done"] == 6
+    final = spotpipe.load_model(out_dir).state_dict()
+    assert checkpoint.state_dict().keys() == final.keys()
+    assert any(not torch.equal(t, final[k]) for k, t in checkpoint.state_dict().items())  # 2 steps earlier
     # The same metrics as TensorBoard event files (tensorboard is in the dev extra).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

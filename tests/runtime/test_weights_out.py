@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import spotpipe
+from runtime.checkpoints import Checkpoints
 from runtime.config import JobConfig, ModelSpec
 from runtime.export import (
     INFO,
@@ -147,6 +148,29 @@ def test_distributed_writers_upload_to_s3_and_the_index_comes_last(tmp_path: Pat
     _assert_equal_state(load_model(url).state_dict(), whole, rtol=0, atol=0)
     # A later export into the same prefix: the old objects do not count as the new one's shards.
     assert not export_layers(url, node=7, states={i: states[i] for i in (2, 3)}, **{**common, "export_id": "job/2"})
+
+
+def test_checkpoints_on_s3_are_exports_found_pruned_and_loaded(s3) -> None:  # noqa: F811 (the fixture)
+    """`runtime.checkpoints` under `s3://` (moto): complete once the last writer's upload is in,
+    the last two kept, a layer restored from one, and load_model reads a checkpoint prefix."""
+    client, bucket = s3
+    spec = ModelSpec(kind="mlp", n_layer=2, n_embd=8, in_features=4, vocab_size=5)
+    states = {i: LayerState(i, build_layer(spec, i, 0)) for i in range(spec.num_layers)}
+    writers = {0: 5, 1: 5, 2: 7, 3: 7}
+    store = Checkpoints(f"s3://{bucket}/jobs/job-4")
+    for step in (2, 4, 6):
+        for node in (7, 5):
+            store.write(step, spec=spec, writers=writers, node=node, export_id=f"job-4/{step}", info={},
+                        states={i: s for i, s in states.items() if writers[i] == node})
+        if step == 2:
+            assert store.latest() == 2
+    assert store.complete_steps() == [4, 6]
+    assert not client.list_objects_v2(Bucket=bucket, Prefix="jobs/job-4/checkpoints/step-2/").get("Contents")
+    back = LayerState(3, build_layer(spec, 3, 99))
+    store.load(6, back)
+    torch.testing.assert_close(back.module.state_dict(), states[3].module.state_dict(), rtol=0, atol=0)
+    whole = {f"{i}.{k}": v for i in range(4) for k, v in states[i].module.state_dict().items()}
+    _assert_equal_state(load_model(store.step_dir(4)).state_dict(), whole, rtol=0, atol=0)
 
 
 def test_load_model_imports_neither_django_nor_the_control_plane() -> None:

@@ -1,0 +1,80 @@
+"""When to checkpoint: Young/Daly from the failures this job has seen and its measured write cost.
+
+Torch-free (the plan code and the control plane import it). Every rank must checkpoint at the same
+steps, or no checkpoint is ever complete; so the interval is decided once per generation, by the
+node that forms it, from values every member reported, and published in the plan
+(`checkpoint_every`); a rank never derives it from its own clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from runtime.config import JobConfig
+
+
+def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
+    """Optimal seconds between checkpoints (Young 1974, Daly 2006 first order)."""
+    return math.sqrt(2.0 * checkpoint_cost_s * mtbf_s)
+
+
+def estimated_mtbf_s(prior_mtbf_s: float, elapsed_s: float, failures: int) -> float:
+    """The job's mean time between failures: `(prior + elapsed) / (1 + failures)`, at most the prior.
+
+    The configured `mtbf_s` counts as one pseudo-observation (the posterior mean of an exponential
+    failure rate under a one-failure prior), so one early failure does not collapse the estimate to
+    a few seconds, and failures seen pull it down as they accumulate. It never rises above the
+    prior: a quiet stretch is no evidence the next reclaim is further away than the operator said.
+    """
+    estimate = (prior_mtbf_s + max(elapsed_s, 0.0)) / (1 + max(failures, 0))
+    return min(prior_mtbf_s, estimate)
+
+
+def checkpoint_interval_steps(
+    config: JobConfig, *, cost_s: float | None = None, mtbf_s: float | None = None, step_time_s: float | None = None
+) -> int:
+    """Steps between checkpoints: `checkpoint_interval` when set (> 0), else Young/Daly turned into
+    steps. Measured values (`cost_s`: the last checkpoint write, `mtbf_s`: `estimated_mtbf_s`,
+    `step_time_s`: a recent step) replace the config's priors when given."""
+    if config.checkpoint_interval > 0:
+        return config.checkpoint_interval
+    cost = cost_s if cost_s is not None else config.checkpoint_cost_s
+    mtbf = mtbf_s if mtbf_s is not None else config.mtbf_s
+    step = step_time_s if step_time_s is not None else config.step_time_s
+    return max(1, round(young_daly_interval_s(cost, mtbf) / max(step, 1e-9)))
+
+
+def _largest(records: Mapping[int, Mapping[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in records.values() if r.get(key)]
+    return max(values) if values else None
+
+
+def initial_durability(config: JobConfig, *, started_at: float) -> dict[str, Any]:
+    """Generation 0's durability fields: the priors, and the job's start time."""
+    return {"checkpoint_every": checkpoint_interval_steps(config), "failures": 0, "started_at": started_at}
+
+
+def next_durability(
+    config: JobConfig, previous: Mapping[str, Any], *, lost: bool, records: Mapping[int, Mapping[str, Any]], now: float
+) -> dict[str, Any]:
+    """The durability fields of the next plan. A generation formed because members were lost counts
+    as one failure (a zone-wide reclaim of several nodes is one event). The checkpoint cost is the
+    slowest writer's last write (a checkpoint is complete only when the last writer is done), the
+    step time the slowest member's recent median."""
+    started = float(previous.get("started_at", now))
+    failures = int(previous.get("failures", 0)) + int(lost)
+    mtbf = estimated_mtbf_s(config.mtbf_s, now - started, failures)
+    every = checkpoint_interval_steps(
+        config, cost_s=_largest(records, "checkpoint_cost_s"), mtbf_s=mtbf, step_time_s=_largest(records, "step_time_s")
+    )
+    return {"checkpoint_every": every, "failures": failures, "started_at": started, "mtbf_s": mtbf}
+
+
+def checkpoint_due(plan: Mapping[str, Any], step: int, total_steps: int) -> bool:
+    """Whether the checkpoint of `step` (steps committed) is written: every `checkpoint_every` steps
+    counted from the generation's start (the interval may change with each generation), never at
+    the job's last step (the final export, when there is one, is written then)."""
+    every = int(plan.get("checkpoint_every") or 0)
+    return every > 0 and step < total_steps and step > plan["start_step"] and (step - plan["start_step"]) % every == 0
