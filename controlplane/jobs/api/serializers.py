@@ -140,7 +140,9 @@ class MetricBatchSerializer(serializers.Serializer):
 
 
 class MetricBatchResultSerializer(serializers.Serializer):
-    stored = serializers.IntegerField(help_text="Samples stored by this request; a sample stored before (the same job, generation, instance, step and kind: a batch sent again) is not stored twice and not counted.")
+    stored = serializers.IntegerField(help_text=(
+        "Samples stored by this request; a sample stored before (the same job, generation, instance, step "
+        "and kind: a batch sent again) is not stored twice and not counted."))
     steps_done = serializers.IntegerField()
     samples_done = serializers.IntegerField()
     last_loss = serializers.FloatField(allow_null=True)
