@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import ModelSpec
-from runtime.export import DEFAULT_SHARD_BYTES, MODEL, InitialState, WeightsFolder, export_layers, model_entry
+from runtime.durability import CHECKPOINTS, complete_steps
+from runtime.export import DEFAULT_SHARD_BYTES, InitialState, export_layers, model_entry
 
-CHECKPOINTS = "checkpoints"
 KEEP = 2
 """Complete checkpoints kept. Two, not one: the newest is the restore point, and the one before it
 is a fallback should the newest prove unreadable (an object lost, a torn file on a local disk that
 lost power), at the cost of one more checkpoint of storage."""
-_STEP = re.compile(r"step-(\d+)/model\.safetensors(\.index\.json)?$")
 
 
 def checkpoint_root(*, export_dir: str, checkpoint_dir: str, out_dir: str, job_id: str) -> str:
@@ -69,14 +68,11 @@ class Checkpoints:
         return keys
 
     def complete_steps(self) -> list[int]:
-        """Steps of the complete checkpoints, oldest first."""
+        """Steps of the complete checkpoints, oldest first (`runtime.durability.complete_steps`)."""
         if self.on_s3:
-            found = {int(m.group(1)) for key in self._s3_keys() if (m := _STEP.search(key))}
-        else:
-            base = Path(self.root) / CHECKPOINTS
-            found = {int(d.name[5:]) for d in base.glob("step-*") if d.name[5:].isdigit()
-                     and WeightsFolder.exists(d, MODEL)}
-        return sorted(found)
+            return complete_steps(self._s3_keys())
+        base = Path(self.root)
+        return complete_steps(str(p.relative_to(base)) for p in (base / CHECKPOINTS).glob("step-*/model.safetensors*"))
 
     def latest(self) -> int | None:
         """The newest complete checkpoint's step, if any."""

@@ -9,10 +9,29 @@ node that forms it, from values every member reported, and published in the plan
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from runtime.config import JobConfig
+
+CHECKPOINTS = "checkpoints"
+"""The folder under a job's checkpoint root that holds `step-N/` checkpoints (`runtime.checkpoints`)."""
+_COMPLETES = re.compile(rf"(?:^|/){CHECKPOINTS}/step-(\d+)/model\.safetensors(?:\.index\.json)?$")
+
+
+def completed_step(name: str) -> int | None:
+    """The step whose checkpoint the file `name` (a path or key ending in `checkpoints/step-N/...`)
+    completes: its model index, or the single `model.safetensors` a lone writer writes. Writers put
+    these last, so their presence is what makes a checkpoint complete; None for any other file."""
+    found = _COMPLETES.search(name)
+    return int(found.group(1)) if found else None
+
+
+def complete_steps(names: Iterable[str]) -> list[int]:
+    """Steps of the complete checkpoints among the file names of a checkpoint root, oldest first.
+    Torch-free: the runtime and the control plane (which lists the job's artifact folder) share it."""
+    return sorted({step for name in names if (step := completed_step(name)) is not None})
 
 
 def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:

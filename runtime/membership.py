@@ -222,6 +222,7 @@ def _restart_or_fail(config: JobConfig, base: Plan, lost_state: str, *, alive: d
 
 def plan_for_fleet(
     config: JobConfig, slots: Slots, *, gone: set[int], noticed: set[int], joiners: list[int] | None = None,
+    checkpoint_step: int | None = None,
 ) -> Plan:
     """The plan the survivors will agree on, from what the control plane knows of the fleet: the
     current generation's `slots`, the members that are `gone` (dead), those `noticed` (an
@@ -232,8 +233,14 @@ def plan_for_fleet(
     The answer is `make_plan`'s, the runtime's own: `layout` (go on; `deferred` lists noticed
     members kept until a replacement joins), `waiting` (a strategy that restarts from its
     checkpoint waits for replacements) or `error` (the state is lost: the job cannot continue).
+    `checkpoint_step`: the newest complete checkpoint the control plane found in the job's folder
+    (None: none), which lets a strategy that falls back to checkpoints restart instead of failing.
     Torch-free, so the control plane asks it instead of keeping rules of its own."""
     strategy = get_strategy(config.strategy)
+    restorable = strategy.restarts_from_checkpoint or (
+        strategy.falls_back_to_checkpoint and checkpoint_step is not None)
+    if not strategy.falls_back_to_checkpoint:
+        checkpoint_step = None
     current = strategy.layout_for(config, slots)
     members = alive_nodes(slots)
     held = current.layers_by_node()
@@ -245,9 +252,9 @@ def plan_for_fleet(
     }
     if not alive:
         empty: Slots = [[None] * len(row) for row in slots]
-        if strategy.restarts_from_checkpoint:  # replacements restore the last checkpoint
+        if restorable:  # replacements restore the last checkpoint
             return {"generation": 1, "slots": empty, "waiting": "no member survived; replacements restore it"}
         return {"generation": 1, "slots": empty, "error": "no member survived and the strategy keeps no checkpoint"}
     previous: Plan = {"members": members, "slots": slots, "leaving": [], "joins_consumed": 0}
     return make_plan(config, generation=1, previous=previous, alive=alive, joiners=list(joiners or []),
-                     checkpoint_step=step if strategy.restarts_from_checkpoint else None, reason="fleet")
+                     checkpoint_step=step if strategy.restarts_from_checkpoint else checkpoint_step, reason="fleet")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -23,6 +24,9 @@ from django.conf import settings
 from django.http import Http404
 
 from controlplane.jobs.models import TrainingJob
+from runtime.durability import CHECKPOINTS, complete_steps
+
+logger = logging.getLogger(__name__)
 
 SIDECAR = ".sha256.json"
 # What a job's folder may hold that the API serves: the export's weight files, its optimizer state,
@@ -82,6 +86,11 @@ class _LocalFolder:
     def open(self, name: str) -> Any:
         return (self.root / name).open("rb")
 
+    def names(self, under: str) -> list[str]:
+        """Relative names of the files below folder `under`."""
+        base = self.root / under
+        return [p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
+
     def write_text(self, name: str, text: str) -> None:
         """Atomically (a concurrent lister reads the old file or the new one)."""
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".tmp-{name}-")
@@ -133,6 +142,15 @@ class _S3Folder:
     def open(self, name: str) -> Any:
         return self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
 
+    def names(self, under: str) -> list[str]:
+        """Relative names of the objects below `under/`."""
+        found: list[str] = []
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                      Prefix=f"{self.prefix}{under}/")
+        for page in pages:
+            found += [obj["Key"][len(self.prefix):] for obj in page.get("Contents", [])]
+        return found
+
     def write_text(self, name: str, text: str) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=text.encode(),
                                ContentType="application/json")
@@ -178,6 +196,18 @@ def _read_sidecar(folder: _LocalFolder | _S3Folder) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def job_latest_checkpoint(*, job: TrainingJob) -> int | None:
+    """The step of the newest complete checkpoint in the job's folder (`checkpoints/step-N/`, what
+    its workers restore from when every copy of a stage is lost), or None when there is none or the
+    store cannot be listed (logged: the job then fails as it would without a checkpoint)."""
+    try:
+        steps = complete_steps(_folder(job_artifacts_location(job=job)).names(CHECKPOINTS))
+    except Exception as exc:  # S3 unreachable, credentials: no checkpoint this control plane can see
+        logger.warning("job %s: checkpoints not listed: %s", job.pk, exc)
+        return None
+    return steps[-1] if steps else None
 
 
 def job_artifact_list(*, job: TrainingJob) -> list[Artifact]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from runtime.config import JobConfig
 from runtime.membership import plan_for_fleet
+from runtime.strategies import get_strategy
 from runtime.strategies.base import alive_nodes
 
 Slots = list[list[int | None]]
@@ -57,12 +58,16 @@ def without(slots: Slots, leaving: set[int]) -> Slots:
     return [[None if n in leaving else n for n in row] for row in slots]
 
 
-def react_leave(config: JobConfig, slots: Slots, leaving: set[int], *, noticed: set[int] = frozenset()) -> Reaction:
+def react_leave(config: JobConfig, slots: Slots, leaving: set[int], *, noticed: set[int] = frozenset(),
+                checkpoint_step: int | None = None) -> Reaction:
     """The next slots after `leaving` go (those in `noticed` got a notice and are still here), as
     the runtime's own plan has them (`runtime.membership.plan_for_fleet`): go on (a noticed node
-    the job cannot do without yet stays, deferred), `wait` for replacements (a strategy that
-    restarts from its checkpoint), or `fail` (the state is lost: no replacement can bring it back)."""
-    plan = plan_for_fleet(config, slots, gone=leaving - noticed, noticed=noticed & leaving)
+    the job cannot do without yet stays, deferred), `restart` from the job's newest checkpoint
+    (`checkpoint_step`) when every copy of some layer is gone, `wait` for replacements (a strategy
+    that restarts from its checkpoint), or `fail` (the state is lost: no replacement can bring it
+    back)."""
+    plan = plan_for_fleet(config, slots, gone=leaving - noticed, noticed=noticed & leaving,
+                          checkpoint_step=checkpoint_step)
     if "error" in plan:
         return Reaction(decision="fail", slots=None, reason=f"the job cannot continue: {plan['error']}")
     if "waiting" in plan:
@@ -72,6 +77,9 @@ def react_leave(config: JobConfig, slots: Slots, leaving: set[int], *, noticed: 
     reason = f"{len(leaving)} node(s) left; {len(holes(nxt))} hole(s)"
     if deferred:
         reason += f"; {len(deferred)} noticed node(s) stay until a replacement joins"
+    if plan.get("restore_step") is not None and not get_strategy(config.strategy).restarts_from_checkpoint:
+        # Every copy of some layer is gone: the survivors restart from the newest checkpoint.
+        return Reaction(decision="restart", slots=nxt, reason=f"{reason}; {plan['reason'].split(': ', 1)[-1]}")
     return Reaction(decision=DECISIONS.get(config.strategy, "restart"), slots=nxt, reason=reason)
 
 

@@ -23,6 +23,7 @@ from controlplane.billing.services import billing_close, billing_open
 from controlplane.fleet.models import Instance, Lifecycle, ProviderKind
 from controlplane.fleet.services import instance_transition
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, LIVE_STATES, TERMINAL_STATES, InstanceState
+from controlplane.jobs.artifacts import job_latest_checkpoint
 from controlplane.jobs.models import (
     ACTIVE_JOB_STATUSES,
     JOB_TRANSITIONS,
@@ -51,6 +52,7 @@ from controlplane.orchestration.selectors import (
     setting,
 )
 from controlplane.webhooks.alerts import alert_job_status
+from runtime.strategies import get_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -474,6 +476,20 @@ def agent_notice(
 # --- generations and reactions ---------------------------------------------------------------------------
 
 
+def _react_leave(job: TrainingJob, current: reactions.Slots, leaving: set[int],
+                 noticed: set[int]) -> reactions.Reaction:
+    """The reaction to `leaving`; when it would fail the job because every copy of some layer is
+    gone, asked again with the job's newest checkpoint (listed only then: it may be on S3), which
+    lets recycle, bamboo and oobleck restart from it as their workers would."""
+    config = job_runtime_config(job)
+    reaction = reactions.react_leave(config, current, leaving, noticed=noticed)
+    if reaction.decision == "fail" and get_strategy(config.strategy).falls_back_to_checkpoint:
+        step = job_latest_checkpoint(job=job)
+        if step is not None:
+            reaction = reactions.react_leave(config, current, leaving, noticed=noticed, checkpoint_step=step)
+    return reaction
+
+
 def _react_without_generation(job: TrainingJob, reaction: reactions.Reaction) -> None:
     """A leave after which the job cannot run now: it waits for replacements (`wait`), or, when its
     state is lost for good (`fail`), it fails with the runtime's reason instead of buying nodes."""
@@ -684,7 +700,7 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
         if current is None or not leaving & alive:
             _set_applied(reconfiguration, decision="none", generation=None)
             continue
-        reaction = reactions.react_leave(job_runtime_config(job), current, leaving, noticed=noticed & leaving)
+        reaction = _react_leave(job, current, leaving, noticed & leaving)
         if job.pk not in reconcile:
             reconcile.append(job.pk)
         if reaction.slots is None:

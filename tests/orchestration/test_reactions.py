@@ -56,3 +56,24 @@ def test_join_fills_first_hole_first_and_membership_ranks():
 def test_first_generation_numbers_nodes_like_the_runtime():
     slots = reactions.full_slots([7, 9, 4, 5], dp=2, pp=2)
     assert reactions.assign_nodes(slots, None) == {7: 0, 9: 1, 4: 2, 5: 3}
+
+
+def test_a_lost_stage_restarts_from_the_newest_checkpoint_when_the_job_has_one():
+    """Every holder of stage 1 gone (a zone-wide reclaim): without a checkpoint the job fails, with
+    one recycle, bamboo and oobleck restart from it on the survivors, as their workers would."""
+    slots = [[11, 12], [13, 14]]
+    for strategy in ("recycle", "oobleck"):
+        assert reactions.react_leave(config(strategy), slots, {12, 14}).decision == "fail"
+        restart = reactions.react_leave(config(strategy), slots, {12, 14}, checkpoint_step=6)
+        assert restart.decision == "restart", strategy
+        assert "restored from checkpoint step 6" in restart.reason
+        assert set(reactions.alive(restart.slots)) == {11, 13}
+    # bamboo loses a stage and its replica holder only when the whole ring is gone (pp=3, dp=1).
+    ring = [[11, 12, 13]]
+    assert reactions.react_leave(config("bamboo", dp=1, pp=3), ring, {12, 13}).decision == "fail"
+    assert reactions.react_leave(config("bamboo", dp=1, pp=3), ring, {12, 13}, checkpoint_step=4).decision == "restart"
+    # Nobody left at all: with a checkpoint the job waits for replacements instead of failing.
+    assert reactions.react_leave(config("recycle"), slots, {11, 12, 13, 14}).decision == "fail"
+    assert reactions.react_leave(config("recycle"), slots, {11, 12, 13, 14}, checkpoint_step=6).decision == "wait"
+    # `none` keeps no fallback: it writes checkpoints but fails as before.
+    assert reactions.react_leave(config("none"), slots, {12, 14}, checkpoint_step=6).decision == "fail"
