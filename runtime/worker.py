@@ -278,7 +278,7 @@ class Worker:
         if not self.config.init_from:
             return
         try:
-            self.init = InitialState(self.config.init_from)
+            self.init = InitialState(self.config.init_from, self.config.model)
         except (ExportError, OSError) as exc:
             reason = f"init_from: {exc}"
             self.coord.mark_failed(reason)

@@ -249,7 +249,7 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
         from runtime.export import ExportError, InitialState
 
         try:
-            start = InitialState(config.init_from).start_step
+            start = InitialState(config.init_from, config.model).start_step
         except (ExportError, OSError) as exc:
             print(f"error: init_from: {exc}", file=err)
             return 2
