@@ -169,3 +169,18 @@ def test_workers_start_from_the_hf_weights(tmp_path: Path) -> None:
         expected.append(float(loss_fn(gpt2_forward(state, HF, x), y)))
     [record] = [r for r in result.steps() if "loss" in r and r["step"] == 0][:1]
     assert record["loss"] == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+
+
+def test_spotpipe_train_names_the_mismatch_before_any_rank_starts(tmp_path: Path) -> None:
+    import io
+
+    from spotpipe.train import TrainOptions, run_train
+
+    folder = write_hf_folder(tmp_path / "hf", HF, hf_state(HF))
+    out, err = io.StringIO(), io.StringIO()
+    code = run_train(TrainOptions(model="gpt-nano", init_from=str(folder), out=tmp_path / "out"), out=out, err=err)
+    assert code == 2
+    assert err.getvalue().startswith("error: init_from: ") and "its vocab_size is 64; the job's model.vocab_size is " \
+        "256 (the job's vocabulary must be the checkpoint's" in err.getvalue(), err.getvalue()
+    assert "n_layer is 2; the job's model.n_layer is 4" in err.getvalue()  # every mismatch, one message
+    assert not (tmp_path / "out" / "ranks").exists()  # no rank started
