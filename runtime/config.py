@@ -348,7 +348,8 @@ class JobConfig:
     init_from: str = ""
     """Start from earlier weights: a folder (or s3://bucket/prefix) a spotpipe job exported
     (model*.safetensors + spotpipe.json). With its optimizer state the job continues that one at its
-    steps_done (`steps` stays the total); with weights only it starts at step 0. Empty: seeded init."""
+    steps_done (`steps` stays the total); with weights only it starts at step 0. Or a Hugging Face
+    GPT-2 folder (config.json + model.safetensors; weights only, `runtime.hf_gpt2`). Empty: seeded init."""
     export_shard_bytes: int = 2 * 10**9
     """The largest safetensors shard of an exported model (bytes); a writer's tensors past it go to
     its next shard (see runtime/export.py)."""

@@ -107,7 +107,10 @@ def key_map(spec: ModelSpec) -> dict[str, tuple[tuple[str, ...], Transform]]:
     """Our state-dict key -> (the Hugging Face names to try, in order, without `transformer.`; the
     transform to our shape)."""
     head = spec.n_layer + 1
-    keep_positions: Transform = lambda t: t[: spec.seq_len].contiguous()  # noqa: E731 (one line)
+
+    def keep_positions(t: torch.Tensor) -> torch.Tensor:
+        return t[: spec.seq_len].contiguous()
+
     out: dict[str, tuple[tuple[str, ...], Transform]] = {
         "0.wte.weight": (("wte.weight",), _same),
         "0.wpe.weight": (("wpe.weight",), keep_positions),

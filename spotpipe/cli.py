@@ -109,7 +109,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--skip-nonfinite", action="store_true", default=None,
                        help="skip (and count) a step whose global gradient norm is inf/NaN (always on with --clip)")
     train.add_argument("--init-from", metavar="DIR", help="start from a weights folder an earlier run wrote: with its "
-                                                        "optimizer state it continues that run (--steps is the total)")
+                                                        "optimizer state it continues that run (--steps is the total); "
+                                                        "or a Hugging Face GPT-2 folder (weights only)")
     train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
     train.add_argument("--fail", action="append", default=[], metavar="KIND:RANK@STEP",
                        help="inject a failure: kill:RANK@STEP (SIGKILL) or notice:RANK@STEP (graceful leave); "
