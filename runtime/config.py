@@ -34,6 +34,8 @@ STRATEGY_LABELS = {
 }
 SCHEDULES = ("1f1b", "fiw")
 LR_SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("fp32", "bf16")
+"""Compute precisions of the forward (`JobConfig.precision`); parameters and optimizer state stay float32."""
 """Learning-rate schedules after the warmup (`runtime.optim.lr_at`)."""
 MODEL_KINDS = ("gpt", "mlp")
 """The built-in models (what the planner can estimate without building anything)."""
@@ -317,6 +319,9 @@ class JobConfig:
     recompute: bool = False
     """Activation recomputation per layer: keep only each layer's input, recompute its activations in
     the backward (less memory, about one more forward of compute); the same math."""
+    precision: str = "fp32"
+    """`fp32` or `bf16`: each layer's forward (and its recompute) under bfloat16 autocast
+    (`runtime.rng.forward_layer`); parameters, gradients and AdamW state stay float32."""
     layer_costs: list[float] | None = None
     """Measured relative cost per layer (forward+backward) for balancing stages; None = estimate."""
     device_time: DeviceTime | None = None
@@ -351,7 +356,8 @@ class JobConfig:
     init_from: str = ""
     """Start from earlier weights: a folder (or s3://bucket/prefix) a spotpipe job exported
     (model*.safetensors + spotpipe.json). With its optimizer state the job continues that one at its
-    steps_done (`steps` stays the total); with weights only it starts at step 0. Empty: seeded init."""
+    steps_done (`steps` stays the total); with weights only it starts at step 0. Or a Hugging Face
+    GPT-2 folder (config.json + model.safetensors; weights only, `runtime.hf_gpt2`). Empty: seeded init."""
     export_shard_bytes: int = 2 * 10**9
     """The largest safetensors shard of an exported model (bytes); a writer's tensors past it go to
     its next shard (see runtime/export.py)."""
@@ -458,6 +464,8 @@ class JobConfig:
             bad(f"betas={self.betas} is invalid; expected two numbers [beta1, beta2], each in [0, 1)", "betas")
         if not self.eps > 0:
             bad(f"eps={self.eps} must be > 0", "eps")
+        if self.precision not in PRECISIONS:
+            bad(f"precision {self.precision!r} is unknown; expected one of {PRECISIONS}", "precision")
         if self.lr_schedule not in LR_SCHEDULES:
             bad(f"lr_schedule {self.lr_schedule!r} is unknown; expected one of {LR_SCHEDULES}", "lr_schedule")
         if self.warmup_steps < 0:

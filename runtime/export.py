@@ -479,20 +479,29 @@ def _export_layers_local(directory: Path, *, spec: ModelSpec, writers: Mapping[i
 
 
 class InitialState:
-    """The weights (and optimizer state, when the folder has it) a job starts from (`init_from`).
+    """The weights (and optimizer state, when the folder has it) a job starts from (`init_from`):
+    a spotpipe export, or a Hugging Face GPT-2 folder (weights only, `runtime.hf_gpt2`).
 
     With optimizer state the job continues the exported one: its layers get the moments and
     versions, and training resumes at the export's `steps_done` (`start_step`), so the data order
     and the learning-rate step continue; with weights only it fine-tunes from step 0."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, spec: ModelSpec) -> None:
+        """`spec`: the job's model; a Hugging Face GPT-2 folder (`runtime.hf_gpt2`) is checked against it."""
+        from runtime.hf_gpt2 import HFGPT2Weights, is_hf_gpt2
+
         local = _local(directory)
         if not Path(local).is_dir():
             raise ExportError(f"init_from {str(directory)!r} is not a folder; expected a folder of weights "
-                              "that a spotpipe job wrote (model*.safetensors)")
+                              "that a spotpipe job wrote (model*.safetensors) or a Hugging Face GPT-2 folder")
         self.directory = str(directory)
+        self.optimizer: WeightsFolder | None = None
+        if is_hf_gpt2(local):  # weights only, under our names
+            self.weights: WeightsFolder | HFGPT2Weights = HFGPT2Weights(local, spec)
+            return
         self.weights = WeightsFolder(local)
-        self.optimizer = WeightsFolder(local, OPTIMIZER) if WeightsFolder.exists(local, OPTIMIZER) else None
+        if WeightsFolder.exists(local, OPTIMIZER):
+            self.optimizer = WeightsFolder(local, OPTIMIZER)
 
     @property
     def start_step(self) -> int:

@@ -33,10 +33,9 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.n_head = spec.n_head
-        self.ln_1 = nn.LayerNorm(spec.n_embd)
-        # No bias: the key bias has an exactly-zero gradient (softmax is shift-invariant), and Adam
-        # turns the float noise of that zero into large updates that differ between summation orders.
-        self.c_attn = nn.Linear(spec.n_embd, 3 * spec.n_embd, bias=False)
+        self.ln_1 = nn.LayerNorm(spec.n_embd)  # eps 1e-5, as GPT-2
+        # GPT-2's layout: one (q, k, v) projection with a bias (so GPT-2 weights load exactly).
+        self.c_attn = nn.Linear(spec.n_embd, 3 * spec.n_embd)
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd)
         self.ln_2 = nn.LayerNorm(spec.n_embd)
         self.mlp_fc = nn.Linear(spec.n_embd, 4 * spec.n_embd)
@@ -44,14 +43,22 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = F.linear(self.ln_1(x), self.c_attn.weight, self._qkv_bias(C)).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scaled by 1/sqrt(head size), as GPT-2
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         x = x + self.c_proj(y)
-        return x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x))))
+        return x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x)), approximate="tanh"))  # GPT-2's GELU
+
+    def _qkv_bias(self, C: int) -> torch.Tensor:
+        """c_attn's bias with its key part detached: the key bias adds q.b_k to every score of a row,
+        which softmax ignores, so its true gradient is zero; Adam would turn the float noise of that
+        zero into large updates that differ between summation orders. Detached, its gradient is
+        exactly zero and it never moves (it still takes part in the forward, as in GPT-2)."""
+        b = self.c_attn.bias
+        return torch.cat([b[:C], b[C : 2 * C].detach(), b[2 * C :]])
 
 
 class Head(nn.Module):

@@ -9,7 +9,7 @@ send, checkpoint and compare.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -180,6 +180,21 @@ class LayerState:
                 wd=hyper.weight_decay, betas=hyper.betas, eps=hyper.eps, decay_min_dim=hyper.decay_min_dim,
             )
         self.version += 1
+
+
+def held_bytes(states: Iterable[LayerState]) -> dict[str, int]:
+    """Bytes of the training state in `states`: parameters, AdamW moments (`optimizer_bytes`), and the
+    pre-step snapshots a fault-tolerant strategy keeps to roll a step back (`snapshot_bytes`)."""
+    out = {"param_bytes": 0, "optimizer_bytes": 0, "snapshot_bytes": 0}
+    for state in states:
+        out["param_bytes"] += sum(_nbytes(p) for p in state.params)
+        out["optimizer_bytes"] += sum(_nbytes(t) for t in (*state.exp_avg, *state.exp_avg_sq))
+        out["snapshot_bytes"] += sum(_nbytes(t) for t in state._snapshot or ())
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 @torch.no_grad()

@@ -71,7 +71,7 @@ def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: B
                 x, y = batches.val(batch=batch, index=mb, size=config.microbatch_size)
                 for i, layer in enumerate(layers):
                     with layer_rng(config.seed, -1 - batch, mb, i):
-                        x = layer(x)
+                        x = forward_layer(config, layer, x)  # the executor's forward (bf16 autocast too)
                 total += loss_fn(x, y).item()
                 count += 1
     return total / count

@@ -38,10 +38,20 @@ def layer_rng(seed: int, step: int, microbatch: int, layer: int) -> Iterator[Non
 def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """One layer's forward; with `config.recompute` (and gradients on), its activations are not kept
     but recomputed in the backward (`torch.utils.checkpoint`, non-reentrant), replaying the random
-    state the forward had (`preserve_rng_state`): the same bits as keeping them."""
-    if config.recompute and torch.is_grad_enabled():
-        return torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
-    return module(x)
+    state the forward had (`preserve_rng_state`) and the autocast state (checkpoint records it): the
+    same bits as keeping them. With `config.precision == "bf16"` the forward runs under bfloat16
+    autocast; the parameters (and so their gradients and the optimizer state) stay float32."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+        if config.recompute and torch.is_grad_enabled():
+            out = torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
+        else:
+            out = module(x)
+    # What crosses a stage boundary (and reaches the loss) stays float32: the receive buffers are
+    # shaped and typed by a float32 dry run (`runtime.usermodel.boundary_shapes`), and the loss is
+    # computed outside autocast. Casting here, in the one forward both the executor and the
+    # reference run, keeps every boundary the same wherever the stages are cut; the cast is part of
+    # the autograd graph, so the gradient sent back is float32 too.
+    return out.float() if out.dtype == torch.bfloat16 else out
 
 
 @contextlib.contextmanager

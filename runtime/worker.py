@@ -20,6 +20,7 @@ import ctypes
 import json
 import math
 import os
+import resource
 import signal
 import sys
 import time
@@ -42,7 +43,7 @@ from runtime.export import ExportError, InitialState, export_layers, model_entry
 from runtime.layout import Layout
 from runtime.membership import Plan, initial_plan, make_plan
 from runtime.model import build_layer
-from runtime.optim import LayerState
+from runtime.optim import LayerState, held_bytes
 from runtime.reference import named_parameters
 from runtime.schedule import build_schedule, forward_schedule, stage_durations
 from runtime.strategies import get_strategy
@@ -284,7 +285,7 @@ class Worker:
         if not self.config.init_from:
             return
         try:
-            self.init = InitialState(self.config.init_from)
+            self.init = InitialState(self.config.init_from, self.config.model)
         except (ExportError, OSError) as exc:
             reason = f"init_from: {exc}"
             self.coord.mark_failed(reason)
@@ -733,6 +734,7 @@ class Worker:
     def _finish(self, outcome: str) -> None:
         if outcome == "left":
             self.coord.mark_left(self.node)  # the others stop expecting us at a rendezvous
+        self._emit_held_state()
         self._emit({"event": outcome, "committed": self.committed})
         if outcome == "done":
             self.coord.mark_done()
@@ -746,6 +748,13 @@ class Worker:
             )
         if self.spec.export_dir and outcome == "done":
             self._export()
+
+    def _emit_held_state(self) -> None:
+        """What this process holds at its end: its layers and their state's bytes (`held_bytes`),
+        and its peak resident memory (informative: it includes the Python and torch runtime)."""
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        self._emit({"event": "held_state", "layers": sorted(self.held), **held_bytes(self.held.values()),
+                    "peak_rss_bytes": peak_kib * 1024})
 
     def _export(self) -> None:
         """Write this node's share of the job's final weights and optimizer state (`runtime.export`):

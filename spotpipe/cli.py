@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.config import JOB_STRATEGIES
+from runtime.config import JOB_STRATEGIES, PRECISIONS
 
 CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train", "sample")
 
@@ -104,10 +104,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--eps", type=float, help="AdamW epsilon (default 1e-8)")
     train.add_argument("--recompute", action="store_true", default=None,
                        help="recompute each layer's activations in the backward (less memory, same math)")
+    train.add_argument("--precision", choices=PRECISIONS,
+                       help="forward compute: fp32 (default) or bf16 autocast (weights and optimizer stay fp32)")
     train.add_argument("--skip-nonfinite", action="store_true", default=None,
                        help="skip (and count) a step whose global gradient norm is inf/NaN (always on with --clip)")
     train.add_argument("--init-from", metavar="DIR", help="start from a weights folder an earlier run wrote: with its "
-                                                        "optimizer state it continues that run (--steps is the total)")
+                                                        "optimizer state it continues that run (--steps is the total); "
+                                                        "or a Hugging Face GPT-2 folder (weights only)")
     train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
     train.add_argument("--fail", action="append", default=[], metavar="KIND:RANK@STEP",
                        help="inject a failure: kill:RANK@STEP (SIGKILL) or notice:RANK@STEP (graceful leave); "
@@ -143,6 +146,7 @@ def run_client(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, model_args=args.model_args, lr_schedule=args.lr_schedule, warmup=args.warmup,
         lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
         betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
+        precision=args.precision,
     ))
 
 

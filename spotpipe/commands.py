@@ -47,7 +47,11 @@ def _guarded(command: Callable[..., int]) -> Callable[..., int]:
     1 with the API's message field by field, 2 with what is wrong with the file."""
 
     @functools.wraps(command)
-    def run(*args: Any, err: TextIO = sys.stderr, **kwargs: Any) -> int:
+    def run(*args: Any, err: TextIO | None = None, **kwargs: Any) -> int:
+        # The streams of this call, not the ones of the import: a default bound when the module was
+        # first imported (say, under a test's captured output) may be closed by now.
+        err = err or sys.stderr
+        kwargs.setdefault("out", sys.stdout)
         try:
             return command(*args, **kwargs)
         except JobFileError as exc:

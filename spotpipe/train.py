@@ -86,6 +86,8 @@ class TrainOptions:
     recompute: bool | None = None
     skip_nonfinite: bool | None = None
     """`--skip-nonfinite`: skip (and count) a step whose gradient norm is not finite."""
+    precision: str | None = None
+    """`--precision bf16`: the forward under bfloat16 autocast."""
     """`--recompute`: activation recomputation per layer."""
     init_from: str | None = None
     fails: list[str] = field(default_factory=list)
@@ -137,7 +139,7 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     if preset in MODEL_PRESETS:
         contract["model"]["vocab_size"] = preset_vocabulary(_tokenizer_vocabulary(data), preset)
     for key in ("global_batch", "seed", "val_every", "lr", "init_from", "lr_schedule", "lr_min", "clip",
-                "weight_decay", "eps", "recompute", "skip_nonfinite"):
+                "weight_decay", "eps", "recompute", "skip_nonfinite", "precision"):
         if getattr(options, key) is not None:
             contract[key] = getattr(options, key)
     for key, flag in (("warmup_steps", "warmup"), ("weight_decay_min_dim", "decay_min_dim")):
@@ -249,7 +251,7 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
         from runtime.export import ExportError, InitialState
 
         try:
-            start = InitialState(config.init_from).start_step
+            start = InitialState(config.init_from, config.model).start_step
         except (ExportError, OSError) as exc:
             print(f"error: init_from: {exc}", file=err)
             return 2

@@ -92,6 +92,7 @@ def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world)
         ({"config": {**CONFIG, "checkpoint_dir": "x" * 2000}}, "config.checkpoint_dir"),
         ({"config": {**CONFIG, "wings": 2}}, "config.wings"),
         ({"config": {**CONFIG, "schedule": "zigzag"}}, "config.schedule"),
+        ({"config": {**CONFIG, "precision": "fp16"}}, "config.precision"),
         ({"config": None, "model_spec": {"kind": "gpt", "layers": 2, "heads": 3, "d_model": 32}},
          "model_spec.heads"),
     ],

@@ -112,5 +112,5 @@ def test_presets_have_gpt2_shapes_and_take_the_tokenizers_vocabulary(tmp_path: P
     assert resolve_config(TrainOptions(model="gpt2-xl", data=f"tokens:{tmp_path}")).model.vocab_size == 50257
     with torch.device("meta"):
         params = sum(p.numel() for p in build_model(resolve_config(TrainOptions(model="gpt2")).model, 0).parameters())
-    # GPT-2's 124M with its head untied (+ 50,257 x 768) and no attention input bias (- 12 x 2,304).
-    assert params == 124_439_808 + 50_257 * 768 - 12 * 3 * 768
+    # GPT-2's 124M with its head untied (+ 50,257 x 768).
+    assert params == 124_439_808 + 50_257 * 768
