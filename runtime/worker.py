@@ -617,7 +617,7 @@ class Worker:
             for i in sorted(mine):
                 if start > self.init_step:
                     state = self._new_layer(i)
-                    self.ckpt.load(start, state)
+                    self.ckpt.load(start, state, self.config.model)
                 else:
                     state = self._initial_layer(i)
                 self.held[i] = state
