@@ -82,6 +82,20 @@ class _LocalFolder:
     def open(self, name: str) -> Any:
         return (self.root / name).open("rb")
 
+    def write_stream(self, name: str, stream: Any) -> None:
+        """Copy a binary stream into `name`, atomically (a reader never sees a partial file)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".tmp-{name}-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                while chunk := stream.read(_CHUNK):
+                    fh.write(chunk)
+            os.replace(tmp, self.root / name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
     def write_text(self, name: str, text: str) -> None:
         """Atomically (a concurrent lister reads the old file or the new one)."""
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".tmp-{name}-")
@@ -133,9 +147,17 @@ class _S3Folder:
     def open(self, name: str) -> Any:
         return self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
 
+    def write_stream(self, name: str, stream: Any) -> None:
+        self.client.upload_fileobj(stream, self.bucket, self.prefix + name)
+
     def write_text(self, name: str, text: str) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=text.encode(),
                                ContentType="application/json")
+
+
+def store_folder(location: str) -> _LocalFolder | _S3Folder:
+    """A folder of the artifact store (local or s3://) to read, stat, stream and write files in."""
+    return _folder(location)
 
 
 def _folder(location: str) -> _LocalFolder | _S3Folder:
