@@ -26,8 +26,10 @@ from urllib.parse import urlparse
 
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
+from agent.requirements import InstallFailed, job_python
 from agent.supervisor import WorkerSupervisor
 from agent.worker_entry import EXIT_FENCED, EXIT_JOB_FAILED
+from runtime.config import UPLOAD_PREFIX
 
 # What a worker's `metrics` message carries into the control plane's sample (POST /jobs/{id}/metrics/):
 # a training step's loss and speed, or a validation pass's val_loss (a message without loss).
@@ -81,6 +83,7 @@ class Agent:
         self.notices_forwarded: list[dict] = []
         self._restart = threading.Event()
         self._failure = ""  # why the runtime said the job cannot go on (from the worker's `failed` line)
+        self._failed_installs: set[int] = set()  # jobs whose requirements failed here (reported once)
         self._rotate_at: float | None = None  # time.monotonic() at which to rotate the agent token
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -228,7 +231,12 @@ class Agent:
         if command.get("job"):
             self.job_id = command["job"]["id"]
         if action == "run":
-            what = self.supervisor.apply(command)
+            python = None
+            if self.supervisor.needs_start(command):
+                python = self._job_python(command)
+                if python is None:
+                    return  # its requirements failed to install: reported once, nothing to run
+            what = self.supervisor.apply(command, python=python)
             logger.info("generation %s: %s", command["generation"]["number"], what)
         elif action == "standby":
             # Not a member: a running worker leaves at its next iteration boundary.
@@ -236,6 +244,33 @@ class Agent:
                 self.supervisor.stop()
         else:
             self.supervisor.stop()
+
+    def _job_python(self, command: dict) -> str | None:
+        """The python the job's worker runs on, its requirements installed first (None: they could
+        not be; the job is reported failed once, and not tried again on this node)."""
+        job = command["job"]
+        if job["id"] in self._failed_installs:
+            return None
+        try:
+            return job_python(job, work_dir=self.config.work_dir, fetch=self._fetch_package,
+                              on_line=lambda line: self._event("requirements_output", message=line),
+                              stop=self.stop_event)
+        except InstallFailed as exc:
+            if self.stop_event.is_set():
+                return None
+            self._failed_installs.add(job["id"])
+            logger.warning("job %s: requirements not installed: %s", job["id"], exc.reason)
+            self._event("requirements_failed", generation=self._command_generation(), message=exc.reason)
+            return None
+
+    def _fetch_package(self, entry: str) -> Path:
+        """The local copy of an `upload:<sha256>` (from the control plane) or `s3://` requirement."""
+        if entry.startswith(UPLOAD_PREFIX):
+            sha256 = entry.removeprefix(UPLOAD_PREFIX)
+            return self.client.download(f"packages/{sha256}/", self.config.work_dir / "packages" / sha256)
+        from runtime.data.s3 import fetch
+
+        return fetch(entry, self.config.work_dir / "packages").path
 
     # --- worker callbacks --------------------------------------------------------------------------------
     def _on_worker_message(self, message: dict) -> None:
