@@ -13,8 +13,9 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
+from agent.client import ControlPlaneClient, ControlPlaneError
 from controlplane.jobs.models import Package, TrainingJob
-from tests.controlplane.api_helpers import make_team_world
+from tests.controlplane.api_helpers import make_api_token, make_team_world
 
 pytestmark = pytest.mark.django_db
 
@@ -106,3 +107,19 @@ def test_a_job_names_its_uploads_and_an_unknown_one_is_refused(store: Path) -> N
     assert errors == {"config.requirements[1]": [
         f"no package {unknown} among your team's uploads; upload it first (POST /api/v1/packages/)"]}
     assert TrainingJob.objects.count() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agents_client_downloads_its_teams_package(store: Path, live_server, tmp_path: Path) -> None:
+    # What a node does for `upload:<sha256>` (agent/requirements.py): the file, named as uploaded,
+    # its sha256 checked; another team's agent gets a 404.
+    world = make_team_world()
+    sha = _upload(world.member_client).json()["sha256"]
+    agent = ControlPlaneClient(live_server.url, token=make_api_token(world.team, instance=world.instance))
+    path = agent.download(f"packages/{sha}/", tmp_path / "dl")
+    assert path == tmp_path / "dl" / NAME and path.read_bytes() == WHEEL
+    other = make_team_world()
+    outsider = ControlPlaneClient(live_server.url, token=make_api_token(other.team, instance=other.instance))
+    with pytest.raises(ControlPlaneError) as refused:
+        outsider.download(f"packages/{sha}/", tmp_path / "other")
+    assert refused.value.status == 404 and not (tmp_path / "other").exists()
