@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
-from agent.requirements import InstallFailed, job_python
+from agent.requirements import InstallFailed, job_python, job_requirements
 from agent.supervisor import WorkerSupervisor
 from agent.worker_entry import EXIT_FENCED, EXIT_JOB_FAILED
 from runtime.config import UPLOAD_PREFIX
@@ -53,6 +53,9 @@ class AgentConfig:
     work_dir: Path = Path("/var/lib/spotpipe")
     worker_module: str = "agent.worker_entry"
     address: str = ""
+    install_requirements: bool = True
+    """Install a job's `requirements` into a per-job venv; False (the local provider's nodes, which
+    share the control plane's host): run every job on the agent's own environment."""
 
 
 def _local_address(control_plane: str) -> str:
@@ -251,6 +254,11 @@ class Agent:
         job = command["job"]
         if job["id"] in self._failed_installs:
             return None
+        if not self.config.install_requirements:
+            if job_requirements(job):
+                self._event("requirements_output", message="requirements not installed: this node runs jobs on "
+                                                           "its own environment (local provider)")
+            return sys.executable
         try:
             return job_python(job, work_dir=self.config.work_dir, fetch=self._fetch_package,
                               on_line=lambda line: self._event("requirements_output", message=line),
@@ -353,6 +361,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--work-dir", type=Path, default=Path(os.environ.get("SPOTPIPE_WORK_DIR", "/var/lib/spotpipe")))
     parser.add_argument("--worker-module", default=os.environ.get("SPOTPIPE_WORKER_MODULE", "agent.worker_entry"))
     parser.add_argument("--address", default="", help="address peers dial (default: detected)")
+    parser.add_argument("--no-requirements", action="store_true",
+                        help="run jobs on this environment, without installing their requirements (local nodes)")
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent %(message)s")
@@ -360,7 +370,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         control_plane=args.control_plane, enroll_key=os.environ.get("SPOTPIPE_ENROLL_KEY", ""), token=args.token,
         instance=args.instance, cloud=args.cloud, metadata_url=args.metadata_url, heartbeat_s=args.heartbeat,
         metadata_poll_s=args.metadata_poll, commands_wait_s=args.commands_wait, work_dir=args.work_dir,
-        worker_module=args.worker_module, address=args.address,
+        worker_module=args.worker_module, address=args.address, install_requirements=not args.no_requirements,
     )
 
 

@@ -117,3 +117,15 @@ def test_a_broken_wheel_fails_with_pips_message_and_the_venv_is_installed_once(t
                             "print(spotpipe_tinypkg.VALUE, u.find_spec('torch') is not None)"],
                            capture_output=True, text=True, check=True)
     assert probe.stdout.split() == ["42", "True"]
+
+
+def test_a_local_node_runs_jobs_on_its_own_environment(tmp_path: Path) -> None:
+    # The local provider's nodes (`--no-requirements`) share the control plane's host: nothing installed.
+    agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1",
+                              install_requirements=False))
+    sent: list[dict] = []
+    agent.client.event = lambda **fields: sent.append(fields)
+    command = {"action": "run", "job": _job(4, ["numpy>=1.26"]), "generation": {"number": 1}}
+    assert agent._job_python(command) == sys.executable
+    assert [e["kind"] for e in sent] == ["requirements_output"] and "own environment" in sent[0]["message"]
+    assert not (tmp_path / "job-4").exists()
