@@ -32,7 +32,17 @@ def packages_location() -> str:
 
 
 def package_max_bytes() -> int:
-    return int(getattr(settings, "SPOTPIPE_PACKAGE_MAX_BYTES", 200 * 2**20))
+    return int(settings.SPOTPIPE_PACKAGE_MAX_BYTES)
+
+
+def too_big_message(size: int) -> str:
+    return f"the file is {size:,} bytes; expected at most {package_max_bytes():,}"
+
+
+def check_request_size(content_length: int) -> None:
+    """Refuse a request body far over the limit before it is read (its multipart framing aside)."""
+    if content_length > package_max_bytes() + 64 * 1024:
+        raise ValidationError({"file": [too_big_message(content_length)]})
 
 
 def _check_upload(upload: Any) -> None:
@@ -44,7 +54,7 @@ def _check_upload(upload: Any) -> None:
     if size < 1:
         raise ValidationError({"file": ["the file is empty"]})
     if size > package_max_bytes():
-        raise ValidationError({"file": [f"the file is {size:,} bytes; expected at most {package_max_bytes():,}"]})
+        raise ValidationError({"file": [too_big_message(size)]})
 
 
 def _digest(upload: Any) -> str:

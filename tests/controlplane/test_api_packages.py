@@ -84,6 +84,14 @@ def test_a_bad_upload_is_400_naming_the_file_and_writes_nothing(store: Path, set
     assert not Package.objects.exists() and not store.exists()
 
 
+def test_a_body_far_over_the_limit_is_refused_before_it_is_read(store: Path, settings) -> None:
+    settings.SPOTPIPE_PACKAGE_MAX_BYTES = 100
+    world = make_team_world()
+    response = _upload(world.member_client, data=b"x" * 200_000)
+    assert response.status_code == 400 and "expected at most 100" in response.json()["errors"]["file"][0]
+    assert not store.exists()
+
+
 def test_a_job_names_its_uploads_and_an_unknown_one_is_refused(store: Path) -> None:
     world = make_team_world()
     sha = _upload(world.member_client).json()["sha256"]

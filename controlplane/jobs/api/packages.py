@@ -52,6 +52,8 @@ class PackageViewSet(TeamScopedViewSetMixin, viewsets.GenericViewSet):
                    responses={201: PackageSerializer, 200: PackageSerializer})
     def create(self, request: Request) -> Response:
         """Store a package file (201; the same bytes again: 200 with the same answer)."""
+        length = str(request.META.get("CONTENT_LENGTH") or "")
+        packages.check_request_size(int(length) if length.isdigit() else 0)  # else: the file's size, once read
         data = validate_or_400(PackageUploadSerializer(data=request.data))
         team = resolve_team(request, data["team"])
         package, created = packages.package_store(team=team, user=request.user, upload=data["file"])
