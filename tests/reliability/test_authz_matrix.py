@@ -303,10 +303,9 @@ def _coerce_ids(body: Any) -> Any:
 
 
 @pytest.fixture
-def ops_env(monkeypatch, settings, tmp_path):
+def ops_env(monkeypatch):
     """/metrics behind a token nobody in the matrix has; /healthz with a stand-in worker check
-    (a real ping waits its full timeout); the artifact store (uploaded packages) in a temporary folder."""
-    settings.SPOTPIPE_ARTIFACTS = str(tmp_path / "artifacts")
+    (a real ping waits its full timeout)."""
     monkeypatch.setenv("SPOTPIPE_METRICS_TOKEN", "matrix-metrics-token")
     monkeypatch.setitem(health.CHECKS, "workers", lambda: health.Check(ok=True, latency_ms=0.0, detail="stub"))
 
