@@ -157,10 +157,6 @@ class _S3Folder:
 
 def store_folder(location: str) -> _LocalFolder | _S3Folder:
     """A folder of the artifact store (local or s3://) to read, stat, stream and write files in."""
-    return _folder(location)
-
-
-def _folder(location: str) -> _LocalFolder | _S3Folder:
     return _S3Folder(location) if location.startswith("s3://") else _LocalFolder(location)
 
 
@@ -205,7 +201,7 @@ def _read_sidecar(folder: _LocalFolder | _S3Folder) -> dict[str, Any]:
 def job_artifact_list(*, job: TrainingJob) -> list[Artifact]:
     """The job's weight files (empty until its export is complete), each with its size and sha256
     (computed once per file version, then read from the sidecar)."""
-    folder = _folder(job_artifacts_location(job=job))
+    folder = store_folder(job_artifacts_location(job=job))
     names = _export_files(folder)
     if names is None:
         return []
@@ -243,7 +239,7 @@ def job_artifact_get(*, job: TrainingJob, name: str) -> Artifact:
 def job_artifact_open(*, job: TrainingJob, name: str) -> tuple[Artifact, Any]:
     """A listed file and an open binary stream of it (a file, or the S3 object's body)."""
     artifact = job_artifact_get(job=job, name=name)
-    return artifact, _folder(job_artifacts_location(job=job)).open(name)
+    return artifact, store_folder(job_artifacts_location(job=job)).open(name)
 
 
 def job_artifacts_summary(*, job: TrainingJob, base_url: str = "") -> dict[str, Any]:
