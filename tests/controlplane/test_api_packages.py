@@ -16,6 +16,7 @@ from django.utils import timezone
 from agent.client import ControlPlaneClient, ControlPlaneError
 from controlplane.jobs.models import Package, TrainingJob
 from tests.controlplane.api_helpers import make_api_token, make_team_world
+from tests.runtime.data.conftest import moto_s3, s3  # noqa: F401 (fixtures: moto's S3 server, a bucket)
 
 pytestmark = pytest.mark.django_db
 
@@ -131,3 +132,15 @@ def test_the_agents_client_downloads_its_teams_package(store: Path, live_server,
     with pytest.raises(ControlPlaneError) as refused:
         outsider.download(f"packages/{sha}/", tmp_path / "other")
     assert refused.value.status == 404 and not (tmp_path / "other").exists()
+
+
+def test_an_s3_store_keeps_packages_under_their_sha256(s3, settings) -> None:  # noqa: F811
+    client, bucket = s3
+    settings.SPOTPIPE_ARTIFACTS = f"s3://{bucket}/store"
+    settings.SPOTPIPE_S3_ENDPOINT_URL = None  # boto3 finds moto through AWS_ENDPOINT_URL
+    world = make_team_world()
+    sha = _upload(world.member_client).json()["sha256"]
+    assert client.get_object(Bucket=bucket, Key=f"store/packages/{sha}")["Body"].read() == WHEEL
+    assert _upload(world.member_client).status_code == 200
+    download = world.agent_client.get(f"/api/v1/packages/{sha}/")
+    assert download.status_code == 200 and b"".join(download.streaming_content) == WHEEL

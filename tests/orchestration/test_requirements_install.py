@@ -19,6 +19,7 @@ import pytest
 from agent.client import ControlPlaneError
 from agent.main import Agent, AgentConfig
 from agent.requirements import InstallFailed, job_python
+from tests.runtime.data.conftest import moto_s3, s3  # noqa: F401 (fixtures: moto's S3 server, a bucket)
 
 UNKNOWN = "upload:" + "0" * 64
 
@@ -129,3 +130,13 @@ def test_a_local_node_runs_jobs_on_its_own_environment(tmp_path: Path) -> None:
     assert agent._job_python(command) == sys.executable
     assert [e["kind"] for e in sent] == ["requirements_output"] and "own environment" in sent[0]["message"]
     assert not (tmp_path / "job-4").exists()
+
+
+def test_an_s3_requirement_is_fetched_with_the_nodes_credentials(s3, tmp_path: Path) -> None:  # noqa: F811
+    # pip reads a wheel's tags from its name: the local copy keeps the object's.
+    client, bucket = s3
+    wheel = make_wheel(tmp_path / "built")
+    client.upload_file(str(wheel), bucket, f"pkgs/{wheel.name}")
+    agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path / "work", address="127.0.0.1"))
+    local = agent._fetch_package(f"s3://{bucket}/pkgs/{wheel.name}")
+    assert local.name == wheel.name and local.read_bytes() == wheel.read_bytes()
