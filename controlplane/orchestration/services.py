@@ -826,10 +826,13 @@ def requirements_failed_report(*, instance: Instance, reason: str) -> bool:
 
 
 def _last_progress(job: TrainingJob) -> datetime | None:
-    """When the job last moved: its newest metric sample or generation (None before it ran)."""
+    """When the job last moved: its newest metric sample, generation or line of a node installing its
+    requirements (a long pip install is not a stall; None before it ran)."""
     sample = MetricSample.objects.filter(job=job).order_by("-at").values_list("at", flat=True).first()
     generation = job_current_generation(job=job)
-    moments = [m for m in (sample, generation.created_at if generation else None) if m is not None]
+    installing = (JobEvent.objects.filter(job=job, kind="agent_requirements_output").order_by("-at")
+                  .values_list("at", flat=True).first())
+    moments = [m for m in (sample, generation.created_at if generation else None, installing) if m is not None]
     return max(moments) if moments else None
 
 

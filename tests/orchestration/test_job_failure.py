@@ -107,6 +107,17 @@ def test_reconcile_fails_a_job_whose_workers_stopped_reporting(running, monkeypa
     assert len(report["released"]) == 2
 
 
+def test_a_node_installing_the_jobs_requirements_is_not_a_stall(running, monkeypatch):
+    job, clients, _ = running
+    monkeypatch.setenv("SPOTPIPE_JOB_STALL_TIMEOUT_S", "60")
+    now = timezone.now()
+    job.generations.update(created_at=now - timedelta(seconds=600))  # no step since: pip is still at work
+    clients[0].post("/api/v1/agents/events/", {"kind": "requirements_output", "message": "Building wheel for x"},
+                    format="json")
+    assert not services.job_fail_if_stalled(job=job, now=now + timedelta(seconds=30))
+    assert services.job_fail_if_stalled(job=job, now=now + timedelta(seconds=90))  # and then quiet too long
+
+
 def test_the_stall_net_fails_from_reconcile_and_ignores_jobs_that_never_ran(running, monkeypatch):
     job, _, _ = running
     monkeypatch.setenv("SPOTPIPE_JOB_STALL_TIMEOUT_S", "0.5")
