@@ -38,7 +38,7 @@ DEFAULT_VAL_EVERY = _DEFAULTS["val_every"]
 # runtime's defaults hold).
 TRAINING_FIELDS = ("init_from", "lr", "lr_schedule", "warmup_steps", "lr_min", "clip")
 # Contract fields whose form field has another name (the rest land on the field named like their last part).
-FIELD_FOR = {"config.model": "model", "config.model.path": "model", "config.model.loss": "model",
+FIELD_FOR = {"config.model": "model", "config.model.path": "model",
              "config.model.args": "model_args", "config.model.layers": "model_layers"}
 PLAN_CHOICES = [("auto", "Let the planner choose (cheapest that meets the deadline, or fastest within the budget)"),
                 ("manual", "I choose the layout")]
