@@ -3,9 +3,13 @@ plane restart (connection refused, 502/503) without losing its place."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import random
+import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -57,6 +61,36 @@ class ControlPlaneClient:
     def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                 timeout_s: float | None = None, retry: bool = True, retry_on: frozenset[int] = frozenset()) -> Any:
         """Call the API; returns the decoded JSON body (None for an empty body)."""
+        response = self._send(method, path, json=json, params=params, timeout_s=timeout_s, retry=retry,
+                              retry_on=retry_on)
+        return response.json() if response.content else None
+
+    def download(self, path: str, folder: Path) -> Path:
+        """GET a file of the API (a package) into `folder`, named as the server names it
+        (Content-Disposition), checked against its `X-Checksum-SHA256`; returns its path."""
+        response = self._send("GET", path, stream=True)
+        disposition = response.headers.get("Content-Disposition", "")
+        match = re.search(r'filename="?([A-Za-z0-9][A-Za-z0-9._+-]*)"?', disposition)
+        if match is None:
+            raise ControlPlaneError(response.status_code, f"{path}: no file name in the answer")
+        folder.mkdir(parents=True, exist_ok=True)
+        target, digest = folder / match.group(1), hashlib.sha256()
+        partial = target.with_name(f".{target.name}.part")
+        with partial.open("wb") as fh:
+            for chunk in response.iter_content(1 << 20):
+                digest.update(chunk)
+                fh.write(chunk)
+        expected = response.headers.get("X-Checksum-SHA256", "")
+        if expected and digest.hexdigest() != expected:
+            partial.unlink(missing_ok=True)
+            raise ControlPlaneError(response.status_code, f"{path}: sha256 {digest.hexdigest()}, expected {expected}")
+        os.replace(partial, target)
+        return target
+
+    def _send(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
+              timeout_s: float | None = None, retry: bool = True, retry_on: frozenset[int] = frozenset(),
+              stream: bool = False) -> requests.Response:
+        """One call with the retry rules above; the response of a 2xx/3xx, else ControlPlaneError."""
         url = f"{self.base_url}/api/v1/{path.lstrip('/')}"
         delay = self.backoff_s
         while True:
@@ -66,7 +100,7 @@ class ControlPlaneClient:
             headers = {"Authorization": f"Token {token}"} if token else {}
             try:
                 response = self._session().request(method, url, json=json, params=params, headers=headers,
-                                                   timeout=timeout_s or self.timeout_s)
+                                                   timeout=timeout_s or self.timeout_s, stream=stream)
                 if response.status_code == 401 and token and self._rotated_since(token):
                     continue
                 if response.status_code not in RETRY_STATUSES and response.status_code not in retry_on:
@@ -76,7 +110,7 @@ class ControlPlaneClient:
                         except ValueError:
                             body = response.text[:500]
                         raise ControlPlaneError(response.status_code, body)
-                    return response.json() if response.content else None
+                    return response
                 problem = f"HTTP {response.status_code}"
             except (requests.ConnectionError, requests.Timeout) as exc:
                 problem = type(exc).__name__

@@ -26,8 +26,10 @@ from urllib.parse import urlparse
 
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
+from agent.requirements import InstallFailed, job_python, job_requirements
 from agent.supervisor import WorkerSupervisor
 from agent.worker_entry import EXIT_FENCED, EXIT_JOB_FAILED
+from runtime.config import UPLOAD_PREFIX
 
 # What a worker's `metrics` message carries into the control plane's sample (POST /jobs/{id}/metrics/):
 # a training step's loss and speed, or a validation pass's val_loss (a message without loss).
@@ -51,6 +53,9 @@ class AgentConfig:
     work_dir: Path = Path("/var/lib/spotpipe")
     worker_module: str = "agent.worker_entry"
     address: str = ""
+    install_requirements: bool = True
+    """Install a job's `requirements` into a per-job venv; False (the local provider's nodes, which
+    share the control plane's host): run every job on the agent's own environment."""
 
 
 def _local_address(control_plane: str) -> str:
@@ -81,6 +86,7 @@ class Agent:
         self.notices_forwarded: list[dict] = []
         self._restart = threading.Event()
         self._failure = ""  # why the runtime said the job cannot go on (from the worker's `failed` line)
+        self._failed_installs: set[int] = set()  # jobs whose requirements failed here (reported once)
         self._rotate_at: float | None = None  # time.monotonic() at which to rotate the agent token
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -228,7 +234,12 @@ class Agent:
         if command.get("job"):
             self.job_id = command["job"]["id"]
         if action == "run":
-            what = self.supervisor.apply(command)
+            python = None
+            if self.supervisor.needs_start(command):
+                python = self._job_python(command)
+                if python is None:
+                    return  # its requirements failed to install: reported once, nothing to run
+            what = self.supervisor.apply(command, python=python)
             logger.info("generation %s: %s", command["generation"]["number"], what)
         elif action == "standby":
             # Not a member: a running worker leaves at its next iteration boundary.
@@ -236,6 +247,38 @@ class Agent:
                 self.supervisor.stop()
         else:
             self.supervisor.stop()
+
+    def _job_python(self, command: dict) -> str | None:
+        """The python the job's worker runs on, its requirements installed first (None: they could
+        not be; the job is reported failed once, and not tried again on this node)."""
+        job = command["job"]
+        if job["id"] in self._failed_installs:
+            return None
+        if not self.config.install_requirements:
+            if job_requirements(job):
+                self._event("requirements_output", message="requirements not installed: this node runs jobs on "
+                                                           "its own environment (local provider)")
+            return sys.executable
+        try:
+            return job_python(job, work_dir=self.config.work_dir, fetch=self._fetch_package,
+                              on_line=lambda line: self._event("requirements_output", message=line),
+                              stop=self.stop_event)
+        except InstallFailed as exc:
+            if self.stop_event.is_set():
+                return None
+            self._failed_installs.add(job["id"])
+            logger.warning("job %s: requirements not installed: %s", job["id"], exc.reason)
+            self._event("requirements_failed", generation=self._command_generation(), message=exc.reason)
+            return None
+
+    def _fetch_package(self, entry: str) -> Path:
+        """The local copy of an `upload:<sha256>` (from the control plane) or `s3://` requirement."""
+        if entry.startswith(UPLOAD_PREFIX):
+            sha256 = entry.removeprefix(UPLOAD_PREFIX)
+            return self.client.download(f"packages/{sha256}/", self.config.work_dir / "packages" / sha256)
+        from runtime.data.s3 import fetch
+
+        return fetch(entry, self.config.work_dir / "packages").path
 
     # --- worker callbacks --------------------------------------------------------------------------------
     def _on_worker_message(self, message: dict) -> None:
@@ -318,6 +361,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--work-dir", type=Path, default=Path(os.environ.get("SPOTPIPE_WORK_DIR", "/var/lib/spotpipe")))
     parser.add_argument("--worker-module", default=os.environ.get("SPOTPIPE_WORKER_MODULE", "agent.worker_entry"))
     parser.add_argument("--address", default="", help="address peers dial (default: detected)")
+    parser.add_argument("--no-requirements", action="store_true",
+                        help="run jobs on this environment, without installing their requirements (local nodes)")
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent %(message)s")
@@ -325,7 +370,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         control_plane=args.control_plane, enroll_key=os.environ.get("SPOTPIPE_ENROLL_KEY", ""), token=args.token,
         instance=args.instance, cloud=args.cloud, metadata_url=args.metadata_url, heartbeat_s=args.heartbeat,
         metadata_poll_s=args.metadata_poll, commands_wait_s=args.commands_wait, work_dir=args.work_dir,
-        worker_module=args.worker_module, address=args.address,
+        worker_module=args.worker_module, address=args.address, install_requirements=not args.no_requirements,
     )
 
 

@@ -73,9 +73,15 @@ class WorkerSupervisor:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def apply(self, command: dict) -> str:
+    def needs_start(self, command: dict) -> bool:
+        """Whether `apply(command)` would start a worker (none runs for the command's job)."""
+        with self._lock:
+            return not (self.running() and self.job_id == command["job"]["id"])
+
+    def apply(self, command: dict, *, python: str | None = None) -> str:
         """Act on a `run` command: hand a new generation to the running worker of the same job, or
-        start a worker. Returns what it did: `started`, `handed`, `unchanged`."""
+        start a worker (on `python`: the job's virtualenv's, default the supervisor's). Returns what
+        it did: `started`, `handed`, `unchanged`."""
         generation = command["generation"]
         job = command["job"]
         with self._lock:
@@ -86,7 +92,7 @@ class WorkerSupervisor:
                 self.generation = generation["number"]
                 return "handed"
             self.stop()
-            self._start(command)
+            self._start(command, python=python or self.python)
             return "started"
 
     def hand_over(self, command: dict) -> bool:
@@ -99,14 +105,14 @@ class WorkerSupervisor:
             self.generation = command["generation"]["number"]
             return True
 
-    def _start(self, command: dict) -> None:
+    def _start(self, command: dict, *, python: str) -> None:
         generation = command["generation"]
         spec = {"job": command["job"], "generation": generation, "assignment": command["assignment"],
                 "instance": command["instance"], "work_dir": str(self.work_dir)}
         spec_path = self.work_dir / f"spec-{generation['number']}.json"
         write_json_atomic(spec_path, spec)
         write_json_atomic(self.control_path, generation)
-        argv = [self.python, "-m", self.worker_module, "--spec", str(spec_path), "--control", str(self.control_path)]
+        argv = [python, "-m", self.worker_module, "--spec", str(spec_path), "--control", str(self.control_path)]
         log = open(self.work_dir / "worker.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,

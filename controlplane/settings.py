@@ -271,6 +271,9 @@ SPOTPIPE_S3_ENDPOINT_URL = env.str("SPOTPIPE_S3_ENDPOINT_URL", default="") or SP
 # A local folder the nodes see (the local provider's nodes are processes on this host), or
 # s3://bucket/prefix (the nodes upload with their AWS credentials, the control plane reads with its own).
 SPOTPIPE_ARTIFACTS = env.str("SPOTPIPE_ARTIFACTS", default="") or str(VAR_DIR / "artifacts")
+# The largest package file a team may upload for its jobs' requirements (POST /api/v1/packages/,
+# stored under `packages/` of the artifact store).
+SPOTPIPE_PACKAGE_MAX_BYTES = env.int("SPOTPIPE_PACKAGE_MAX_BYTES", default=200 * 2**20)
 # Where a job runs when its plan names no provider, and the instance types a plan on aws may use
 # when it names none (docs/api.md, "The plan"). The local provider has one type, local.node.
 SPOTPIPE_DEFAULT_PROVIDER = env.str("SPOTPIPE_DEFAULT_PROVIDER", default="local")

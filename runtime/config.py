@@ -47,6 +47,14 @@ ARGS_MAX_BYTES = 65_536
 """The largest `model.args` (as JSON) a contract may carry."""
 ARGS_MAX_DEPTH = 8
 """The deepest nesting of objects and lists `model.args` may have."""
+REQUIREMENTS_MAX = 64
+"""The most entries `requirements` may have."""
+REQUIREMENT_MAX_CHARS = 500
+"""The longest one `requirements` entry may be."""
+PACKAGE_SUFFIXES = (".whl", ".tar.gz", ".zip")
+"""What a package file (an upload, an `s3://` requirement) may be: a wheel or an sdist archive."""
+UPLOAD_PREFIX = "upload:"
+"""`upload:<sha256>`: a package file uploaded to the control plane (`POST /api/v1/packages/`)."""
 
 
 FAULT_TOLERANT_STRATEGIES = tuple(s for s in STRATEGIES if s != "none")
@@ -358,6 +366,11 @@ class JobConfig:
     (model*.safetensors + spotpipe.json). With its optimizer state the job continues that one at its
     steps_done (`steps` stays the total); with weights only it starts at step 0. Or a Hugging Face
     GPT-2 folder (config.json + model.safetensors; weights only, `runtime.hf_gpt2`). Empty: seeded init."""
+    requirements: list[str] = field(default_factory=list)
+    """Python packages the nodes install (pip) before the runtime starts, into a per-job virtualenv
+    over the node's environment: PEP 508 specifiers (`mypkg==1.2`), `s3://bucket/key.whl` (or
+    .tar.gz/.zip) files, or `upload:<sha256>` packages uploaded to the control plane. Empty: none
+    (the node's environment as is); see `requirement_problem` and docs/runtime.md."""
     export_shard_bytes: int = 2 * 10**9
     """The largest safetensors shard of an exported model (bytes); a writer's tensors past it go to
     its next shard (see runtime/export.py)."""
@@ -474,6 +487,13 @@ class JobConfig:
             bad(f"lr_min={self.lr_min} must be between 0 and lr={self.lr}", "lr_min")
         if not self.clip >= 0:
             bad(f"clip={self.clip} must be >= 0 (0: no clipping)", "clip")
+        if len(self.requirements) > REQUIREMENTS_MAX:
+            bad(f"requirements has {len(self.requirements)} entries; expected at most {REQUIREMENTS_MAX}",
+                "requirements")
+        for index, entry in enumerate(self.requirements):
+            problem = requirement_problem(entry)
+            if problem:
+                bad(f"requirements[{index}] {entry[:80]!r} {problem}", f"requirements[{index}]")
         if self.export_shard_bytes < 1:
             bad(f"export_shard_bytes={self.export_shard_bytes} must be at least 1", "export_shard_bytes")
         if not self.op_timeout_s > 0:  # `not >` also rejects NaN
@@ -501,6 +521,47 @@ class JobConfig:
         dataclasses. Raises `LayoutError` naming the field for an unknown field or a value of the
         wrong type (a string, a bool or NaN where a number is expected), before `validate`."""
         return _build(cls, data, prefix="")
+
+
+_SHA256 = r"[0-9a-f]{64}"
+
+
+def requirement_problem(entry: str) -> str:
+    """Why `entry` is not an acceptable `requirements` entry (empty when it is). Entries are handed to
+    pip one argument each, so anything pip could read as an option (`-e`, `--index-url`, `-r`) or
+    that is not one plain requirement is refused here, before a node sees it."""
+    import re
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    expected = ("expected a requirement (name[extras] version, e.g. 'mypkg==1.2'), an "
+                f"s3://bucket/key{'|'.join(PACKAGE_SUFFIXES)} file or upload:<sha256>")
+    if not isinstance(entry, str) or not entry.strip():
+        return f"is empty; {expected}"
+    if len(entry) > REQUIREMENT_MAX_CHARS:
+        return f"is {len(entry)} characters long; expected at most {REQUIREMENT_MAX_CHARS}"
+    if entry.startswith("-"):
+        return f"is a pip option; options are not accepted, {expected}"
+    if entry.startswith(UPLOAD_PREFIX):
+        if not re.fullmatch(_SHA256, entry.removeprefix(UPLOAD_PREFIX)):
+            return "is not upload:<sha256> (64 lowercase hex digits, as POST /api/v1/packages/ answers)"
+        return ""
+    if entry.startswith("s3://"):
+        bucket, _, key = entry[5:].partition("/")
+        if not bucket or not key or re.search(r"\s", entry) or not key.endswith(PACKAGE_SUFFIXES):
+            return f"is not an s3://bucket/key URL of a package file ({', '.join(PACKAGE_SUFFIXES)})"
+        return ""
+    if entry != entry.strip() or re.search(r"[^\S ]", entry):
+        # Each entry is one pip argument; plain spaces inside one (`numpy >= 2`, a marker) are
+        # PEP 508's, anything else (a newline, a tab, a leading space) has no business there.
+        return f"has leading/trailing whitespace or a newline/tab; {expected}"
+    try:
+        requirement = Requirement(entry)
+    except InvalidRequirement as exc:
+        return f"is not a valid requirement ({str(exc).splitlines()[0]}); {expected}"
+    if requirement.url:
+        return f"names a URL; {expected} (upload the file, or put it in S3)"
+    return ""
 
 
 def _type_error(path: str, expected: str, value: Any) -> LayoutError:
@@ -543,6 +604,10 @@ def _check_value(path: str, annotation: str, value: Any) -> Any:
         if size > ARGS_MAX_BYTES:
             raise LayoutError(f"{path} is {size:,} bytes as JSON; expected at most {ARGS_MAX_BYTES:,}", field=path)
         value = json.loads(json.dumps(value))  # a copy the caller cannot change under us
+    elif base == "list[str]":
+        if not isinstance(value, list) or len(value) > 100_000:
+            raise _type_error(path, "a list of strings", value)
+        value = [_check_value(f"{path}[{i}]", "str", v) for i, v in enumerate(value)]
     elif base == "list[float]":
         if not isinstance(value, list) or len(value) > 100_000:
             raise _type_error(path, "a list of numbers", value)

@@ -232,6 +232,10 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
         for problem in each_error(exc):
             print(f"error: {problem.field or 'config'}: {problem.message}", file=err)
         return 2
+    if config.requirements:
+        # One machine, one environment: what a node would pip-install must be installed here already.
+        print(f"note: requirements {config.requirements} are not installed by spotpipe train; it runs on this "
+              "environment (docs/runtime.md, 'Your code on the nodes')", file=err)
     from runtime.data.dataset import Batches, DataError
 
     try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 from django.http import Http404
 
@@ -91,6 +92,20 @@ class _LocalFolder:
         base = self.root / under
         return [p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
 
+    def write_stream(self, name: str, stream: Any) -> None:
+        """Copy a binary stream into `name`, atomically (a reader never sees a partial file)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".tmp-{name}-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                while chunk := stream.read(_CHUNK):
+                    fh.write(chunk)
+            os.replace(tmp, self.root / name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
     def write_text(self, name: str, text: str) -> None:
         """Atomically (a concurrent lister reads the old file or the new one)."""
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".tmp-{name}-")
@@ -151,12 +166,16 @@ class _S3Folder:
             found += [obj["Key"][len(self.prefix):] for obj in page.get("Contents", [])]
         return found
 
+    def write_stream(self, name: str, stream: Any) -> None:
+        self.client.upload_fileobj(stream, self.bucket, self.prefix + name)
+
     def write_text(self, name: str, text: str) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=text.encode(),
                                ContentType="application/json")
 
 
-def _folder(location: str) -> _LocalFolder | _S3Folder:
+def store_folder(location: str) -> _LocalFolder | _S3Folder:
+    """A folder of the artifact store (local or s3://) to read, stat, stream and write files in."""
     return _S3Folder(location) if location.startswith("s3://") else _LocalFolder(location)
 
 
@@ -203,8 +222,8 @@ def job_latest_checkpoint(*, job: TrainingJob) -> int | None:
     its workers restore from when every copy of a stage is lost), or None when there is none or the
     store cannot be listed (logged: the job then fails as it would without a checkpoint)."""
     try:
-        steps = complete_steps(_folder(job_artifacts_location(job=job)).names(CHECKPOINTS))
-    except Exception as exc:  # S3 unreachable, credentials: no checkpoint this control plane can see
+        steps = complete_steps(store_folder(job_artifacts_location(job=job)).names(CHECKPOINTS))
+    except (OSError, BotoCoreError, ClientError) as exc:  # S3 unreachable, credentials, permissions
         logger.warning("job %s: checkpoints not listed: %s", job.pk, exc)
         return None
     return steps[-1] if steps else None
@@ -213,7 +232,7 @@ def job_latest_checkpoint(*, job: TrainingJob) -> int | None:
 def job_artifact_list(*, job: TrainingJob) -> list[Artifact]:
     """The job's weight files (empty until its export is complete), each with its size and sha256
     (computed once per file version, then read from the sidecar)."""
-    folder = _folder(job_artifacts_location(job=job))
+    folder = store_folder(job_artifacts_location(job=job))
     names = _export_files(folder)
     if names is None:
         return []
@@ -251,7 +270,7 @@ def job_artifact_get(*, job: TrainingJob, name: str) -> Artifact:
 def job_artifact_open(*, job: TrainingJob, name: str) -> tuple[Artifact, Any]:
     """A listed file and an open binary stream of it (a file, or the S3 object's body)."""
     artifact = job_artifact_get(job=job, name=name)
-    return artifact, _folder(job_artifacts_location(job=job)).open(name)
+    return artifact, store_folder(job_artifacts_location(job=job)).open(name)
 
 
 def job_artifacts_summary(*, job: TrainingJob, base_url: str = "") -> dict[str, Any]:

@@ -223,3 +223,24 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.kind}: {self.message}"
+
+
+class Package(models.Model):
+    """A Python package file (wheel or sdist) a team uploaded for its jobs' `requirements`
+    (`upload:<sha256>`). The bytes live in the artifact store under their sha256
+    (`controlplane/jobs/packages.py`); this row is what makes them the team's."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="packages")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    sha256 = models.CharField(max_length=64)
+    filename = models.CharField(max_length=200, help_text="The uploaded name: pip reads a wheel's tags from it.")
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "sha256"], name="package_team_sha256_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.filename} ({self.sha256[:12]})"

@@ -24,6 +24,7 @@ from controlplane.jobs.models import (
     MetricSample,
     TrainingJob,
 )
+from controlplane.jobs.packages import unknown_uploads
 from controlplane.jobs.plans import parse_plan_request
 from controlplane.planning.services import plan_job
 from runtime.config import JOB_STRATEGIES, LayoutError, alias_field, contract_from_model_spec, each_error
@@ -167,6 +168,11 @@ def job_submit(
     if errors:
         raise ValidationError(errors)
     assert job_plan is not None and runtime_config is not None
+    unknown = unknown_uploads(team=team, requirements=runtime_config.requirements)
+    if unknown:
+        raise ValidationError({f"config.requirements[{i}]": [
+            f"no package {sha} among your team's uploads; upload it first (POST /api/v1/packages/)"]
+            for i, sha in unknown.items()})
     data_check = check_data(runtime_config.data)
     if data_check.errors:
         raise ValidationError(data_check.errors)

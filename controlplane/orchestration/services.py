@@ -829,11 +829,24 @@ def worker_exit_report(*, instance: Instance, code: int | None, reason: str, gen
     )
 
 
+def requirements_failed_report(*, instance: Instance, reason: str) -> bool:
+    """An agent could not install the job's requirements (`config.requirements`): the job fails
+    with pip's last lines. Every node would fail the same way, so no replacement is bought and the
+    agent does not retry. Returns True when the job was failed (False: it had ended already)."""
+    if instance.job is None:
+        return False
+    return job_fail(job=instance.job, reason=f"requirements could not be installed: {reason or 'no reason given'}",
+                    data={"instance": instance.pk})
+
+
 def _last_progress(job: TrainingJob) -> datetime | None:
-    """When the job last moved: its newest metric sample or generation (None before it ran)."""
+    """When the job last moved: its newest metric sample, generation or line of a node installing its
+    requirements (a long pip install is not a stall; None before it ran)."""
     sample = MetricSample.objects.filter(job=job).order_by("-at").values_list("at", flat=True).first()
     generation = job_current_generation(job=job)
-    moments = [m for m in (sample, generation.created_at if generation else None) if m is not None]
+    installing = (JobEvent.objects.filter(job=job, kind="agent_requirements_output").order_by("-at")
+                  .values_list("at", flat=True).first())
+    moments = [m for m in (sample, generation.created_at if generation else None, installing) if m is not None]
     return max(moments) if moments else None
 
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from controlplane.accounts.models import Role
 from controlplane.jobs.models import JobStatus, TrainingJob
 from frontend import demo_data
+from runtime.config import MODEL_PRESETS
 from tests.controlplane.factories import make_job, make_team, make_user
 
 pytestmark = pytest.mark.django_db
@@ -334,6 +335,68 @@ def test_data_errors_show_next_to_their_field(client_a, world, changes, field):
     assert field in errors, errors
     assert f'id="id_{field}-error"' in response.content.decode()
     assert not TrainingJob.objects.filter(name="bad-data").exists()
+
+
+ADVANCED_BASE = {"kind": "gpt", "n_layer": 2, "n_embd": 32, "n_head": 2, "seq_len": 16, "vocab_size": 256,
+                 "global_batch": 8, "plan_mode": "manual", "dp": 1, "pp": 1, "strategy": "recycle",
+                 "target_steps": 50, "budget_usd": "3"}
+
+
+def test_submit_a_preset_with_requirements_and_a_cosine_schedule(client_a, world):
+    page = client_a.get(reverse("frontend:job-new")).content.decode()
+    # The advanced group is folded until opened; the presets are offered by name.
+    assert '<details class="group"><summary>Advanced training</summary>' in page
+    assert '<option value="gpt-nano">' in page and '<option value="cosine" ' not in page.split("lr_schedule")[0]
+    form = {**ADVANCED_BASE, "team": world["a"][0].pk, "name": "preset-cosine", "model": "gpt-nano",
+            "requirements": "numpy>=1.26\r\n\r\n  s3://bucket/pkgs/mypkg-1.0-py3-none-any.whl  \r\n",
+            "init_from": "s3://bucket/runs/first", "lr": "0.003", "lr_schedule": "cosine", "warmup_steps": "10",
+            "lr_min": "0.0003", "clip": "1.0"}
+    response = client_a.post(reverse("frontend:job-new"), form)
+    assert response.status_code == 302, response.context["form"].errors if response.context else response
+    config = TrainingJob.objects.get(name="preset-cosine").config
+    assert {k: config["model"][k] for k in MODEL_PRESETS["gpt-nano"]} == MODEL_PRESETS["gpt-nano"]
+    assert config["requirements"] == ["numpy>=1.26", "s3://bucket/pkgs/mypkg-1.0-py3-none-any.whl"]
+    assert (config["init_from"], config["lr"], config["lr_schedule"], config["warmup_steps"], config["lr_min"],
+            config["clip"]) == ("s3://bucket/runs/first", 0.003, "cosine", 10, 0.0003, 1.0)
+
+
+def test_submit_a_model_function_with_its_arguments(client_a, world):
+    form = {**ADVANCED_BASE, "team": world["a"][0].pk, "name": "user-model", "model": "mypkg.models:build",
+            "model_args": '{"width": 64, "blocks": [1, 2]}', "model_layers": "6"}
+    response = client_a.post(reverse("frontend:job-new"), form)
+    assert response.status_code == 302, response.context["form"].errors if response.context else response
+    model = TrainingJob.objects.get(name="user-model").config["model"]
+    assert (model["kind"], model["path"], model["args"], model["layers"]) == (
+        "py", "mypkg.models:build", {"width": 64, "blocks": [1, 2]}, 6)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"model": "gpt3"}, "model", "model 'gpt3' is unknown; expected one of"),
+        ({"model": "my-pkg.models:build", "model_layers": "4"}, "model", "model.path 'my-pkg.models:build' is invalid"),
+        ({"model": "mypkg.models:build"}, "model_layers", "model.layers is not set for the model function"),
+        ({"model": "mypkg:build", "model_layers": "4", "model_args": "{width: 64}"}, "model_args", "not JSON"),
+        ({"model": "mypkg:build", "model_args": "[64]"}, "model_args", "expected a JSON object"),
+        ({"model": "gpt-nano", "model_args": '{"width": 64}'}, "model_args", "model.args is for a user's model"),
+        ({"requirements": "numpy\n--index-url=http://evil"}, "requirements", "requirements[1] '--index-url"),
+        ({"requirements": "upload:" + "0" * 64}, "requirements", "among your team's uploads"),
+        ({"lr_schedule": "linear"}, "lr_schedule", "Select a valid choice"),
+        ({"lr_schedule": "cosine", "lr_min": "0.5"}, "lr_min", "lr_min=0.5 must be between 0 and lr=0.01"),
+        ({"clip": "-1"}, "clip", "clip=-1.0 must be >= 0"),
+    ],
+)
+def test_advanced_errors_show_on_their_field_and_write_nothing(client_a, world, changes, field, message):
+    form = {**ADVANCED_BASE, "team": world["a"][0].pk, "name": "bad-advanced", **changes}
+    response = client_a.post(reverse("frontend:job-new"), form)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert field in errors and message in " ".join(errors[field]), errors
+    page = response.content.decode()
+    assert f'id="id_{field}-error"' in page
+    if not field.startswith("model"):  # the folded group opens to show its error
+        assert '<details class="group" open><summary>Advanced training</summary>' in page
+    assert not TrainingJob.objects.filter(name="bad-advanced").exists()
 
 
 def test_submit_cannot_target_another_team(client_a, world):

@@ -107,6 +107,17 @@ def test_reconcile_fails_a_job_whose_workers_stopped_reporting(running, monkeypa
     assert len(report["released"]) == 2
 
 
+def test_a_node_installing_the_jobs_requirements_is_not_a_stall(running, monkeypatch):
+    job, clients, _ = running
+    monkeypatch.setenv("SPOTPIPE_JOB_STALL_TIMEOUT_S", "60")
+    now = timezone.now()
+    job.generations.update(created_at=now - timedelta(seconds=600))  # no step since: pip is still at work
+    clients[0].post("/api/v1/agents/events/", {"kind": "requirements_output", "message": "Building wheel for x"},
+                    format="json")
+    assert not services.job_fail_if_stalled(job=job, now=now + timedelta(seconds=30))
+    assert services.job_fail_if_stalled(job=job, now=now + timedelta(seconds=90))  # and then quiet too long
+
+
 def test_the_stall_net_fails_from_reconcile_and_ignores_jobs_that_never_ran(running, monkeypatch):
     job, _, _ = running
     monkeypatch.setenv("SPOTPIPE_JOB_STALL_TIMEOUT_S", "0.5")
@@ -117,3 +128,26 @@ def test_the_stall_net_fails_from_reconcile_and_ignores_jobs_that_never_ran(runn
 
     pending = make_job(make_team(), strategy="recycle", plan={"dp": 1, "pp": 2, "provider": "local"})
     assert not services.job_fail_if_stalled(job=pending)  # never ran: nothing to time out
+
+
+def test_requirements_that_cannot_be_installed_fail_the_job_once(running, django_capture_on_commit_callbacks):
+    # An agent's pip output lines are the job's events; its `requirements_failed` fails the job with
+    # pip's lines as the reason, once however many nodes report it (issue 19, agent/requirements.py).
+    job, clients, fake = running
+    line = "Processing ./spotpipe_tinypkg-1.0-py3-none-any.whl"
+    assert clients[0].post("/api/v1/agents/events/", {"kind": "requirements_output", "message": line},
+                           format="json").status_code == 202
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.events.get(kind="agent_requirements_output").data["reason"] == line
+    reason = "pip install exited with 1: ERROR: spotpipe-tinypkg has an invalid wheel"
+    with django_capture_on_commit_callbacks(execute=False) as enqueued:
+        for client in clients:
+            response = client.post("/api/v1/agents/events/", {"kind": "requirements_failed", "generation": 1,
+                                                               "message": reason}, format="json")
+            assert response.status_code == 202
+    assert enqueued, "the release was not enqueued"
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.status_message == f"requirements could not be installed: {reason}"
+    assert job.events.filter(kind="job_failed").count() == 1 and _alerts(job) == ["job.failed"]
+    assert len(services.capacity_reconcile(job=job)["released"]) == 2 and len(fake.terminated) == 2

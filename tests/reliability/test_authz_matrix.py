@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from controlplane.observability import health
@@ -69,6 +70,7 @@ JOB_BODY = {"team": "{team}", "name": "new-job", "strategy": "recycle", "target_
             "model_spec": {"kind": "gpt", "layers": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 64,
                            "global_batch": 8, "micro_batches": 2}}
 FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"  # the body's callables (a file to upload) are called once per case
 
 ROWS: list[Row] = [
     # --- accounts
@@ -115,6 +117,11 @@ ROWS: list[Row] = [
     # exists is served to its team only: tests/controlplane/test_api_artifacts.py).
     Row("api/v1/jobs/<str:pk>/artifacts/<str:name>", "GET", "/api/v1/jobs/{job}/artifacts/model.safetensors",
         E(401, 404, 404, 404, 403)),
+    # --- packages for jobs' requirements: a team's users upload; its users and agents download
+    Row("api/v1/^packages/$", "POST", "/api/v1/packages/", E(401, 201, 201, 400, 403), content_type=MULTIPART,
+        body={"team": "{team}", "file": lambda: SimpleUploadedFile("made_in_test-1.0-py3-none-any.whl", b"row")}),
+    Row("api/v1/^packages/(?P<sha256>[0-9a-f]{64})/$", "GET", "/api/v1/packages/{package}/",
+        E(401, 200, 200, 404, 200, 200)),
     # --- planning: an existing job of team A
     Row("api/v1/plans/", "POST", "/api/v1/plans/", E(401, 200, 200, 404, 403),
         body={"job": "{job}", "instance_types": ["p3.2xlarge"]}),
@@ -276,6 +283,8 @@ def test_a_new_route_without_a_row_is_named():
 
 
 def _fill(value: Any, ids: dict) -> Any:
+    if callable(value):
+        return value()
     if isinstance(value, str):
         return value.format(**ids) if "{" in value else value
     if isinstance(value, dict):

@@ -7,12 +7,14 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.utils import timezone
 
 from controlplane.accounts.models import ApiToken, Role, Team
 from controlplane.fleet.models import Instance, InterruptionNotice
-from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.models import Package, TrainingJob
+from controlplane.jobs.packages import package_store
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.credentials import credential_create
 from controlplane.webhooks.models import AlertEndpoint, WebhookCredential
@@ -41,6 +43,7 @@ class World:
     member_a_token: ApiToken  # the token member A authenticates with
     alert_endpoint: AlertEndpoint  # team A's outbound alert URL
     credential: WebhookCredential  # team A's inbound webhook credential
+    package: Package  # a package file team A uploaded for its jobs' requirements
     keys: dict[str, str] = field(default_factory=dict)  # principal -> API key
 
     def ids(self) -> dict[str, Any]:
@@ -48,7 +51,7 @@ class World:
         return {
             "team": self.team_a.pk, "slug": self.team_a.slug, "job": self.job.pk, "instance": self.instance.pk,
             "notice": self.notice.pk, "token": self.member_a_token.pk, "user": self.member_a.pk,
-            "alert": self.alert_endpoint.pk, "credential": self.credential.pk,
+            "alert": self.alert_endpoint.pk, "credential": self.credential.pk, "package": self.package.sha256,
         }
 
     def api_client(self, principal: str, **client_kwargs: Any) -> Client:
@@ -98,6 +101,9 @@ def make_world() -> World:
     member_a_token = ApiToken.objects.get(team=team_a, user=member_a)
     alert_endpoint = alert_endpoint_create(team=team_a, url=f"https://hooks.example.com/{MARKER}-{n}")
     credential, _ = credential_create(team=team_a, source="gcp", scheme="token", name=f"{MARKER}-credential-{n}")
+    package, _ = package_store(team=team_a, user=member_a,
+                               upload=SimpleUploadedFile(f"{MARKER}-1.0-py3-none-any.whl", b"world package"))
     return World(team_a=team_a, team_b=team_b, member_a=member_a, admin_a=admin_a, member_b=member_b, job=job,
                  instance=instance, other_job=other_job, other_instance=other_instance, notice=notice,
-                 member_a_token=member_a_token, alert_endpoint=alert_endpoint, credential=credential, keys=keys)
+                 member_a_token=member_a_token, alert_endpoint=alert_endpoint, credential=credential,
+                 package=package, keys=keys)

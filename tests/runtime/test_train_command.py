@@ -100,6 +100,14 @@ def test_bad_input_is_one_message_and_starts_nothing(tmp_path: Path, options: di
     assert not (out_dir / "ranks").exists()  # no rank was started
 
 
+def test_requirements_are_not_installed_here_and_it_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "reqs.toml"
+    path.write_text(TINY_GPT.replace("[config]\n", '[config]\nrequirements = ["numpy>=1.26"]\n'))
+    code, _, err = _train(TrainOptions(file=path, out=tmp_path / "out", data="text:/nonexistent/corpus.txt"))
+    assert code == 2  # (stopped by the bad data, after the note)
+    assert "note: requirements ['numpy>=1.26'] are not installed by spotpipe train" in err
+
+
 def test_presets_have_gpt2_shapes_and_take_the_tokenizers_vocabulary(tmp_path: Path) -> None:
     import torch
 

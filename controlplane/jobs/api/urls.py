@@ -3,10 +3,12 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from controlplane.jobs.api.packages import PackageViewSet
 from controlplane.jobs.api.views import JobViewSet
 
 router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
+router.register("packages", PackageViewSet, basename="package")
 
 urlpatterns = [
     # A file of the job's artifacts: its name as is (no trailing slash), one path segment.

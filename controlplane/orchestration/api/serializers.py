@@ -67,7 +67,8 @@ class AgentNoticeResultSerializer(serializers.Serializer):
 
 
 class AgentEventSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started", "worker_spare"])
+    kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started", "worker_spare",
+                                            "requirements_output", "requirements_failed"])
     generation = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     step = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     code = serializers.IntegerField(required=False, allow_null=True, default=None)

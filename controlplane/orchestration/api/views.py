@@ -147,4 +147,6 @@ class AgentEventView(APIView):
                                                      generation=data["generation"])
                 if not failed:  # a failed job's release is enqueued by job_fail
                     services.task_enqueue("reconcile_job", instance.job_id)
+            elif data["kind"] == "requirements_failed":
+                services.requirements_failed_report(instance=instance, reason=data["message"])
         return Response(status=status.HTTP_202_ACCEPTED)

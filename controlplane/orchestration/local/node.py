@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     from agent.main import main as agent_main
 
     try:
-        return agent_main([*agent_args, "--metadata-url", server.url, "--work-dir", str(args.node_dir / "work")])
+        # A local node shares the control plane's host and environment: jobs' requirements are not
+        # installed there (docs/runtime.md, "Your code on the nodes").
+        return agent_main([*agent_args, "--metadata-url", server.url, "--work-dir", str(args.node_dir / "work"),
+                           "--no-requirements"])
     finally:
         server.stop()
 
