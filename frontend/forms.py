@@ -20,6 +20,7 @@ from runtime.config import (
     LR_SCHEDULES,
     MODEL_KINDS,
     MODEL_PRESETS,
+    PRECISIONS,
     USER_MODEL_KIND,
     DataSpec,
     JobConfig,
@@ -36,7 +37,7 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobConfig)}
 DEFAULT_VAL_EVERY = _DEFAULTS["val_every"]
 # The advanced training fields: JobConfig fields of the same name, sent only when filled in (else the
 # runtime's defaults hold).
-TRAINING_FIELDS = ("init_from", "lr", "lr_schedule", "warmup_steps", "lr_min", "clip")
+TRAINING_FIELDS = ("init_from", "lr", "lr_schedule", "warmup_steps", "lr_min", "clip", "precision")
 # Contract fields whose form field has another name (the rest land on the field named like their last part).
 FIELD_FOR = {"config.model": "model", "config.model.path": "model",
              "config.model.args": "model_args", "config.model.layers": "model_layers"}
@@ -82,6 +83,9 @@ class JobSubmitForm(forms.Form):
                                       label="Warmup steps")
     lr_min = forms.FloatField(required=False, initial=_DEFAULTS["lr_min"], label="Final learning rate (cosine)")
     clip = forms.FloatField(required=False, initial=_DEFAULTS["clip"], label="Clip gradient norm (0: no)")
+    precision = forms.ChoiceField(choices=[(name, name) for name in PRECISIONS], initial=_DEFAULTS["precision"],
+                                  label="Forward precision", required=False,
+                                  help_text="bf16: bfloat16 autocast; weights and optimizer state stay float32")
     source = forms.CharField(
         required=False, max_length=1000, label="Data source (FORMAT:LOCATION)",
         widget=forms.TextInput(attrs={"placeholder": "text:s3://bucket/corpus/ (empty: synthetic tokens)"}),
