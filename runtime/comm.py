@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -95,6 +96,13 @@ class Comm:
         self.watch = watch
         """If set (hand-overs), blocking waits ask it every WATCH_POLL_S and give up with its answer
         (see `wait_watched`); training steps wait plainly, their timeout is short."""
+        self.peer_watch: Callable[[int | None], str | None] | None = None
+        """Training steps whose bound is long (`set_timeout`): asked, with the awaited peer (None:
+        any member), every WATCH_POLL_S during a wait; a hung peer (stale heartbeat) ends the wait
+        with its answer long before the bound."""
+        self.watch_above_s = math.inf
+        """Waits bounded by more than this are watched with `peer_watch`; shorter ones wait plainly
+        (they end soon anyway, and cost no thread)."""
         self.members = tuple(members)
         self.rank_of = {n: i for i, n in enumerate(self.members)}
         self.timeout = datetime.timedelta(seconds=timeout_s)
@@ -104,6 +112,11 @@ class Comm:
         )
         # Every Work stays referenced here until it completed: destroying a pending gloo Work blocks.
         self.pending: list[Any] = []
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """Bound every later wait by `timeout_s` (a training step's bound, `JobConfig.step_timeout`);
+        the group keeps the timeout it was built with for everything else."""
+        self.timeout = datetime.timedelta(seconds=timeout_s)
 
     def _world(self) -> dist.ProcessGroup:
         if self.world is None:
@@ -118,7 +131,7 @@ class Comm:
         """Blocking receive, bounded by the generation's timeout."""
         work = self._world().recv([tensor], self.rank_of[src], tag)
         self.pending.append((False, work, tensor))
-        self._wait(work)
+        self._wait(work, src)
         if is_poison(tensor):
             raise PeerAborted(f"node {src} aborted the step (message tag {tag})")
 
@@ -151,11 +164,15 @@ class Comm:
         self.pending = [entry for entry in self.pending if not entry[0]]
         return failed
 
-    def _wait(self, work: Any) -> None:
-        if self.watch is None:
-            work.wait(self.timeout)
-        else:
+    def _wait(self, work: Any, peer: int | None = None) -> None:
+        """Wait for `work` (a call with `peer`, None: unknown), bounded by the timeout."""
+        if self.watch is not None:
             wait_watched(work, self.timeout.total_seconds(), self.watch)
+        elif self.peer_watch is not None and self.timeout.total_seconds() > self.watch_above_s:
+            peer_watch = self.peer_watch
+            wait_watched(work, self.timeout.total_seconds(), lambda: peer_watch(peer))
+        else:
+            work.wait(self.timeout)
 
     def allreduce(
         self,
@@ -200,7 +217,7 @@ class Comm:
         replicas this node serves."""
         if handle.receive_only:
             ((source, (part, work)),) = handle.recvs.items()
-            work.wait(self.timeout)
+            self._wait(work, source)
             if is_poison(part):
                 raise PeerAborted(f"node {source} aborted the step (all-reduce)")
             return part
@@ -210,7 +227,7 @@ class Comm:
                 parts[owner] = handle.mine
             else:
                 part, work = handle.recvs[owner]
-                work.wait(self.timeout)
+                self._wait(work, owner)
                 if is_poison(part):
                     raise PeerAborted(f"node {owner} aborted the step (all-reduce)")
                 parts[owner] = part

@@ -335,8 +335,21 @@ class JobConfig:
     device_time: DeviceTime | None = None
     """Emulated device time per action (None: real compute time only)."""
     op_timeout_s: float = 1.5
-    """Timeout of every blocking collective / point-to-point call of a training step; bounds hang
-    detection. Kept short (about 1 s), so it does not bound state hand-overs (`transfer_timeout_s`)."""
+    """The floor of the timeout of every blocking collective / point-to-point call of a training step
+    (`step_timeout`): a job whose steps are short detects a hung peer within it. The bound grows with
+    the measured step time (`op_timeout_factor`), so a long step is not mistaken for a failure. It
+    does not bound state hand-overs (`transfer_timeout_s`)."""
+    op_timeout_factor: float = 3.0
+    """A step's calls are bounded by max(op_timeout_s, op_timeout_factor x the step time expected from
+    the slowest step measured so far), see `step_timeout`: no call waits longer than a whole step
+    legitimately takes, and the factor covers a step slower than those before (a loaded machine)."""
+    first_step_timeout_s: float = 0.0
+    """The bound of the calls of a step when nothing was measured yet (a process's first step, a
+    replacement's); 0 (the default) derives it from the model's work (`first_step_timeout`)."""
+    compute_floor_gflop_s: float = 1.0
+    """The compute rate (GFLOP/s, whole pipeline) a first step is assumed to get at least, to derive
+    `first_step_timeout_s`: a GPT-2 step of one 1,024-token sample (about 1 TFLOP) measured 61 s
+    (16 GFLOP/s) on 2 shared CPU cores, so the derived bound (1,000 s) fails only a stuck step."""
     transfer_timeout_s: float = 0.0
     """Timeout of every call of a state hand-over (layers and optimizer state moved at a regroup, on a
     short-lived transfer group); 0 (the default) derives it per hand-over (`transfer_timeout`). A
@@ -417,6 +430,32 @@ class JobConfig:
         if self.transfer_timeout_s > 0:
             return self.transfer_timeout_s
         return self.op_timeout_s + nbytes / (self.transfer_floor_mb_s * 1e6)
+
+    def first_step_timeout(self, flop: float) -> float:
+        """The bound of each call of a step with no measured step before it, for a step of `flop`
+        floating-point operations in all (`runtime.worker` counts 6 x parameters x tokens of the
+        global batch): `first_step_timeout_s` if set, else op_timeout_s + flop / compute_floor_gflop_s.
+        Tiny test models get about op_timeout_s; GPT-2 (163M parameters untied, 1,024 tokens) about
+        1,000 s per sample."""
+        if self.first_step_timeout_s > 0:
+            return self.first_step_timeout_s
+        return self.op_timeout_s + flop / (self.compute_floor_gflop_s * 1e9)
+
+    def step_timeout(self, expected_s: float | None, *, first_s: float) -> float:
+        """The bound of every blocking call of a training step (receives, all-reduce parts, the
+        commit, the sends awaited at its end).
+
+        `expected_s`: the step time this node expects from its measurements, None before any (then
+        `first_s`, from `first_step_timeout`). The bound is max(op_timeout_s, op_timeout_factor x
+        expected_s): no call of a step waits for longer than the whole step takes, since every step
+        ends in a barrier of all members (`Comm.commit`), so a node's own step time measures the
+        slowest member's work and every wait in it. Nodes compute it locally and need not agree: a
+        node that gives up first closes its groups and poisons what it owes, which fails every
+        peer's pending call at once, and the commit protocol (not the bound) decides what step
+        counts; a bound too short costs a needless regroup, never the math."""
+        if expected_s is None:
+            return max(self.op_timeout_s, first_s)
+        return max(self.op_timeout_s, self.op_timeout_factor * expected_s)
 
     def validation_due(self, done: int) -> bool:
         """Whether the parameters after `done` steps get a validation pass: every `val_every` steps
@@ -501,6 +540,16 @@ class JobConfig:
         if not (self.transfer_timeout_s == 0 or self.op_timeout_s <= self.transfer_timeout_s < math.inf):
             bad(f"transfer_timeout_s={self.transfer_timeout_s} is invalid; expected 0 (derive it from the bytes "
                 f"moved) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}", "transfer_timeout_s")
+        if not 1 <= self.op_timeout_factor < math.inf:
+            bad(f"op_timeout_factor={self.op_timeout_factor} must be a finite number at least 1 (the bound "
+                "of a call is this many times the expected step time)", "op_timeout_factor")
+        if not (self.first_step_timeout_s == 0 or self.op_timeout_s <= self.first_step_timeout_s < math.inf):
+            bad(f"first_step_timeout_s={self.first_step_timeout_s} is invalid; expected 0 (derive it from the "
+                f"model's work) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}",
+                "first_step_timeout_s")
+        if not 0 < self.compute_floor_gflop_s < math.inf:
+            bad(f"compute_floor_gflop_s={self.compute_floor_gflop_s} must be a positive, finite rate in GFLOP/s",
+                "compute_floor_gflop_s")
         if not 0 < self.transfer_floor_mb_s < math.inf:
             bad(f"transfer_floor_mb_s={self.transfer_floor_mb_s} must be a positive, finite bandwidth in MB/s",
                 "transfer_floor_mb_s")

@@ -45,7 +45,7 @@ from runtime.membership import Plan, initial_plan, make_plan
 from runtime.model import build_layer
 from runtime.optim import LayerState, held_bytes
 from runtime.reference import named_parameters
-from runtime.schedule import build_schedule, forward_schedule, stage_durations
+from runtime.schedule import build_schedule, forward_schedule, schedule_length, stage_durations
 from runtime.strategies import get_strategy
 
 StepCallback = Callable[[dict[str, Any]], None]
@@ -126,6 +126,10 @@ class Worker:
         """Seconds this node's last checkpoint write took (None: it wrote none yet)."""
         self.saved_step: int | None = None
         self.step_times: list[float] = []
+        self.slowest_per_unit: float | None = None
+        """The slowest committed step's seconds per unit of its layout's estimated length
+        (`schedule_length`): what a step of any layout is expected to take (`_step_timeout`)."""
+        self._first_step_s: float | None = None
         self.init: InitialState | None = None
         self.init_step = 0
         """The step generation 0 starts at: the `init_from` export's steps_done when it continues one."""
@@ -470,6 +474,16 @@ class Worker:
             }
         )
         executor = Executor(cfg, layout, self.node, self.held, self.comm, self.batches)
+        # Hang detection scales with the step (docs/runtime.md "Timeouts"): every call of a step is
+        # bounded by a few times the step time this layout is expected to take, from the slowest
+        # step measured so far; a wait bounded by more than the heartbeat timeout also gives up as
+        # soon as the awaited peer's heartbeat is stale (hung), so long bounds do not slow that down.
+        unit = schedule_length(layout, cfg.schedule, self._durations(layout))
+        self.comm.peer_watch = lambda peer: self._peer_hung(peer, members)
+        self.comm.watch_above_s = cfg.heartbeat_timeout_s
+        bound = self._step_timeout(unit, executor)
+        self.comm.set_timeout(bound)
+        self._emit({"event": "step_timeout", "generation": generation, "op_timeout_s": bound})
         index = members.index(self.node)
         start = plan["start_step"]
         if self.config.validation_due(start) and not self.coord.store.check([f"val/{start}"]):
@@ -513,6 +527,11 @@ class Worker:
             self.skipped_steps += int(result.skipped)
             elapsed = time.perf_counter() - started
             self.step_times.append(elapsed)
+            step_bound = bound
+            if unit > 0:
+                self.slowest_per_unit = max(self.slowest_per_unit or 0.0, elapsed / unit)
+                bound = self._step_timeout(unit, executor)
+                self.comm.set_timeout(bound)
             if checkpoint_due(plan, step, cfg.steps):
                 self._save_checkpoint(layout, step, generation)
             self._emit(
@@ -521,6 +540,7 @@ class Worker:
                     "generation": generation,
                     "loss": float(vector[0] / max(vector[1], 1)),
                     "step_time_s": elapsed,
+                    "op_timeout_s": step_bound,
                     "samples_per_s": cfg.global_batch / elapsed,
                     "stage_times_s": {str(k): v for k, v in result.stage_time_s.items()},
                     "members": len(members),
@@ -536,6 +556,41 @@ class Worker:
             if vector[2] > 0 or vector[3:].sum() > 0:
                 return "graceful", "notice" if vector[3:].sum() > 0 else "join"
         return "done", ""
+
+    def _step_timeout(self, unit: float, executor: Executor) -> float:
+        """The bound of every call of this node's next step (`JobConfig.step_timeout`): from the
+        slowest step measured so far, scaled to this layout's estimated length `unit` (a degraded
+        layout that gives a survivor twice the work expects a step twice as long); before any
+        measurement, `first_step_timeout` of the step's work."""
+        cfg = self.config
+        if self.slowest_per_unit is not None and unit > 0:
+            return cfg.step_timeout(self.slowest_per_unit * unit, first_s=0.0)
+        if self._first_step_s is None:
+            flop = 0.0 if cfg.first_step_timeout_s > 0 else self._step_flop(executor)
+            self._first_step_s = cfg.first_step_timeout(flop)
+        return cfg.step_timeout(None, first_s=self._first_step_s)
+
+    def _step_flop(self, executor: Executor) -> float:
+        """A step's floating-point operations, roughly: 6 x the model's parameters x the tokens of
+        the global batch (a forward is 2 per parameter and token, its backward 4). Tokens per
+        sample: the first layer's input elements per sample (token ids), or per feature vector
+        (float inputs, features last). An over-estimate is harmless: this only bounds a first step."""
+        cfg = self.config
+        params = sum((self._transfer_bytes(i) // 8 - 1) // 3 for i in range(executor.layout.num_layers))
+        shape, dtype = executor.boundaries[0]
+        per_sample = math.prod(shape[1:]) if len(shape) > 1 else 1
+        if dtype.is_floating_point and len(shape) > 1:
+            per_sample //= max(shape[-1], 1)
+        return 6.0 * params * cfg.global_batch * max(per_sample, 1)
+
+    def _peer_hung(self, peer: int | None, members: list[int]) -> str | None:
+        """Why a step's wait for `peer` (None: any member) should stop before its bound: the peer is
+        gone (dead mark from a supervisor, or heartbeat older than `heartbeat_timeout_s`: hung)."""
+        peers = [peer] if peer is not None else [n for n in members if n != self.node]
+        gone = [n for n in peers if self.coord.is_gone(n, self.config.heartbeat_timeout_s)]
+        if gone:
+            return f"peers {gone} are gone (dead, or no heartbeat for {self.config.heartbeat_timeout_s}s: hung)"
+        return None
 
     def _await_handover(self, plan: Plan) -> None:
         """A leaving node that sent state stays until the generation that received it committed its
