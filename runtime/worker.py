@@ -530,10 +530,13 @@ class Worker:
             step_bound = bound
             if unit > 0:
                 self.slowest_per_unit = max(self.slowest_per_unit or 0.0, elapsed / unit)
-                bound = self._step_timeout(unit, executor)
-                self.comm.set_timeout(bound)
+            bound = self._step_timeout(unit, executor)
             if checkpoint_due(plan, step, cfg.steps):
                 self._save_checkpoint(layout, step, generation)
+                # The writers write their shares after the commit: the next step's first messages
+                # from a writer come that much later, which its step time did not measure.
+                bound += self._checkpoint_allowance(layout)
+            self.comm.set_timeout(bound)
             self._emit(
                 {
                     "step": step - 1,
@@ -569,6 +572,16 @@ class Worker:
             flop = 0.0 if cfg.first_step_timeout_s > 0 else self._step_flop(executor)
             self._first_step_s = cfg.first_step_timeout(flop)
         return cfg.step_timeout(None, first_s=self._first_step_s)
+
+    def _checkpoint_allowance(self, layout: Layout) -> float:
+        """How much longer than a step the calls of the step after a checkpoint may wait: the
+        slowest writer's share written at the hand-over bound (`JobConfig.transfer_timeout` of its
+        layers' state bytes, counted in float64 as a hand-over message: an over-estimate), the same
+        on every node. Tiny models: about op_timeout_s; GPT-2's stage 0 (813 MB in float32): about 34 s."""
+        shares: dict[int, int] = {}
+        for layer, writer in self._writers(layout).items():
+            shares[writer] = shares.get(writer, 0) + self._transfer_bytes(layer)
+        return self.config.transfer_timeout(max(shares.values(), default=0))
 
     def _step_flop(self, executor: Executor) -> float:
         """A step's floating-point operations, roughly: 6 x the model's parameters x the tokens of
