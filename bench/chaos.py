@@ -274,7 +274,7 @@ class Soak:
             time.sleep(0.5)
 
     def inject(self, index: int, kind: str, rng: random.Random) -> FaultRecord:
-        from spotpipe.schedule import NOTICE_S
+        from spotpipe.preemption_script import NOTICE_S
 
         t0 = time.monotonic()
         record = FaultRecord(index=index, kind=kind, at_s=round(t0 - self.started, 1), at_step=self.job.steps_done,

@@ -15,6 +15,9 @@ from django.db.models.signals import post_save
 
 from controlplane.jobs.models import Reconfiguration, ReconfigurationStatus, ReconfigurationTrigger
 from controlplane.jobs.reconfiguration import reconfigurations_decided
+from controlplane.orchestration import tasks
+from controlplane.orchestration.enqueue import enqueue
+from controlplane.orchestration.services import generations
 
 logger = logging.getLogger(__name__)
 
@@ -29,28 +32,24 @@ def _in_worker() -> bool:
 def _apply(reconfiguration_id: int) -> None:
     """Apply at once when we already are in a worker (the notice processor's task): one broker
     hop less between a notice and the agents' new generation. From anywhere else, enqueue."""
-    from controlplane.orchestration import services
-
     if _in_worker():
         try:
             reconfiguration = Reconfiguration.objects.select_related("job").get(pk=reconfiguration_id)
-            services.reconfiguration_apply(reconfiguration=reconfiguration)
+            generations.reconfiguration_apply(reconfiguration=reconfiguration)
             return
         except Exception:
             logger.exception("applying reconfiguration %s inline failed; handing it to a task", reconfiguration_id)
-    services.task_enqueue("apply_reconfiguration", reconfiguration_id)
+    enqueue(tasks.apply_reconfiguration, reconfiguration_id)
 
 
 def _apply_many(reconfigurations: list[Reconfiguration]) -> None:
     """A batch decided together (the notice processor's) is applied together in a worker: one
     transaction and a constant number of statements for the batch, with the same end state as
-    applying each in turn (`services.reconfigurations_apply`). If that fails, each is applied on
+    applying each in turn (`generations.reconfigurations_apply`). If that fails, each is applied on
     its own as before, so one failing reconfiguration cannot hold back the others."""
-    from controlplane.orchestration import services
-
     if _in_worker():
         try:
-            services.reconfigurations_apply(reconfigurations=reconfigurations)
+            generations.reconfigurations_apply(reconfigurations=reconfigurations)
             return
         except Exception:
             logger.exception(

@@ -11,7 +11,7 @@ from django.db import OperationalError
 
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import Reconfiguration, TrainingJob
-from controlplane.orchestration import hearing, services
+from controlplane.orchestration import heartbeat_watch, services
 from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.providers import ProviderError
 
@@ -94,8 +94,8 @@ def release_job(job_id: int) -> list[int]:
              autoretry_for=(OperationalError,), max_retries=2)
 def detect_dead_agents() -> list[int]:
     """Periodic: nodes whose heartbeats stopped are lost; their jobs react. Not while the control
-    plane itself has just been deaf (see `hearing`)."""
-    heard_until = hearing.heard_until(timeout_s=services.heartbeat_timeout_s())
+    plane itself has just been deaf (see `heartbeat_watch`)."""
+    heard_until = heartbeat_watch.heard_until(timeout_s=services.heartbeat_timeout_s())
     if heard_until is None:
         return []
     return services.instances_detect_dead(now=heard_until)

@@ -10,7 +10,7 @@ import pytest
 
 from controlplane.jobs.models import ENDED_JOB_STATUSES, JOB_TRANSITIONS, JobEvent, JobStatus, TrainingJob
 from controlplane.jobs.services import CANCELLABLE, RESUMABLE, IllegalJobTransition, job_set_status
-from controlplane.orchestration import services as orchestration
+from controlplane.orchestration.services import transitions
 from tests.controlplane.factories import make_job, make_team
 
 pytestmark = pytest.mark.django_db
@@ -60,6 +60,6 @@ def test_a_late_reaction_does_not_revive_an_ended_job(ended):
     ended leaves it ended, with no new event and no alert."""
     job = make_job(make_team(), status=ended)
     events = JobEvent.objects.filter(job=job).count()
-    orchestration._job_set_status(job, JobStatus.RECOVERING, "waiting for replacements: late")
+    transitions._job_set_status(job, JobStatus.RECOVERING, "waiting for replacements: late")
     assert TrainingJob.objects.get(pk=job.pk).status == ended
     assert JobEvent.objects.filter(job=job).count() == events

@@ -11,6 +11,7 @@ from controlplane.fleet.models import Instance
 from controlplane.orchestration import services
 from controlplane.orchestration.models import AcquisitionStatus
 from controlplane.orchestration.providers import set_provider
+from controlplane.orchestration.services import acquisition as acquisition_services
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.fakes import FakeProvider
 
@@ -28,13 +29,13 @@ def test_a_failed_attach_releases_the_claim_and_the_retry_attaches_the_same_node
         def locked(**kwargs):
             raise OperationalError("database table is locked: fleet_instance")
 
-        monkeypatch.setattr(services, "acquisition_attach", locked)
+        monkeypatch.setattr(acquisition_services, "acquisition_attach", locked)
         with pytest.raises(OperationalError):
             services.acquisition_launch(acquisition=acquisition)
         acquisition.refresh_from_db()
         assert acquisition.status == AcquisitionStatus.REQUESTED and "locked" in acquisition.error
 
-        monkeypatch.setattr(services, "acquisition_attach", attach)
+        monkeypatch.setattr(acquisition_services, "acquisition_attach", attach)
         attached = services.acquisition_launch(acquisition=acquisition)  # the task's retry
         assert len(attached) == 2
         assert len(fake.by_token) == 1  # one launch at the provider: the retry adopted its nodes

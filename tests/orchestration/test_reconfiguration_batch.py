@@ -17,8 +17,9 @@ from controlplane.fleet.models import Instance, InterruptionNotice, NoticeKind, 
 from controlplane.fleet.notices import NoticeDraft, notice_process, notices_store
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration, TrainingJob
-from controlplane.orchestration import services, signals
+from controlplane.orchestration import services, signals, tasks
 from controlplane.orchestration.providers import set_provider
+from controlplane.orchestration.services import generations
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertDelivery
 from tests.controlplane.factories import make_instance, make_job, make_team
@@ -29,15 +30,16 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _worker(monkeypatch, settings):
-    """As in the drain task: reconfigurations are applied inline on commit; reconcile tasks are
-    recorded rather than published."""
+    """As in the drain task: reconfigurations are applied inline on commit; the tasks the services
+    enqueue are recorded rather than published."""
     settings.SPOTPIPE_NOTICE_HANDOFF = "none"
     settings.SPOTPIPE_ALERT_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the alert URL is on loopback
     provider = FakeProvider()
     set_provider("local", provider)
     monkeypatch.setattr(signals, "_in_worker", lambda: True)
     enqueued: list[tuple] = []
-    monkeypatch.setattr(services, "task_enqueue", lambda name, *args: enqueued.append((name, *args)))
+    for name in ("apply_reconfiguration", "instance_joined", "reconcile_job"):
+        monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, name=name: enqueued.append((name, *args)))
     yield enqueued
     set_provider("local", None)
 
@@ -231,7 +233,7 @@ def test_a_batch_ends_where_one_after_another_ends(django_capture_on_commit_call
         applied_together.append(len(reconfigurations))
         return real_apply(reconfigurations=reconfigurations)
 
-    monkeypatch.setattr(services, "reconfigurations_apply", spy)
+    monkeypatch.setattr(generations, "reconfigurations_apply", spy)
     _as_one_batch(batched, django_capture_on_commit_callbacks)
     # The batch's own path, not the one-by-one fallback: its six new rows applied in one call.
     assert applied_together == [6]
@@ -261,7 +263,7 @@ def test_a_batch_ends_where_one_after_another_ends(django_capture_on_commit_call
             raise RuntimeError("batch apply failed")
         return real_apply(reconfigurations=reconfigurations)
 
-    monkeypatch.setattr(services, "reconfigurations_apply", broken)
+    monkeypatch.setattr(generations, "reconfigurations_apply", broken)
     fallback = _world()
     _as_one_batch(fallback, django_capture_on_commit_callbacks)
     assert _end_state(fallback) == expected

@@ -16,6 +16,7 @@ from controlplane.jobs.models import Reconfiguration
 from controlplane.orchestration import services, tasks
 from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.providers import set_provider
+from controlplane.orchestration.services.transitions import _transition
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.conftest import quiesce_worker
 from tests.orchestration.fakes import FakeProvider
@@ -104,7 +105,7 @@ def test_notice_decided_elsewhere_is_applied_by_the_worker(worker):
         retrying(services.agent_enroll, enroll_key=key, provider_instance_id=instance.provider_instance_id)
     wait_for(lambda: job.generations.filter(number=1).exists(), what="generation 1")
 
-    retrying(services._transition, instances[0], InstanceState.NOTICE)
+    retrying(_transition, instances[0], InstanceState.NOTICE)
     retrying(reconfiguration_decide, job=job, trigger="notice", trigger_key=f"leave:instance:{instances[0].pk}",
              instance=instances[0])
     wait_for(lambda: job.generations.filter(number=2).exists(), what="generation 2 after the notice")

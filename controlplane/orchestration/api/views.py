@@ -19,7 +19,7 @@ from controlplane.accounts.services import agent_token_rotate
 from controlplane.common.api import agent_token, validate_or_400
 from controlplane.fleet.models import Instance
 from controlplane.jobs.services import job_record_event
-from controlplane.orchestration import selectors, services
+from controlplane.orchestration import selectors, services, tasks
 from controlplane.orchestration.api.serializers import (
     AgentEventSerializer,
     AgentNoticeResultSerializer,
@@ -30,6 +30,7 @@ from controlplane.orchestration.api.serializers import (
     EnrollResultSerializer,
     EnrollSerializer,
 )
+from controlplane.orchestration.enqueue import enqueue
 
 # How often a held long-poll looks at the database: one indexed single-row query.
 POLL_INTERVAL_S = 0.025
@@ -146,7 +147,7 @@ class AgentEventView(APIView):
                 failed = services.worker_exit_report(instance=instance, code=data["code"], reason=data["message"],
                                                      generation=data["generation"])
                 if not failed:  # a failed job's release is enqueued by job_fail
-                    services.task_enqueue("reconcile_job", instance.job_id)
+                    enqueue(tasks.reconcile_job, instance.job_id)
             elif data["kind"] == "requirements_failed":
                 services.requirements_failed_report(instance=instance, reason=data["message"])
         return Response(status=status.HTTP_202_ACCEPTED)

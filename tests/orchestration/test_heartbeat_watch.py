@@ -1,4 +1,4 @@
-"""Heartbeat silence during a control-plane outage is not the nodes' death (`orchestration.hearing`):
+"""Heartbeat silence during a control-plane outage is not the nodes' death (`orchestration.heartbeat_watch`):
 the chaos soak found that restarting the web server for a few seconds made every node look dead, and
 then, with a first fix, that a web server shutting down still serves some nodes for a while."""
 
@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
-from controlplane.orchestration.hearing import heard_until
+from controlplane.orchestration.heartbeat_watch import heard_until
 from tests.controlplane.factories import make_instance, make_team
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
-from spotpipe import schedule
+from spotpipe import preemption_script
 from spotpipe.driver import layout_for
 
 
@@ -20,20 +20,22 @@ def _trace(removals: list[tuple[float, int]]) -> Trace:
 
 
 def test_same_seed_same_schedule_and_different_seed_differs():
-    trace = schedule.demo_trace(nodes=4, seed=3)
-    a = schedule.demo_schedule(trace, seed=3, dp=2, pp=2, max_events=3)
-    assert a == schedule.demo_schedule(schedule.demo_trace(nodes=4, seed=3), seed=3, dp=2, pp=2, max_events=3)
-    others = [schedule.demo_schedule(schedule.demo_trace(nodes=4, seed=s), seed=s, dp=2, pp=2, max_events=3)
+    trace = preemption_script.demo_trace(nodes=4, seed=3)
+    a = preemption_script.demo_schedule(trace, seed=3, dp=2, pp=2, max_events=3)
+    assert a == preemption_script.demo_schedule(preemption_script.demo_trace(nodes=4, seed=3), seed=3, dp=2, pp=2,
+                                                max_events=3)
+    others = [preemption_script.demo_schedule(preemption_script.demo_trace(nodes=4, seed=s), seed=s, dp=2, pp=2,
+                                              max_events=3)
               for s in range(4, 8)]
     assert any(o != a for o in others)
 
 
 def test_trace_time_is_compressed_onto_the_window_of_the_job():
-    plan = schedule.demo_schedule(_trace([(100.0, 1), (300.0, 2), (400.0, 1), (900.0, 1)]), seed=0, dp=2, pp=2,
-                                  max_events=3)
+    plan = preemption_script.demo_schedule(_trace([(100.0, 1), (300.0, 2), (400.0, 1), (900.0, 1)]), seed=0, dp=2, pp=2,
+                                                max_events=3)
     assert [p.trace_t_s for p in plan] == [100.0, 300.0, 400.0]
     assert [p.count for p in plan] == [1, 2, 1]
-    lo, hi = schedule.WINDOW
+    lo, hi = preemption_script.WINDOW
     assert plan[-1].at_fraction == pytest.approx(hi)
     assert plan[0].at_fraction == pytest.approx(lo + (hi - lo) * 100 / 400)
     assert [p.at_fraction for p in plan] == sorted(p.at_fraction for p in plan)
@@ -41,21 +43,21 @@ def test_trace_time_is_compressed_onto_the_window_of_the_job():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_a_demo_always_shows_both_kinds_of_preemption(seed):
-    plan = schedule.demo_schedule(_trace([(10.0, 1), (20.0, 1)]), seed=seed, dp=2, pp=2, max_events=2)
+    plan = preemption_script.demo_schedule(_trace([(10.0, 1), (20.0, 1)]), seed=seed, dp=2, pp=2, max_events=2)
     assert {p.with_notice for p in plan} == {True, False}
 
 
 def test_victims_take_different_stages_first():
-    (p,) = schedule.demo_schedule(_trace([(5.0, 3)]), seed=1, dp=2, pp=2, max_events=1)
+    (p,) = preemption_script.demo_schedule(_trace([(5.0, 3)]), seed=1, dp=2, pp=2, max_events=1)
     assert sorted(p.victims) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     first_two = p.victims[:2]
     assert {stage for _, stage in first_two} == {0, 1}
     assert {pipeline for pipeline, _ in first_two} == {0, 1}
-    (q,) = schedule.demo_schedule(_trace([(5.0, 3)]), seed=2, dp=3, pp=2, max_events=1)
+    (q,) = preemption_script.demo_schedule(_trace([(5.0, 3)]), seed=2, dp=3, pp=2, max_events=1)
     assert sorted(stage for _, stage in q.victims[:2]) == [0, 1]
     assert len({pipeline for pipeline, _ in q.victims[:3]}) == 3
-    assert schedule.max_survivable(dp=2, pp=2) == 2
-    assert schedule.max_survivable(dp=1, pp=4) == 1
+    assert preemption_script.max_survivable(dp=2, pp=2) == 2
+    assert preemption_script.max_survivable(dp=1, pp=4) == 1
 
 
 def test_layout_for_node_counts():
@@ -68,10 +70,10 @@ def test_layout_for_node_counts():
 
 
 def test_a_trace_file_is_read(shared_data):
-    trace = schedule.demo_trace(nodes=4, seed=0, path=shared_data / "traces" / "aws-g4dn-bamboo.csv")
-    plan = schedule.demo_schedule(trace, seed=0, dp=2, pp=2, max_events=4)
+    trace = preemption_script.demo_trace(nodes=4, seed=0, path=shared_data / "traces" / "aws-g4dn-bamboo.csv")
+    plan = preemption_script.demo_schedule(trace, seed=0, dp=2, pp=2, max_events=4)
     assert len(plan) == 4
-    assert all(schedule.WINDOW[0] <= p.at_fraction <= schedule.WINDOW[1] for p in plan)
+    assert all(preemption_script.WINDOW[0] <= p.at_fraction <= preemption_script.WINDOW[1] for p in plan)
 
 
 def test_timeline_labels_say_what_a_generation_did():

@@ -1,0 +1,199 @@
+"""Acquisition: record a job's missing capacity, launch it at the provider, attach the launched
+nodes to their instances."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+
+from controlplane.fleet.models import Instance, Lifecycle, ProviderKind
+from controlplane.fleet.states import InstanceState
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
+from controlplane.jobs.services import job_record_event
+from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
+from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
+from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM
+from controlplane.orchestration.selectors import job_counted_instances, job_shape, pools_ranked, setting
+from controlplane.orchestration.services.catalogue import _instance_type_row, _pool_json, _zone_row
+from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key
+from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now, _transition
+
+logger = logging.getLogger(__name__)
+
+# A launch claimed this long ago and never finished is assumed dead (its worker crashed).
+LAUNCH_STALE_AFTER = timedelta(seconds=120)
+
+
+@transaction.atomic
+def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIAL) -> Acquisition | None:
+    """Record an acquisition for the job's missing capacity (plan nodes minus counted instances),
+    with one REQUESTED instance per node, under the job's lock. Returns None when nothing is
+    missing, so calling it twice acquires once."""
+    locked = _lock_job(job)
+    if locked.status not in ACTIVE_JOB_STATUSES:
+        return None
+    shape = job_shape(job=locked)
+    missing = shape.nodes - len(job_counted_instances(job=locked))
+    if missing <= 0:
+        return None
+    pools, avoided = pools_ranked(job=locked, shape=shape)
+    number = Acquisition.objects.filter(job=locked).count() + 1
+    now = _now()
+    acquisition = Acquisition.objects.create(
+        team_id=locked.team_id,
+        job=locked,
+        request_token=f"job{locked.pk}-acq{number}",
+        provider=shape.provider,
+        count=missing,
+        pools=[_pool_json(p) for p in pools],
+        avoided_pools=[_pool_json(p) for p in avoided],
+        reason=reason,
+        requested_at=now,
+    )
+    itype = _instance_type_row(shape.provider, pools[0].instance_type)
+    zone = _zone_row(shape.provider, pools[0].zone)
+    for index in range(missing):
+        Instance.objects.create(
+            team_id=locked.team_id,
+            job=locked,
+            provider=shape.provider,
+            instance_type=itype,
+            zone=zone,
+            lifecycle=Lifecycle.SPOT,
+            request_token=f"{acquisition.request_token}/{index}",
+        )
+    if locked.status == JobStatus.PENDING:
+        _job_set_status(locked, JobStatus.PROVISIONING, f"acquiring {shape.nodes} node(s) from {shape.provider}")
+    job_record_event(
+        job=locked,
+        kind="acquisition",
+        message=f"requested {missing} {shape.provider} node(s) ({reason})",
+        data={
+            "acquisition": acquisition.pk,
+            "count": missing,
+            "pools": acquisition.pools,
+            "avoided_pools": acquisition.avoided_pools,
+        },
+        at=now,
+    )
+    return acquisition
+
+
+def _claim_launch(acquisition: Acquisition) -> bool:
+    """Claim the launch of an acquisition (one runner at a time; a stale claim can be taken over)."""
+    now = _now()
+    with transaction.atomic():
+        locked = Acquisition.objects.select_for_update().get(pk=acquisition.pk)
+        stale = locked.launch_started_at is not None and now - locked.launch_started_at > LAUNCH_STALE_AFTER
+        if locked.status == AcquisitionStatus.REQUESTED or (locked.status == AcquisitionStatus.LAUNCHING and stale):
+            locked.status = AcquisitionStatus.LAUNCHING
+            locked.launch_started_at = now
+            locked.attempts += 1
+            locked.save(update_fields=["status", "launch_started_at", "attempts"])
+            return True
+    return False
+
+
+def control_plane_url() -> str:
+    """Where agents reach the control plane (SPOTPIPE_PUBLIC_URL)."""
+    return str(setting("SPOTPIPE_PUBLIC_URL", "http://127.0.0.1:8000")).rstrip("/")
+
+
+def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
+    """Launch the nodes of an acquisition and attach their provider ids to its instances.
+
+    Runs the provider call outside any transaction. If another runner holds the launch, returns
+    without calling the provider; if the provider already launched for this token (a retry), it
+    returns those nodes and nothing new is started."""
+    from controlplane.orchestration.rendezvous import rendezvous_ensure
+
+    acquisition.refresh_from_db()
+    if acquisition.status in (AcquisitionStatus.FULFILLED, AcquisitionStatus.FAILED):
+        return list(Instance.objects.filter(request_token__startswith=f"{acquisition.request_token}/"))
+    # The store first: by the time the nodes enrol, the first generation can name it.
+    rendezvous_ensure(job=acquisition.job)
+    if not _claim_launch(acquisition):
+        return []
+    provider = get_provider(acquisition.provider)
+    request = LaunchRequest(
+        client_token=acquisition.request_token,
+        count=acquisition.count,
+        pools=tuple(Pool(instance_type=p["instance_type"], zone=p.get("zone") or "") for p in acquisition.pools),
+        bootstrap=AgentBootstrap(
+            control_plane_url=control_plane_url(),
+            enroll_key=acquisition_enroll_key(acquisition=acquisition),
+            cloud="aws"
+            if acquisition.provider == ProviderKind.AWS
+            else setting("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws"),
+            heartbeat_s=setting("SPOTPIPE_HEARTBEAT_S", 0.5),
+        ),
+        tags={TAG_JOB: str(acquisition.job_id), TAG_TEAM: str(acquisition.team_id)},
+    )
+    try:
+        return acquisition_attach(acquisition=acquisition, nodes=provider.launch(request))
+    except Exception as exc:
+        # Give the claim back (the provider adopts what this try started), whether the provider or
+        # the attach failed: a claim left behind would hold the launch for LAUNCH_STALE_AFTER.
+        try:
+            with transaction.atomic():
+                Acquisition.objects.filter(pk=acquisition.pk, status=AcquisitionStatus.LAUNCHING).update(
+                    status=AcquisitionStatus.REQUESTED, error=f"{type(exc).__name__}: {exc}"[:2000]
+                )
+        except Exception:
+            logger.exception("could not release the launch claim of acquisition %s", acquisition.pk)
+        raise
+
+
+@transaction.atomic
+def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> list[Instance]:
+    """Give each requested instance of the acquisition a launched node (in order), move it to
+    pending, and mark the acquisition fulfilled. Instances left without a node have failed."""
+    locked = Acquisition.objects.select_for_update().get(pk=acquisition.pk)
+    instances = list(
+        Instance.objects.select_for_update().filter(request_token__startswith=f"{locked.request_token}/").order_by("id")
+    )
+    known = {i.provider_instance_id for i in instances if i.provider_instance_id}
+    fresh = [n for n in nodes if n.provider_instance_id not in known]
+    attached = []
+    for instance in instances:
+        if instance.provider_instance_id:
+            attached.append(instance)
+            continue
+        if not fresh:
+            _transition(instance, InstanceState.FAILED, detail={"reason": "provider launched fewer nodes"})
+            continue
+        node = fresh.pop(0)
+        instance.provider_instance_id = node.provider_instance_id
+        instance.instance_type = _instance_type_row(locked.provider, node.instance_type or "unknown")
+        instance.zone = _zone_row(locked.provider, node.zone)
+        instance.agent_address = node.address[:200]
+        instance.save(update_fields=["provider_instance_id", "instance_type", "zone", "agent_address", "updated_at"])
+        _transition(
+            instance,
+            InstanceState.PENDING,
+            detail={"acquisition": locked.pk, "pool": f"{node.instance_type}@{node.zone}"},
+        )
+        attached.append(instance)
+    locked.status = AcquisitionStatus.FULFILLED
+    locked.launched = len(attached)
+    locked.fulfilled_at = _now()
+    locked.error = ""
+    locked.save(update_fields=["status", "launched", "fulfilled_at", "error"])
+    job_record_event(
+        job=locked.job,
+        kind="acquired",
+        message=f"{len(attached)} of {locked.count} node(s) launched",
+        data={
+            "acquisition": locked.pk,
+            "instances": [i.pk for i in attached],
+            "provider_ids": [i.provider_instance_id for i in attached],
+        },
+    )
+    return attached
+
+
+def job_start(*, job: TrainingJob) -> Acquisition | None:
+    """Begin a pending job: request its plan's capacity (launch happens in a task)."""
+    return capacity_request(job=job, reason=AcquisitionReason.INITIAL)

@@ -1,0 +1,156 @@
+"""Agents: a node's enrolment, the commands its agent polls for, and the notices it reports."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.fleet.models import Instance
+from controlplane.fleet.states import TERMINAL_STATES, InstanceState
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES
+from controlplane.orchestration.enqueue import enqueue_on_commit
+from controlplane.orchestration.selectors import job_current_generation
+from controlplane.orchestration.services.enrolment_keys import acquisition_from_enroll_key
+from controlplane.orchestration.services.transitions import _now, _transition
+
+
+def agent_enroll(
+    *,
+    enroll_key: str,
+    provider_instance_id: str,
+    address: str = "",
+    identity_document: str = "",
+    identity_signature: str = "",
+) -> tuple[Instance, str]:
+    """Exchange an acquisition's enrolment key and the node's provider id for an agent token bound
+    to that instance. Raises DomainError (400) on a bad key, Conflict (409) when the node is not
+    attached yet (the agent retries), and IdentityRejected (403) when the provider's identity check
+    is enforced (aws) and the signed instance identity document does not prove the node is the
+    launched instance in the configured account and region."""
+    from controlplane.accounts.models import TokenKind
+    from controlplane.accounts.services import api_token_create
+    from controlplane.common.errors import Conflict, DomainError
+
+    # Imported here, not at the top: the tasks module imports these services (its tasks wrap them)
+    # and the task enqueued here calls them back, a true import cycle.
+    from controlplane.orchestration import tasks
+    from controlplane.orchestration.identity import identity_policy_for, verify_identity_document
+
+    acquisition = acquisition_from_enroll_key(key=enroll_key)
+    if acquisition is None:
+        raise DomainError("unknown or invalid enrolment key", field="enroll_key")
+    instance = Instance.objects.filter(
+        job_id=acquisition.job_id,
+        provider_instance_id=provider_instance_id,
+        request_token__startswith=f"{acquisition.request_token}/",
+    ).first()
+    if instance is None:
+        raise Conflict(
+            f"node {provider_instance_id!r} is not attached to acquisition {acquisition.pk} yet; retry",
+            field="provider_instance_id",
+        )
+    if instance.state in TERMINAL_STATES:
+        raise Conflict(f"instance {instance.pk} is {instance.state}; it cannot enrol", field="provider_instance_id")
+    policy = identity_policy_for(acquisition.provider)
+    if policy is not None:
+        verify_identity_document(
+            document=identity_document,
+            signature_b64=identity_signature,
+            expected_instance_id=instance.provider_instance_id,
+            policy=policy,
+        )
+    with transaction.atomic():
+        _token, key = api_token_create(
+            team=instance.team, kind=TokenKind.AGENT, instance=instance, name=f"agent {provider_instance_id}"
+        )
+        if address:
+            instance.agent_address = address[:200]
+        instance.last_heartbeat_at = _now()
+        instance.save(update_fields=["agent_address", "last_heartbeat_at", "updated_at"])
+        if instance.state in (InstanceState.REQUESTED, InstanceState.PENDING):
+            _transition(instance, InstanceState.RUNNING, detail={"enrolled": True})
+            enqueue_on_commit(tasks.instance_joined, instance.pk)
+    return instance, key
+
+
+def agent_commands(*, instance_id: int) -> dict[str, Any]:
+    """What the agent of `instance_id` should do now: its job, the current generation and its own
+    assignment in it, and an action (`run`, `standby`, `idle`, `stop`)."""
+    from controlplane.jobs.artifacts import job_artifacts_location
+    from controlplane.orchestration.selectors import instance_command_version
+
+    instance = Instance.objects.select_related("job").get(pk=instance_id)
+    job = instance.job
+    version = instance_command_version(instance=instance)
+    answer: dict[str, Any] = {
+        "version": version,
+        "instance": instance.pk,
+        "provider_instance_id": instance.provider_instance_id,
+        "job": None,
+        "generation": None,
+        "assignment": None,
+        "action": "idle",
+    }
+    if instance.state in TERMINAL_STATES:
+        answer["action"] = "stop"
+        return answer
+    if job is None:
+        return answer
+    answer["job"] = {
+        "id": job.pk,
+        "status": job.status,
+        "strategy": job.strategy,
+        "target_steps": job.target_steps,
+        "config": job.config,
+        "plan": job.plan,
+        "steps_done": job.steps_done,
+        # The job's folder in the artifact store: the workers export the final weights there.
+        "artifacts": job_artifacts_location(job=job),
+    }
+    if job.status not in ACTIVE_JOB_STATUSES:
+        answer["action"] = "stop"
+        return answer
+    generation = job_current_generation(job=job)
+    if generation is None:
+        return answer
+    answer["generation"] = {
+        "number": generation.number,
+        "membership": generation.membership,
+        "layout": generation.layout,
+        "created_at": generation.created_at.isoformat(),
+    }
+    member = next((m for m in generation.membership if m.get("instance") == instance.pk), None)
+    answer["assignment"] = member
+    answer["action"] = "run" if member is not None else "standby"
+    return answer
+
+
+def agent_notice(
+    *,
+    instance: Instance,
+    kind: str,
+    action: str = "",
+    deadline: datetime | None = None,
+    cloud: str = "",
+    payload: dict | None = None,
+) -> int | None:
+    """Store a notice the agent saw in its metadata endpoint (once per instance and kind) and hand it
+    to workers; returns the stored notice id (None for a duplicate)."""
+    from controlplane.fleet.models import NoticeSource
+    from controlplane.fleet.notices import NoticeDraft, notices_store
+
+    draft = NoticeDraft(
+        team_id=instance.team_id,
+        source=NoticeSource.AGENT,
+        kind=kind,
+        action=action,
+        dedup_key=f"agent:{instance.provider or 'local'}:{instance.provider_instance_id}:{kind}",
+        provider_instance_id=instance.provider_instance_id or "",
+        event_time=_now(),
+        deadline=deadline,
+        payload={"cloud": cloud, "metadata": payload or {}},
+    )
+    result = notices_store(drafts=[draft])
+    return next(iter(result.stored.values()), None)

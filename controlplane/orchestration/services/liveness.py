@@ -1,0 +1,75 @@
+"""Death detection: nodes whose heartbeats stopped, or that never enrolled, are lost."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from controlplane.fleet.models import Instance, Lifecycle
+from controlplane.fleet.states import InstanceState
+from controlplane.jobs.models import Reconfiguration, ReconfigurationTrigger
+from controlplane.jobs.reconfiguration import reconfiguration_decide
+from controlplane.jobs.services import job_record_event
+from controlplane.orchestration.selectors import setting
+from controlplane.orchestration.services.generations import reconfiguration_apply
+from controlplane.orchestration.services.transitions import _now, _transition
+
+# A node that never enrolled this long after launch is given up.
+ENROLL_TIMEOUT = timedelta(seconds=180)
+
+
+def heartbeat_timeout_s() -> float:
+    """Seconds without a heartbeat after which a node is declared dead."""
+    return setting("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0)
+
+
+def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None = None) -> Reconfiguration | None:
+    """A node is gone (heartbeat timeout, the provider says it ended): mark it preempted (spot) or
+    failed, and decide the job's reconfiguration (once per leaving node)."""
+    with transaction.atomic():
+        target = InstanceState.PREEMPTED if instance.lifecycle == Lifecycle.SPOT else InstanceState.FAILED
+        moved = _transition(instance, target, detail={"reason": reason})
+        if not moved or instance.job_id is None:
+            return None
+        job_record_event(
+            job=instance.job,
+            kind="instance_lost",
+            message=f"instance {instance.pk} ({instance.provider_instance_id}) lost: {reason}",
+            data={"instance": instance.pk, "reason": reason},
+        )
+        reconfiguration = reconfiguration_decide(
+            job=instance.job,
+            trigger=ReconfigurationTrigger.DEATH,
+            trigger_key=f"leave:instance:{instance.pk}",
+            instance=instance,
+        )
+    return reconfiguration
+
+
+def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | None = None) -> list[int]:
+    """Running nodes whose last heartbeat is older than the timeout, and pending nodes that never
+    enrolled: mark them lost and react. Returns the instance ids."""
+    now = now or _now()
+    cutoff = now - timedelta(seconds=timeout_s if timeout_s is not None else heartbeat_timeout_s())
+    dead = list(
+        Instance.objects.select_related("job").filter(
+            state__in=(InstanceState.RUNNING, InstanceState.NOTICE), last_heartbeat_at__lt=cutoff
+        )
+    )
+    stuck = list(
+        Instance.objects.select_related("job").filter(
+            state__in=(InstanceState.REQUESTED, InstanceState.PENDING), created_at__lt=now - ENROLL_TIMEOUT
+        )
+    )
+    lost = []
+    for instance in dead:
+        reconfiguration = instance_mark_lost(instance=instance, reason="heartbeat timeout")
+        lost.append(instance.pk)
+        if reconfiguration is not None:
+            reconfiguration_apply(reconfiguration=reconfiguration)
+    for instance in stuck:
+        with transaction.atomic():
+            if _transition(instance, InstanceState.FAILED, detail={"reason": "never enrolled"}):
+                lost.append(instance.pk)
+    return lost

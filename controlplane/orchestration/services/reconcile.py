@@ -1,0 +1,142 @@
+"""Reconcile and release: repair the difference between a job's desired and actual capacity,
+release an ended job's nodes, and list the jobs the periodic reconcile visits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.fleet.models import Instance
+from controlplane.fleet.states import LIVE_STATES, InstanceState
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, Reconfiguration, TrainingJob
+from controlplane.jobs.services import job_record_event
+from controlplane.orchestration import reactions
+from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
+from controlplane.orchestration.providers import get_provider
+from controlplane.orchestration.selectors import COUNTED_STATES, job_counted_instances, job_shape
+from controlplane.orchestration.services.acquisition import acquisition_launch, capacity_request
+from controlplane.orchestration.services.generations import (
+    _current_slots,
+    job_grow,
+    reconfiguration_apply,
+    reconfigurations_pending,
+)
+from controlplane.orchestration.services.job_end import job_fail_if_stalled, job_finish
+from controlplane.orchestration.services.liveness import instance_mark_lost
+from controlplane.orchestration.services.transitions import _transition
+
+
+def capacity_release(*, job: TrainingJob) -> list[int]:
+    """Terminate every live node of the job (finished, failed or cancelled) and close their billing."""
+    instances = list(Instance.objects.filter(job=job, state__in=LIVE_STATES))
+    by_provider: dict[str, list[Instance]] = {}
+    for instance in instances:
+        by_provider.setdefault(instance.provider, []).append(instance)
+    for provider_kind, group in by_provider.items():
+        ids = [i.provider_instance_id for i in group if i.provider_instance_id]
+        if ids:
+            get_provider(provider_kind).terminate(ids)
+    released = []
+    for instance in instances:
+        with transaction.atomic():
+            if _transition(instance, InstanceState.TERMINATED, detail={"reason": f"job {job.status}"}):
+                released.append(instance.pk)
+    if released:
+        job_record_event(
+            job=job, kind="released", message=f"released {len(released)} node(s)", data={"instances": released}
+        )
+    from controlplane.orchestration.rendezvous import rendezvous_release
+
+    rendezvous_release(job=job)
+    return released
+
+
+def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
+    """Compare desired and actual capacity of one job and repair the difference:
+    - a finished/cancelled/failed job has all its nodes released (a job with no progress for
+      SPOTPIPE_JOB_STALL_TIMEOUT_S is failed first);
+    - nodes the provider reports gone are marked lost (and the job reacts);
+    - decided reconfigurations nobody applied are applied;
+    - missing capacity is requested (cheapest pool that fits, avoiding pools that just preempted us)
+      and launched; surplus nodes that are not members are terminated.
+    Idempotent: run it as often as you like."""
+    job.refresh_from_db()
+    report: dict[str, Any] = {"job": job.pk, "lost": [], "requested": 0, "launched": 0, "released": [], "surplus": []}
+    if job_finish(job=job) or job_fail_if_stalled(job=job):
+        job.refresh_from_db()
+    if job.status not in ACTIVE_JOB_STATUSES:
+        report["released"] = capacity_release(job=job)
+        return report
+    # Drift: ask the provider about the nodes we believe alive.
+    live = [
+        i
+        for i in Instance.objects.filter(
+            job=job, state__in=(InstanceState.PENDING, InstanceState.RUNNING, InstanceState.NOTICE)
+        )
+        if i.provider_instance_id
+    ]
+    by_provider: dict[str, list[Instance]] = {}
+    for instance in live:
+        by_provider.setdefault(instance.provider, []).append(instance)
+    for provider_kind, group in by_provider.items():
+        states = {
+            n.provider_instance_id: n.state
+            for n in get_provider(provider_kind).describe([i.provider_instance_id for i in group])
+        }
+        for instance in group:
+            if states.get(instance.provider_instance_id) in ("terminated", "missing", "stopping"):
+                reconfiguration = instance_mark_lost(instance=instance, reason="provider reports it gone")
+                report["lost"].append(instance.pk)
+                if reconfiguration is not None:
+                    reconfiguration_apply(reconfiguration=reconfiguration)
+    for pk in reconfigurations_pending(job=job):
+        reconfiguration_apply(reconfiguration=Reconfiguration.objects.get(pk=pk))
+    job.refresh_from_db()
+    reason = AcquisitionReason.REPLACEMENT if job.current_generation else AcquisitionReason.INITIAL
+    acquisition = capacity_request(job=job, reason=reason)
+    if acquisition is not None:
+        report["requested"] = acquisition.count
+    for pending in Acquisition.objects.filter(
+        job=job, status__in=(AcquisitionStatus.REQUESTED, AcquisitionStatus.LAUNCHING)
+    ):
+        report["launched"] += len(acquisition_launch(acquisition=pending))
+    job_grow(job=job)
+    report["surplus"] = _terminate_surplus(job)
+    return report
+
+
+def _terminate_surplus(job: TrainingJob) -> list[int]:
+    """Nodes beyond the plan that are not members of the current generation (a replacement that
+    arrived after the job already grew back, say)."""
+    shape = job_shape(job=job)
+    counted = job_counted_instances(job=job)
+    extra = len(counted) - shape.nodes
+    if extra <= 0:
+        return []
+    members = set(reactions.alive(_current_slots(job) or []))
+    spare = [i for i in reversed(counted) if i.pk not in members and i.state == InstanceState.RUNNING][:extra]
+    ids = [i.provider_instance_id for i in spare if i.provider_instance_id]
+    if ids:
+        get_provider(shape.provider).terminate(ids)
+    for instance in spare:
+        with transaction.atomic():
+            _transition(instance, InstanceState.TERMINATED, detail={"reason": "surplus"})
+    return [i.pk for i in spare]
+
+
+def active_job_ids() -> list[int]:
+    """Jobs that hold or want capacity (and ended jobs that still hold some)."""
+    ids = {
+        pk
+        for pk, status, plan in TrainingJob.objects.filter(status__in=ACTIVE_JOB_STATUSES).values_list(
+            "pk", "status", "plan"
+        )
+        if status != JobStatus.PENDING or plan
+    }
+    ids |= set(
+        Instance.objects.filter(state__in=COUNTED_STATES | {InstanceState.NOTICE}, job__isnull=False).values_list(
+            "job_id", flat=True
+        )
+    )
+    return sorted(ids)

@@ -1,0 +1,57 @@
+"""Moving a job's status (and telling the team's alert URLs) and an instance's state (and keeping its
+billing in step), for the orchestration services; and their clock."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.utils import timezone
+
+from controlplane.billing.services import billing_close, billing_open
+from controlplane.fleet.models import Instance
+from controlplane.fleet.services import instance_transition
+from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, InstanceState
+from controlplane.jobs.models import JOB_TRANSITIONS, JobStatus, TrainingJob
+from controlplane.jobs.services import job_set_status
+from controlplane.webhooks.alerts import alert_job_status
+
+logger = logging.getLogger(__name__)
+
+
+def _now() -> datetime:
+    return timezone.now()
+
+
+def _lock_job(job: TrainingJob) -> TrainingJob:
+    return TrainingJob.objects.select_for_update().get(pk=job.pk)
+
+
+def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict | None = None) -> None:
+    """Move the job's status (the caller holds the job lock) and tell the team's alert URLs. A move
+    the job's state machine refuses (a reaction that arrives after the job ended) changes nothing:
+    a late event must not bring a failed or finished job back."""
+    previous = job.status
+    if status != previous and status not in JOB_TRANSITIONS[previous]:
+        logger.warning("job %s stays %s: %s would be illegal (%s)", job.pk, previous, status, message)
+        return
+    if not job_set_status(job, status, message, data=data):
+        return
+    # Teams' outbound alert URLs hear of recovering / recovered / failed / finished.
+    recovered = previous == JobStatus.RECOVERING and status == JobStatus.RUNNING
+    alert_job_status(job=job, status="recovered" if recovered else status, message=message)
+
+
+def _transition(instance: Instance, to: str, *, detail: dict | None = None) -> bool:
+    """Move an instance if the state machine allows it (and keep its billing in step)."""
+    instance.refresh_from_db(fields=["state"])
+    if instance.state == to or to not in ALLOWED_TRANSITIONS[instance.state]:
+        return False
+    instance_transition(instance=instance, to=to, detail=detail or {})
+    # Billed from the very instant the instance's life starts and ends (its stamps), not from a
+    # later clock reading: the ledger must cover its life exactly.
+    if to == InstanceState.RUNNING:
+        billing_open(instance=instance, at=instance.running_at)
+    elif to in TERMINAL_STATES:
+        billing_close(instance=instance, at=instance.ended_at)
+    return True
