@@ -40,6 +40,7 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
         "/api/v1/instances/{id}/heartbeat/": {"post"},
         "/api/v1/notices/": {"get"},
         "/api/v1/notices/{id}/": {"get"},
+        "/api/v1/teams/{id}/spend/": {"get"},
     }.items():
         assert path in paths, path
         assert methods <= set(paths[path]), (path, set(paths[path]))

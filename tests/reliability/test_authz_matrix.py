@@ -112,6 +112,7 @@ ROWS: list[Row] = [
     # --- billing
     Row("api/v1/billing/segments/", "GET", "/api/v1/billing/segments/", API_LIST),
     Row("api/v1/jobs/<int:pk>/cost-report/", "GET", "/api/v1/jobs/{job}/cost-report/", API_OBJ),
+    Row("api/v1/teams/<int:pk>/spend/", "GET", "/api/v1/teams/{team}/spend/", API_OBJ),
     Row("api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/$", "GET", "/api/v1/jobs/{job}/artifacts/", API_OBJ),
     # The matrix's job has no weights yet: its own team gets 404 for the file too (a file that
     # exists is served to its team only: tests/controlplane/test_api_artifacts.py).
