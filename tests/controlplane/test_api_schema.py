@@ -20,7 +20,7 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
     schema = _generate(tmp_path)
     paths = schema["paths"]
     for path, methods in {
-        "/api/v1/teams/": {"get"},
+        "/api/v1/teams/": {"get", "post"},
         "/api/v1/teams/{id}/": {"get"},
         "/api/v1/tokens/": {"get", "post"},
         "/api/v1/tokens/{id}/": {"get", "delete"},
@@ -41,6 +41,8 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
         "/api/v1/notices/": {"get"},
         "/api/v1/notices/{id}/": {"get"},
         "/api/v1/teams/{id}/spend/": {"get"},
+        "/api/v1/teams/{id}/members/": {"get", "post"},
+        "/api/v1/teams/{id}/members/{user_id}/": {"patch", "delete"},
     }.items():
         assert path in paths, path
         assert methods <= set(paths[path]), (path, set(paths[path]))

@@ -76,6 +76,17 @@ ROWS: list[Row] = [
     # --- accounts
     Row("api/v1/^teams/$", "GET", "/api/v1/teams/", API_LIST),
     Row("api/v1/^teams/(?P<pk>[^/.]+)/$", "GET", "/api/v1/teams/{team}/", API_OBJ),
+    # Creating a team is for staff users; no principal of the matrix is staff.
+    Row("api/v1/^teams/$", "POST", "/api/v1/teams/", E(401, 403, 403, 403, 403),
+        body={"name": "made-in-test", "admin": "made-in-test"}),
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/$", "GET", "/api/v1/teams/{team}/members/", API_OBJ),
+    # The body names member A, already a member: the admin passes the role check and gets 409.
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/$", "POST", "/api/v1/teams/{team}/members/",
+        E(401, 403, 409, 404, 403), body={"username": "{username}", "role": "member"}),
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/(?P<user_id>[0-9]{1,18})/$", "PATCH",
+        "/api/v1/teams/{team}/members/{user}/", E(401, 403, 200, 404, 403), body={"role": "member"}),
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/(?P<user_id>[0-9]{1,18})/$", "DELETE",
+        "/api/v1/teams/{team}/members/{user}/", E(401, 403, 204, 404, 403)),
     Row("api/v1/^tokens/$", "GET", "/api/v1/tokens/", API_LIST),
     Row("api/v1/^tokens/$", "POST", "/api/v1/tokens/", E(401, 403, 201, 400, 403),
         body={"team": "{team}", "kind": "user", "name": "made-in-test"}),
