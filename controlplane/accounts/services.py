@@ -224,3 +224,20 @@ def agent_token_rotate(*, token: ApiToken) -> tuple[ApiToken, str]:
     if locked.revoked_at is not None or (locked.expires_at is not None and locked.expires_at <= now):
         raise Conflict("the token was revoked or expired meanwhile; enrol again", field="token")
     return api_token_create(team=locked.team, kind=TokenKind.AGENT, name=locked.name, instance=locked.instance)
+
+
+@transaction.atomic
+def user_token_rotate(*, token: ApiToken) -> tuple[ApiToken, str]:
+    """Replace a live user token with a new one of the same team, user, name and expiry; the old
+    one is revoked in the same transaction. Returns the new token and its plaintext key (shown once)."""
+    if token.kind != TokenKind.USER:
+        raise DomainError("agent tokens rotate themselves (POST /api/v1/agents/token/)", field="token")
+    locked = ApiToken.objects.select_for_update().get(pk=token.pk)
+    now = timezone.now()
+    if locked.revoked_at is not None or (locked.expires_at is not None and locked.expires_at <= now):
+        raise Conflict("the token is revoked or expired; create a new one", field="token")
+    new, key = api_token_create(team=locked.team, kind=TokenKind.USER, name=locked.name, user=locked.user,
+                                expires_at=locked.expires_at)
+    locked.revoked_at = now
+    locked.save(update_fields=["revoked_at", "updated_at"])
+    return new, key

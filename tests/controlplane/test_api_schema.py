@@ -24,6 +24,7 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
         "/api/v1/teams/{id}/": {"get"},
         "/api/v1/tokens/": {"get", "post"},
         "/api/v1/tokens/{id}/": {"get", "delete"},
+        "/api/v1/tokens/{id}/rotate/": {"post"},
         "/api/v1/jobs/": {"get", "post"},
         "/api/v1/jobs/{id}/": {"get"},
         "/api/v1/jobs/{id}/cancel/": {"post"},

@@ -92,6 +92,9 @@ ROWS: list[Row] = [
         body={"team": "{team}", "kind": "user", "name": "made-in-test"}),
     Row("api/v1/^tokens/(?P<pk>[^/.]+)/$", "GET", "/api/v1/tokens/{token}/", API_OBJ),
     Row("api/v1/^tokens/(?P<pk>[^/.]+)/$", "DELETE", "/api/v1/tokens/{token}/", E(401, 204, 204, 404, 403)),
+    # The URL's token is member A's: only its own user rotates it (an admin would get a key acting as them).
+    Row("api/v1/^tokens/(?P<pk>[^/.]+)/rotate/$", "POST", "/api/v1/tokens/{token}/rotate/",
+        E(401, 201, 403, 404, 403), body={}),
     # --- market (not team data)
     Row("api/v1/instance-types/", "GET", "/api/v1/instance-types/", API_GLOBAL),
     Row("api/v1/zones/", "GET", "/api/v1/zones/", API_GLOBAL),

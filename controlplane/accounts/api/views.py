@@ -174,3 +174,20 @@ class ApiTokenViewSet(
         # Visible tokens are the requester's own or those of a team it administers: both may revoke.
         services.api_token_revoke(token=token)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses={
+        201: ApiTokenCreatedSerializer,
+        400: OpenApiResponse(description="An agent token (agents rotate their own: POST /agents/token/)."),
+        409: OpenApiResponse(description="The token is revoked or expired."), **ERRORS,
+        403: OpenApiResponse(description="Another user's token, or an agent token.")})
+    @action(detail=True, methods=["post"])
+    def rotate(self, request: Request, pk: str | None = None) -> Response:
+        """Replace this user token with a new one (same team, user, name and expiry; the key shown
+        once) and revoke it at once. The token's own user only: an admin would otherwise get a key
+        that acts as someone else (admins revoke others' tokens with DELETE)."""
+        token: ApiToken = self.get_object()
+        if token.kind == TokenKind.USER and token.user_id != request.user.pk:
+            raise exceptions.PermissionDenied("only the token's own user may rotate it; admins may revoke it")
+        new, key = services.user_token_rotate(token=token)
+        new.key = key
+        return Response(ApiTokenCreatedSerializer(new).data, status=status.HTTP_201_CREATED)
