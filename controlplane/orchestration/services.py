@@ -759,6 +759,41 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
     return reconfiguration
 
 
+def instance_terminate(*, instance: Instance, reason: str) -> Reconfiguration | None:
+    """An operator ends a node: its provider is asked to terminate it, the row moves to
+    terminated (billing closed, agent token revoked) and, when it served a job that is still
+    active, the job reacts as to any leave (a reconfiguration decided, then applied here; the
+    reconciler applies it later if applying fails now). An instance already ended is a Conflict;
+    a provider that refuses raises ProviderError and nothing is written."""
+    from controlplane.common.errors import Conflict
+
+    instance.refresh_from_db(fields=["state"])
+    if instance.state in TERMINAL_STATES:
+        raise Conflict(f"instance {instance.pk} is already {instance.state}", field="state")
+    if instance.provider_instance_id:
+        get_provider(instance.provider).terminate([instance.provider_instance_id])
+    reconfiguration = None
+    with transaction.atomic():
+        if not _transition(instance, InstanceState.TERMINATED, detail={"reason": reason}):
+            raise Conflict(f"instance {instance.pk} ended meanwhile ({instance.state})", field="state")
+        job = instance.job if instance.job_id is not None else None
+        if job is not None and job.status in ACTIVE_JOB_STATUSES:
+            message = f"instance {instance.pk} ({instance.provider_instance_id}) terminated: {reason}"
+            job_record_event(job=job, kind="instance_terminated", message=message[:300],
+                             data={"instance": instance.pk, "reason": reason})
+            reconfiguration = reconfiguration_decide(
+                job=job, trigger=ReconfigurationTrigger.DEATH, trigger_key=f"leave:instance:{instance.pk}",
+                instance=instance,
+            )
+    if reconfiguration is not None:
+        try:
+            reconfiguration_apply(reconfiguration=reconfiguration)
+        except Exception:  # the reconciler applies decided reconfigurations nobody applied
+            logger.exception("applying reconfiguration %s after terminating instance %s", reconfiguration.pk,
+                             instance.pk)
+    return reconfiguration
+
+
 def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | None = None) -> list[int]:
     """Running nodes whose last heartbeat is older than the timeout, and pending nodes that never
     enrolled: mark them lost and react. Returns the instance ids."""

@@ -39,6 +39,7 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
         "/api/v1/instances/{id}/": {"get"},
         "/api/v1/instances/{id}/events/": {"get"},
         "/api/v1/instances/{id}/heartbeat/": {"post"},
+        "/api/v1/instances/{id}/terminate/": {"post"},
         "/api/v1/notices/": {"get"},
         "/api/v1/notices/{id}/": {"get"},
         "/api/v1/teams/{id}/spend/": {"get"},

@@ -106,6 +106,9 @@ ROWS: list[Row] = [
     Row("api/v1/^instances/(?P<pk>[^/.]+)/events/$", "GET", "/api/v1/instances/{instance}/events/", API_OBJ),
     Row("api/v1/^instances/(?P<pk>[^/.]+)/heartbeat/$", "POST", "/api/v1/instances/{instance}/heartbeat/",
         E(401, 403, 403, 404, 200, 404), body={"agent_address": "10.0.0.1:7070"}),
+    # Team admins only; the local provider has no such node to stop, so the row just ends.
+    Row("api/v1/^instances/(?P<pk>[^/.]+)/terminate/$", "POST", "/api/v1/instances/{instance}/terminate/",
+        E(401, 403, 200, 404, 403), body={"reason": "matrix"}),
     Row("api/v1/^notices/$", "GET", "/api/v1/notices/", API_LIST),
     Row("api/v1/^notices/(?P<pk>[^/.]+)/$", "GET", "/api/v1/notices/{notice}/", API_OBJ),
     # --- jobs
