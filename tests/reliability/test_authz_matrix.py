@@ -111,6 +111,9 @@ ROWS: list[Row] = [
         E(401, 403, 200, 404, 403), body={"reason": "matrix"}),
     Row("api/v1/^notices/$", "GET", "/api/v1/notices/", API_LIST),
     Row("api/v1/^notices/(?P<pk>[^/.]+)/$", "GET", "/api/v1/notices/{notice}/", API_OBJ),
+    # The matrix's notice is received, not failed: the admin passes the role check and gets 409.
+    Row("api/v1/^notices/(?P<pk>[^/.]+)/retry/$", "POST", "/api/v1/notices/{notice}/retry/",
+        E(401, 403, 409, 404, 403), body={}),
     # --- jobs
     Row("api/v1/^jobs/$", "GET", "/api/v1/jobs/", API_LIST),
     Row("api/v1/^jobs/$", "POST", "/api/v1/jobs/", E(401, 201, 201, 400, 403), body=JOB_BODY),

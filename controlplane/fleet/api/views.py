@@ -117,3 +117,23 @@ class NoticeViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
         return selectors.notice_list(team_ids=team_ids)
+
+    @extend_schema(request=None, responses={
+        200: NoticeSerializer,
+        401: OpenApiResponse(description="No or a bad token."),
+        403: OpenApiResponse(description="Not an admin of the notice's team, or an agent token."),
+        404: OpenApiResponse(description="Not one of your teams' notices."),
+        409: OpenApiResponse(description="The notice is not failed (`errors.status`)."),
+    })
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        """Process a failed notice again (team admins): back to `received` with its attempts reset,
+        handed to the workers like a new notice. Only a failed notice: 409 otherwise."""
+        from controlplane.accounts.scoping import admin_team_ids_for_request
+        from controlplane.fleet.notices import notice_retry
+
+        notice = self.get_object()
+        if notice.team_id not in admin_team_ids_for_request(request):
+            raise exceptions.PermissionDenied("only admins of the notice's team may retry it")
+        notice_retry(notice=notice)
+        return Response(NoticeSerializer(self.get_queryset().get(pk=notice.pk)).data)
