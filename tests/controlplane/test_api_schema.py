@@ -43,6 +43,7 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
         "/api/v1/notices/": {"get"},
         "/api/v1/notices/{id}/": {"get"},
         "/api/v1/notices/{id}/retry/": {"post"},
+        "/api/v1/spot-prices/upload/": {"post"},
         "/api/v1/teams/{id}/spend/": {"get"},
         "/api/v1/teams/{id}/members/": {"get", "post"},
         "/api/v1/teams/{id}/members/{user_id}/": {"patch", "delete"},

@@ -100,6 +100,9 @@ ROWS: list[Row] = [
     Row("api/v1/zones/", "GET", "/api/v1/zones/", API_GLOBAL),
     Row("api/v1/spot-prices/", "GET", "/api/v1/spot-prices/?instance_type=p3.2xlarge&zone=us-east-1a", API_GLOBAL),
     Row("api/v1/spot-prices/cheapest/", "GET", "/api/v1/spot-prices/cheapest/?instance_type=p3.2xlarge", API_GLOBAL),
+    # The market is every team's: only staff users load prices, and no principal here is staff.
+    Row("api/v1/spot-prices/upload/", "POST", "/api/v1/spot-prices/upload/", E(401, 403, 403, 403, 403),
+        content_type=MULTIPART, body={"file": lambda: SimpleUploadedFile("prices.tsv", b"x")}),
     # --- fleet
     Row("api/v1/^instances/$", "GET", "/api/v1/instances/", API_LIST),
     Row("api/v1/^instances/(?P<pk>[^/.]+)/$", "GET", "/api/v1/instances/{instance}/", API_OBJ_AGENT),
