@@ -86,9 +86,16 @@ def jobs_data(request: HttpRequest) -> dict[str, Any]:
 
 
 @data_endpoint
-def job_data(request: HttpRequest, job_id: int) -> dict[str, Any]:
+def job_data(request: HttpRequest, job_id: int) -> dict[str, Any] | HttpResponse:
+    """`?events_page=N` (1 = newest) and `?events_kind=<kind>` choose the timeline's page."""
     job = job_for_request(request, job_id)
-    return selectors.job_detail(job=job, now=timezone.now())
+    raw_page = request.GET.get("events_page", "1")
+    if not (raw_page.isascii() and raw_page.isdigit()) or not 1 <= int(raw_page) <= 1_000_000:
+        return _bad("events_page", f"events_page must be a page number from 1, got {raw_page[:40]!r}")
+    kind = request.GET.get("events_kind", "")
+    if len(kind) > 40 or "\x00" in kind:
+        return _bad("events_kind", "events_kind must be an event kind (at most 40 characters)")
+    return selectors.job_detail(job=job, now=timezone.now(), events_page=int(raw_page), events_kind=kind or None)
 
 
 @data_endpoint

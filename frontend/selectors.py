@@ -419,12 +419,40 @@ def job_layouts(*, job: TrainingJob) -> list[dict[str, Any]]:
             })
         layout = generation.layout or {}
         reroutes = [r for r in layout.get("reroutes", []) or [] if isinstance(r, dict)]
-        result.append({
+        entry = {
             "number": generation.number, "reason": generation.reason, "created_at": iso(generation.created_at),
             "dp": layout.get("dp"), "pp": layout.get("pp"), "stage_layers": layout.get("stage_layers"),
             "cells": cells, "reroutes": reroutes, "current": generation.number == job.current_generation,
-        })
+        }
+        entry["changes"] = _layout_changes(result[-1] if result else None, entry)
+        result.append(entry)
     return result
+
+
+def _layout_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """What changed from one generation to the next, one short phrase each: the shape (dp, pp,
+    layers per stage), the nodes that left and joined, and the re-routed work."""
+    if before is None:
+        return [f"{len(after['cells'])} node(s), dp={after['dp']} x pp={after['pp']}"]
+    changes = [f"{key} {before[key]}→{after[key]}" for key in ("dp", "pp") if before[key] != after[key]]
+    if before["stage_layers"] != after["stage_layers"]:
+        changes.append(f"layers per stage {before['stage_layers']}→{after['stage_layers']}")
+    old = {c["instance"]: c["label"] for c in before["cells"]}
+    new = {c["instance"]: c["label"] for c in after["cells"]}
+    left = [label for i, label in old.items() if i not in new]
+    joined = [label for i, label in new.items() if i not in old]
+    if left:
+        changes.append("left: " + ", ".join(left))
+    if joined:
+        changes.append("joined: " + ", ".join(joined))
+    if after["reroutes"]:
+        changes.append(f"{len(after['reroutes'])} re-route(s)")
+    places = {c["instance"]: (c["pipeline"], c["stage"]) for c in before["cells"]}
+    moved = sum(1 for c in after["cells"]
+                if c["instance"] in places and places[c["instance"]] != (c["pipeline"], c["stage"]))
+    if moved:
+        changes.append(f"{moved} node(s) moved stage")
+    return changes or ["no change of layout"]
 
 
 def job_prediction(*, job: TrainingJob, curves: dict[str, Any], now: datetime) -> dict[str, Any]:
@@ -453,8 +481,33 @@ def job_prediction(*, job: TrainingJob, curves: dict[str, Any], now: datetime) -
     return prediction
 
 
-def job_detail(*, job: TrainingJob, now: datetime) -> dict[str, Any]:
-    """Everything the job page plots: curves, layouts, reconfigurations, cost burn-down and the
+EVENTS_PER_PAGE = 10
+
+
+def job_events_page(*, job: TrainingJob, page: int = 1, kind: str | None = None) -> dict[str, Any]:
+    """One page of the job's timeline, newest first, optionally of one kind, with the kinds the
+    job has (and how many of each) for the filter. A page past the end gives the last page."""
+    counts = dict(
+        JobEvent.objects.filter(job_id=job.pk).values_list("kind").annotate(n=Count("id")).order_by("kind")
+    )
+    events = JobEvent.objects.filter(job_id=job.pk)
+    if kind:
+        events = events.filter(kind=kind)
+    count = counts.get(kind, 0) if kind else sum(counts.values())
+    pages = max(1, -(-count // EVENTS_PER_PAGE))
+    page = min(max(page, 1), pages)
+    offset = (page - 1) * EVENTS_PER_PAGE
+    rows = list(events.order_by("-at", "-id").values("kind", "message", "at")[offset:offset + EVENTS_PER_PAGE])
+    for row in rows:
+        row["at"] = iso(row["at"])
+    return {"rows": rows, "page": page, "pages": pages, "count": count, "per_page": EVENTS_PER_PAGE,
+            "kind": kind or "", "kinds": [{"kind": k, "count": n} for k, n in counts.items()]}
+
+
+def job_detail(*, job: TrainingJob, now: datetime, events_page: int = 1, events_kind: str | None = None
+               ) -> dict[str, Any]:
+    """Everything the job page plots: curves, layouts (each with what changed since the previous
+    generation), the newest reconfigurations, one page of events, cost burn-down and the
     predicted finish."""
     curves = job_metric_curves(job=job)
     cost_curve = costs.job_cost_curve(job=job, now=now)
@@ -474,9 +527,7 @@ def job_detail(*, job: TrainingJob, now: datetime) -> dict[str, Any]:
     if prediction["predicted_finish"] and job.finished_at is None:
         hours_left = max((datetime.fromisoformat(prediction["predicted_finish"]) - now).total_seconds(), 0) / 3600
         projected = num((spent + rate * Decimal(repr(hours_left))).quantize(costs.MONEY))
-    events = list(JobEvent.objects.filter(job_id=job.pk).order_by("-at", "-id").values("kind", "message", "at")[:100])
-    for row in events:
-        row["at"] = iso(row["at"])
+    events = job_events_page(job=job, page=events_page, kind=events_kind)
     return {
         "generated_at": iso(now),
         "job": {"id": job.pk, "name": job.name, "status": job.status, "status_message": job.status_message,

@@ -45,16 +45,79 @@ def team_create(*, name: str, slug: str | None = None, admin: Any | None = None)
 
 @transaction.atomic
 def membership_add(*, team: Team, user: Any, role: str = Role.MEMBER) -> Membership:
-    """Add `user` to `team` with `role`, or change the role of an existing membership."""
+    """Add `user` to `team` with `role`, or change the role of an existing membership. Refuses to
+    make the team's last admin a member (the team would have no one to manage it)."""
     if role not in Role.values:
         raise DomainError(f"unknown role {role!r}; expected one of {', '.join(Role.values)}", field="role")
     membership, created = Membership.objects.select_for_update().get_or_create(
         team=team, user=user, defaults={"role": role}
     )
     if not created and membership.role != role:
+        if membership.role == Role.ADMIN:
+            _require_another_admin(team=team, membership=membership)
         membership.role = role
         membership.save(update_fields=["role", "updated_at"])
     return membership
+
+
+def _require_another_admin(*, team: Team, membership: Membership) -> None:
+    # Lock the team's admin rows: two admins demoting each other at once cannot both pass.
+    admins = list(Membership.objects.select_for_update().filter(team=team, role=Role.ADMIN)
+                  .exclude(pk=membership.pk).values_list("pk", flat=True))
+    if not admins:
+        raise Conflict(f"{membership.user} is the last admin of {team}; add another admin first", field="role")
+
+
+def _username_checked(username: str) -> str:
+    from django.contrib.auth import get_user_model
+    from django.core.exceptions import ValidationError
+
+    username = (username or "").strip()
+    field = get_user_model()._meta.get_field("username")
+    if not username:
+        raise DomainError("a username is required", field="admin")
+    try:
+        field.run_validators(username)
+    except ValidationError as exc:
+        raise DomainError("; ".join(exc.messages), field="admin") from exc
+    if len(username) > field.max_length:
+        raise DomainError(f"at most {field.max_length} characters", field="admin")
+    return username
+
+
+@transaction.atomic
+def team_create_with_admin(
+    *, name: str, admin_username: str, slug: str | None = None, admin_email: str = "", token_name: str = "first token"
+) -> tuple[Team, Any, bool, ApiToken, str]:
+    """Create a team with its first admin and that admin's first API token, all or nothing. The
+    admin is an existing user of that username, else a new one without a usable password (it
+    signs in with the token, or an operator sets a password). Returns the team, the user, whether
+    the user was created, the token and its plaintext key (shown once)."""
+    from django.contrib.auth import get_user_model
+
+    username = _username_checked(admin_username)
+    if admin_email:
+        from django.core.exceptions import ValidationError
+        from django.core.validators import validate_email
+
+        try:
+            validate_email(admin_email)
+        except ValidationError as exc:
+            raise DomainError("; ".join(exc.messages), field="admin_email") from exc
+    if len(name or "") > Team._meta.get_field("name").max_length:
+        raise DomainError(f"at most {Team._meta.get_field('name').max_length} characters", field="name")
+    if slug is not None and len(slug) > Team._meta.get_field("slug").max_length:
+        raise DomainError(f"at most {Team._meta.get_field('slug').max_length} characters", field="slug")
+    users = get_user_model()
+    user = users.objects.filter(username=username).first()
+    created = user is None
+    if created:
+        user = users(username=username, email=admin_email or "")
+        user.set_unusable_password()
+        user.save()
+    team = team_create(name=name, slug=slug, admin=user)
+    token, key = api_token_create(team=team, kind=TokenKind.USER, name=token_name[:100], user=user)
+    return team, user, created, token, key
 
 
 @transaction.atomic
@@ -65,9 +128,10 @@ def membership_remove(*, team: Team, user: Any) -> None:
     if membership is None:
         raise DomainError(f"{user} is not a member of {team}", field="user")
     if membership.role == Role.ADMIN:
-        admins = Membership.objects.filter(team=team, role=Role.ADMIN).exclude(pk=membership.pk)
-        if not admins.exists():
-            raise Conflict(f"{user} is the last admin of {team}; add another admin first", field="user")
+        try:
+            _require_another_admin(team=team, membership=membership)
+        except Conflict as exc:
+            raise Conflict(exc.message, field="user") from None
     membership.delete()
     ApiToken.objects.filter(team=team, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
@@ -160,3 +224,20 @@ def agent_token_rotate(*, token: ApiToken) -> tuple[ApiToken, str]:
     if locked.revoked_at is not None or (locked.expires_at is not None and locked.expires_at <= now):
         raise Conflict("the token was revoked or expired meanwhile; enrol again", field="token")
     return api_token_create(team=locked.team, kind=TokenKind.AGENT, name=locked.name, instance=locked.instance)
+
+
+@transaction.atomic
+def user_token_rotate(*, token: ApiToken) -> tuple[ApiToken, str]:
+    """Replace a live user token with a new one of the same team, user, name and expiry; the old
+    one is revoked in the same transaction. Returns the new token and its plaintext key (shown once)."""
+    if token.kind != TokenKind.USER:
+        raise DomainError("agent tokens rotate themselves (POST /api/v1/agents/token/)", field="token")
+    locked = ApiToken.objects.select_for_update().get(pk=token.pk)
+    now = timezone.now()
+    if locked.revoked_at is not None or (locked.expires_at is not None and locked.expires_at <= now):
+        raise Conflict("the token is revoked or expired; create a new one", field="token")
+    new, key = api_token_create(team=locked.team, kind=TokenKind.USER, name=locked.name, user=locked.user,
+                                expires_at=locked.expires_at)
+    locked.revoked_at = now
+    locked.save(update_fields=["revoked_at", "updated_at"])
+    return new, key

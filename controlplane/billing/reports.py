@@ -197,3 +197,104 @@ def job_cost_report(*, job: TrainingJob, as_of: datetime | None = None) -> CostR
         report.preemption_loss += lost / SECONDS_PER_HOUR * rate_cache[t]
         report.preemption_events += 1
     return report
+
+
+# --- a team's spend over a window, per UTC day and per job -----------------------------------------
+
+NO_JOB = "(no job)"
+
+
+@dataclass(slots=True)
+class SpendLine:
+    """Hours, cost and on-demand cost of one day, one job, or one (day, job) cell."""
+
+    hours: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+    on_demand_cost: Decimal = Decimal(0)
+
+    def add(self, hours: Decimal, price: Decimal, on_demand_price: Decimal) -> None:
+        self.hours += hours
+        self.cost += price * hours
+        self.on_demand_cost += on_demand_price * hours
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hours": str(self.hours.quantize(HOURS_Q)), "cost_usd": _usd(self.cost),
+                "on_demand_cost_usd": _usd(self.on_demand_cost)}
+
+
+@dataclass(slots=True)
+class TeamSpendReport:
+    """What a team's instances cost in [start, end): per UTC day (every day listed, 0 when idle),
+    per job (instances bought for no job under `job: null`), and per (day, job) for the CSV.
+    Segments are clipped to the window and split at midnight UTC; open ones run until `as_of`."""
+
+    team_id: int
+    team_slug: str
+    start: datetime
+    end: datetime
+    as_of: datetime
+    total: SpendLine = field(default_factory=SpendLine)
+    days: dict[datetime, SpendLine] = field(default_factory=dict)
+    jobs: dict[int | None, SpendLine] = field(default_factory=dict)
+    job_names: dict[int | None, str] = field(default_factory=dict)
+    cells: dict[tuple[datetime, int | None], SpendLine] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "team": self.team_id, "team_slug": self.team_slug, "start": self.start.isoformat(),
+            "end": self.end.isoformat(), "as_of": self.as_of.isoformat(), "currency": "USD",
+            "total_usd": _usd(self.total.cost), "billed_hours": str(self.total.hours.quantize(HOURS_Q)),
+            "on_demand_equivalent_usd": _usd(self.total.on_demand_cost),
+            "savings_usd": _usd(self.total.on_demand_cost - self.total.cost),
+            "by_day": [{"day": day.date().isoformat(), **line.to_dict()} for day, line in self.days.items()],
+            "by_job": [{"job": job, "job_name": self.job_names.get(job, NO_JOB), **line.to_dict()}
+                       for job, line in sorted(self.jobs.items(), key=lambda kv: (-kv[1].cost, kv[0] or 0))],
+        }
+
+    CSV_COLUMNS = ("day", "job", "job_name", "hours", "cost_usd", "on_demand_cost_usd")
+
+    def to_csv(self) -> str:
+        """One line per (day, job) with spend, in day then job order, then a TOTAL line."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(self.CSV_COLUMNS)
+        for (day, job), line in sorted(self.cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            row = line.to_dict()
+            writer.writerow([day.date().isoformat(), "" if job is None else job, self.job_names.get(job, NO_JOB),
+                             row["hours"], row["cost_usd"], row["on_demand_cost_usd"]])
+        total = self.total.to_dict()
+        writer.writerow(["TOTAL", "", "", total["hours"], total["cost_usd"], total["on_demand_cost_usd"]])
+        return out.getvalue()
+
+
+def _midnight(at: datetime) -> datetime:
+    return at.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def team_spend_report(*, team: Any, start: datetime, end: datetime, as_of: datetime | None = None) -> TeamSpendReport:
+    """Build `team`'s spend report over [start, end) (aware datetimes, normally midnights UTC)."""
+    as_of = as_of or timezone.now()
+    report = TeamSpendReport(team_id=team.pk, team_slug=team.slug, start=start, end=end, as_of=as_of)
+    day = _midnight(start)
+    while day < end:
+        report.days[day] = SpendLine()
+        day += timedelta(days=1)
+    rows = (
+        BillingSegment.objects.filter(team_id=team.pk, start__lt=end).exclude(end__lte=start)
+        .values_list("job_id", "job__name", "start", "end", "price_per_hour", "on_demand_price_per_hour")
+        .order_by("start", "id")
+    )
+    for job_id, job_name, seg_start, seg_end, price, on_demand_price in rows:
+        report.job_names.setdefault(job_id, job_name or NO_JOB)
+        stop = min(seg_end if seg_end is not None else max(as_of, seg_start), end)
+        cursor = max(seg_start, start)
+        while cursor < stop:
+            day = _midnight(cursor)
+            piece_end = min(stop, day + timedelta(days=1))
+            hours = exact_hours(piece_end - cursor)
+            for line in (report.total, report.days.setdefault(day, SpendLine()),
+                         report.jobs.setdefault(job_id, SpendLine()),
+                         report.cells.setdefault((day, job_id), SpendLine())):
+                line.add(hours, price, on_demand_price)
+            cursor = piece_end
+    return report

@@ -711,6 +711,24 @@ def notices_drain(
             return result
 
 
+def notice_retry(*, notice: InterruptionNotice) -> InterruptionNotice:
+    """Give a failed notice (MAX_ATTEMPTS spent) another round: back to received with its attempts
+    reset (its last error kept until it is processed), handed to the workers on commit exactly as
+    a new one. Any other status is a Conflict: a processed notice is never reacted to twice."""
+    from controlplane.common.errors import Conflict
+
+    with transaction.atomic():
+        locked = InterruptionNotice.objects.select_for_update().get(pk=notice.pk)
+        if locked.status != NoticeStatus.FAILED:
+            raise Conflict(f"notice {locked.pk} is {locked.status}; only a failed notice is retried", field="status")
+        locked.status = NoticeStatus.RECEIVED
+        locked.attempts = 0
+        locked.enqueued_at = None
+        locked.save(update_fields=["status", "attempts", "enqueued_at"])
+        transaction.on_commit(lambda: notices_handoff(notice_ids=[locked.pk]))
+    return locked
+
+
 def notices_requeue_stale(*, older_than: timedelta = CLAIM_STALE_AFTER) -> int:
     """Put back notices claimed long ago and never processed (the worker died, or processing
     failed), so the next drain retries them; give up after MAX_ATTEMPTS."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from django.db import connections, transaction
 
@@ -367,4 +367,48 @@ def spot_prices_ingest_file(
         good = (item for item in iter_price_rows(handle) if isinstance(item, PriceRow))
         report.counts = spot_prices_load(rows=good, batch_size=batch_size, using=using, progress=progress)
     report.written = True
+    return report
+
+
+# --- Uploaded files (the API) ----------------------------------------------------------------------
+
+PRICE_UPLOAD_MAX_BYTES_DEFAULT = 200 * 1024 * 1024
+
+
+def price_upload_max_bytes() -> int:
+    from django.conf import settings
+
+    return int(getattr(settings, "SPOTPIPE_PRICE_UPLOAD_MAX_BYTES", PRICE_UPLOAD_MAX_BYTES_DEFAULT))
+
+
+def spot_prices_ingest_upload(*, upload: Any, skip_bad: bool = False) -> IngestReport:
+    """`spot_prices_ingest_file` for an uploaded file (Django's UploadedFile): copied to a
+    temporary file (the loader reads it twice), bounded by `price_upload_max_bytes()`. Errors
+    name the field `file`: too large, not UTF-8 or a broken gzip, or bad rows without `skip_bad`
+    (PriceFileRejected: nothing written)."""
+    import tempfile
+
+    limit = price_upload_max_bytes()
+    if upload.size is not None and upload.size > limit:
+        raise DomainError(f"the file is {upload.size} bytes; at most {limit}", field="file")
+    name = Path(upload.name or "upload").name[:200]
+    with tempfile.NamedTemporaryFile(prefix="spotpipe-prices-", suffix=".upload") as tmp:
+        written = 0
+        for chunk in upload.chunks():
+            written += len(chunk)
+            if written > limit:
+                raise DomainError(f"the file is over {limit} bytes", field="file")
+            tmp.write(chunk)
+        tmp.flush()
+        try:
+            report = spot_prices_ingest_file(path=tmp.name, skip_bad=skip_bad)
+        except PriceFileRejected as exc:
+            exc.report.path = name
+            exc.field = "file"
+            exc.message = exc.message.replace(tmp.name, name)
+            raise
+        except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
+            raise DomainError(f"{name}: not a UTF-8 text or gzip price file ({type(exc).__name__})",
+                              field="file") from None
+    report.path = name
     return report

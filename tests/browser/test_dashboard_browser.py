@@ -25,43 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), 
 PASSWORD = "correct-horse-battery-staple"  # what tests.controlplane.factories.make_user sets
 
 
-@pytest.fixture(scope="module")
-def chromium(django_db_setup):
-    """One browser for the module. Playwright's sync API keeps an event loop in this thread while
-    it lives; the ORM calls that tests and fixtures make between browser steps (seeding, the flush
-    after each transactional test) are plain synchronous code, so Django's async guard stands aside
-    for exactly that long."""
-    import os
-
-    from playwright.sync_api import sync_playwright
-
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as pw:
-            instance = browser.launch(pw)
-            yield instance
-            instance.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture
-def page(chromium):
-    context = chromium.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    context.set_default_timeout(browser.DEFAULT_TIMEOUT_MS)
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    tab.js_errors = errors
-    yield tab
-    context.close()
-    assert not errors, f"JavaScript errors: {errors}"
-
-
 @pytest.fixture
 def world(chromium):
     now = timezone.now()
@@ -107,9 +70,13 @@ def test_login_and_every_page_draws_its_charts(page, live_server, world):
     assert "gpt-350m-recycle" in page.locator("#table-jobs").inner_text()
     page.goto(f"{live_server.url}/jobs/{running.pk}/")
     browser.wait_loaded(page)
-    assert page.locator(".generation").count() == 3
-    assert page.locator(".node.failed").count() == 1
-    assert page.locator(".node.reroute").count() == 2
+    # The current generation (3) is drawn in full; 2 and 1 are one line each with what changed.
+    assert page.locator(".generation").count() == 1
+    assert "Generation 3 (current)" in page.locator(".generation figcaption").inner_text()
+    lines = page.locator(".generation-line")
+    assert lines.count() == 2
+    assert "left:" in lines.nth(0).inner_text() and "2 re-route(s)" in lines.nth(0).inner_text()
+    assert "12 node(s), dp=3 x pp=4" in lines.nth(1).inner_text()
 
 
 def test_prices_compare_pools_picked_in_the_form(page, live_server, world):

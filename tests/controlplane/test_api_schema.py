@@ -20,10 +20,11 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
     schema = _generate(tmp_path)
     paths = schema["paths"]
     for path, methods in {
-        "/api/v1/teams/": {"get"},
+        "/api/v1/teams/": {"get", "post"},
         "/api/v1/teams/{id}/": {"get"},
         "/api/v1/tokens/": {"get", "post"},
         "/api/v1/tokens/{id}/": {"get", "delete"},
+        "/api/v1/tokens/{id}/rotate/": {"post"},
         "/api/v1/jobs/": {"get", "post"},
         "/api/v1/jobs/{id}/": {"get"},
         "/api/v1/jobs/{id}/cancel/": {"post"},
@@ -38,8 +39,14 @@ def test_schema_validates_without_warnings_and_lists_every_route(tmp_path):
         "/api/v1/instances/{id}/": {"get"},
         "/api/v1/instances/{id}/events/": {"get"},
         "/api/v1/instances/{id}/heartbeat/": {"post"},
+        "/api/v1/instances/{id}/terminate/": {"post"},
         "/api/v1/notices/": {"get"},
         "/api/v1/notices/{id}/": {"get"},
+        "/api/v1/notices/{id}/retry/": {"post"},
+        "/api/v1/spot-prices/upload/": {"post"},
+        "/api/v1/teams/{id}/spend/": {"get"},
+        "/api/v1/teams/{id}/members/": {"get", "post"},
+        "/api/v1/teams/{id}/members/{user_id}/": {"patch", "delete"},
     }.items():
         assert path in paths, path
         assert methods <= set(paths[path]), (path, set(paths[path]))

@@ -169,3 +169,30 @@ def test_token_services_refuse_inconsistent_tokens(world):
     token = ApiToken.objects.filter(team=world.team).first()
     api_token_revoke(token=token)
     assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
+
+
+# --- rotation (issue 21, "API completeness") ---------------------------------------------------------
+
+
+def test_a_user_rotates_their_token_the_old_key_stops_and_the_new_one_works(world):
+    old_key = make_api_token(world.team, user=world.member, name="ci")
+    client = token_client(old_key)
+    old = ApiToken.objects.get(name="ci")
+    response = client.post(f"/api/v1/tokens/{old.pk}/rotate/")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["name"] == "ci" and data["user"] == world.member.pk and data["key"] != old_key
+    assert client.get("/api/v1/teams/").status_code == 401  # the old key is revoked at once
+    assert token_client(data["key"]).get("/api/v1/teams/").status_code == 200
+    again = token_client(data["key"]).post(f"/api/v1/tokens/{old.pk}/rotate/")
+    assert again.status_code == 409 and "token" in again.json()["errors"]
+
+
+def test_nobody_rotates_another_users_token(world):
+    make_api_token(world.team, user=world.member, name="members")
+    token = ApiToken.objects.get(name="members")
+    assert world.admin_client.post(f"/api/v1/tokens/{token.pk}/rotate/").status_code == 403
+    other = make_team_world("other-team")
+    assert other.admin_client.post(f"/api/v1/tokens/{token.pk}/rotate/").status_code == 404
+    assert other.agent_client.post(f"/api/v1/tokens/{token.pk}/rotate/").status_code == 403
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is None

@@ -76,24 +76,47 @@ ROWS: list[Row] = [
     # --- accounts
     Row("api/v1/^teams/$", "GET", "/api/v1/teams/", API_LIST),
     Row("api/v1/^teams/(?P<pk>[^/.]+)/$", "GET", "/api/v1/teams/{team}/", API_OBJ),
+    # Creating a team is for staff users; no principal of the matrix is staff.
+    Row("api/v1/^teams/$", "POST", "/api/v1/teams/", E(401, 403, 403, 403, 403),
+        body={"name": "made-in-test", "admin": "made-in-test"}),
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/$", "GET", "/api/v1/teams/{team}/members/", API_OBJ),
+    # The body names member A, already a member: the admin passes the role check and gets 409.
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/$", "POST", "/api/v1/teams/{team}/members/",
+        E(401, 403, 409, 404, 403), body={"username": "{username}", "role": "member"}),
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/(?P<user_id>[0-9]{1,18})/$", "PATCH",
+        "/api/v1/teams/{team}/members/{user}/", E(401, 403, 200, 404, 403), body={"role": "member"}),
+    Row("api/v1/^teams/(?P<pk>[^/.]+)/members/(?P<user_id>[0-9]{1,18})/$", "DELETE",
+        "/api/v1/teams/{team}/members/{user}/", E(401, 403, 204, 404, 403)),
     Row("api/v1/^tokens/$", "GET", "/api/v1/tokens/", API_LIST),
     Row("api/v1/^tokens/$", "POST", "/api/v1/tokens/", E(401, 403, 201, 400, 403),
         body={"team": "{team}", "kind": "user", "name": "made-in-test"}),
     Row("api/v1/^tokens/(?P<pk>[^/.]+)/$", "GET", "/api/v1/tokens/{token}/", API_OBJ),
     Row("api/v1/^tokens/(?P<pk>[^/.]+)/$", "DELETE", "/api/v1/tokens/{token}/", E(401, 204, 204, 404, 403)),
+    # The URL's token is member A's: only its own user rotates it (an admin would get a key acting as them).
+    Row("api/v1/^tokens/(?P<pk>[^/.]+)/rotate/$", "POST", "/api/v1/tokens/{token}/rotate/",
+        E(401, 201, 403, 404, 403), body={}),
     # --- market (not team data)
     Row("api/v1/instance-types/", "GET", "/api/v1/instance-types/", API_GLOBAL),
     Row("api/v1/zones/", "GET", "/api/v1/zones/", API_GLOBAL),
     Row("api/v1/spot-prices/", "GET", "/api/v1/spot-prices/?instance_type=p3.2xlarge&zone=us-east-1a", API_GLOBAL),
     Row("api/v1/spot-prices/cheapest/", "GET", "/api/v1/spot-prices/cheapest/?instance_type=p3.2xlarge", API_GLOBAL),
+    # The market is every team's: only staff users load prices, and no principal here is staff.
+    Row("api/v1/spot-prices/upload/", "POST", "/api/v1/spot-prices/upload/", E(401, 403, 403, 403, 403),
+        content_type=MULTIPART, body={"file": lambda: SimpleUploadedFile("prices.tsv", b"x")}),
     # --- fleet
     Row("api/v1/^instances/$", "GET", "/api/v1/instances/", API_LIST),
     Row("api/v1/^instances/(?P<pk>[^/.]+)/$", "GET", "/api/v1/instances/{instance}/", API_OBJ_AGENT),
     Row("api/v1/^instances/(?P<pk>[^/.]+)/events/$", "GET", "/api/v1/instances/{instance}/events/", API_OBJ),
     Row("api/v1/^instances/(?P<pk>[^/.]+)/heartbeat/$", "POST", "/api/v1/instances/{instance}/heartbeat/",
         E(401, 403, 403, 404, 200, 404), body={"agent_address": "10.0.0.1:7070"}),
+    # Team admins only; the local provider has no such node to stop, so the row just ends.
+    Row("api/v1/^instances/(?P<pk>[^/.]+)/terminate/$", "POST", "/api/v1/instances/{instance}/terminate/",
+        E(401, 403, 200, 404, 403), body={"reason": "matrix"}),
     Row("api/v1/^notices/$", "GET", "/api/v1/notices/", API_LIST),
     Row("api/v1/^notices/(?P<pk>[^/.]+)/$", "GET", "/api/v1/notices/{notice}/", API_OBJ),
+    # The matrix's notice is received, not failed: the admin passes the role check and gets 409.
+    Row("api/v1/^notices/(?P<pk>[^/.]+)/retry/$", "POST", "/api/v1/notices/{notice}/retry/",
+        E(401, 403, 409, 404, 403), body={}),
     # --- jobs
     Row("api/v1/^jobs/$", "GET", "/api/v1/jobs/", API_LIST),
     Row("api/v1/^jobs/$", "POST", "/api/v1/jobs/", E(401, 201, 201, 400, 403), body=JOB_BODY),
@@ -112,6 +135,7 @@ ROWS: list[Row] = [
     # --- billing
     Row("api/v1/billing/segments/", "GET", "/api/v1/billing/segments/", API_LIST),
     Row("api/v1/jobs/<int:pk>/cost-report/", "GET", "/api/v1/jobs/{job}/cost-report/", API_OBJ),
+    Row("api/v1/teams/<int:pk>/spend/", "GET", "/api/v1/teams/{team}/spend/", API_OBJ),
     Row("api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/$", "GET", "/api/v1/jobs/{job}/artifacts/", API_OBJ),
     # The matrix's job has no weights yet: its own team gets 404 for the file too (a file that
     # exists is served to its team only: tests/controlplane/test_api_artifacts.py).

@@ -51,6 +51,7 @@ class World:
         return {
             "team": self.team_a.pk, "slug": self.team_a.slug, "job": self.job.pk, "instance": self.instance.pk,
             "notice": self.notice.pk, "token": self.member_a_token.pk, "user": self.member_a.pk,
+            "username": self.member_a.username,
             "alert": self.alert_endpoint.pk, "credential": self.credential.pk, "package": self.package.sha256,
         }
 

@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from rest_framework import serializers
 
-from controlplane.accounts.models import ApiToken, Role, Team, TokenKind
+from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
 from controlplane.common.api import NamedChoiceField, QueryFilterSerializer
 from controlplane.common.limits import MAX_ID
 
@@ -70,3 +70,50 @@ class ApiTokenFilter(QueryFilterSerializer):
 class TeamFilter(QueryFilterSerializer):
     search_fields = ("name", "slug")
     ordering_fields = ("name", "created_at")
+
+
+class TeamCreateSerializer(serializers.Serializer):
+    """Input of `POST /teams/` (staff only): the team and its first admin."""
+
+    name = serializers.CharField(max_length=100)
+    slug = serializers.SlugField(max_length=60, required=False, help_text="Default: from the name.")
+    admin = serializers.CharField(max_length=150, help_text="Username of the first admin; created when new.")
+    admin_email = serializers.EmailField(required=False, allow_blank=True, default="", max_length=254)
+    token_name = serializers.CharField(max_length=100, required=False, default="first token")
+
+
+class TeamAdminSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    created = serializers.BooleanField(help_text="true: a new user (no usable password) was made.")
+
+
+class TeamCreatedSerializer(serializers.Serializer):
+    """Answer of `POST /teams/`: the team, its admin and the admin's token with its key (shown once)."""
+
+    team = TeamSerializer()
+    admin = TeamAdminSerializer()
+    token = ApiTokenCreatedSerializer()
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    user = serializers.IntegerField(source="user_id", read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True)
+    email = serializers.CharField(source="user.email", read_only=True)
+    role = NamedChoiceField(choices=Role.choices, enum_name="RoleEnum", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["user", "username", "email", "role", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class MembershipCreateSerializer(serializers.Serializer):
+    """Input of `POST /teams/{id}/members/`: an existing user by username."""
+
+    username = serializers.CharField(max_length=150)
+    role = NamedChoiceField(choices=Role.choices, enum_name="RoleEnum", default=Role.MEMBER)
+
+
+class MembershipUpdateSerializer(serializers.Serializer):
+    role = NamedChoiceField(choices=Role.choices, enum_name="RoleEnum")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from rest_framework import serializers
 
 from controlplane.billing.models import BillingSegment
@@ -86,3 +88,56 @@ class CostReportSerializer(serializers.Serializer):
     by_instance_type = TypeBreakdownSerializer(many=True)
     by_zone = ZoneBreakdownSerializer(many=True)
     segments = SegmentCostSerializer(many=True)
+
+
+MAX_SPEND_DAYS = 366
+
+
+class SpendReportQuery(serializers.Serializer):
+    """Window of `GET /teams/{id}/spend/`: UTC days, both ends included."""
+
+    start = serializers.DateField(required=False, help_text="First UTC day (default: 29 days before `end`).")
+    end = serializers.DateField(required=False, help_text="Last UTC day, included (default: today).")
+
+    def validate(self, attrs: dict) -> dict:
+        from django.utils import timezone
+
+        end = attrs.get("end") or timezone.now().date()
+        start = attrs.get("start") or end - timedelta(days=29)
+        if end < start:
+            raise serializers.ValidationError({"end": ["must not be before start"]})
+        if (end - start).days + 1 > MAX_SPEND_DAYS:
+            raise serializers.ValidationError({"end": [f"at most {MAX_SPEND_DAYS} days from start"]})
+        return {"start": start, "end": end}
+
+
+class _SpendLineSerializer(serializers.Serializer):
+    hours = serializers.DecimalField(max_digits=14, decimal_places=4)
+    cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    on_demand_cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
+class SpendDaySerializer(_SpendLineSerializer):
+    day = serializers.DateField()
+
+
+class SpendJobSerializer(_SpendLineSerializer):
+    job = serializers.IntegerField(allow_null=True, help_text="null: instances bought for no job.")
+    job_name = serializers.CharField()
+
+
+class TeamSpendReportSerializer(serializers.Serializer):
+    """Schema of `TeamSpendReport.to_dict()` (amounts as decimal strings)."""
+
+    team = serializers.IntegerField()
+    team_slug = serializers.CharField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField(help_text="Exclusive: midnight UTC after the last day.")
+    as_of = serializers.DateTimeField()
+    currency = serializers.CharField()
+    total_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    billed_hours = serializers.DecimalField(max_digits=14, decimal_places=4)
+    on_demand_equivalent_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    savings_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    by_day = SpendDaySerializer(many=True)
+    by_job = SpendJobSerializer(many=True, help_text="Costliest first.")

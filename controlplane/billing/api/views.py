@@ -3,6 +3,8 @@ job answers 404). Node agents have no use for costs and are refused."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, time, timedelta
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics
@@ -13,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from controlplane.accounts.models import Team
 from controlplane.accounts.scoping import team_ids_for_request
 from controlplane.billing import selectors
 from controlplane.billing.api.renderers import CSVRenderer
@@ -21,8 +24,10 @@ from controlplane.billing.api.serializers import (
     CostReportQuery,
     CostReportSerializer,
     SegmentFilter,
+    SpendReportQuery,
+    TeamSpendReportSerializer,
 )
-from controlplane.billing.reports import job_cost_report
+from controlplane.billing.reports import job_cost_report, team_spend_report
 from controlplane.common.api import UsersOnly, validate_or_400
 from controlplane.jobs.models import TrainingJob
 
@@ -69,4 +74,37 @@ class JobCostReport(APIView):
         if getattr(request.accepted_renderer, "format", None) == "csv":
             return Response(report.to_csv(), content_type="text/csv; charset=utf-8",
                             headers={"Content-Disposition": f'attachment; filename="job-{job.pk}-cost.csv"'})
+        return Response(report.to_dict())
+
+
+class TeamSpendReport(APIView):
+    """What a team's instances cost, per UTC day and per job, over `start`..`end` (days, both
+    included; default the last 30 days). JSON, or CSV (one line per day and job with spend, then a
+    TOTAL line) with `?format=csv` or `Accept: text/csv`. Every member of the team may read it."""
+
+    permission_classes = [IsAuthenticated, UsersOnly]
+    renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, CSVRenderer]
+
+    @extend_schema(
+        parameters=[SpendReportQuery],
+        responses={
+            (200, "application/json"): TeamSpendReportSerializer,
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="day,job,job_name,hours,cost_usd,"
+                                                                             "on_demand_cost_usd and a TOTAL line."),
+            400: OpenApiResponse(description="`start`/`end` not dates, `end` before `start`, or over 366 days."),
+            401: OpenApiResponse(description="No or a bad token."),
+            403: OpenApiResponse(description="Agent tokens."),
+            404: OpenApiResponse(description="Not one of your teams."),
+        },
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        team = get_object_or_404(Team.objects.filter(pk__in=team_ids_for_request(request)), pk=pk)
+        params = _query(SpendReportQuery, request)
+        start = datetime.combine(params["start"], time.min, tzinfo=UTC)
+        end = datetime.combine(params["end"], time.min, tzinfo=UTC) + timedelta(days=1)
+        report = team_spend_report(team=team, start=start, end=end)
+        if getattr(request.accepted_renderer, "format", None) == "csv":
+            name = f"team-{team.slug}-spend-{params['start']}-{params['end']}.csv"
+            return Response(report.to_csv(), content_type="text/csv; charset=utf-8",
+                            headers={"Content-Disposition": f'attachment; filename="{name}"'})
         return Response(report.to_dict())

@@ -98,3 +98,10 @@ class NoticeFilter(QueryFilterSerializer):
     lookups = {"instance": "instance_id"}
     search_fields = ("provider_instance_id", "cloud_event_id")
     ordering_fields = ("received_at", "event_time", "deadline")
+
+
+class TerminateSerializer(serializers.Serializer):
+    """Input of `POST /instances/{id}/terminate/`."""
+
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True,
+                                   help_text="Recorded on the instance's and the job's events.")

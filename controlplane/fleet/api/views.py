@@ -4,7 +4,7 @@ webhooks app receives them)."""
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -29,6 +29,7 @@ from controlplane.fleet.api.serializers import (
     InstanceSerializer,
     NoticeFilter,
     NoticeSerializer,
+    TerminateSerializer,
 )
 from controlplane.fleet.heartbeats import instance_heartbeat_record
 
@@ -72,6 +73,40 @@ class InstanceViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
         return Response(HeartbeatResultSerializer(result).data)
 
 
+    @extend_schema(request=TerminateSerializer, responses={
+        200: InstanceSerializer,
+        400: OpenApiResponse(description="A bad `reason` (named)."),
+        401: OpenApiResponse(description="No or a bad token."),
+        403: OpenApiResponse(description="Not an admin of the instance's team, or an agent token."),
+        404: OpenApiResponse(description="Not one of your teams' instances."),
+        409: OpenApiResponse(description="The instance already ended (`errors.state`)."),
+        502: OpenApiResponse(description="The cloud provider refused or could not be reached; nothing changed."),
+    })
+    @action(detail=True, methods=["post"])
+    def terminate(self, request: Request, pk: str | None = None) -> Response:
+        """Terminate the instance now (team admins): the provider ends it, its billing closes, its
+        agent token is revoked, and a job it served reacts as to any node leaving."""
+        from controlplane.accounts.scoping import admin_team_ids_for_request
+        from controlplane.orchestration.providers.base import ProviderError
+        from controlplane.orchestration.services import instance_terminate
+
+        instance = self.get_object()
+        if instance.team_id not in admin_team_ids_for_request(request):
+            raise exceptions.PermissionDenied("only admins of the instance's team may terminate it")
+        data = validate_or_400(TerminateSerializer(data=request.data or {}))
+        reason = data.get("reason") or f"terminated by {request.user.username} through the API"
+        try:
+            instance_terminate(instance=instance, reason=reason)
+        except ProviderError as exc:
+            raise ProviderUnavailable(f"the provider did not terminate the instance: {exc}"[:300]) from None
+        return Response(InstanceSerializer(self.get_queryset().get(pk=instance.pk)).data)
+
+
+class ProviderUnavailable(exceptions.APIException):
+    status_code = 502
+    default_detail = "the cloud provider did not answer"
+
+
 class NoticeViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
     """Interruption notices about the requester's teams' instances, newest first."""
 
@@ -82,3 +117,23 @@ class NoticeViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
         return selectors.notice_list(team_ids=team_ids)
+
+    @extend_schema(request=None, responses={
+        200: NoticeSerializer,
+        401: OpenApiResponse(description="No or a bad token."),
+        403: OpenApiResponse(description="Not an admin of the notice's team, or an agent token."),
+        404: OpenApiResponse(description="Not one of your teams' notices."),
+        409: OpenApiResponse(description="The notice is not failed (`errors.status`)."),
+    })
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        """Process a failed notice again (team admins): back to `received` with its attempts reset,
+        handed to the workers like a new notice. Only a failed notice: 409 otherwise."""
+        from controlplane.accounts.scoping import admin_team_ids_for_request
+        from controlplane.fleet.notices import notice_retry
+
+        notice = self.get_object()
+        if notice.team_id not in admin_team_ids_for_request(request):
+            raise exceptions.PermissionDenied("only admins of the notice's team may retry it")
+        notice_retry(notice=notice)
+        return Response(NoticeSerializer(self.get_queryset().get(pk=notice.pk)).data)

@@ -9,4 +9,5 @@ urlpatterns = [
     path("zones/", views.ZoneList.as_view(), name="zone-list"),
     path("spot-prices/", views.SpotPriceHistory.as_view(), name="spot-price-history"),
     path("spot-prices/cheapest/", views.CheapestPools.as_view(), name="spot-price-cheapest"),
+    path("spot-prices/upload/", views.SpotPriceUpload.as_view(), name="spot-price-upload"),
 ]

@@ -4,8 +4,9 @@ may read it (there is nothing team-owned here)."""
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions, generics
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, generics, serializers, status
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -102,3 +103,56 @@ class CheapestPools(APIView):
             limit=params["limit"], product=params["product"], per_accelerator=params["per_accelerator"],
         )
         return Response(PoolSerializer(pools, many=True).data)
+
+
+class PriceUploadSerializer(serializers.Serializer):
+    file = serializers.FileField(help_text="A price file: TSV or CSV (zone, instance type, product, price, "
+                                           "timestamp), with or without header, plain or gzipped.")
+    skip_bad = serializers.BooleanField(required=False, default=False,
+                                        help_text="Load the good rows and report the bad ones (default: a file "
+                                                  "with a bad row is not loaded at all).")
+
+
+class _BadRowSerializer(serializers.Serializer):
+    line = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
+class PriceUploadResultSerializer(serializers.Serializer):
+    filename = serializers.CharField()
+    header = serializers.BooleanField()
+    good_rows = serializers.IntegerField()
+    bad_row_count = serializers.IntegerField()
+    bad_rows = _BadRowSerializer(many=True, help_text="The first 100.")
+    inserted = serializers.IntegerField(help_text="New price changes stored.")
+    already_present = serializers.IntegerField(help_text="Rows the history already held (loading is idempotent).")
+
+
+class SpotPriceUpload(APIView):
+    """Load a spot price history file (staff users: the market is shared by every team). The same
+    loader as `manage.py ingest_spot_prices`: validated in full first, so a file with a bad row
+    writes nothing unless `skip_bad`; loading the same file again inserts nothing."""
+
+    permission_classes = [IsAuthenticated, UsersOnly]
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(request={"multipart/form-data": PriceUploadSerializer}, responses={
+        201: PriceUploadResultSerializer,
+        400: OpenApiResponse(description="No file, too large, not a price file, or bad rows without `skip_bad` "
+                                         "(`errors.file`; nothing written)."),
+        401: OpenApiResponse(description="No or a bad token."),
+        403: OpenApiResponse(description="Not a staff user, or an agent token."),
+    })
+    def post(self, request: Request) -> Response:
+        from controlplane.market.ingest import spot_prices_ingest_upload
+
+        if not getattr(request.user, "is_staff", False):
+            raise exceptions.PermissionDenied("only staff users may load prices: the market is shared by every team")
+        data = validate_or_400(PriceUploadSerializer(data=request.data))
+        report = spot_prices_ingest_upload(upload=data["file"], skip_bad=data["skip_bad"])
+        return Response(PriceUploadResultSerializer({
+            "filename": report.path, "header": report.header, "good_rows": report.good_rows,
+            "bad_row_count": len(report.bad_rows),
+            "bad_rows": [{"line": b.line, "reason": b.reason} for b in report.bad_rows[:100]],
+            "inserted": report.counts.inserted, "already_present": report.counts.already_present,
+        }).data, status=status.HTTP_201_CREATED)

@@ -56,6 +56,7 @@ from controlplane.orchestration.services.liveness import (
     ENROLL_TIMEOUT,
     heartbeat_timeout_s,
     instance_mark_lost,
+    instance_terminate,
     instances_detect_dead,
 )
 from controlplane.orchestration.services.reconcile import (
@@ -83,6 +84,7 @@ __all__ = [
     "control_plane_url",
     "heartbeat_timeout_s",
     "instance_mark_lost",
+    "instance_terminate",
     "instances_detect_dead",
     "job_fail",
     "job_fail_if_stalled",

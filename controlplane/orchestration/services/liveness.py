@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from controlplane.common.errors import Conflict
 from controlplane.fleet.models import Instance, Lifecycle
-from controlplane.fleet.states import InstanceState
-from controlplane.jobs.models import Reconfiguration, ReconfigurationTrigger
+from controlplane.fleet.states import TERMINAL_STATES, InstanceState
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, Reconfiguration, ReconfigurationTrigger
 from controlplane.jobs.reconfiguration import reconfiguration_decide
 from controlplane.jobs.services import job_record_event
+from controlplane.orchestration.providers import get_provider
 from controlplane.orchestration.selectors import setting
 from controlplane.orchestration.services.generations import reconfiguration_apply
 from controlplane.orchestration.services.transitions import _now, _transition
+
+logger = logging.getLogger(__name__)
 
 # A node that never enrolled this long after launch is given up.
 ENROLL_TIMEOUT = timedelta(seconds=180)
@@ -44,6 +49,39 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
             trigger_key=f"leave:instance:{instance.pk}",
             instance=instance,
         )
+    return reconfiguration
+
+
+def instance_terminate(*, instance: Instance, reason: str) -> Reconfiguration | None:
+    """An operator ends a node: its provider is asked to terminate it, the row moves to
+    terminated (billing closed, agent token revoked) and, when it served a job that is still
+    active, the job reacts as to any leave (a reconfiguration decided, then applied here; the
+    reconciler applies it later if applying fails now). An instance already ended is a Conflict;
+    a provider that refuses raises ProviderError and nothing is written."""
+    instance.refresh_from_db(fields=["state"])
+    if instance.state in TERMINAL_STATES:
+        raise Conflict(f"instance {instance.pk} is already {instance.state}", field="state")
+    if instance.provider_instance_id:
+        get_provider(instance.provider).terminate([instance.provider_instance_id])
+    reconfiguration = None
+    with transaction.atomic():
+        if not _transition(instance, InstanceState.TERMINATED, detail={"reason": reason}):
+            raise Conflict(f"instance {instance.pk} ended meanwhile ({instance.state})", field="state")
+        job = instance.job if instance.job_id is not None else None
+        if job is not None and job.status in ACTIVE_JOB_STATUSES:
+            message = f"instance {instance.pk} ({instance.provider_instance_id}) terminated: {reason}"
+            job_record_event(job=job, kind="instance_terminated", message=message[:300],
+                             data={"instance": instance.pk, "reason": reason})
+            reconfiguration = reconfiguration_decide(
+                job=job, trigger=ReconfigurationTrigger.DEATH, trigger_key=f"leave:instance:{instance.pk}",
+                instance=instance,
+            )
+    if reconfiguration is not None:
+        try:
+            reconfiguration_apply(reconfiguration=reconfiguration)
+        except Exception:  # the reconciler applies decided reconfigurations nobody applied
+            logger.exception("applying reconfiguration %s after terminating instance %s", reconfiguration.pk,
+                             instance.pk)
     return reconfiguration
 
 

@@ -8,6 +8,9 @@
   const page = body.dataset.page;
   const endpoint = body.dataset.endpoint;
   const PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+  const GENERATION_LINES = 2; // earlier generations shown as lines before "N earlier generation(s)"
+  const RECONF_ROWS = 5; // the reconfigurations table's newest rows
+  let generationsOpen = false;
   const POLL_MS = { overview: 30000, fleet: 30000, jobs: 15000, job: 5000, notices: 15000 };
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
   const STATE_COLORS = {
@@ -236,57 +239,94 @@
       node.appendChild(p);
       return;
     }
-    layouts.slice().reverse().forEach((g) => {
-      const box = document.createElement("figure");
-      box.className = "generation" + (g.current ? " current" : "");
-      const cap = document.createElement("figcaption");
-      cap.textContent = "Generation " + g.number + (g.current ? " (current)" : "") + (g.reason ? " – " + g.reason : "") +
-        " · " + when(g.created_at);
-      box.appendChild(cap);
-      const pipelines = [...new Set(g.cells.map((c) => c.pipeline))].sort((a, b) => a - b);
-      const stages = [...new Set(g.cells.map((c) => c.stage))].sort((a, b) => a - b);
-      const grid = document.createElement("table");
-      grid.className = "layout";
-      const head = grid.createTHead().insertRow();
-      head.appendChild(document.createElement("th"));
-      stages.forEach((s) => { const th = document.createElement("th"); th.scope = "col"; th.textContent = "stage " + s; head.appendChild(th); });
-      const tb = grid.createTBody();
-      const rerouteFrom = new Set(g.reroutes.map((r) => r.from));
-      const rerouteTo = new Set(g.reroutes.map((r) => r.to));
-      pipelines.forEach((p) => {
-        const tr = tb.insertRow();
-        const th = document.createElement("th");
-        th.scope = "row";
-        th.textContent = "pipeline " + p;
-        tr.appendChild(th);
-        stages.forEach((s) => {
-          const td = tr.insertCell();
-          g.cells.filter((c) => c.pipeline === p && c.stage === s).forEach((c) => {
-            const div = document.createElement("div");
-            div.className = "node" + (c.failed || c.left ? " failed" : "") + (rerouteTo.has(c.instance) ? " reroute" : "");
-            div.textContent = c.label + (c.instance_type ? " · " + c.instance_type : "");
-            const notes = [];
-            if (c.failed) notes.push("failed (" + c.state + ")"); else if (c.left) notes.push("left");
-            if (rerouteFrom.has(c.instance)) notes.push("work re-routed away");
-            if (rerouteTo.has(c.instance)) notes.push("takes re-routed work");
-            if (notes.length) { const small = document.createElement("small"); small.textContent = notes.join(", "); div.appendChild(small); }
-            td.appendChild(div);
-          });
+    // The current generation (else the newest) drawn in full; earlier ones one line each, newest
+    // first, with what changed from the one before; beyond the newest few, inside a closed <details>.
+    const open = layouts.find((g) => g.current) || layouts[layouts.length - 1];
+    node.appendChild(drawGeneration(open));
+    const earlier = layouts.filter((g) => g !== open).reverse();
+    if (!earlier.length) return;
+    const line = (g) => {
+      const li = document.createElement("li");
+      li.className = "generation-line";
+      li.dataset.generation = String(g.number);
+      const head = document.createElement("strong");
+      head.textContent = "Generation " + g.number;
+      li.appendChild(head);
+      const rest = " · " + when(g.created_at) + (g.reason ? " · " + g.reason : "") + " · " + (g.changes || []).join("; ");
+      li.appendChild(document.createTextNode(rest));
+      li.title = "Generation " + g.number + rest;
+      return li;
+    };
+    const list = document.createElement("ul");
+    list.className = "generation-lines";
+    earlier.slice(0, GENERATION_LINES).forEach((g) => list.appendChild(line(g)));
+    node.appendChild(list);
+    if (earlier.length > GENERATION_LINES) {
+      const more = document.createElement("details");
+      more.className = "generation-more";
+      if (generationsOpen) more.open = true;
+      more.addEventListener("toggle", () => { generationsOpen = more.open; });
+      const summary = document.createElement("summary");
+      summary.textContent = (earlier.length - GENERATION_LINES) + " earlier generation(s)";
+      more.appendChild(summary);
+      const rest = document.createElement("ul");
+      rest.className = "generation-lines";
+      earlier.slice(GENERATION_LINES).forEach((g) => rest.appendChild(line(g)));
+      more.appendChild(rest);
+      node.appendChild(more);
+    }
+  }
+
+  function drawGeneration(g) {
+    const box = document.createElement("figure");
+    box.className = "generation" + (g.current ? " current" : "");
+    const cap = document.createElement("figcaption");
+    cap.textContent = "Generation " + g.number + (g.current ? " (current)" : "") + (g.reason ? " – " + g.reason : "") +
+      " · " + when(g.created_at) + (g.changes && g.changes.length ? " · " + g.changes.join("; ") : "");
+    box.appendChild(cap);
+    const pipelines = [...new Set(g.cells.map((c) => c.pipeline))].sort((a, b) => a - b);
+    const stages = [...new Set(g.cells.map((c) => c.stage))].sort((a, b) => a - b);
+    const grid = document.createElement("table");
+    grid.className = "layout";
+    const head = grid.createTHead().insertRow();
+    head.appendChild(document.createElement("th"));
+    stages.forEach((s) => { const th = document.createElement("th"); th.scope = "col"; th.textContent = "stage " + s; head.appendChild(th); });
+    const tb = grid.createTBody();
+    const rerouteFrom = new Set(g.reroutes.map((r) => r.from));
+    const rerouteTo = new Set(g.reroutes.map((r) => r.to));
+    pipelines.forEach((p) => {
+      const tr = tb.insertRow();
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.textContent = "pipeline " + p;
+      tr.appendChild(th);
+      stages.forEach((s) => {
+        const td = tr.insertCell();
+        g.cells.filter((c) => c.pipeline === p && c.stage === s).forEach((c) => {
+          const div = document.createElement("div");
+          div.className = "node" + (c.failed || c.left ? " failed" : "") + (rerouteTo.has(c.instance) ? " reroute" : "");
+          div.textContent = c.label + (c.instance_type ? " · " + c.instance_type : "");
+          const notes = [];
+          if (c.failed) notes.push("failed (" + c.state + ")"); else if (c.left) notes.push("left");
+          if (rerouteFrom.has(c.instance)) notes.push("work re-routed away");
+          if (rerouteTo.has(c.instance)) notes.push("takes re-routed work");
+          if (notes.length) { const small = document.createElement("small"); small.textContent = notes.join(", "); div.appendChild(small); }
+          td.appendChild(div);
         });
       });
-      box.appendChild(grid);
-      if (g.reroutes.length) {
-        const ul = document.createElement("ul");
-        ul.className = "reroutes";
-        g.reroutes.forEach((r) => {
-          const li = document.createElement("li");
-          li.textContent = "re-routed " + (r.micro_batches ? r.micro_batches + " micro-batches " : "") + "from instance " + r.from + " to instance " + r.to;
-          ul.appendChild(li);
-        });
-        box.appendChild(ul);
-      }
-      node.appendChild(box);
     });
+    box.appendChild(grid);
+    if (g.reroutes.length) {
+      const ul = document.createElement("ul");
+      ul.className = "reroutes";
+      g.reroutes.forEach((r) => {
+        const li = document.createElement("li");
+        li.textContent = "re-routed " + (r.micro_batches ? r.micro_batches + " micro-batches " : "") + "from instance " + r.from + " to instance " + r.to;
+        ul.appendChild(li);
+      });
+      box.appendChild(ul);
+    }
+    return box;
   }
 
   function renderJob(d) {
@@ -350,18 +390,64 @@
       marker: { size: 11, color: d.reconfigurations.map((r) => (r.status === "failed" ? "#dc2626" : "#2563eb")) } }] : [],
     { showlegend: false, margin: { l: 90, r: 30, t: 30, b: 30 }, yaxis: { automargin: true } }, "No reconfigurations: no node has left or joined this job.");
     table("table-reconf", [
-      { label: "Decided", value: (r) => when(r.decided_at) },
+      { label: "Decided", value: (r) => when(r.decided_at).slice(5) },
       { label: "Trigger", value: (r) => r.trigger },
       { label: "Decision", value: (r) => r.decision },
       { label: "Instance", value: (r) => r.instance__provider_instance_id },
       { label: "Generations", value: (r) => text(r.from_generation) + " → " + text(r.to_generation) },
       { label: "Status", value: (r) => r.status },
       { label: "Lost s", value: (r) => r.lost_seconds.toFixed(1), num: true },
-    ], d.reconfigurations, "");
+    ], d.reconfigurations.slice(-RECONF_ROWS).reverse(), "");
+    setText("reconf-more", d.reconfigurations.length > RECONF_ROWS ? "Newest " + RECONF_ROWS + " of " +
+      d.reconfigurations.length + "; all on the chart and at /api/v1/jobs/" + d.job.id + "/reconfigurations/." : "");
     renderLayouts(d.layouts);
+    renderEvents(d.events);
+  }
+
+  // The timeline: one page of events (newest first), of one kind or all; the page and the kind are
+  // sent with every poll, so the refresh keeps what the user chose.
+  const jobEvents = { page: 1, kind: "" };
+
+  function jobURL() {
+    const params = new URLSearchParams();
+    if (jobEvents.page > 1) params.set("events_page", String(jobEvents.page));
+    if (jobEvents.kind) params.set("events_kind", jobEvents.kind);
+    return endpoint + (params.toString() ? "?" + params.toString() : "");
+  }
+
+  function renderEvents(ev) {
+    // An answer to an earlier request (a poll sent before the user paged or filtered) is not drawn.
+    if (ev.kind !== jobEvents.kind || (ev.page !== jobEvents.page && ev.pages >= jobEvents.page)) return;
+    jobEvents.page = ev.page; // the server gives the last page when the asked one is past the end
+    const select = el("events-kind");
+    if (select) {
+      const wanted = [""].concat(ev.kinds.map((k) => k.kind));
+      const have = Array.from(select.options).map((o) => o.value);
+      if (wanted.join("\n") !== have.join("\n")) {
+        select.innerHTML = "";
+        const total = ev.kinds.reduce((n, k) => n + k.count, 0);
+        select.appendChild(new Option("all kinds (" + total + ")", ""));
+        ev.kinds.forEach((k) => select.appendChild(new Option(k.kind + " (" + k.count + ")", k.kind)));
+      }
+      select.value = ev.kind;
+    }
+    setText("events-pager", ev.count ? "· page " + ev.page + " of " + ev.pages + " · " + ev.count + " event(s), newest first" : "");
+    const newer = el("events-newer");
+    const older = el("events-older");
+    if (newer) newer.disabled = ev.page <= 1;
+    if (older) older.disabled = ev.page >= ev.pages;
     table("table-events", [
       { label: "When", value: (e) => when(e.at) }, { label: "Event", value: (e) => e.kind }, { label: "Message", value: (e) => e.message },
-    ], d.events, "Nothing has happened to this job yet.");
+    ], ev.rows, ev.kind ? "No " + ev.kind + " events." : "Nothing has happened to this job yet.");
+  }
+
+  function bindEventControls() {
+    const select = el("events-kind");
+    if (select) select.addEventListener("change", () => { jobEvents.kind = select.value; jobEvents.page = 1; refresh(jobURL()); });
+    const newer = el("events-newer");
+    if (newer) newer.addEventListener("click", () => { jobEvents.page = Math.max(1, jobEvents.page - 1); refresh(jobURL()); });
+    const older = el("events-older");
+    if (older) older.addEventListener("click", () => { jobEvents.page += 1; refresh(jobURL()); });
   }
 
   function renderNotices(d) {
@@ -431,11 +517,13 @@
   if (page === "prices") {
     el("price-controls").addEventListener("submit", (event) => { event.preventDefault(); refresh(pricesURL()); });
   }
-  refresh();
+  if (page === "job") bindEventControls();
+  const current = () => (page === "job" ? jobURL() : undefined);
+  refresh(current());
   // ?poll=<ms> overrides the interval (tests, wall displays); never faster than twice a second.
   const asked = Number(new URLSearchParams(window.location.search).get("poll"));
   const every = asked > 0 ? Math.max(asked, 500) : POLL_MS[page] || 0;
   if (every) {
-    setInterval(() => { if (!document.hidden) refresh(); }, every);
+    setInterval(() => { if (!document.hidden) refresh(current()); }, every);
   }
 })();
