@@ -13,8 +13,8 @@ from django.utils import timezone
 from controlplane.billing.models import BillingSegment, PriceSource
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import JobEvent, JobStatus
-from controlplane.orchestration import services as orchestration
 from controlplane.orchestration.providers.base import ProviderError
+from controlplane.orchestration.services import liveness as orchestration  # instance_terminate's get_provider
 from tests.controlplane.api_helpers import make_team_world
 
 pytestmark = pytest.mark.django_db
