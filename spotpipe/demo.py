@@ -33,10 +33,11 @@ from controlplane.orchestration import tasks
 from controlplane.orchestration.providers.local import LocalProvider
 from controlplane.orchestration.rendezvous import rendezvous_release
 from runtime.config import resolve_strategy
-from spotpipe import processes, report, schedule, seed
+from spotpipe import preemption_script, processes, report, seed
 from spotpipe.driver import Console, Driver, layout_for, steps_for, submit_job
 from spotpipe.learning import learning_lines, learning_summary
 from spotpipe.market import STAND_IN_TYPE
+from spotpipe.preemption_script import describe
 
 SUMMARY_NAME = "demo-summary.json"
 
@@ -185,9 +186,9 @@ def run_demo(options: DemoOptions) -> int:
                  f"{market.pools} pools; local nodes are priced as {market.stand_in} "
                  f"(${market.stand_in_price}/h spot, ${market.on_demand_price}/h on demand)")
     team = seed.seed_team()
-    trace = schedule.demo_trace(nodes=options.nodes, seed=options.seed, path=options.trace)
+    trace = preemption_script.demo_trace(nodes=options.nodes, seed=options.seed, path=options.trace)
     max_events = max(2, min(6, int(options.duration // 45)))
-    plan = schedule.demo_schedule(trace, seed=options.seed, dp=dp, pp=pp, max_events=max_events)
+    plan = preemption_script.demo_schedule(trace, seed=options.seed, dp=dp, pp=pp, max_events=max_events)
 
     env = {
         "SPOTPIPE_PUBLIC_URL": base,
@@ -244,9 +245,9 @@ def run_demo(options: DemoOptions) -> int:
         except Exception as exc:  # advice only: the demo goes on without it
             console.line(f"planner: no advice ({type(exc).__name__}: {exc})")
         console.line(f"trace: {trace.name} ({len(plan)} preemption event(s) kept, compressed onto "
-                     f"{schedule.WINDOW[0]:.0%}-{schedule.WINDOW[1]:.0%} of the job's steps):")
+                     f"{preemption_script.WINDOW[0]:.0%}-{preemption_script.WINDOW[1]:.0%} of the job's steps):")
         for p in plan:
-            console.line(f"   event {p.index + 1}: trace t={schedule.describe(p.trace_t_s)}, {p.count} node(s), "
+            console.line(f"   event {p.index + 1}: trace t={describe(p.trace_t_s)}, {p.count} node(s), "
                          f"{'with notice' if p.with_notice else 'no notice'}, at step "
                          f"{int(p.at_fraction * steps)}")
 
@@ -299,7 +300,7 @@ def run_demo(options: DemoOptions) -> int:
             "seconds": round(time.monotonic() - started, 1),
         })
         status = 0 if ok else 1
-        console.line(f"demo {'succeeded' if ok else 'FAILED'} in {schedule.describe(time.monotonic() - started)}")
+        console.line(f"demo {'succeeded' if ok else 'FAILED'} in {describe(time.monotonic() - started)}")
         if not options.headless:
             print(f"\nThe dashboard keeps serving at {base}/jobs/{job.pk}/  (Ctrl-C to stop)", flush=True)
             while not stack.exited():
