@@ -20,6 +20,7 @@ from controlplane.webhooks.credentials import credentials_cache_clear
 from controlplane.webhooks.wsgi import WEBHOOK_MIDDLEWARE, WebhookDispatch
 from controlplane.wsgi import application
 from tests.controlplane.factories import make_team, make_webhook_credential
+from tests.reliability.test_security import _fresh_ip
 
 pytestmark = pytest.mark.django_db
 
@@ -91,7 +92,9 @@ def test_a_notice_through_the_webhook_stack_is_stored_with_the_security_headers(
 def test_the_rate_limit_still_guards_the_webhooks(monkeypatch):
     monkeypatch.setenv("SPOTPIPE_RATELIMIT_WEBHOOKS", "2")
     monkeypatch.setenv("SPOTPIPE_RATELIMIT_WINDOW_S", "3600")
-    environ = {"REMOTE_ADDR": "10.77.0.1"}
+    # A fresh address: counts live in a store shared across processes and runs (Redis in the
+    # PostgreSQL pass), so a fixed one would find an earlier run's requests in the same window.
+    environ = {"REMOTE_ADDR": _fresh_ip()}
     statuses = [call("POST", "/api/v1/webhooks/gcp/nobody/", b"{}", CONTENT_TYPE="application/json", **environ)[0]
                 for _ in range(3)]
     assert statuses == [401, 401, 429]
