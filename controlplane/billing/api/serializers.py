@@ -36,11 +36,16 @@ class CostReportQuery(serializers.Serializer):
     as_of = serializers.DateTimeField(required=False, help_text="Open segments are costed until this moment.")
 
 
-class _BreakdownSerializer(serializers.Serializer):
-    segments = serializers.IntegerField()
+class _CostLineSerializer(serializers.Serializer):
+    """What every cost figure carries: hours billed, their spot cost and the on-demand equivalent."""
+
     hours = serializers.DecimalField(max_digits=14, decimal_places=4)
     cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
     on_demand_cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
+class _BreakdownSerializer(_CostLineSerializer):
+    segments = serializers.IntegerField()
 
 
 class TypeBreakdownSerializer(_BreakdownSerializer):
@@ -111,17 +116,11 @@ class SpendReportQuery(serializers.Serializer):
         return {"start": start, "end": end}
 
 
-class _SpendLineSerializer(serializers.Serializer):
-    hours = serializers.DecimalField(max_digits=14, decimal_places=4)
-    cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
-    on_demand_cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
-
-
-class SpendDaySerializer(_SpendLineSerializer):
+class SpendDaySerializer(_CostLineSerializer):
     day = serializers.DateField()
 
 
-class SpendJobSerializer(_SpendLineSerializer):
+class SpendJobSerializer(_CostLineSerializer):
     job = serializers.IntegerField(allow_null=True, help_text="null: instances bought for no job.")
     job_name = serializers.CharField()
 
