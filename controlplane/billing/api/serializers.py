@@ -72,17 +72,22 @@ class SegmentCostSerializer(serializers.Serializer):
     on_demand_cost_usd = serializers.DecimalField(max_digits=16, decimal_places=6)
 
 
-class CostReportSerializer(serializers.Serializer):
-    """Schema of `CostReport.to_dict()` (amounts as decimal strings)."""
+class _CostTotalsSerializer(serializers.Serializer):
+    """The totals a job's cost report and a team's spend report both carry."""
 
-    job = serializers.IntegerField()
-    job_name = serializers.CharField()
     as_of = serializers.DateTimeField()
     currency = serializers.CharField()
     total_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
     billed_hours = serializers.DecimalField(max_digits=14, decimal_places=4)
     on_demand_equivalent_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
     savings_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
+class CostReportSerializer(_CostTotalsSerializer):
+    """Schema of `CostReport.to_dict()` (amounts as decimal strings)."""
+
+    job = serializers.IntegerField()
+    job_name = serializers.CharField()
     savings_pct = serializers.DecimalField(max_digits=6, decimal_places=2, allow_null=True)
     preemption_events = serializers.IntegerField()
     preemption_lost_seconds = serializers.FloatField()
@@ -125,18 +130,12 @@ class SpendJobSerializer(_CostLineSerializer):
     job_name = serializers.CharField()
 
 
-class TeamSpendReportSerializer(serializers.Serializer):
+class TeamSpendReportSerializer(_CostTotalsSerializer):
     """Schema of `TeamSpendReport.to_dict()` (amounts as decimal strings)."""
 
     team = serializers.IntegerField()
     team_slug = serializers.CharField()
     start = serializers.DateTimeField()
     end = serializers.DateTimeField(help_text="Exclusive: midnight UTC after the last day.")
-    as_of = serializers.DateTimeField()
-    currency = serializers.CharField()
-    total_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
-    billed_hours = serializers.DecimalField(max_digits=14, decimal_places=4)
-    on_demand_equivalent_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
-    savings_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
     by_day = SpendDaySerializer(many=True)
     by_job = SpendJobSerializer(many=True, help_text="Costliest first.")
