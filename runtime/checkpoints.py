@@ -82,13 +82,18 @@ class Checkpoints:
     # -- writing ---------------------------------------------------------------------------------
     def write(self, step: int, *, spec: ModelSpec, writers: Mapping[int, int], node: int, states: Mapping[int, Any],
               export_id: str, info: Mapping[str, Any], max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> bool:
-        """This node's shards of the checkpoint of `step` (`export_layers`), then `prune`; True when
-        this node saw it complete. `export_id` must differ between attempts at the same step (e.g.
-        name the generation), so shards left by an attempt that died are never counted as this one's."""
+        """This node's shards of the checkpoint of `step` (`export_layers`); True when this node saw
+        it complete. `export_id` must differ between attempts at the same step (e.g. name the
+        generation), so shards left by an attempt that died are never counted as this one's.
+
+        Pruning lists the whole store, so at most two writers do it per checkpoint (the one that
+        completed it, and layer 0's writer, which prunes even where checkpoints never complete):
+        with every writer pruning, 1,024 writers would list the same prefix 1,024 times."""
         body = {"model": model_entry(spec), **info, "steps_done": step}  # loadable by `load_model`
         complete = export_layers(self.step_dir(step), spec=spec, writers=writers, node=node, states=states,
                                  steps_done=step, export_id=export_id, info=body, max_shard_bytes=max_shard_bytes)
-        self.prune()
+        if complete or writers.get(0) == node:
+            self.prune()
         return complete
 
     def prune(self) -> None:

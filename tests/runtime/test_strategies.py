@@ -271,9 +271,11 @@ def test_checkpoints_are_exports_complete_when_the_last_writer_is_done_and_keep_
     assert store.complete_steps() == [4, 6] and KEEP == 2  # step 2 was deleted
     assert not (tmp_path / "checkpoints" / "step-2").exists()
     for step in (8, 10, 12):  # never completed (the other writer died): only the 2 newest stay
-        write(step, 1)
+        write(step, 0)  # layer 0's writer prunes even when nothing completes (one pruner, not every writer)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-10", "step-12", "step-4", "step-6"]
     assert store.latest() == 6
+    write(14, 1)  # any other writer of an incomplete checkpoint lists nothing and deletes nothing
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 5
 
 
 def test_snapshot_rollback_restores_the_pre_step_state() -> None:
