@@ -282,6 +282,8 @@ SPOTPIPE_AWS_INSTANCE_TYPES = env.list("SPOTPIPE_AWS_INSTANCE_TYPES", default=["
 SPOTPIPE_ALERT_ALLOWED_NETWORKS = env.list("SPOTPIPE_ALERT_ALLOWED_NETWORKS", default=[])
 # SNS messages whose (signed) Timestamp is older than this many seconds are refused as replays.
 SPOTPIPE_SNS_MAX_AGE_S = env.int("SPOTPIPE_SNS_MAX_AGE_S", default=3600)
+# GCP Pub/Sub push OIDC tokens are checked against Google's published keys (fetched, cached, rotated).
+SPOTPIPE_GCP_OIDC_JWKS_URL = env.str("SPOTPIPE_GCP_OIDC_JWKS_URL", default="https://www.googleapis.com/oauth2/v3/certs")
 # Agent tokens expire after this many seconds (default a day); agents rotate theirs at half-life.
 SPOTPIPE_AGENT_TOKEN_TTL_S = env.int("SPOTPIPE_AGENT_TOKEN_TTL_S", default=86400)
 

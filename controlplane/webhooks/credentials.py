@@ -94,9 +94,8 @@ def credential_create(
         if not topic_arn.startswith("arn:"):
             raise DomainError(f"topic_arn must be an SNS topic ARN, got {topic_arn!r}", field="topic_arn")
         cred.topic_arn = topic_arn
-    elif scheme == CredentialScheme.OIDC and (not (config or {}).get("audience")
-                                              or not (config or {}).get("public_keys")):
-        raise DomainError("OIDC needs config.audience and config.public_keys", field="config")
+    elif scheme == CredentialScheme.OIDC and not (config or {}).get("audience"):
+        raise DomainError("OIDC needs config.audience, the push endpoint's URL", field="config")
     elif scheme == CredentialScheme.OIDC and "@" not in str((config or {}).get("email") or ""):
         # Without it any Google-signed token for the audience would pass, whoever's account made it.
         raise DomainError("OIDC needs config.email, the push subscription's service account", field="config")

@@ -176,8 +176,11 @@ def _auth_gcp(request: HttpRequest, team: TeamCredentials) -> None:
                 continue
             try:
                 oidc.verify(authz[7:].strip(), audience=cred.config.get("audience", ""),
-                            public_keys=cred.config.get("public_keys", {}), email=cred.config.get("email", ""))
+                            public_keys=cred.config.get("public_keys") or None, email=cred.config.get("email", ""))
                 return
+            except oidc.KeysUnavailable as exc:
+                # Not the sender's fault: 503 so Pub/Sub retries the push later.
+                raise WebhookError(503, str(exc), field="Authorization") from None
             except oidc.OidcError as exc:
                 errors.append(str(exc))
         raise WebhookError(401, f"invalid OIDC token: {'; '.join(errors) or 'no OIDC credential'}",

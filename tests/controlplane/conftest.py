@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from controlplane.webhooks import sns
+from controlplane.webhooks import oidc, sns
 from controlplane.webhooks.credentials import credentials_cache_clear
 
 
@@ -17,9 +17,11 @@ def webhook_isolation(settings):
     settings.SPOTPIPE_NOTICE_HANDOFF = "none"
     credentials_cache_clear()
     sns.cert_cache_clear()
+    oidc.jwks_cache_clear()
     yield
     credentials_cache_clear()
     sns.cert_cache_clear()
+    oidc.jwks_cache_clear()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from controlplane.fleet.models import InterruptionNotice, NoticeKind, NoticeSour
 from controlplane.fleet.notices import notices_drain
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, Reconfiguration
-from controlplane.webhooks import signing
+from controlplane.webhooks import oidc, signing
 from controlplane.webhooks.credentials import credential_rotate, credentials_cache_clear
 from controlplane.webhooks.models import WebhookCredential
 from tests.controlplane.factories import make_instance, make_job, make_team, make_webhook_credential
@@ -143,6 +143,103 @@ def test_gcp_oidc_requires_the_service_account_email(client, team, gcp_entry):
     denied = client.post("/api/v1/webhooks/gcp/ml-team/", data=json.dumps(push_envelope(gcp_entry)),
                          content_type="application/json", headers={"Authorization": f"Bearer {_jwt(key, claims)}"})
     assert denied.status_code == 401 and "email" in denied.json()["detail"]
+    assert InterruptionNotice.objects.count() == 0
+
+
+class _GoogleKeys:
+    """A real HTTP server on loopback serving a JWKS document the way Google's certs endpoint does;
+    `keys` can be swapped (a rotation) and `fetches` counts requests (the cache)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.keys: dict[str, rsa.RSAPrivateKey] = {}
+        self.fetches = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                from jwt.algorithms import RSAAlgorithm
+
+                outer.fetches += 1
+                jwks = {"keys": [{**json.loads(RSAAlgorithm.to_jwk(k.public_key())), "kid": kid, "alg": "RS256",
+                                  "use": "sig"} for kid, k in outer.keys.items()]}
+                body = json.dumps(jwks).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/oauth2/v3/certs"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def google_keys(settings):
+    keys = _GoogleKeys()
+    settings.SPOTPIPE_GCP_OIDC_JWKS_URL = keys.url
+    yield keys
+    keys.server.shutdown()
+
+
+def test_gcp_oidc_uses_googles_published_keys_and_follows_a_rotation(client, team, gcp_entry, google_keys,
+                                                                     monkeypatch):
+    """No keys on the credential: they come from the JWKS endpoint, fetched once and cached; a token
+    signed with a key Google rotated in since is accepted after one more fetch, with no change to the
+    credential. Unknown key ids fetch again at most once per cooldown."""
+    monkeypatch.setattr(oidc, "JWKS_REFRESH_COOLDOWN_S", 0.2)
+    audience = "https://spotpipe.example/api/v1/webhooks/gcp/ml-team/"
+    email = "pusher@my-project.iam.gserviceaccount.com"
+    make_webhook_credential(team, "gcp", "oidc", config={"audience": audience, "email": email})
+    claims = {"iss": "https://accounts.google.com", "aud": audience, "email": email, "email_verified": True,
+              "exp": int(time.time()) + 600, "iat": int(time.time())}
+    url = "/api/v1/webhooks/gcp/ml-team/"
+    old = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    google_keys.keys = {"old": old}
+
+    def push(key, kid: str, message_id: str):
+        return client.post(url, data=json.dumps(push_envelope(gcp_entry, message_id)),
+                           content_type="application/json",
+                           headers={"Authorization": f"Bearer {_jwt(key, claims, kid=kid)}"})
+
+    assert push(old, "old", "1").status_code == 202
+    assert push(old, "old", "2").status_code == 200  # the same log entry again: a duplicate, not a refusal
+    assert google_keys.fetches == 1
+    new = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    google_keys.keys = {"new": new}  # Google rotated: the old key is gone from the document
+    time.sleep(0.3)
+    assert push(new, "new", "3").status_code == 200
+    assert google_keys.fetches == 2
+    forged = push(rsa.generate_private_key(public_exponent=65537, key_size=2048), "new", "4")
+    assert forged.status_code == 401 and "signature" in forged.json()["detail"]
+    oidc._jwks_client(google_keys.url).cooldown_duration = 3600  # the flood below all falls within it
+    for attempt in range(5):  # a flood of made-up key ids within the cooldown: no fetch each
+        unknown = push(new, f"never-published-{attempt}", str(5 + attempt))
+        assert unknown.status_code == 401 and "signing key" in unknown.json()["detail"]
+    assert google_keys.fetches == 2
+    assert InterruptionNotice.objects.count() == 1
+
+
+def test_gcp_oidc_keys_unreachable_is_a_503_so_pubsub_retries(client, team, gcp_entry, settings):
+    """Google's keys cannot be fetched: the token was not judged, so the answer is not a 401 (which
+    would read as a bad credential) but a 503 that Pub/Sub retries; nothing is stored."""
+    settings.SPOTPIPE_GCP_OIDC_JWKS_URL = "http://127.0.0.1:9/certs"  # discard port: connection refused
+    audience = "https://spotpipe.example/api/v1/webhooks/gcp/ml-team/"
+    email = "pusher@my-project.iam.gserviceaccount.com"
+    make_webhook_credential(team, "gcp", "oidc", config={"audience": audience, "email": email})
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    claims = {"iss": "https://accounts.google.com", "aud": audience, "email": email, "email_verified": True,
+              "exp": int(time.time()) + 600}
+    response = client.post("/api/v1/webhooks/gcp/ml-team/", data=json.dumps(push_envelope(gcp_entry)),
+                           content_type="application/json", headers={"Authorization": f"Bearer {_jwt(key, claims)}"})
+    assert response.status_code == 503, response.content
+    assert "could not be fetched" in response.json()["detail"]
     assert InterruptionNotice.objects.count() == 0
 
 

@@ -123,8 +123,9 @@ class OidcConfigSerializer(serializers.Serializer):
     email = serializers.EmailField(
         max_length=254, help_text="The push subscription's service account: tokens of any other account are refused.")
     public_keys = serializers.DictField(
-        child=serializers.CharField(max_length=10_000), allow_empty=False,
-        help_text="Google's signing certificates or public keys: {kid: PEM}.",
+        child=serializers.CharField(max_length=10_000), allow_empty=False, required=False,
+        help_text="Optional pinned signing keys {kid: PEM}, the only ones then accepted. Leave out to use "
+                  "Google's published keys, fetched and cached (they rotate).",
     )
 
 

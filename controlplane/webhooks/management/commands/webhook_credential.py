@@ -25,7 +25,8 @@ class Command(BaseCommand):
         parser.add_argument("--username", default="", help="basic: the user name")
         parser.add_argument("--secret", help="use this secret instead of generating one")
         parser.add_argument("--topic-arn", default="", help="sns_topic: the allowed topic")
-        parser.add_argument("--config", default="{}", help="oidc: JSON {audience, email, public_keys}")
+        parser.add_argument("--config", default="{}",
+                            help="oidc: JSON {audience, email[, public_keys]} (default: Google's keys, fetched)")
 
     def handle(self, *args, **opts):
         team = Team.objects.filter(slug=opts["team"]).first()
