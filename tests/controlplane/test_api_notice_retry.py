@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from controlplane.fleet import notices as notices_module
 from controlplane.fleet.models import InterruptionNotice, NoticeStatus
+from controlplane.fleet.notices import processing
 from tests.controlplane.api_helpers import make_team_world
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +33,7 @@ def test_an_admin_retries_a_failed_notice_and_a_worker_processes_it(worlds, monk
     alpha, _ = worlds
     notice = _notice(alpha)
     handed: list[list[int]] = []
-    monkeypatch.setattr(notices_module, "notices_handoff", lambda *, notice_ids: handed.append(notice_ids))
+    monkeypatch.setattr(processing, "notices_handoff", lambda *, notice_ids: handed.append(notice_ids))
     with django_capture_on_commit_callbacks(execute=True):
         response = alpha.admin_client.post(f"/api/v1/notices/{notice.pk}/retry/")
     assert response.status_code == 200, response.content

@@ -14,11 +14,14 @@ from controlplane.fleet.models import InterruptionNotice, NoticeKind, NoticeSour
 from controlplane.fleet.notices import (
     MAX_ATTEMPTS,
     NoticeDraft,
+    handoff,
     notice_process,
     notices_claim,
     notices_drain,
     notices_store,
     notices_sweep,
+    processing,
+    reaction,
 )
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration
@@ -159,12 +162,12 @@ def test_failed_processing_is_retried_by_the_sweep_then_given_up(monkeypatch):
     team = make_team()
     instance = running(team, job=make_job(team))
     notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
-    real_react = notices._react
+    real_react = processing.react
 
     def broken(notice):
         raise RuntimeError("database hiccup")
 
-    monkeypatch.setattr(notices, "_react", broken)
+    monkeypatch.setattr(processing, "react", broken)
     result = notices_drain()
     assert (result.processed, result.failed) == (0, 1)
     notice = InterruptionNotice.objects.get()
@@ -172,7 +175,7 @@ def test_failed_processing_is_retried_by_the_sweep_then_given_up(monkeypatch):
     # Not yet stale: the sweep leaves it alone.
     assert notices_sweep().processed == 0
     InterruptionNotice.objects.update(enqueued_at=timezone.now() - timedelta(minutes=5))
-    monkeypatch.setattr(notices, "_react", real_react)
+    monkeypatch.setattr(processing, "react", real_react)
     assert notices_sweep().processed == 1
     notice.refresh_from_db()
     assert (notice.status, notice.attempts, notice.error) == (NoticeStatus.PROCESSED, 2, "")
@@ -197,8 +200,8 @@ def test_kicker_publishes_at_once_then_coalesces(monkeypatch, settings):
         published.append(1)
         (first if len(published) == 1 else trailing).set()
 
-    monkeypatch.setattr(notices, "_publish_drain", publish)
-    kicker = notices._Kicker()
+    monkeypatch.setattr(handoff, "_publish_drain", publish)
+    kicker = handoff._Kicker()
     kicker.kick()
     assert first.wait(5), "the first kick after a quiet period must publish at once"
     for _ in range(99):
@@ -209,7 +212,7 @@ def test_kicker_publishes_at_once_then_coalesces(monkeypatch, settings):
 
 def test_handoff_modes(monkeypatch, settings):
     calls = []
-    monkeypatch.setattr(notices._kicker, "kick", lambda: calls.append("kick"))
+    monkeypatch.setattr(handoff._kicker, "kick", lambda: calls.append("kick"))
     from controlplane.fleet import tasks
 
     monkeypatch.setattr(tasks.process_notice, "delay", lambda notice_id: calls.append(notice_id))
@@ -231,7 +234,7 @@ def test_a_concurrent_move_is_not_an_error(monkeypatch):
     notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
     stale = type(instance).objects.select_related("job").get(pk=instance.pk)  # read while "running"
     instance_transition(instance=instance, to="notice")  # the other drain wins
-    monkeypatch.setattr(notices, "_find_instance", lambda notice, known=None: stale)
+    monkeypatch.setattr(reaction, "_find_instance", lambda notice, known=None: stale)
     result = notices_drain()
     assert (result.processed, result.failed) == (1, 0)
     assert JobEvent.objects.exclude(kind="submitted").get(job=job).data["transitioned"] is False
@@ -262,13 +265,13 @@ def test_at_most_one_drain_waits_in_the_queue(monkeypatch):
 
     fake = _FakeRedis()
     published = []
-    monkeypatch.setattr(notices, "_pending_store", lambda: fake)
+    monkeypatch.setattr(handoff, "_pending_store", lambda: fake)
     monkeypatch.setattr(tasks.drain_notices, "delay", lambda: published.append(1))
-    assert notices._publish_drain() is True
-    assert notices._publish_drain() is False
-    assert notices._publish_drain() is False
+    assert handoff._publish_drain() is True
+    assert handoff._publish_drain() is False
+    assert handoff._publish_drain() is False
     notices.drain_started()
-    assert notices._publish_drain() is True
+    assert handoff._publish_drain() is True
     assert len(published) == 2
 
 
@@ -276,14 +279,14 @@ def test_failed_publish_releases_the_pending_flag(monkeypatch):
     from controlplane.fleet import tasks
 
     fake = _FakeRedis()
-    monkeypatch.setattr(notices, "_pending_store", lambda: fake)
+    monkeypatch.setattr(handoff, "_pending_store", lambda: fake)
 
     def down():
         raise ConnectionError("broker down")
 
     monkeypatch.setattr(tasks.drain_notices, "delay", down)
     with pytest.raises(ConnectionError):
-        notices._publish_drain()
+        handoff._publish_drain()
     assert fake.keys == {}
 
 
@@ -324,13 +327,13 @@ def test_a_paced_drain_stops_once_it_has_caught_up(monkeypatch):
     paced drain (one big batch) instead of a stream of small claims from this one."""
     team = make_team()
     claims: list[list[int]] = []
-    real_claim = notices.notices_claim
+    real_claim = processing.notices_claim
 
     def claim(*, limit):
         claims.append(real_claim(limit=limit))
         return claims[-1]
 
-    monkeypatch.setattr(notices, "notices_claim", claim)
+    monkeypatch.setattr(processing, "notices_claim", claim)
     notices_store(drafts=[draft(team, f"i-{n}", f"a{n}") for n in range(5)])
     assert notices_drain(batch_size=3, paced=True).processed == 5
     assert [len(c) for c in claims] == [3, 2]  # no claim after the short one
@@ -344,10 +347,10 @@ def test_a_paced_drain_stops_once_it_has_caught_up(monkeypatch):
 def test_drains_start_at_most_once_per_spacing(monkeypatch, settings, shared):
     settings.SPOTPIPE_NOTICE_DRAIN_SPACING_S = 0.25
     fake = _FakeRedis()
-    monkeypatch.setattr(notices, "_pending_store", lambda: fake if shared else None)
-    monkeypatch.setattr(notices, "_last_drain_start", 0.0)
+    monkeypatch.setattr(handoff, "_pending_store", lambda: fake if shared else None)
+    monkeypatch.setattr(handoff, "_last_drain_start", 0.0)
     slept: list[float] = []
-    monkeypatch.setattr(notices.time, "sleep", slept.append)
+    monkeypatch.setattr(handoff.time, "sleep", slept.append)
     notices.drain_pace()  # the first drain after a quiet spell starts at once
     assert slept == []
     notices.drain_pace()  # the next one waits out the rest of the spacing

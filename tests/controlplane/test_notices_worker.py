@@ -18,6 +18,7 @@ from django.db import connections
 from controlplane.celery import app
 from controlplane.fleet import notices
 from controlplane.fleet.models import InterruptionNotice, NoticeStatus
+from controlplane.fleet.notices import handoff
 from controlplane.fleet.services import instance_transition
 from controlplane.fleet.tasks import sweep_notices
 from controlplane.jobs.models import JobEvent, Reconfiguration
@@ -135,7 +136,7 @@ def test_backlog_stored_while_down_is_processed_once_by_the_sweep(client, setup_
         raise ConnectionError("broker unreachable")
 
     # Worker stopped and broker unreachable: the endpoint still stores and answers.
-    monkeypatch.setattr(notices, "_publish_drain", broker_down)
+    monkeypatch.setattr(handoff, "_publish_drain", broker_down)
     statuses = Counter()
     for n in range(12):
         instance = instances[n % len(instances)]

@@ -1,0 +1,218 @@
+"""Claiming stored notices and processing them in batches (one transaction, bulk writes), the
+drain a worker runs, retries, and the periodic sweep that is the outbox's safety net."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.accounts.services import agent_tokens_revoke
+from controlplane.fleet.bulk import bulk_update_by_pk
+from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeStatus
+from controlplane.fleet.notices.handoff import notices_handoff
+from controlplane.fleet.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
+from controlplane.fleet.notices.tunables import CLAIM_STALE_AFTER, MAX_ATTEMPTS
+from controlplane.fleet.services import TRANSITION_FIELDS
+from controlplane.fleet.states import TERMINAL_STATES
+from controlplane.jobs.models import JobEvent
+from controlplane.jobs.reconfiguration import current_generations, reconfigurations_create
+
+logger = logging.getLogger(__name__)
+
+
+def notices_claim(*, limit: int) -> list[int]:
+    """Claim up to `limit` received notices, oldest first, for this worker: mark them enqueued and
+    count the attempt. On PostgreSQL concurrent drains skip each other's locked rows; on SQLite the
+    immediate transaction serialises them."""
+    with transaction.atomic():
+        qs = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).order_by("received_at", "id")
+        if connection.features.has_select_for_update_skip_locked:
+            qs = qs.select_for_update(skip_locked=True)
+        ids = list(qs.values_list("id", flat=True)[:limit])
+        if ids:
+            InterruptionNotice.objects.filter(id__in=ids).update(
+                status=NoticeStatus.ENQUEUED, enqueued_at=timezone.now(), attempts=F("attempts") + 1
+            )
+    return ids
+
+
+_DONE_FIELDS = ["status", "processed_at", "error", "unknown_instance", "instance", "team"]
+
+
+def _mark_processed(notice: InterruptionNotice, at: datetime | None = None) -> None:
+    notice.status = NoticeStatus.PROCESSED
+    notice.processed_at = at or timezone.now()
+    notice.error = ""
+
+
+def notice_process(*, notice_id: int) -> InterruptionNotice | None:
+    """React to one notice exactly once: a processed notice is left alone, so a redelivered task or
+    an overlapping drain does nothing the second time."""
+    with transaction.atomic():
+        notice = InterruptionNotice.objects.select_for_update().filter(pk=notice_id).first()
+        if notice is None or notice.status in (NoticeStatus.PROCESSED, NoticeStatus.FAILED):
+            return notice
+        react(notice)
+        _mark_processed(notice)
+        notice.save(update_fields=_DONE_FIELDS)
+    return notice
+
+
+def _lock_instances(rows: list[InterruptionNotice]) -> InstanceMap | None:
+    """Lock and load every instance the batch may move, in id order, before touching any: two
+    drains then queue on the same order instead of deadlocking on each other's rows. Returns None
+    (look each up) when a notice has no team."""
+    keys = {key for notice in rows for key in instance_keys(notice)}
+    teams = {notice.team_id for notice in rows}
+    if not keys:
+        return {}
+    qs = Instance.objects.select_for_update(of=("self",)).select_related("job").filter(provider_instance_id__in=keys)
+    if None in teams:
+        list(qs.order_by("id").values_list("id", flat=True))
+        return None
+    return {(i.team_id, i.provider_instance_id): i for i in qs.filter(team_id__in=teams).order_by("id")}
+
+
+def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
+    """Process claimed notices in one transaction (one commit for the batch rather than one per
+    notice: on a busy disk the commit is most of the wall time), with a constant number of
+    statements for the batch's own rows: lock the notices, lock and load their instances (and read
+    their jobs' current generations, when any has one), then one insert each for the instance and
+    job events, one query for the reconfigurations already decided and one insert for the new ones,
+    and one update each for the instances and the notices. Orchestration applies the new
+    reconfigurations together once this commits (`orchestration.signals`).
+    If any notice fails, the batch is rolled back and each notice is processed on its own, so one
+    bad notice cannot block the rest. Returns (processed, failed)."""
+    try:
+        with transaction.atomic():
+            rows = list(
+                InterruptionNotice.objects.select_for_update()
+                .filter(id__in=notice_ids)
+                .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED])
+                .order_by("id")
+            )
+            known = _lock_instances(rows)
+            if known is None:  # a notice without a team: the one-by-one path resolves it
+                for notice in rows:
+                    react(notice)
+                    _mark_processed(notice)
+                    notice.save(update_fields=_DONE_FIELDS)
+                return len(notice_ids), 0
+            generations = current_generations(jobs=[i.job for i in known.values() if i.job is not None])
+            batch = ReactionBatch(known=known, now=timezone.now(), generations=generations)
+            for notice in rows:
+                react(notice, batch)
+                _mark_processed(notice, batch.now)
+            InstanceEvent.objects.bulk_create(batch.instance_events)
+            bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
+            agent_tokens_revoke(
+                instance_ids=[pk for pk, i in batch.moved.items() if i.state in TERMINAL_STATES], at=batch.now
+            )
+            JobEvent.objects.bulk_create(batch.job_events)
+            # One reconfiguration per leaving node; orchestration applies the batch's on commit.
+            reconfigurations_create(drafts=batch.drafts)
+            bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
+        return len(notice_ids), 0
+    except Exception:
+        logger.warning("batch of %d notices failed; processing them one by one", len(notice_ids), exc_info=True)
+    processed = failed = 0
+    for notice_id in notice_ids:
+        try:
+            notice_process(notice_id=notice_id)
+            processed += 1
+        except Exception as exc:
+            logger.exception("processing notice %s failed", notice_id)
+            notice_record_failure(notice_id=notice_id, error=f"{type(exc).__name__}: {exc}")
+            failed += 1
+    return processed, failed
+
+
+def notice_record_failure(*, notice_id: int, error: str) -> None:
+    """Keep a failed attempt's error; the row stays claimed and the sweep retries it after
+    CLAIM_STALE_AFTER, or gives up after MAX_ATTEMPTS."""
+    InterruptionNotice.objects.filter(pk=notice_id).exclude(status=NoticeStatus.PROCESSED).update(error=error[:2000])
+
+
+@dataclass(kw_only=True, slots=True)
+class DrainResult:
+    processed: int = 0
+    failed: int = 0
+    batches: int = 0
+    more: bool = False
+
+
+def _chunk_size() -> int:
+    """Notices per processing transaction. A transaction costs the same statements for 1 or 200
+    notices, so bigger is cheaper per notice (drain_notices in process, 2,400 bench notices,
+    PostgreSQL: 0.62-0.65 ms of CPU per notice in chunks of 50, 0.49-0.52 in chunks of 200); on
+    SQLite, short transactions keep its single writer free for the web requests' inserts."""
+    return 200 if connection.vendor == "postgresql" else 50
+
+
+def notices_drain(
+    *, batch_size: int = 200, chunk_size: int | None = None, time_budget_s: float = 5.0, paced: bool = False
+) -> DrainResult:
+    """Claim and process received notices in batches until none are left or the time budget is
+    spent (then `more` is set so the caller can re-kick rather than hold the worker). Each claimed
+    batch is processed in transactions of `chunk_size` notices (default `_chunk_size()`). `paced`
+    (the kicked drain, after `drain_pace`): stop once a claim comes back short of `batch_size`."""
+    chunk_size = chunk_size or _chunk_size()
+    result = DrainResult()
+    started = time.monotonic()
+    while True:
+        ids = notices_claim(limit=batch_size)
+        if not ids:
+            return result
+        result.batches += 1
+        for start in range(0, len(ids), chunk_size):
+            processed, failed = notices_process_batch(notice_ids=ids[start : start + chunk_size])
+            result.processed += processed
+            result.failed += failed
+        if paced and len(ids) < batch_size:
+            # Caught up: what arrives from now on gets its own (paced) drain from the next kick,
+            # rather than a stream of small claims from this one.
+            return result
+        if time.monotonic() - started > time_budget_s:
+            result.more = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).exists()
+            return result
+
+
+def notice_retry(*, notice: InterruptionNotice) -> InterruptionNotice:
+    """Give a failed notice (MAX_ATTEMPTS spent) another round: back to received with its attempts
+    reset (its last error kept until it is processed), handed to the workers on commit exactly as
+    a new one. Any other status is a Conflict: a processed notice is never reacted to twice."""
+    from controlplane.common.errors import Conflict
+
+    with transaction.atomic():
+        locked = InterruptionNotice.objects.select_for_update().get(pk=notice.pk)
+        if locked.status != NoticeStatus.FAILED:
+            raise Conflict(f"notice {locked.pk} is {locked.status}; only a failed notice is retried", field="status")
+        locked.status = NoticeStatus.RECEIVED
+        locked.attempts = 0
+        locked.enqueued_at = None
+        locked.save(update_fields=["status", "attempts", "enqueued_at"])
+        transaction.on_commit(lambda: notices_handoff(notice_ids=[locked.pk]))
+    return locked
+
+
+def notices_requeue_stale(*, older_than: timedelta = CLAIM_STALE_AFTER) -> int:
+    """Put back notices claimed long ago and never processed (the worker died, or processing
+    failed), so the next drain retries them; give up after MAX_ATTEMPTS."""
+    cutoff = timezone.now() - older_than
+    stale = InterruptionNotice.objects.filter(status=NoticeStatus.ENQUEUED, enqueued_at__lt=cutoff)
+    stale.filter(attempts__gte=MAX_ATTEMPTS).update(status=NoticeStatus.FAILED)
+    return stale.filter(attempts__lt=MAX_ATTEMPTS).update(status=NoticeStatus.RECEIVED)
+
+
+def notices_sweep(*, batch_size: int = 200, time_budget_s: float = 5.0) -> DrainResult:
+    """The periodic safety net: requeue stale claims, then drain the backlog."""
+    requeued = notices_requeue_stale()
+    if requeued:
+        logger.warning("requeued %d notices that were claimed but never processed", requeued)
+    return notices_drain(batch_size=batch_size, time_budget_s=time_budget_s)
