@@ -88,14 +88,14 @@ def _load(*, prices: int, metrics: int, notices: int, progress: Any) -> dict[str
     from django.utils import timezone
 
     from controlplane.accounts.models import Membership, Role, Team
-    from frontend import demo_data
+    from spotpipe import demo_history
 
     now = timezone.now()
-    pools = demo_data.ensure_market(pools=POOLS)
+    pools = demo_history.ensure_market(pools=POOLS)
     per_pool = prices // len(pools)
     started = time.perf_counter()
     progress.step(f"loading {per_pool * len(pools):,} spot price rows with COPY")
-    loaded = demo_data.load_prices(demo_data.price_rows(pools=pools, start=now - timedelta(days=90), end=now,
+    loaded = demo_history.load_prices(demo_history.price_rows(pools=pools, start=now - timedelta(days=90), end=now,
                                                         changes_per_pool=per_pool))
     price_s = time.perf_counter() - started
     users = get_user_model()
@@ -110,10 +110,10 @@ def _load(*, prices: int, metrics: int, notices: int, progress: Any) -> dict[str
     team = Team.objects.create(name="Bench", slug="bench")
     user = users.objects.create_user(username="bench", password="x" * 12)
     Membership.objects.create(team=team, user=user, role=Role.ADMIN)
-    jobs = demo_data.seed_team_activity(team=team, user=user, pools=pools, now=now, metric_steps=metrics,
+    jobs = demo_history.seed_team_activity(team=team, user=user, pools=pools, now=now, metric_steps=metrics,
                                         notice_count=notices)
     for k, (other, other_user) in enumerate(others):
-        demo_data.seed_team_activity(team=other, user=other_user, pools=pools, now=now, metric_steps=2000,
+        demo_history.seed_team_activity(team=other, user=other_user, pools=pools, now=now, metric_steps=2000,
                                      seed=100 + k, notice_count=notices // 5)
     seed_s = time.perf_counter() - started
     with connection.cursor() as cursor:
@@ -142,7 +142,7 @@ def _existing() -> dict[str, Any]:
     from django.db import connection
 
     from controlplane.jobs.models import TrainingJob
-    from frontend import demo_data
+    from spotpipe import demo_history
 
     jobs = {role: TrainingJob.objects.get(team__slug="bench", name=name) for role, name in
             (("running", "gpt-350m-recycle"), ("finished", "gpt-125m-checkpoint"), ("pending", "mlp-smoke-test"))}
@@ -152,7 +152,7 @@ def _existing() -> dict[str, Any]:
         cursor.execute("SELECT count(*) FROM jobs_metricsample")
         metric_rows = cursor.fetchone()[0]
     return {"user": get_user_model().objects.get(username="bench"), "jobs": jobs,
-            "pools": demo_data.ensure_market(pools=POOLS), "loaded": 0, "price_rows": price_rows,
+            "pools": demo_history.ensure_market(pools=POOLS), "loaded": 0, "price_rows": price_rows,
             "metric_rows": metric_rows, "price_load_s": 0.0, "seed_s": 0.0, "rollup_s": 0.0}
 
 

@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Role
 from controlplane.jobs.models import MetricSample, TrainingJob
-from frontend import browser, demo_data
+from frontend import browser
+from spotpipe import demo_history
 from tests.controlplane.factories import make_team, make_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]
@@ -28,14 +29,14 @@ PASSWORD = "correct-horse-battery-staple"  # what tests.controlplane.factories.m
 @pytest.fixture
 def world(chromium):
     now = timezone.now()
-    pools = demo_data.ensure_market(pools=4)
-    demo_data.load_prices(demo_data.price_rows(pools=pools, start=now - timedelta(days=15), end=now,
+    pools = demo_history.ensure_market(pools=4)
+    demo_history.load_prices(demo_history.price_rows(pools=pools, start=now - timedelta(days=15), end=now,
                                                changes_per_pool=200))
     team_a, team_b = make_team("alpha"), make_team("beta")
     user_a = make_user(team_a, role=Role.ADMIN, username="alice")
     user_b = make_user(team_b, username="bob")
-    jobs_a = demo_data.seed_team_activity(team=team_a, user=user_a, pools=pools, now=now, metric_steps=300)
-    jobs_b = demo_data.seed_team_activity(team=team_b, user=user_b, pools=pools, now=now, metric_steps=300,
+    jobs_a = demo_history.seed_team_activity(team=team_a, user=user_a, pools=pools, now=now, metric_steps=300)
+    jobs_b = demo_history.seed_team_activity(team=team_b, user=user_b, pools=pools, now=now, metric_steps=300,
                                           prefix="b-")
     return {"a": (team_a, user_a, jobs_a), "b": (team_b, user_b, jobs_b)}
 

@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Role
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration
-from frontend import browser, demo_data
+from frontend import browser
 from frontend.selectors import EVENTS_PER_PAGE
+from spotpipe import demo_history
 from tests.controlplane.factories import make_team, make_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -27,10 +28,10 @@ EXTRA_GENERATIONS = 27  # the demo job has 3
 @pytest.fixture
 def long_job(chromium):
     now = timezone.now()
-    pools = demo_data.ensure_market(pools=2)
+    pools = demo_history.ensure_market(pools=2)
     team = make_team("alpha")
     user = make_user(team, role=Role.ADMIN, username="alice")
-    job = demo_data.seed_team_activity(team=team, user=user, pools=pools, now=now, metric_steps=300)["running"]
+    job = demo_history.seed_team_activity(team=team, user=user, pools=pools, now=now, metric_steps=300)["running"]
     start = now - timedelta(hours=5)
     JobEvent.objects.bulk_create([
         JobEvent(job=job, kind=KINDS[i % len(KINDS)], message=f"event number {i}", at=start + timedelta(seconds=10 * i))

@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from controlplane.accounts.models import Role
 from controlplane.jobs.models import JobStatus, TrainingJob
-from frontend import demo_data
 from runtime.config import MODEL_PRESETS
+from spotpipe import demo_history
 from tests.controlplane.factories import make_job, make_team, make_user
 
 pytestmark = pytest.mark.django_db
@@ -40,14 +40,14 @@ def world(django_db_setup, django_db_blocker):
 
 def _seed() -> dict:
     now = timezone.now()
-    pools = demo_data.ensure_market(pools=4)
-    demo_data.load_prices(demo_data.price_rows(pools=pools, start=now - timedelta(days=20), end=now,
+    pools = demo_history.ensure_market(pools=4)
+    demo_history.load_prices(demo_history.price_rows(pools=pools, start=now - timedelta(days=20), end=now,
                                                changes_per_pool=300))
     team_a, team_b = make_team("alpha"), make_team("beta")
     user_a = make_user(team_a, role=Role.ADMIN, username="alice")
     user_b = make_user(team_b, username="bob")
-    jobs_a = demo_data.seed_team_activity(team=team_a, user=user_a, pools=pools, now=now, metric_steps=400)
-    jobs_b = demo_data.seed_team_activity(team=team_b, user=user_b, pools=pools, now=now, metric_steps=400,
+    jobs_a = demo_history.seed_team_activity(team=team_a, user=user_a, pools=pools, now=now, metric_steps=400)
+    jobs_b = demo_history.seed_team_activity(team=team_b, user=user_b, pools=pools, now=now, metric_steps=400,
                                           prefix="b-")
     return {"now": now, "pools": pools, "a": (team_a, user_a, jobs_a), "b": (team_b, user_b, jobs_b)}
 

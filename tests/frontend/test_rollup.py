@@ -12,8 +12,8 @@ from django.urls import reverse
 from controlplane.accounts.models import Role
 from controlplane.market.models import SpotPrice
 from controlplane.market.selectors import spot_price_history
-from frontend import demo_data, rollup
 from frontend.models import PriceHour
+from spotpipe import demo_history, rollup
 from tests.controlplane.factories import make_team, make_user
 
 pytestmark = pytest.mark.django_db
@@ -24,8 +24,8 @@ START = END - timedelta(days=10)
 
 @pytest.fixture
 def pools():
-    pools = demo_data.ensure_market(pools=2)
-    demo_data.load_prices(demo_data.price_rows(pools=pools, start=START, end=END, changes_per_pool=700))
+    pools = demo_history.ensure_market(pools=2)
+    demo_history.load_prices(demo_history.price_rows(pools=pools, start=START, end=END, changes_per_pool=700))
     return pools
 
 

@@ -22,7 +22,8 @@ from django.utils import timezone
 from controlplane.accounts.models import Membership, Role, Team
 from controlplane.accounts.services import api_token_create
 from controlplane.webhooks.alerts import alert_endpoint_create
-from frontend import browser, demo_data
+from frontend import browser
+from spotpipe import demo_history
 
 USERNAME, PASSWORD = "demo", "spotpipe-demo"
 
@@ -30,8 +31,8 @@ USERNAME, PASSWORD = "demo", "spotpipe-demo"
 def seed() -> dict[str, Any]:
     """The demo team's history and a month of prices for a few pools."""
     now = timezone.now()
-    pools = demo_data.ensure_market(pools=8)
-    demo_data.load_prices(demo_data.price_rows(pools=pools, start=now - timedelta(days=30), end=now,
+    pools = demo_history.ensure_market(pools=8)
+    demo_history.load_prices(demo_history.price_rows(pools=pools, start=now - timedelta(days=30), end=now,
                                                changes_per_pool=1500))
     team = Team.objects.create(name="Demo team", slug="demo")
     user = get_user_model().objects.create_user(username=USERNAME, password=PASSWORD)
@@ -40,7 +41,7 @@ def seed() -> dict[str, Any]:
     Membership.objects.create(team=team, user=colleague, role=Role.MEMBER)
     api_token_create(team=team, user=user, name="ci-pipeline")
     alert_endpoint_create(team=team, url="https://hooks.slack.example/services/T000/B000", format="slack")
-    return demo_data.seed_team_activity(team=team, user=user, pools=pools, now=now, metric_steps=3000)
+    return demo_history.seed_team_activity(team=team, user=user, pools=pools, now=now, metric_steps=3000)
 
 
 class Command(BaseCommand):
