@@ -172,7 +172,7 @@ class Soak:
         self.say("migrated")
 
     def start_stack(self) -> None:
-        from controlplane.orchestration.providers.local import LocalProvider
+        from controlplane.orchestration.providers.local.provider import LocalProvider
         from spotpipe import processes
 
         self.stack = processes.Stack(var_dir=self.var_dir, env={})

@@ -128,7 +128,7 @@ class _Cluster:
         self.worker_cm.__enter__()
 
         from controlplane.orchestration.providers import set_provider
-        from controlplane.orchestration.providers.local import LocalProvider
+        from controlplane.orchestration.providers.local.provider import LocalProvider
 
         self.provider = LocalProvider(self.root / "nodes", start_timeout_s=30)
         self.masked: set[str] = set()

@@ -30,7 +30,7 @@ from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.jobs.artifacts import job_artifacts_location
 from controlplane.jobs.models import JobStatus
 from controlplane.orchestration import tasks
-from controlplane.orchestration.providers.local import LocalProvider
+from controlplane.orchestration.providers.local.provider import LocalProvider
 from controlplane.orchestration.rendezvous import rendezvous_release
 from runtime.config import resolve_strategy
 from spotpipe import preemption_script, processes, report, seed

@@ -32,7 +32,7 @@ from controlplane.jobs.models import (
 )
 from controlplane.jobs.services import job_submit
 from controlplane.orchestration.providers import ProviderError
-from controlplane.orchestration.providers.local import LocalProvider
+from controlplane.orchestration.providers.local.provider import LocalProvider
 from runtime.config import MODEL_PRESETS
 from spotpipe.learning import corpus_source
 from spotpipe.preemption_script import NOTICE_S, Preemption, describe, max_survivable

@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 
 from controlplane.fleet.models import ProviderKind
-from controlplane.orchestration.providers.local import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
+from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
 from runtime.config import LayoutError
 
 MAX_PLAN_NODES = 4096

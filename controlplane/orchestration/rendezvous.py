@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from controlplane.jobs.models import TrainingJob
 from controlplane.orchestration.models import Rendezvous
-from controlplane.orchestration.providers.local import _CHILDREN, REPO_ROOT, pid_alive
+from controlplane.orchestration.providers.local.provider import _CHILDREN, REPO_ROOT, pid_alive
 from controlplane.orchestration.selectors import setting
 
 START_TIMEOUT_S = 60.0
@@ -43,8 +43,8 @@ def _spawn() -> tuple[int, int]:
     info = directory / f"store-{uuid.uuid4().hex[:12]}.json"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(directory / "store.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "controlplane.orchestration.local.store_host", "--info",
-                                 str(info)], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "controlplane.orchestration.providers.local.store_host",
+                                 "--info", str(info)], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     _CHILDREN[proc.pid] = proc
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -19,7 +19,7 @@ from controlplane.common.errors import DomainError
 from controlplane.fleet.models import ProviderKind
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool
-from controlplane.orchestration.providers.local import LOCAL_INSTANCE_TYPE, LOCAL_STAND_IN_TYPE
+from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_STAND_IN_TYPE
 from controlplane.planning.selectors import pools_for_plan
 from runtime.config import (
     LAYOUT_FIELDS,

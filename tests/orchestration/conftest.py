@@ -10,7 +10,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from controlplane.orchestration.providers.local import LocalProvider
+from controlplane.orchestration.providers.local.provider import LocalProvider
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:

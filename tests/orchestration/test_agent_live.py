@@ -19,9 +19,9 @@ from agent.main import Agent, AgentConfig
 from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.jobs.models import MetricSample
 from controlplane.orchestration import services
-from controlplane.orchestration.local.metadata import MetadataServer
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local import pid_alive
+from controlplane.orchestration.providers.local.metadata import MetadataServer
+from controlplane.orchestration.providers.local.provider import pid_alive
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.conftest import free_port
 from tests.orchestration.fakes import FakeProvider

@@ -21,7 +21,7 @@ from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration, TrainingJob
 from controlplane.orchestration import tasks
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local import LocalProvider
+from controlplane.orchestration.providers.local.provider import LocalProvider
 from spotpipe.commands import validate_user_model
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_job, make_team

@@ -17,7 +17,7 @@ from controlplane.fleet.models import Instance
 from controlplane.jobs.models import JobEvent, JobStatus, MetricSample, TrainingJob
 from controlplane.orchestration import tasks
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local import LocalProvider
+from controlplane.orchestration.providers.local.provider import LocalProvider
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.test_end_to_end import STORY, Beat, stop_everything, wait_for
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture

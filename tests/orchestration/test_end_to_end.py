@@ -18,7 +18,7 @@ from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration, 
 from controlplane.orchestration import tasks
 from controlplane.orchestration.models import Acquisition, Rendezvous
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local import LocalProvider, pid_alive
+from controlplane.orchestration.providers.local.provider import LocalProvider, pid_alive
 from runtime.config import JobConfig
 from runtime.reference import train_reference
 from tests.controlplane.factories import make_job, make_team

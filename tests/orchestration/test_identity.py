@@ -21,8 +21,8 @@ from controlplane.orchestration.identity import (
     generate_signing_pair,
     verify_identity_document,
 )
-from controlplane.orchestration.local.metadata import IdentitySigner, MetadataServer
 from controlplane.orchestration.providers import set_provider
+from controlplane.orchestration.providers.local.metadata import IdentitySigner, MetadataServer
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.fakes import FakeProvider
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from agent.metadata import AwsImdsWatcher, AzureWatcher, GcpWatcher, make_watcher
-from controlplane.orchestration.local.metadata import MetadataServer
+from controlplane.orchestration.providers.local.metadata import MetadataServer
 
 
 @pytest.fixture

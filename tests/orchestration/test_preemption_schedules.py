@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.orchestration.local.preemption import preemption_plan, removal_groups
+from controlplane.orchestration.providers.local.preemption import preemption_plan, removal_groups
 from runtime.sim.synthetic import synthetic_trace
 from runtime.sim.traces import load_trace
 

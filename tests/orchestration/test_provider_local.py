@@ -8,7 +8,7 @@ import time
 import requests
 
 from controlplane.orchestration.providers.base import AgentBootstrap, LaunchRequest, Pool
-from controlplane.orchestration.providers.local import group_pids, pid_alive
+from controlplane.orchestration.providers.local.provider import group_pids, pid_alive
 from tests.orchestration.conftest import free_port
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from controlplane.jobs.models import JobGeneration, JobStatus, TrainingJob
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local import LocalProvider
+from controlplane.orchestration.providers.local.provider import LocalProvider
 from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
 from tests.controlplane.factories import make_team
 from tests.orchestration.test_end_to_end import Beat, stop_everything

@@ -43,7 +43,7 @@ def get_provider(kind: str) -> Provider:
     if kind in _OVERRIDES:
         return _OVERRIDES[kind]
     if kind == "local":
-        from controlplane.orchestration.providers.local import LocalProvider
+        from controlplane.orchestration.providers.local.provider import LocalProvider
 
         root = _setting("SPOTPIPE_LOCAL_NODES_DIR") or str(Path(settings.VAR_DIR) / "nodes")
         return LocalProvider(Path(root))

@@ -1,5 +1,5 @@
 """The `local` provider: every node is a process group on this host (the embedded default and the
-demo). A node is `python -m controlplane.orchestration.local.node`, which serves the node's
+demo). A node is `python -m controlplane.orchestration.providers.local.node`, which serves the node's
 metadata endpoint and runs the agent; its directory under `root` holds `node.json` and the log.
 
 Preemption: `preempt()` posts a notice to the node's metadata endpoint (in the cloud's own
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from controlplane.orchestration.providers.base import LaunchRequest, NodeInfo, ProviderError
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 LOCAL_INSTANCE_TYPE = "local.node"
 LOCAL_ZONE = "local"
 LOCAL_STAND_IN_TYPE = "g4dn.xlarge"
@@ -217,7 +217,7 @@ class LocalProvider:
                "SPOTPIPE_LOCAL_LAUNCH": launch, "PYTHONUNBUFFERED": "1"}
         # The node must not inherit the test or worker's Django settings overrides; it talks HTTP only.
         env.pop("DJANGO_SETTINGS_MODULE", None)
-        argv = [self.python, "-m", "controlplane.orchestration.local.node", "--node-dir", str(directory),
+        argv = [self.python, "-m", "controlplane.orchestration.providers.local.node", "--node-dir", str(directory),
                 "--node-id", node_id, *request.bootstrap.agent_argv()]
         with open(directory / "node.log", "ab") as log:
             proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,

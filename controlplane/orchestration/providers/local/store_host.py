@@ -1,7 +1,7 @@
 """Hosts a job's rendezvous store (a torch.distributed TCPStore) in its own process, outside every
 worker, so that no node's death takes the store with it (see runtime/coordinator.py).
 
-    python -m controlplane.orchestration.local.store_host --info FILE [--host 0.0.0.0] [--port 0]
+    python -m controlplane.orchestration.providers.local.store_host --info FILE [--host 0.0.0.0] [--port 0]
 
 Writes `{"port": p, "pid": ...}` to FILE once listening, then serves until SIGTERM.
 """

@@ -2,7 +2,7 @@
 agent's workers). The local provider starts it with `start_new_session=True`, so killing the
 process group is pulling the plug on the whole node, workers included.
 
-    python -m controlplane.orchestration.local.node --node-dir DIR --node-id ID [agent args...]
+    python -m controlplane.orchestration.providers.local.node --node-dir DIR --node-id ID [agent args...]
 
 When an interruption notice is posted to the metadata server, the node kills its own process
 group when the notice period ends, like a cloud reclaiming the VM.
@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from controlplane.orchestration.local.metadata import IdentitySigner, MetadataServer
+from controlplane.orchestration.providers.local.metadata import IdentitySigner, MetadataServer
 
 
 def _kill_group_at(deadline: float) -> None:
