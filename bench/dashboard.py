@@ -120,7 +120,7 @@ def _load(*, prices: int, metrics: int, notices: int, progress: Any) -> dict[str
         cursor.execute("ANALYZE")
     # The hourly price roll-up is built once after a big load (later refreshes fold only new
     # rows); timed here so the endpoint timings below are those of a steady state.
-    from frontend.rollup import price_rollup_refresh
+    from controlplane.market.rollup import price_rollup_refresh
 
     progress.step("building the hourly price roll-up")
     started = time.perf_counter()

@@ -25,7 +25,7 @@ BEAT_SCHEDULE["orchestration.detect_dead_agents"] = {"task": "orchestration.dete
 BEAT_SCHEDULE["orchestration.reconcile_all"] = {"task": "orchestration.reconcile_all", "schedule": 3.0}
 
 # Dashboard: fold new spot prices into the hourly roll-up that long-range price charts read.
-BEAT_SCHEDULE["frontend.refresh_price_rollup"] = {"task": "frontend.refresh_price_rollup", "schedule": 600.0}
+BEAT_SCHEDULE["market.refresh_price_rollup"] = {"task": "market.refresh_price_rollup", "schedule": 600.0}
 
 # Billing: alert teams when a job's spend crosses 50 / 80 / 100% of its budget.
 BEAT_SCHEDULE["billing.check_budgets"] = {"task": "billing.check_budgets", "schedule": 60.0}

@@ -28,8 +28,9 @@ from controlplane.jobs.models import (
     Reconfiguration,
     TrainingJob,
 )
+from controlplane.market import rollup
 from controlplane.market.selectors import LINUX, PricePoint, cheapest_pools, spot_price_at, spot_price_history
-from frontend import costs, rollup
+from frontend import costs
 
 # Buckets a chart may use, so axes line up between pools and requests cache well.
 NICE_BUCKETS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400)

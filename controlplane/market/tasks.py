@@ -1,13 +1,15 @@
-"""Celery tasks of the market (thin: the work is in `market.pull`)."""
+"""Celery tasks of the market (thin: the work is in `market.pull` and `market.rollup`)."""
 
 from __future__ import annotations
 
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from celery import shared_task
+from django.db import OperationalError
 
 from controlplane.billing.services import billing_reprice_open_segments
 from controlplane.market.pull import spot_prices_pull
+from controlplane.market.rollup import price_rollup_refresh
 
 # Transient failures only: the network or the API being briefly away. Anything else (bad
 # credentials, a bug) fails at once and is logged.
@@ -32,3 +34,11 @@ def pull_spot_prices(regions: list[str] | None = None, instance_types: list[str]
         # New prices: split the open billing segments they affect.
         summary["billing_segments_repriced"] = billing_reprice_open_segments()
     return summary
+
+
+@shared_task(name="market.refresh_price_rollup", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=5, max_retries=3)
+def refresh_price_rollup() -> int:
+    """Fold new spot prices into the hourly roll-up, so the first long-range chart after a big
+    price load does not pay for it. Safe to run twice: each price row is folded once."""
+    return price_rollup_refresh()

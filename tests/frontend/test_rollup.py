@@ -10,10 +10,10 @@ import pytest
 from django.urls import reverse
 
 from controlplane.accounts.models import Role
-from controlplane.market.models import SpotPrice
+from controlplane.market import rollup
+from controlplane.market.models import PriceHour, SpotPrice
 from controlplane.market.selectors import spot_price_history
-from frontend.models import PriceHour
-from spotpipe import demo_history, rollup
+from spotpipe import demo_history
 from tests.controlplane.factories import make_team, make_user
 
 pytestmark = pytest.mark.django_db
@@ -83,7 +83,7 @@ def test_long_range_price_chart_reads_the_rollup(client, pools):
 
 
 def test_the_periodic_task_folds_new_prices(pools):
-    from frontend.tasks import refresh_price_rollup
+    from controlplane.market.tasks import refresh_price_rollup
 
     assert refresh_price_rollup.apply().get() == 1400
     assert refresh_price_rollup.apply().get() == 0

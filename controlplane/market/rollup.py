@@ -3,7 +3,7 @@ is above a watermark. Ids only grow, so rows are folded whatever their timestamp
 month of history lands in the right hours), and each row is folded once.
 
 `price_rollup_refresh` runs on the request path before a long-range price chart (a no-op costing
-one indexed MAX(id) when nothing is new) and may also run periodically (`frontend.tasks`).
+one indexed MAX(id) when nothing is new) and may also run periodically (`market.tasks.refresh_price_rollup`).
 `price_rollup_rebuild` starts over, e.g. after price rows were deleted."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from django.db import transaction
 from django.db.models import Count, F, Max, Min, Q, Sum
 from django.db.models.functions import TruncHour
 
-from controlplane.market.models import SpotPrice
-from frontend.models import PriceHour, PriceRollupState
+from controlplane.market.models import PriceHour, PriceRollupState, SpotPrice
 
 BATCH = 5000
 
