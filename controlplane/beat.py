@@ -4,7 +4,7 @@ One entry per periodic task; each app adds its own line here."""
 
 from __future__ import annotations
 
-import os
+from controlplane.tunables import tunable_from_env
 
 BEAT_SCHEDULE: dict[str, dict] = {}
 
@@ -16,7 +16,7 @@ BEAT_SCHEDULE["webhooks.sweep_alerts"] = {"task": "webhooks.sweep_alerts", "sche
 
 # Market: pull live spot prices from AWS every 10 minutes. Off unless SPOTPIPE_PULL_SPOT_PRICES is
 # set (to anything but 0/false/no), so a fresh clone with no AWS account does not try to call AWS.
-if os.environ.get("SPOTPIPE_PULL_SPOT_PRICES", "").strip().lower() not in {"", "0", "false", "no", "off"}:
+if tunable_from_env("SPOTPIPE_PULL_SPOT_PRICES"):
     BEAT_SCHEDULE["market.pull_spot_prices"] = {"task": "market.tasks.pull_spot_prices", "schedule": 600.0}
 
 # Orchestration: declare nodes whose heartbeats stopped dead (a kill must be caught within 3 s:
@@ -33,4 +33,4 @@ BEAT_SCHEDULE["billing.check_budgets"] = {"task": "billing.check_budgets", "sche
 # Planning: jobs submitted with plan.auto and plan.replan are planned again as prices and preemption
 # rates move (planning.services.job_replan); prices change at most every few minutes.
 BEAT_SCHEDULE["planning.replan_jobs"] = {"task": "planning.replan_jobs", "schedule": float(
-    os.environ.get("SPOTPIPE_REPLAN_PERIOD_S", "300"))}
+    tunable_from_env("SPOTPIPE_REPLAN_PERIOD_S"))}

@@ -170,6 +170,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Per principal, counted in the shared cache (common/throttles.py; rates are tunables).
+    "DEFAULT_THROTTLE_CLASSES": ["controlplane.common.throttles.ApiRateThrottle"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.DefaultPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -260,32 +262,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_DB_REUSE_MAX = 1000
 
 # --- spotpipe ------------------------------------------------------------------------------------
-SPOTPIPE_AWS_REGION = env.str("AWS_DEFAULT_REGION", default="us-east-1")
-SPOTPIPE_AWS_ENDPOINT_URL = env.str("SPOTPIPE_AWS_ENDPOINT_URL", default="") or None
-# Before a job with an s3:// data source or tokenizer is stored, the submit checks that the control
-# plane's AWS credentials (boto3's default chain) can list / read it (docs/api.md, "The job's data").
-SPOTPIPE_DATA_S3_CHECK = env.bool("SPOTPIPE_DATA_S3_CHECK", default=True)
-SPOTPIPE_S3_ENDPOINT_URL = env.str("SPOTPIPE_S3_ENDPOINT_URL", default="") or SPOTPIPE_AWS_ENDPOINT_URL
-# The artifact store: each job's final weights go to <store>/job-<id>/ (the control plane hands that
-# folder to the nodes' workers as their export folder; docs/orchestration.md, "The artifact store").
-# A local folder the nodes see (the local provider's nodes are processes on this host), or
-# s3://bucket/prefix (the nodes upload with their AWS credentials, the control plane reads with its own).
-SPOTPIPE_ARTIFACTS = env.str("SPOTPIPE_ARTIFACTS", default="") or str(VAR_DIR / "artifacts")
-# The largest package file a team may upload for its jobs' requirements (POST /api/v1/packages/,
-# stored under `packages/` of the artifact store).
-SPOTPIPE_PACKAGE_MAX_BYTES = env.int("SPOTPIPE_PACKAGE_MAX_BYTES", default=200 * 2**20)
-# Where a job runs when its plan names no provider, and the instance types a plan on aws may use
-# when it names none (docs/api.md, "The plan"). The local provider has one type, local.node.
-SPOTPIPE_DEFAULT_PROVIDER = env.str("SPOTPIPE_DEFAULT_PROVIDER", default="local")
-SPOTPIPE_AWS_INSTANCE_TYPES = env.list("SPOTPIPE_AWS_INSTANCE_TYPES", default=["p3.2xlarge", "g5.xlarge", "g6.xlarge"])
-# Outbound alerts go to public addresses only (SSRF); these networks (CIDRs) are allowed as well.
-SPOTPIPE_ALERT_ALLOWED_NETWORKS = env.list("SPOTPIPE_ALERT_ALLOWED_NETWORKS", default=[])
-# SNS messages whose (signed) Timestamp is older than this many seconds are refused as replays.
-SPOTPIPE_SNS_MAX_AGE_S = env.int("SPOTPIPE_SNS_MAX_AGE_S", default=3600)
-# GCP Pub/Sub push OIDC tokens are checked against Google's published keys (fetched, cached, rotated).
-SPOTPIPE_GCP_OIDC_JWKS_URL = env.str("SPOTPIPE_GCP_OIDC_JWKS_URL", default="https://www.googleapis.com/oauth2/v3/certs")
-# Agent tokens expire after this many seconds (default a day); agents rotate theirs at half-life.
-SPOTPIPE_AGENT_TOKEN_TTL_S = env.int("SPOTPIPE_AGENT_TOKEN_TTL_S", default=86400)
+# Every SPOTPIPE_* tunable of the control plane is declared, with its default and meaning, in
+# controlplane/tunables.py and read with `tunable(name)`: a value set here (or by a test's settings
+# fixture) wins over the environment. docs/configuration.md lists them all.
 
 # --- Logging -------------------------------------------------------------------------------------
 # JSON lines in production (with job_id / instance_id when known), plain text in development.

@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+# API throttles count per principal in a cache shared across tests, and ids repeat between tests
+# (SQLite reuses them after a rollback): the suite's thousands of API calls would meet each other's
+# counts. They are off unless a test sets a rate (tests/reliability/test_api_throttles.py); settings
+# win over the environment, and servers the tests start inherit it.
+os.environ.setdefault("SPOTPIPE_THROTTLE_API", "0")
+os.environ.setdefault("SPOTPIPE_THROTTLE_PLANS", "0")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("SPOTPIPE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 

@@ -6,7 +6,6 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -15,15 +14,15 @@ from controlplane.accounts.authentication import generate_key, hash_key
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
 from controlplane.common.errors import Conflict, DomainError
 from controlplane.fleet.states import TERMINAL_STATES
+from controlplane.tunables import tunable
 
 # An agent token lives a day unless SPOTPIPE_AGENT_TOKEN_TTL_S says otherwise; the agent rotates it
 # at half its life (POST /api/v1/agents/token/), so only a node cut off that long loses it.
-AGENT_TOKEN_TTL_S_DEFAULT = 86400
 
 
 def agent_token_ttl() -> timedelta:
     """How long an agent token is valid (setting SPOTPIPE_AGENT_TOKEN_TTL_S, seconds)."""
-    return timedelta(seconds=float(getattr(settings, "SPOTPIPE_AGENT_TOKEN_TTL_S", AGENT_TOKEN_TTL_S_DEFAULT)))
+    return timedelta(seconds=float(tunable("SPOTPIPE_AGENT_TOKEN_TTL_S")))
 
 
 @transaction.atomic

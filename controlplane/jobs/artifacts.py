@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from django.conf import settings
 from django.http import Http404
 
 from controlplane.jobs.models import TrainingJob
+from controlplane.tunables import tunable
 from runtime.durability import CHECKPOINTS, complete_steps
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Artifact:
 
 def artifact_store() -> str:
     """The artifact store's root: a local folder or `s3://bucket/prefix`."""
-    return str(settings.SPOTPIPE_ARTIFACTS)
+    return str(tunable("SPOTPIPE_ARTIFACTS"))
 
 
 def job_artifacts_location(*, job: TrainingJob | int) -> str:
@@ -123,10 +123,10 @@ class _S3Folder:
 
         bucket, _, prefix = location[5:].partition("/")
         self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-        endpoint = getattr(settings, "SPOTPIPE_S3_ENDPOINT_URL", None)
+        endpoint = tunable("SPOTPIPE_S3_ENDPOINT_URL") or None
         # Short connect timeout and few retries: a page or a listing should fail fast, not hang.
         config = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
-        self.client = boto3.client("s3", region_name=getattr(settings, "SPOTPIPE_AWS_REGION", None),
+        self.client = boto3.client("s3", region_name=tunable("SPOTPIPE_AWS_REGION"),
                                    endpoint_url=endpoint, config=config)
 
     def _missing(self, exc: Exception) -> bool:

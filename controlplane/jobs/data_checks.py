@@ -25,8 +25,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-
+from controlplane.tunables import tunable
 from runtime.config import DataSpec
 from runtime.data.uri import parse_source
 
@@ -77,10 +76,10 @@ def s3_client() -> Any | None:
     session = boto3.session.Session()
     if session.get_credentials() is None:
         return None
-    endpoint = getattr(settings, "SPOTPIPE_S3_ENDPOINT_URL", None)
+    endpoint = tunable("SPOTPIPE_S3_ENDPOINT_URL") or None
     config = Config(connect_timeout=3, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"},
                     s3={"addressing_style": "path"} if endpoint else {})
-    return session.client("s3", region_name=getattr(settings, "SPOTPIPE_AWS_REGION", None),
+    return session.client("s3", region_name=tunable("SPOTPIPE_AWS_REGION"),
                           endpoint_url=endpoint, config=config)
 
 
@@ -115,7 +114,7 @@ def check_data(data: DataSpec) -> DataCheck:
         result.notes.append(f"tokenizer {data.tokenizer} is a path on the nodes' disks: checked by each node")
     if not s3_targets:
         return result
-    if not getattr(settings, "SPOTPIPE_DATA_S3_CHECK", True):
+    if not tunable("SPOTPIPE_DATA_S3_CHECK"):
         result.notes.append("s3 not checked: SPOTPIPE_DATA_S3_CHECK is off")
         return result
     client = s3_client()

@@ -12,12 +12,12 @@ import hashlib
 import re
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from controlplane.jobs.artifacts import artifact_store, store_folder
 from controlplane.jobs.models import Package
+from controlplane.tunables import tunable
 from runtime.config import PACKAGE_SUFFIXES, UPLOAD_PREFIX
 
 # pip reads a wheel's name, version and tags from its file name, so the name is kept; only plain
@@ -32,7 +32,7 @@ def packages_location() -> str:
 
 
 def package_max_bytes() -> int:
-    return int(settings.SPOTPIPE_PACKAGE_MAX_BYTES)
+    return int(tunable("SPOTPIPE_PACKAGE_MAX_BYTES"))
 
 
 def too_big_message(size: int) -> str:

@@ -13,10 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
-
 from controlplane.fleet.models import ProviderKind
 from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
+from controlplane.tunables import tunable
 from runtime.config import LayoutError
 
 MAX_PLAN_NODES = 4096
@@ -85,14 +84,14 @@ class PlanAsk:
 
 
 def default_provider() -> str:
-    return str(settings.SPOTPIPE_DEFAULT_PROVIDER)
+    return str(tunable("SPOTPIPE_DEFAULT_PROVIDER"))
 
 
 def default_instance_types(provider: str) -> list[str]:
     """The pools a plan may use when the request names none (SPOTPIPE_AWS_INSTANCE_TYPES for aws)."""
     if provider == ProviderKind.LOCAL:
         return [LOCAL_INSTANCE_TYPE]
-    return list(settings.SPOTPIPE_AWS_INSTANCE_TYPES)
+    return list(tunable("SPOTPIPE_AWS_INSTANCE_TYPES"))
 
 
 def _int(data: dict[str, Any], name: str, *, low: int, high: int) -> int | None:

@@ -28,6 +28,7 @@ from django.db import connections, transaction
 from controlplane.common.errors import DomainError
 from controlplane.market.models import SpotPool, SpotPrice
 from controlplane.market.services import instance_types_ensure, zones_ensure
+from controlplane.tunables import tunable
 
 COLUMNS = ("zone", "instance_type", "product", "price", "timestamp")
 # Header names accepted for each column (lower-cased, without `_`), boto3's first.
@@ -372,13 +373,9 @@ def spot_prices_ingest_file(
 
 # --- Uploaded files (the API) ----------------------------------------------------------------------
 
-PRICE_UPLOAD_MAX_BYTES_DEFAULT = 200 * 1024 * 1024
-
 
 def price_upload_max_bytes() -> int:
-    from django.conf import settings
-
-    return int(getattr(settings, "SPOTPIPE_PRICE_UPLOAD_MAX_BYTES", PRICE_UPLOAD_MAX_BYTES_DEFAULT))
+    return int(tunable("SPOTPIPE_PRICE_UPLOAD_MAX_BYTES"))
 
 
 def spot_prices_ingest_upload(*, upload: Any, skip_bad: bool = False) -> IngestReport:

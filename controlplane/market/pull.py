@@ -13,13 +13,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
-from django.conf import settings
 from django.utils import timezone
 
 from controlplane.market.ingest import LoadCounts, PriceRow, normalise_product, parse_price, spot_prices_load
 from controlplane.market.models import InstanceType
 from controlplane.market.selectors import LINUX, latest_price_timestamp
 from controlplane.market.services import zone_name_register
+from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
 # How far back the first pull of a region reaches.
@@ -37,9 +37,9 @@ class PullResult:
 
 
 def ec2_client(*, region: str) -> Any:
-    """A boto3 EC2 client for `region`, pointed at `settings.SPOTPIPE_AWS_ENDPOINT_URL` when set
+    """A boto3 EC2 client for `region`, pointed at `SPOTPIPE_AWS_ENDPOINT_URL` when set
     (moto in tests, a VPC endpoint in production)."""
-    return boto3.client("ec2", region_name=region, endpoint_url=settings.SPOTPIPE_AWS_ENDPOINT_URL)
+    return boto3.client("ec2", region_name=region, endpoint_url=tunable("SPOTPIPE_AWS_ENDPOINT_URL") or None)
 
 
 def default_instance_types() -> list[str]:
@@ -108,6 +108,6 @@ def spot_prices_pull_region(
 def spot_prices_pull(
     *, regions: list[str] | None = None, instance_types: list[str] | None = None
 ) -> list[PullResult]:
-    """Pull every configured region (default: `settings.SPOTPIPE_AWS_REGION`)."""
-    regions = regions or [settings.SPOTPIPE_AWS_REGION]
+    """Pull every configured region (default: `SPOTPIPE_AWS_REGION`)."""
+    regions = regions or [tunable("SPOTPIPE_AWS_REGION")]
     return [spot_prices_pull_region(region=region, instance_types=instance_types) for region in regions]

@@ -4,14 +4,9 @@ under SPOTPIPE_VAR_DIR on the embedded default). When the cache cannot be reache
 requests pass uncounted and a warning is logged: a limiter outage must not become an outage of
 notice intake, which the outbox keeps working through a broker outage.
 
-Limits come from the environment (requests per window; 0 disables a rule):
-  SPOTPIPE_RATELIMIT_LOGIN      default 20   POSTs to /accounts/login/ and /admin/login/ per IP per minute
-                                             (one budget for both forms)
-  SPOTPIPE_RATELIMIT_ENROLL     default 600  POSTs to /api/v1/agents/enroll/ per IP per minute (its
-                                             enrolment key is a bearer secret worth guessing)
-  SPOTPIPE_RATELIMIT_WEBHOOKS   default 6000 requests to /api/v1/webhooks/ per IP per minute
-  SPOTPIPE_RATELIMIT_WINDOW_S   default 60
-  SPOTPIPE_RATELIMIT_EXEMPT_LOOPBACK  default false
+Limits are the SPOTPIPE_RATELIMIT_* tunables (controlplane/tunables.py: requests per client IP per
+window; 0 disables a rule). The enrolment key is a bearer secret worth guessing, so enrolment has
+a budget of its own; both login forms share one.
 
 The webhook default (100/s sustained per IP) sits far above what any one cloud sends a team, yet a
 single load generator benchmarking 1,000 notices/s for a few seconds fits within the window; for
@@ -22,13 +17,14 @@ on the same host every client would look like 127.0.0.1 and would then be exempt
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from controlplane.tunables import tunable
 
 log = logging.getLogger(__name__)
 
@@ -41,26 +37,19 @@ class Rule:
     limit: int
 
 
-def _int_env(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 def rules() -> list[Rule]:
     """The rules, read from the environment each time (cheap; lets tests and operators change them)."""
     return [
-        Rule("login", "/accounts/login/", frozenset({"POST"}), _int_env("SPOTPIPE_RATELIMIT_LOGIN", 20)),
+        Rule("login", "/accounts/login/", frozenset({"POST"}), tunable("SPOTPIPE_RATELIMIT_LOGIN")),
         # The admin site's own login form: the same password guesses, so the same budget (name).
-        Rule("login", "/admin/login/", frozenset({"POST"}), _int_env("SPOTPIPE_RATELIMIT_LOGIN", 20)),
-        Rule("enroll", "/api/v1/agents/enroll/", frozenset({"POST"}), _int_env("SPOTPIPE_RATELIMIT_ENROLL", 600)),
-        Rule("webhooks", "/api/v1/webhooks/", None, _int_env("SPOTPIPE_RATELIMIT_WEBHOOKS", 6000)),
+        Rule("login", "/admin/login/", frozenset({"POST"}), tunable("SPOTPIPE_RATELIMIT_LOGIN")),
+        Rule("enroll", "/api/v1/agents/enroll/", frozenset({"POST"}), tunable("SPOTPIPE_RATELIMIT_ENROLL")),
+        Rule("webhooks", "/api/v1/webhooks/", None, tunable("SPOTPIPE_RATELIMIT_WEBHOOKS")),
     ]
 
 
 def window_s() -> int:
-    return max(_int_env("SPOTPIPE_RATELIMIT_WINDOW_S", 60), 1)
+    return max(int(tunable("SPOTPIPE_RATELIMIT_WINDOW_S")), 1)
 
 
 def client_ip(request: HttpRequest) -> str:
@@ -70,7 +59,7 @@ def client_ip(request: HttpRequest) -> str:
 
 
 def _exempt(ip: str) -> bool:
-    if os.environ.get("SPOTPIPE_RATELIMIT_EXEMPT_LOOPBACK", "").lower() not in {"1", "true", "yes"}:
+    if not tunable("SPOTPIPE_RATELIMIT_EXEMPT_LOOPBACK"):
         return False
     return ip in {"127.0.0.1", "::1"}
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hmac
-import os
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from controlplane.observability import health
+from controlplane.tunables import tunable
 
 LOOPBACK = {"127.0.0.1", "::1"}
 
@@ -17,7 +17,7 @@ def _metrics_allowed(request: HttpRequest) -> bool:
     """An operator: with SPOTPIPE_METRICS_TOKEN set, a matching `Authorization: Bearer <token>` is
     required; unset, only loopback clients (a sidecar or local Prometheus; nothing else can).
     The same rule guards /metrics and the details of /healthz."""
-    expected = os.environ.get("SPOTPIPE_METRICS_TOKEN", "")
+    expected = tunable("SPOTPIPE_METRICS_TOKEN")
     if not expected:
         return request.META.get("REMOTE_ADDR") in LOOPBACK
     header = request.META.get("HTTP_AUTHORIZATION", "")

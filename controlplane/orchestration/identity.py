@@ -111,16 +111,16 @@ def load_certificate(path: str, region: str) -> bytes:
 
 def identity_policy_for(provider: str) -> IdentityPolicy | None:
     """The policy enrolment enforces for nodes of `provider` (None: not enforced)."""
-    from controlplane.orchestration.selectors import setting
+    from controlplane.tunables import tunable
 
-    mode = str(setting("SPOTPIPE_ENROLL_VERIFY_IDENTITY", "auto")).lower()
+    mode = str(tunable("SPOTPIPE_ENROLL_VERIFY_IDENTITY")).lower()
     if mode not in ("auto", "on", "off"):
         raise IdentityRejected(f"SPOTPIPE_ENROLL_VERIFY_IDENTITY is {mode!r}; expected auto, on or off")
     if mode == "off" or (mode == "auto" and provider != "aws"):
         return None
-    region = str(setting("SPOTPIPE_AWS_REGION", "us-east-1"))
-    account = str(setting("SPOTPIPE_AWS_ACCOUNT_ID", ""))
-    cert_path = str(setting("SPOTPIPE_AWS_IDENTITY_CERT", ""))
+    region = str(tunable("SPOTPIPE_AWS_REGION"))
+    account = str(tunable("SPOTPIPE_AWS_ACCOUNT_ID"))
+    cert_path = str(tunable("SPOTPIPE_AWS_IDENTITY_CERT"))
     if not account or not cert_path:
         # Fail closed: enforcing without a certificate or an account would accept anyone.
         raise IdentityRejected("enrolment requires an instance identity check but SPOTPIPE_AWS_ACCOUNT_ID or "

@@ -27,14 +27,14 @@ from django.utils import timezone
 from controlplane.jobs.models import TrainingJob
 from controlplane.orchestration.models import Rendezvous
 from controlplane.orchestration.providers.local.provider import _CHILDREN, REPO_ROOT, pid_alive
-from controlplane.orchestration.selectors import setting
+from controlplane.tunables import tunable
 
 START_TIMEOUT_S = 60.0
 CLAIM_STALE_AFTER = timedelta(seconds=90)
 
 
 def rendezvous_enabled() -> bool:
-    return setting("SPOTPIPE_RENDEZVOUS", "process") != "none"
+    return tunable("SPOTPIPE_RENDEZVOUS") != "none"
 
 
 def _spawn() -> tuple[int, int]:
@@ -90,7 +90,7 @@ def rendezvous_ensure(*, job: TrainingJob) -> str:
                         address="", pid=None, released_at=None, created_at=now))
         if claimed:
             port, pid = _spawn()
-            address = f"{setting('SPOTPIPE_RENDEZVOUS_HOST', '127.0.0.1')}:{port}"
+            address = f"{tunable('SPOTPIPE_RENDEZVOUS_HOST')}:{port}"
             Rendezvous.objects.filter(job=job).update(address=address, pid=pid)
             return address
         if time.monotonic() > deadline:

@@ -3,13 +3,10 @@ agent should run now."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
 
-from django.conf import settings
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
@@ -24,16 +21,6 @@ COUNTED_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, Inst
 # A pool that preempted one of the team's nodes this recently is not asked again (Karpenter's
 # "unavailable offerings" cache does the same, for 3 minutes).
 POOL_COOLDOWN = timedelta(minutes=3)
-
-
-def setting(name: str, default: Any) -> Any:
-    """A tunable from Django settings, then the environment, then `default` (typed like it)."""
-    value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name)
-    if value is None:
-        return default
-    return type(default)(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,6 @@ the market's pools, and return the plan (or a `PlanInfeasible` with the nearest 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +20,7 @@ from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool
 from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_STAND_IN_TYPE
 from controlplane.planning.selectors import pools_for_plan
+from controlplane.tunables import tunable
 from runtime.config import (
     LAYOUT_FIELDS,
     SCHEDULES,
@@ -51,7 +51,7 @@ def _planner() -> Planner:
     profile` writes them) win over predictions and train the predictor."""
     global _PLANNER
     if _PLANNER is None:
-        root = Path(os.environ.get("SPOTPIPE_PROFILE_DIR", "var/profiles"))
+        root = Path(tunable("SPOTPIPE_PROFILE_DIR"))
         _PLANNER = Planner(store=ProfileStore(root) if root.is_dir() else None)
     return _PLANNER
 

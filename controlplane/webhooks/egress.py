@@ -17,10 +17,11 @@ import socket
 from collections.abc import Iterable
 
 import requests
-from django.conf import settings
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from controlplane.tunables import tunable
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # IPv6 prefixes that carry an IPv4 address in their last 32 bits (NAT64): judged by that address.
@@ -34,7 +35,7 @@ class EgressRefused(OSError):
 
 def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     """The operator's explicit exceptions (setting SPOTPIPE_ALERT_ALLOWED_NETWORKS)."""
-    value = getattr(settings, "SPOTPIPE_ALERT_ALLOWED_NETWORKS", None) or []
+    value = tunable("SPOTPIPE_ALERT_ALLOWED_NETWORKS") or []
     if isinstance(value, str):
         value = [part for part in value.split(",") if part.strip()]
     return [ipaddress.ip_network(str(cidr).strip(), strict=False) for cidr in value]

@@ -2,7 +2,7 @@
 RS256, issued by Google for the subscription's service account), with PyJWT.
 
 Google rotates its signing keys every few days, so by default the keys come from Google's JWKS
-document (settings.SPOTPIPE_GCP_OIDC_JWKS_URL), fetched by PyJWT's `PyJWKClient`: cached for
+document (tunable SPOTPIPE_GCP_OIDC_JWKS_URL), fetched by PyJWT's `PyJWKClient`: cached for
 `JWKS_LIFESPAN_S`, and fetched again when a token names a key id the cache does not hold (how a
 rotation shows up; at most once per `JWKS_REFRESH_COOLDOWN_S`). A credential may instead pin keys
 (`config.public_keys`: {kid: PEM}, for a control plane that cannot reach Google); pinned keys are
@@ -16,7 +16,8 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509 import load_pem_x509_certificate
-from django.conf import settings
+
+from controlplane.tunables import tunable
 
 ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 LEEWAY_S = 60
@@ -71,7 +72,7 @@ def _header(token: str) -> dict[str, Any]:
 
 def _fetched_key(token: str) -> Any:
     try:
-        return _jwks_client(settings.SPOTPIPE_GCP_OIDC_JWKS_URL).get_signing_key_from_jwt(token).key
+        return _jwks_client(tunable("SPOTPIPE_GCP_OIDC_JWKS_URL")).get_signing_key_from_jwt(token).key
     except jwt.PyJWKClientConnectionError as exc:
         raise KeysUnavailable(f"Google's signing keys could not be fetched: {exc}") from None
     except jwt.PyJWKClientError as exc:  # no key with the token's kid, even after a fresh fetch

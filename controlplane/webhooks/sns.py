@@ -1,9 +1,10 @@
 """Amazon SNS message verification and subscription confirmation.
 
-The signing certificate is fetched only from a URL whose host matches `CERT_HOST_PATTERN`
-(env `SPOTPIPE_SNS_CERT_HOST_PATTERN`, default: AWS's `sns.<region>.amazonaws.com[.cn]`) over HTTPS,
-and cached per process. `fetch_url` (certificate download) and `confirm_get` (the SubscribeURL GET)
-are module attributes so tests can point them at a local server.
+The signing certificate is fetched only from a URL whose host matches
+`SPOTPIPE_SNS_CERT_HOST_PATTERN` (controlplane/tunables.py; default AWS's
+`sns.<region>.amazonaws.com[.cn]`) over HTTPS, and cached per process. `fetch_url` (certificate
+download) and `confirm_get` (the SubscribeURL GET) are module attributes so tests can point them at
+a local server.
 
 A message is refused when its `Timestamp` (signed, and the same on every retry of a delivery) is
 older than SPOTPIPE_SNS_MAX_AGE_S (default 3600 s, the longest retry policy SNS allows for HTTP(S)
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
 import threading
 from datetime import UTC, datetime, timedelta
@@ -25,15 +25,10 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from django.conf import settings
 
-CERT_HOST_PATTERN = os.environ.get(
-    "SPOTPIPE_SNS_CERT_HOST_PATTERN", r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$"
-)
-# Only tests against a local plain-HTTP server turn this on.
-ALLOW_HTTP = os.environ.get("SPOTPIPE_SNS_ALLOW_HTTP", "").lower() in {"1", "true", "yes"}
+from controlplane.tunables import tunable
+
 HTTP_TIMEOUT_S = 5.0
-MAX_AGE_S_DEFAULT = 3600
 # How far ahead of our clock a Timestamp may be (SNS's clock and ours disagree a little).
 CLOCK_SKEW_S = 300
 
@@ -72,11 +67,11 @@ def check_aws_url(url: Any, *, field: str) -> str:
     if not isinstance(url, str) or not url:
         raise SnsError(f"missing {field}", field=field)
     parts = urlsplit(url)
-    schemes = {"https", "http"} if ALLOW_HTTP else {"https"}
+    schemes = {"https", "http"} if tunable("SPOTPIPE_SNS_ALLOW_HTTP") else {"https"}
     if parts.scheme not in schemes:
         raise SnsError(f"{field} must use https, got {parts.scheme!r}", field=field)
     host = parts.hostname or ""
-    if not re.match(CERT_HOST_PATTERN, host):
+    if not re.match(tunable("SPOTPIPE_SNS_CERT_HOST_PATTERN"), host):
         raise SnsError(f"{field} host {host!r} is not an allowed SNS host", field=field)
     return url
 
@@ -118,7 +113,7 @@ def string_to_sign(message: dict) -> bytes:
 
 def max_age() -> timedelta:
     """The replay window (setting SPOTPIPE_SNS_MAX_AGE_S, seconds)."""
-    return timedelta(seconds=float(getattr(settings, "SPOTPIPE_SNS_MAX_AGE_S", MAX_AGE_S_DEFAULT)))
+    return timedelta(seconds=float(tunable("SPOTPIPE_SNS_MAX_AGE_S")))
 
 
 def check_timestamp(value: Any, *, now: datetime | None = None) -> datetime:

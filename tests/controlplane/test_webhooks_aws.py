@@ -239,11 +239,11 @@ def signing_key():
 
 
 @pytest.fixture
-def local_aws(signing_key, monkeypatch):
+def local_aws(signing_key, settings):
     server = _LocalAws(signing_key[1])
     # The allowed host pattern and plain HTTP are configured for the loopback server only.
-    monkeypatch.setattr(sns, "CERT_HOST_PATTERN", r"^127\.0\.0\.1$")
-    monkeypatch.setattr(sns, "ALLOW_HTTP", True)
+    settings.SPOTPIPE_SNS_CERT_HOST_PATTERN = r"^127\.0\.0\.1$"
+    settings.SPOTPIPE_SNS_ALLOW_HTTP = True
     yield server
     server.close()
 
@@ -352,8 +352,8 @@ def test_sns_signed_by_another_key_is_refused(client, samples, local_aws, sns_to
 
 
 def test_sns_certificate_from_a_disallowed_host_is_not_fetched(client, samples, local_aws, signing_key, sns_topic,
-                                                                monkeypatch):
-    monkeypatch.setattr(sns, "CERT_HOST_PATTERN", r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+                                                                settings):
+    settings.SPOTPIPE_SNS_CERT_HOST_PATTERN = r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$"
     message = sns_message(local_aws, signing_key[0], "Notification", Message=json.dumps(samples["warning"]))
     response = post_sns(client, message)
     assert response.status_code == 401

@@ -9,10 +9,13 @@ that arrive during the window are covered by one trailing publish. A periodic sw
 whatever was stored but never processed (worker or broker down).
 
 The package, by job: `store` (the insert), `handoff` (the outbox's kicks and drain pacing),
-`reaction` (what one notice does), `processing` (claims, batches, drains, the sweep), `tunables`."""
+`reaction` (what one notice does), `processing` (claims, batches, drains, the sweep). Their tunables
+are in controlplane/tunables.py."""
 
 from controlplane.fleet.notices.handoff import drain_pace, drain_started, notices_handoff
 from controlplane.fleet.notices.processing import (
+    CLAIM_STALE_AFTER,
+    MAX_ATTEMPTS,
     DrainResult,
     notice_process,
     notice_record_failure,
@@ -24,7 +27,6 @@ from controlplane.fleet.notices.processing import (
     notices_sweep,
 )
 from controlplane.fleet.notices.store import NoticeDraft, StoreResult, notices_store
-from controlplane.fleet.notices.tunables import CLAIM_STALE_AFTER, MAX_ATTEMPTS
 
 __all__ = [
     "CLAIM_STALE_AFTER",

@@ -11,12 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from controlplane.fleet.notices.tunables import (
-    DRAIN_SPACING_SETTING,
-    HANDOFF_SETTING,
-    KICK_WINDOW_SETTING,
-    setting,
-)
+from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +87,7 @@ def drain_pace() -> None:
     Kicks during the wait publish nothing: the pending flag is still set and this drain claims
     after their commits."""
     global _last_drain_start
-    spacing = setting(DRAIN_SPACING_SETTING, 0.25)
+    spacing = tunable("SPOTPIPE_NOTICE_DRAIN_SPACING_S")
     if spacing <= 0:
         return
     client = _pending_store()
@@ -164,7 +159,7 @@ class _Kicker:
                     self.publishes += 1
             except Exception:  # the broker is down: the rows are stored, the sweep will find them
                 logger.exception("could not publish drain_notices; the periodic sweep will retry")
-            time.sleep(setting(KICK_WINDOW_SETTING, 0.1))
+            time.sleep(tunable("SPOTPIPE_NOTICE_KICK_WINDOW_S"))
 
 
 _kicker = _Kicker()
@@ -172,7 +167,7 @@ _kicker = _Kicker()
 
 def notices_handoff(*, notice_ids: list[int]) -> None:
     """Tell workers that notices were stored (called on commit of the insert)."""
-    mode = setting(HANDOFF_SETTING, "batched")
+    mode = tunable("SPOTPIPE_NOTICE_HANDOFF")
     if mode == "none":
         return
     if mode == "per_request":

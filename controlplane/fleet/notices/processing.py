@@ -17,13 +17,17 @@ from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeStatus
 from controlplane.fleet.notices.handoff import notices_handoff
 from controlplane.fleet.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
-from controlplane.fleet.notices.tunables import CLAIM_STALE_AFTER, MAX_ATTEMPTS
 from controlplane.fleet.services import TRANSITION_FIELDS
 from controlplane.fleet.states import TERMINAL_STATES
 from controlplane.jobs.models import JobEvent
 from controlplane.jobs.reconfiguration import current_generations, reconfigurations_create
 
 logger = logging.getLogger(__name__)
+
+# A claim not processed within this long is put back (the worker died); after MAX_ATTEMPTS claims
+# a notice is marked failed and waits for an operator's retry.
+CLAIM_STALE_AFTER = timedelta(seconds=30)
+MAX_ATTEMPTS = 5
 
 
 def notices_claim(*, limit: int) -> list[int]:

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.fleet.models import InterruptionNotice, NoticeStatus
 from controlplane.fleet.notices.handoff import notices_handoff
-from controlplane.fleet.notices.tunables import PREPARED_INSERT_SETTING, setting
+from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def _execute(sql: str, params: list) -> list[tuple[int, str]]:
     and planning, and the client sends the values as they are instead of quoting them into the
     SQL text (Django's cursors bind client-side and never prepare, so that transaction-mode
     connection poolers work: set SPOTPIPE_NOTICE_INSERT_PREPARED=0 behind one)."""
-    if connection.vendor != "postgresql" or not setting(PREPARED_INSERT_SETTING, True):
+    if connection.vendor != "postgresql" or not tunable("SPOTPIPE_NOTICE_INSERT_PREPARED"):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()

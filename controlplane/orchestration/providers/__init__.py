@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-from django.conf import settings
 
 from controlplane.orchestration.providers.base import (
     AgentBootstrap,
@@ -16,6 +13,7 @@ from controlplane.orchestration.providers.base import (
     Provider,
     ProviderError,
 )
+from controlplane.tunables import tunable
 
 __all__ = [
     "AgentBootstrap", "InsufficientCapacity", "LaunchRequest", "NodeInfo", "Pool", "Provider", "ProviderError",
@@ -23,11 +21,6 @@ __all__ = [
 ]
 
 _OVERRIDES: dict[str, Provider] = {}
-
-
-def _setting(name: str, default: str = "") -> str:
-    """A setting from Django settings, else the environment (the settings module is not ours)."""
-    return str(getattr(settings, name, None) or os.environ.get(name, default))
 
 
 def set_provider(kind: str, provider: Provider | None) -> None:
@@ -45,23 +38,20 @@ def get_provider(kind: str) -> Provider:
     if kind == "local":
         from controlplane.orchestration.providers.local.provider import LocalProvider
 
-        root = _setting("SPOTPIPE_LOCAL_NODES_DIR") or str(Path(settings.VAR_DIR) / "nodes")
-        return LocalProvider(Path(root))
+        return LocalProvider(Path(tunable("SPOTPIPE_LOCAL_NODES_DIR")))
     if kind == "aws":
         from controlplane.orchestration.providers.aws import AwsConfig, AwsProvider
 
-        subnets = dict(
-            pair.split("=", 1) for pair in _setting("SPOTPIPE_AWS_SUBNETS").split(",") if "=" in pair
-        )
+        subnets = dict(pair.split("=", 1) for pair in tunable("SPOTPIPE_AWS_SUBNETS") if "=" in pair)
         config = AwsConfig(
-            region=getattr(settings, "SPOTPIPE_AWS_REGION", "us-east-1"),
-            endpoint_url=getattr(settings, "SPOTPIPE_AWS_ENDPOINT_URL", None),
-            image_id=_setting("SPOTPIPE_AWS_IMAGE_ID"),
-            key_name=_setting("SPOTPIPE_AWS_KEY_NAME"),
-            security_group_ids=tuple(s for s in _setting("SPOTPIPE_AWS_SECURITY_GROUPS").split(",") if s),
+            region=tunable("SPOTPIPE_AWS_REGION"),
+            endpoint_url=tunable("SPOTPIPE_AWS_ENDPOINT_URL") or None,
+            image_id=tunable("SPOTPIPE_AWS_IMAGE_ID"),
+            key_name=tunable("SPOTPIPE_AWS_KEY_NAME"),
+            security_group_ids=tuple(tunable("SPOTPIPE_AWS_SECURITY_GROUPS")),
             subnet_by_zone=subnets or None,
-            iam_instance_profile=_setting("SPOTPIPE_AWS_INSTANCE_PROFILE"),
-            launch_mode=_setting("SPOTPIPE_AWS_LAUNCH_MODE", "fleet"),
+            iam_instance_profile=tunable("SPOTPIPE_AWS_INSTANCE_PROFILE"),
+            launch_mode=tunable("SPOTPIPE_AWS_LAUNCH_MODE"),
         )
         return AwsProvider(config)
     raise ProviderError(f"unknown provider {kind!r}; expected 'local' or 'aws'")

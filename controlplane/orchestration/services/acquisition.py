@@ -15,10 +15,11 @@ from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
 from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
 from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM
-from controlplane.orchestration.selectors import job_counted_instances, job_shape, pools_ranked, setting
+from controlplane.orchestration.selectors import job_counted_instances, job_shape, pools_ranked
 from controlplane.orchestration.services.catalogue import _instance_type_row, _pool_json, _zone_row
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now, _transition
+from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def _claim_launch(acquisition: Acquisition) -> bool:
 
 def control_plane_url() -> str:
     """Where agents reach the control plane (SPOTPIPE_PUBLIC_URL)."""
-    return str(setting("SPOTPIPE_PUBLIC_URL", "http://127.0.0.1:8000")).rstrip("/")
+    return str(tunable("SPOTPIPE_PUBLIC_URL")).rstrip("/")
 
 
 def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
@@ -126,8 +127,8 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
             enroll_key=acquisition_enroll_key(acquisition=acquisition),
             cloud="aws"
             if acquisition.provider == ProviderKind.AWS
-            else setting("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws"),
-            heartbeat_s=setting("SPOTPIPE_HEARTBEAT_S", 0.5),
+            else tunable("SPOTPIPE_LOCAL_METADATA_CLOUD"),
+            heartbeat_s=tunable("SPOTPIPE_HEARTBEAT_S"),
         ),
         tags={TAG_JOB: str(acquisition.job_id), TAG_TEAM: str(acquisition.team_id)},
     )

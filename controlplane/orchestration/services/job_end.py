@@ -10,8 +10,9 @@ from django.db import transaction
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, MetricSample, TrainingJob
 from controlplane.orchestration.enqueue import enqueue_on_commit
-from controlplane.orchestration.selectors import job_current_generation, setting
+from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
+from controlplane.tunables import tunable
 
 # After the last step, how long to wait for the members' workers to exit on their own (they save
 # their final state) before the job is declared finished and its nodes released anyway.
@@ -23,7 +24,7 @@ WORKER_EXIT_JOB_FAILED = 4
 def job_stall_timeout_s() -> float:
     """Seconds a running job may go without progress (a committed step, a new generation) before
     the reconcile loop fails it: the safety net for a runtime that died without saying why."""
-    return setting("SPOTPIPE_JOB_STALL_TIMEOUT_S", 600.0)
+    return tunable("SPOTPIPE_JOB_STALL_TIMEOUT_S")
 
 
 @transaction.atomic

@@ -14,9 +14,9 @@ from controlplane.jobs.models import ACTIVE_JOB_STATUSES, Reconfiguration, Recon
 from controlplane.jobs.reconfiguration import reconfiguration_decide
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.providers import get_provider
-from controlplane.orchestration.selectors import setting
 from controlplane.orchestration.services.generations import reconfiguration_apply
 from controlplane.orchestration.services.transitions import _now, _transition
+from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ ENROLL_TIMEOUT = timedelta(seconds=180)
 
 def heartbeat_timeout_s() -> float:
     """Seconds without a heartbeat after which a node is declared dead."""
-    return setting("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0)
+    return tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S")
 
 
 def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None = None) -> Reconfiguration | None:

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.scoping import team_ids_for_request
 from controlplane.common.api import UsersOnly, validate_or_400
+from controlplane.common.throttles import ApiRateThrottle, PlanRateThrottle
 from controlplane.jobs.models import TrainingJob
 from controlplane.planning.api.serializers import ModelSpecSerializer, PlanRequestSerializer
 from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_input_from_job
@@ -21,6 +22,7 @@ class PlanView(APIView):
     """Plan a job; 422 with `nearest` when no plan satisfies the deadline, budget or memory."""
 
     permission_classes = [IsAuthenticated, UsersOnly]
+    throttle_classes = [ApiRateThrottle, PlanRateThrottle]
 
     @extend_schema(
         request=PlanRequestSerializer,
@@ -29,6 +31,7 @@ class PlanView(APIView):
             400: OpenApiResponse(description="bad input: detail and errors.<field>"),
             404: OpenApiResponse(description="the job is not one of your team's"),
             422: OpenApiResponse(description="infeasible: detail, errors.<field> and the nearest feasible plan"),
+            429: OpenApiResponse(description="too many plans: SPOTPIPE_THROTTLE_PLANS per principal; Retry-After"),
         },
     )
     def post(self, request: Request) -> Response:

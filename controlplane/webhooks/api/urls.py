@@ -1,10 +1,10 @@
 """API routes of this app, mounted under /api/v1/webhooks/. The team is part of each URL; the
 credential it is configured with authenticates the sender."""
 
-import os
 
 from django.urls import path
 
+from controlplane.tunables import tunable
 from controlplane.webhooks import views
 
 app_name = "webhooks"
@@ -17,5 +17,5 @@ urlpatterns = [
     path("notice/<slug:team_slug>/", views.generic_notice, name="notice"),
 ]
 
-if os.environ.get("SPOTPIPE_BENCH_ENDPOINTS") == "1":  # `python -m bench webhooks` only
+if tunable("SPOTPIPE_BENCH_ENDPOINTS"):  # `python -m bench webhooks` only
     urlpatterns.append(path("bench/parse-only/", views.bench_parse_only, name="bench-parse-only"))

@@ -1,0 +1,180 @@
+"""Every `SPOTPIPE_*` tunable of the control plane, in one documented list, and the one way to read
+them: `tunable(name)`.
+
+A value comes from Django settings when a settings module (or a test's `settings` fixture) sets
+it, else from the environment at the time of the call (so an operator's change to a worker's
+environment, or a test's `monkeypatch.setenv`, is seen), else from the default declared here. An
+undeclared name is a KeyError: a tunable that is not in this list does not exist.
+
+docs/configuration.md is this list as a table (`markdown_table()`; a test keeps them equal). The
+agent, the runtime and the CLI run without Django and document their own variables
+(docs/orchestration.md, docs/runtime.md)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True, slots=True)
+class Tunable:
+    name: str
+    # The value when neither settings nor the environment sets one; a callable is called each time
+    # (defaults that derive from other settings). Its type (or `kind`) is how env strings are read.
+    default: Any
+    meaning: str
+    kind: type = str
+    # Read from this environment variable instead of `name` (a standard one, e.g. AWS_DEFAULT_REGION).
+    env: str = ""
+
+    def from_text(self, text: str) -> Any:
+        if self.kind is bool:
+            return text.strip().lower() in _TRUE
+        if self.kind is list:
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return self.kind(text)
+
+    def default_value(self) -> Any:
+        return self.default() if callable(self.default) else self.default
+
+
+def _artifacts_default() -> str:
+    return str(Path(settings.VAR_DIR) / "artifacts")
+
+
+def _local_nodes_default() -> str:
+    return str(Path(settings.VAR_DIR) / "nodes")
+
+
+def _s3_endpoint_default() -> str:
+    return tunable("SPOTPIPE_AWS_ENDPOINT_URL")
+
+
+TUNABLES: tuple[Tunable, ...] = (
+    # --- cloud and artifacts
+    Tunable("SPOTPIPE_DEFAULT_PROVIDER", "local", "where a job runs when its plan names no provider (`local` or "
+            "`aws`)"),
+    Tunable("SPOTPIPE_AWS_REGION", "us-east-1", "the AWS region prices are pulled from and nodes started in",
+            env="AWS_DEFAULT_REGION"),
+    Tunable("SPOTPIPE_AWS_ENDPOINT_URL", "", "point boto3's EC2 client at another endpoint (moto in tests)"),
+    Tunable("SPOTPIPE_S3_ENDPOINT_URL", _s3_endpoint_default, "point boto3's S3 client at another endpoint "
+            "(default: `SPOTPIPE_AWS_ENDPOINT_URL`)"),
+    Tunable("SPOTPIPE_AWS_INSTANCE_TYPES", ["p3.2xlarge", "g5.xlarge", "g6.xlarge"],
+            "instance types a plan on aws may use when it names none (comma-separated)", kind=list),
+    Tunable("SPOTPIPE_AWS_IMAGE_ID", "", "the AMI aws nodes boot"),
+    Tunable("SPOTPIPE_AWS_KEY_NAME", "", "the EC2 key pair of aws nodes (empty: none)"),
+    Tunable("SPOTPIPE_AWS_SECURITY_GROUPS", [], "security group ids of aws nodes (comma-separated)", kind=list),
+    Tunable("SPOTPIPE_AWS_SUBNETS", [], "subnet per zone, `zone=subnet-id` pairs (comma-separated)", kind=list),
+    Tunable("SPOTPIPE_AWS_INSTANCE_PROFILE", "", "the IAM instance profile of aws nodes (their S3 access)"),
+    Tunable("SPOTPIPE_AWS_LAUNCH_MODE", "fleet", "`fleet` (CreateFleet, type instant) or `run_instances` "
+            "(RunInstances)"),
+    Tunable("SPOTPIPE_AWS_ACCOUNT_ID", "", "the account an enrolling node's signed identity document must name"),
+    Tunable("SPOTPIPE_AWS_IDENTITY_CERT", "", "AWS's certificate for identity documents: a PEM file, or a folder "
+            "of `<region>.pem`; needed when identities are checked"),
+    Tunable("SPOTPIPE_ENROLL_VERIFY_IDENTITY", "auto", "check an enrolling node's signed identity document: "
+            "`auto` (aws nodes only), `on`, `off`"),
+    Tunable("SPOTPIPE_ARTIFACTS", _artifacts_default, "the artifact store: a folder the nodes see, or "
+            "`s3://bucket/prefix`; each job's weights and checkpoints go to `job-<id>/` (default `var/artifacts`)"),
+    Tunable("SPOTPIPE_PACKAGE_MAX_BYTES", 200 * 2**20, "the largest package a team may upload for its jobs' "
+            "requirements", kind=int),
+    Tunable("SPOTPIPE_PRICE_UPLOAD_MAX_BYTES", 200 * 2**20, "the largest spot price file staff may upload",
+            kind=int),
+    Tunable("SPOTPIPE_DATA_S3_CHECK", True, "at submit, check that the control plane can list and read a job's "
+            "s3:// data and tokenizer", kind=bool),
+    Tunable("SPOTPIPE_PULL_SPOT_PRICES", False, "beat pulls live spot prices from AWS every 10 minutes", kind=bool),
+    Tunable("SPOTPIPE_PROFILE_DIR", "var/profiles", "measured layer profiles the planner prefers over its "
+            "predictions"),
+    # --- nodes and orchestration
+    Tunable("SPOTPIPE_PUBLIC_URL", "http://127.0.0.1:8000", "the control plane's address as nodes reach it"),
+    Tunable("SPOTPIPE_LOCAL_NODES_DIR", _local_nodes_default, "where the local provider keeps its nodes' "
+            "folders (default `var/nodes`)"),
+    Tunable("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws", "which cloud's metadata formats local nodes serve"),
+    Tunable("SPOTPIPE_HEARTBEAT_S", 0.5, "how often agents heartbeat (sent to them at enrolment)", kind=float),
+    Tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0, "silence after which a node is declared dead", kind=float),
+    Tunable("SPOTPIPE_JOB_STALL_TIMEOUT_S", 600.0, "a running job with no progress for this long is failed",
+            kind=float),
+    Tunable("SPOTPIPE_RENDEZVOUS", "process", "`process`: the control plane hosts each job's rendezvous store in "
+            "a process of its own; `none`: the nodes bring their own"),
+    Tunable("SPOTPIPE_RENDEZVOUS_HOST", "127.0.0.1", "the address nodes use to reach that store"),
+    Tunable("SPOTPIPE_REPLAN_PERIOD_S", 300.0, "how often beat re-plans jobs that allow it", kind=float),
+    Tunable("SPOTPIPE_AGENT_TOKEN_TTL_S", 86400, "agent tokens expire after this; agents rotate theirs at "
+            "half-life", kind=int),
+    # --- notices and webhooks
+    Tunable("SPOTPIPE_NOTICE_HANDOFF", "batched", "how stored notices reach workers: `batched` (coalesced kicks), "
+            "`per_request` (one publish each: the bench's baseline), `none` (the sweep only; tests)"),
+    Tunable("SPOTPIPE_NOTICE_KICK_WINDOW_S", 0.1, "at most one drain publish per this window per process",
+            kind=float),
+    Tunable("SPOTPIPE_NOTICE_DRAIN_SPACING_S", 0.25, "least time between the starts of two drains (0: no "
+            "pacing)", kind=float),
+    Tunable("SPOTPIPE_NOTICE_INSERT_PREPARED", True, "notice inserts as server-side prepared statements on "
+            "PostgreSQL (turn off behind a transaction-mode pooler)", kind=bool),
+    Tunable("SPOTPIPE_SNS_MAX_AGE_S", 3600, "SNS messages with an older signed `Timestamp` are refused as "
+            "replays", kind=int),
+    Tunable("SPOTPIPE_SNS_CERT_HOST_PATTERN", r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$",
+            "hosts SNS signing certificates may be fetched from (a regular expression)"),
+    Tunable("SPOTPIPE_SNS_ALLOW_HTTP", False, "fetch SNS certificates over plain HTTP (tests against a local "
+            "server only)", kind=bool),
+    Tunable("SPOTPIPE_GCP_OIDC_JWKS_URL", "https://www.googleapis.com/oauth2/v3/certs",
+            "where GCP push OIDC tokens' signing keys are fetched (cached, rotated)"),
+    Tunable("SPOTPIPE_ALERT_ALLOWED_NETWORKS", [], "CIDRs outbound alerts may reach besides public addresses "
+            "(comma-separated)", kind=list),
+    Tunable("SPOTPIPE_BENCH_ENDPOINTS", False, "serve the webhook bench's parse-only endpoint (`python -m bench "
+            "webhooks` only)", kind=bool),
+    # --- limits and operators
+    Tunable("SPOTPIPE_RATELIMIT_LOGIN", 20, "POSTs to `/accounts/login/` and `/admin/login/` per client IP per "
+            "window, together (0: off)", kind=int),
+    Tunable("SPOTPIPE_RATELIMIT_ENROLL", 600, "POSTs to `/api/v1/agents/enroll/` per client IP per window",
+            kind=int),
+    Tunable("SPOTPIPE_RATELIMIT_WEBHOOKS", 6000, "requests to `/api/v1/webhooks/` per client IP per window",
+            kind=int),
+    Tunable("SPOTPIPE_RATELIMIT_WINDOW_S", 60, "the rate limits' window", kind=int),
+    Tunable("SPOTPIPE_RATELIMIT_EXEMPT_LOOPBACK", False, "loopback clients are not limited (never behind a proxy "
+            "on the same host)", kind=bool),
+    Tunable("SPOTPIPE_THROTTLE_API", "3000/minute", "API requests per principal (a user, one agent, or an "
+            "anonymous client's IP), as `N/second`, `/minute`, `/hour` or `/day`; `0`: off"),
+    Tunable("SPOTPIPE_THROTTLE_PLANS", "60/minute", "`POST /api/v1/plans/` per principal, on top (each runs the "
+            "planner); `0`: off"),
+    Tunable("SPOTPIPE_METRICS_TOKEN", "", "bearer token for `/metrics` and the details of `/healthz` (unset: "
+            "loopback clients only)"),
+)
+
+_BY_NAME: dict[str, Tunable] = {t.name: t for t in TUNABLES}
+
+
+def tunable(name: str) -> Any:
+    """The tunable's value: Django settings, else the environment, else its declared default."""
+    value = getattr(settings, name, None)
+    return value if value is not None else tunable_from_env(name)
+
+
+def tunable_from_env(name: str) -> Any:
+    """The tunable's value from the environment, else its default, without Django settings (for the
+    settings module itself, e.g. the beat schedule it builds)."""
+    spec = _BY_NAME[name]
+    text = os.environ.get(spec.env or name)
+    if text is None or (text == "" and spec.kind is not str):
+        return spec.default_value()
+    return spec.from_text(text)
+
+
+def markdown_table() -> str:
+    """docs/configuration.md's table: every tunable, its default and meaning."""
+
+    def shown(spec: Tunable) -> str:
+        if callable(spec.default):
+            return "derived (see meaning)"
+        if spec.kind is list:
+            return ", ".join(spec.default) or "none"
+        return f"`{spec.default}`" if spec.default != "" else "unset"
+
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for spec in TUNABLES:
+        name = f"`{spec.name}`" + (f" (env `{spec.env}`)" if spec.env else "")
+        rows.append(f"| {name} | {shown(spec)} | {spec.meaning} |")
+    return "\n".join(rows) + "\n"
