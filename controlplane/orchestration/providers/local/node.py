@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -62,13 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         # Who this process is, so the provider never mistakes a leftover or a reused pid for it.
         "launch": os.environ.get("SPOTPIPE_LOCAL_LAUNCH", ""), "proc_start": int(stat[19]),
     })
-    from agent.main import main as agent_main
-
+    # The agent runs as its own process, as on a cloud VM (`spotpipe-agent`), not imported into this
+    # one: the control plane's code never shares an interpreter with it. A local node shares the
+    # control plane's host and environment, so jobs' requirements are not installed there
+    # (docs/runtime.md, "Your code on the nodes").
+    agent = subprocess.Popen([sys.executable, "-m", "agent.main", *agent_args, "--metadata-url", server.url,
+                              "--work-dir", str(args.node_dir / "work"), "--no-requirements"])
+    # The provider stops a node by signalling its whole process group: the agent gets the signal
+    # itself and stops its workers; this process waits for it rather than dying first.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
-        # A local node shares the control plane's host and environment: jobs' requirements are not
-        # installed there (docs/runtime.md, "Your code on the nodes").
-        return agent_main([*agent_args, "--metadata-url", server.url, "--work-dir", str(args.node_dir / "work"),
-                           "--no-requirements"])
+        return agent.wait()
     finally:
         server.stop()
 
