@@ -19,7 +19,7 @@ from runtime.planner.catalog import instance_types
 from runtime.planner.predictor import default_predictor
 from runtime.planner.profile import DeviceSpec
 from runtime.planner.throughput import CostModel, Network
-from runtime.sim.engine import STORAGE_GBPS, STRATEGIES, SimParams, checkpoint_write_s, simulate
+from runtime.sim.engine import STORAGE_GBPS, STRATEGIES, SimParams, SimResult, checkpoint_write_s, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plots import write_plots
 from runtime.sim.prices import PriceSeries, load_price_series
@@ -208,7 +208,7 @@ def run(
     )
     figures["relations"] = _relations(results, f"published relations (throughput ratios), notice {notice_s:g} s")
     figures["why"] = _explain(model, dp, pp)
-    figures["notes"] = _notes(figures["relations"], figures["why"], model, dp)
+    figures["notes"] = _notes(figures["relations"], figures["why"], model, dp, params, results["checkpoint"])
     for note in figures["notes"]:
         print(f"note: {note}")
 
@@ -333,7 +333,9 @@ def _explain(model: IterationModel, dp: int, pp: int) -> dict:
     return rows
 
 
-def _notes(relations: list[dict], why: dict, model: IterationModel, dp: int) -> list[str]:
+def _notes(
+    relations: list[dict], why: dict, model: IterationModel, dp: int, params: SimParams, checkpoint: SimResult
+) -> list[str]:
     """Say why a published relation does not hold (direction or rough size), with the numbers."""
     notes = []
     for r in relations:
@@ -352,12 +354,16 @@ def _notes(relations: list[dict], why: dict, model: IterationModel, dp: int) -> 
                 f"that stage's gradient all-reduce and the extra activation traffic"
             )
         elif pair == ("bamboo", "checkpoint"):
+            interval = checkpoint.checkpoint_interval_s or 0.0
             notes.append(
-                f"bamboo/checkpoint {ratio:.2f} (published {published}): set by the restart cost of "
-                f"checkpoint-restart (the restart-cost table, printed without --quick) and by bamboo's "
-                f"redundant forwards "
+                f"bamboo/checkpoint {ratio:.2f} (published {published}): checkpoint-restart writes a "
+                f"checkpoint in {params.checkpoint_cost_s:.1f} s every {interval:.0f} s of compute and restarts "
+                f"in {params.restart_total_s:.1f} s (rendezvous {params.rendezvous_s:g} s + reload), so a loss "
+                f"costs it about {interval / 2 + params.restart_total_s + params.detection_s:.0f} s; bamboo "
+                f"runs redundant forwards on every step "
                 f"({why['bamboo_failure_free_step_s (redundant forwards)']:.3f} s vs "
-                f"{why['failure_free_1f1b_step_s']:.3f} s failure-free)"
+                f"{why['failure_free_1f1b_step_s']:.3f} s failure-free) and writes the same periodic checkpoints. "
+                f"The restart-time table (without --quick) shows what the published ratio needs"
             )
         elif pair == ("recycle", "bamboo"):
             notes.append(
