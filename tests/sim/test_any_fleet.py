@@ -25,7 +25,7 @@ def make_model(dp: int, pp: int) -> IterationModel:
     cost = CostModel(
         fiw=[(0.01, 0.01, 0.01)] * layers, output_bytes=[1e5] * layers, param_bytes=[1e6] * layers
     )
-    return IterationModel(spec=SPEC, dp=dp, pp=pp, microbatches=2 * pp, cost=cost)
+    return IterationModel(spec=SPEC, dp=dp, pp=pp, microbatches=pp, cost=cost)
 
 
 def job_shape(nodes: int) -> tuple[int, int]:
@@ -36,7 +36,8 @@ def job_shape(nodes: int) -> tuple[int, int]:
 
 def to_zero_and_back(nodes: int, *, hours: float = 3.0, seed: int = 0) -> Trace:
     """A synthetic trace whose whole fleet is reclaimed at 1 h and granted again from 1.5 h."""
-    base = synthetic_trace(nodes=nodes, hours=hours, rate_per_node_hour=0.3, mean_burst=2.0,
+    # About a dozen preemptions whatever the size: enough states, few plans of big fleets.
+    base = synthetic_trace(nodes=nodes, hours=hours, rate_per_node_hour=0.3 * min(1.0, 16 / nodes), mean_burst=2.0,
                            replacement_delay_s=600, seed=seed)
     live: set[str] = set()
     events = []
@@ -54,10 +55,15 @@ def to_zero_and_back(nodes: int, *, hours: float = 3.0, seed: int = 0) -> Trace:
     return Trace(name=f"zero-{nodes}", events=events, duration_s=hours * 3600)
 
 
-def check(result, trace: Trace) -> None:
+def check(result, trace: Trace, model: IterationModel) -> None:
+    """Finite, positive, and never faster than the strategy's own failure-free rate (which may beat
+    the 1F1B baseline: recycle runs F-I-W)."""
     s = result.summary()
     assert math.isfinite(result.total_samples) and result.total_samples > 0
-    assert 0 < s["throughput_relative_to_failure_free"] <= 1.0 + 1e-9
+    own = model.oobleck(model.dp * model.pp) if result.strategy == "oobleck" else (
+        model.step(result.strategy, model.full(model.dp))
+    )
+    assert result.samples_per_s <= model.total_microbatches / own * (1 + 1e-9)
     assert s["hours_without_a_plan"] <= trace.duration_s / 3600
 
 
@@ -68,7 +74,7 @@ def test_fleet_lost_and_back_at_every_size(nodes, strategy):
     dp, pp = job_shape(nodes)
     model = make_model(dp, pp)
     result = simulate(trace, strategy=strategy, model=model, params=SimParams(checkpoint_cost_s=1.0))
-    check(result, trace)
+    check(result, trace, model)
     s = result.summary()
     # The fleet was gone for 30 min: the job waited without a plan, then resumed from its checkpoint.
     assert s["hours_without_a_plan"] >= 0.5 - 1e-9
@@ -101,8 +107,9 @@ def test_every_trace_format_goes_to_zero_and_back(tmp_path, strategy):
         trace = load_trace(path)
         nodes = trace.max_nodes()
         dp, pp = job_shape(nodes)
-        result = simulate(trace, strategy=strategy, model=make_model(dp, pp), params=SimParams(checkpoint_cost_s=1.0))
-        check(result, trace)
+        model = make_model(dp, pp)
+        result = simulate(trace, strategy=strategy, model=model, params=SimParams(checkpoint_cost_s=1.0))
+        check(result, trace, model)
         assert result.summary()["hours_without_a_plan"] >= 0.5 - 1e-9, path.name
         assert result.restores >= 1, path.name
 
@@ -113,8 +120,12 @@ def test_real_traces_run_under_every_strategy(shared_data, name):
     trace = load_trace(shared_data / "traces" / name)
     dp, pp = job_shape(trace.max_nodes())
     model = make_model(dp, pp)
+    emptied = any(n == 0 for t, n in trace.node_count_series() if t > 0)
     for strategy in STRATEGIES:
-        check(simulate(trace, strategy=strategy, model=model), trace)
+        result = simulate(trace, strategy=strategy, model=model)
+        check(result, trace, model)
+        if emptied:  # the 1-node SkyPilot trace: every preemption empties the fleet
+            assert result.restores >= 1 and result.down_s > 0, strategy
 
 
 def _random_pattern(rng: random.Random, dp: int, pp: int, dead: int) -> tuple[tuple[bool, ...], ...]:
@@ -132,7 +143,7 @@ def test_cached_plan_lengths_equal_uncached(strategy):
     for dp, pp in ((2, 2), (3, 4), (4, 4), (6, 2)):
         model = make_model(dp, pp)
         cached = model.plans
-        for _ in range(12):
+        for _ in range(6):
             pattern = _random_pattern(rng, dp, pp, rng.randint(0, dp * pp // 2))
             fresh = PlanSteps(spec=SPEC, pp=pp, total_microbatches=model.total_microbatches, cost=model.cost)
             try:
