@@ -19,7 +19,7 @@ from runtime.planner.catalog import instance_types
 from runtime.planner.predictor import default_predictor
 from runtime.planner.profile import DeviceSpec
 from runtime.planner.throughput import CostModel, Network
-from runtime.sim.engine import STRATEGIES, SimParams, simulate
+from runtime.sim.engine import STORAGE_GBPS, STRATEGIES, SimParams, SimResult, checkpoint_write_s, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plots import write_plots
 from runtime.sim.prices import PriceSeries, load_price_series
@@ -32,6 +32,10 @@ PUBLISHED = [
     ("recycle", "oobleck", 1.46, "ReCycle (SOSP'24): up to 1.46x Oobleck"),
     ("recycle", "bamboo", 1.64, "ReCycle (SOSP'24): up to 1.64x Bamboo"),
 ]
+SCALE_RECYCLE_HOURS = 0.25
+"""Simulated hours of the 1,000-node trace that recycle replays (the others replay all 24 h): each
+new recycle state re-plans 1,000 nodes and re-schedules the pipelines spill couples (about 1 s per
+state on this host), so the whole day would take most of an hour."""
 MODEL = ModelSpec(kind="gpt", n_layer=24, n_embd=1024, n_head=16, seq_len=512, vocab_size=8192)
 OUT_DIR = Path("var/bench/simulate")
 
@@ -42,6 +46,7 @@ def parse_args(extra: list[str]) -> dict:
     parser.add_argument("--instance-type", default="p3.2xlarge", help="type whose profile and prices are used")
     parser.add_argument("--notice-s", type=float, default=0.0, help="preemption notice lead time")
     parser.add_argument("--replacement-delay-s", type=float, default=0.0, help="extra delay for every join")
+    parser.add_argument("--restart-s", type=float, help="checkpoint restart (default: rendezvous + reload)")
     parser.add_argument("--prices", type=Path, help="spot price history TSV(.gz) (describe_spot_price_history fields)")
     parser.add_argument("--zone", help="zone ID of the price history (default: the zone with most changes)")
     synthetic = parser.add_argument_group("synthetic trace (used when no --trace is given)")
@@ -87,6 +92,7 @@ def run(
     instance_type: str = "p3.2xlarge",
     notice_s: float = 0.0,
     replacement_delay_s: float = 0.0,
+    restart_s: float | None = None,
     prices: Path | None = None,
     zone: str | None = None,
     nodes: int = 32,
@@ -121,15 +127,17 @@ def run(
     dp = max(1, max_nodes // pp)
     model = iteration_model(instance_type, dp=dp, pp=pp, microbatches=8)
     params = SimParams(
+        checkpoint_cost_s=checkpoint_write_s(sum(model.cost.param_bytes), writers=pp),
+        restart_s=restart_s,
         notice_s=notice_s,
         replacement_delay_s=replacement_delay_s,
         spot_price=price_series,
         on_demand_usd_per_hour=it.on_demand_usd_per_hour,
     )
     progress.step(f"simulating {tr.name}: {dp} x {pp} nodes, 4 strategies")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     results = run_all(tr, model, params)
-    sim_s = time.perf_counter() - started
+    sim_s, sim_cpu_s = time.perf_counter() - started, time.process_time() - cpu
     figures: dict = {
         "trace": summary,
         "job": {
@@ -144,43 +152,63 @@ def run(
             "bamboo_failure_free_step_s": model.bamboo((True,) * pp, pipelines=dp),
             "recycle_failure_free_step_s": model.recycle((0,) * pp, pipelines=dp),
         },
+        "checkpoint_model": {
+            "checkpoint_write_s": params.checkpoint_cost_s,
+            "how": "3 x parameter bytes (weights + AdamW moments) / pp writers / storage bandwidth",
+            "storage_gbps": STORAGE_GBPS,
+            "rendezvous_s": params.rendezvous_s,
+            "restart_s": params.restart_total_s,
+            "node_ready_s": params.node_ready_s,
+            "checkpoint_every_strategy": params.checkpoint_every_strategy,
+        },
         "params": {k: v for k, v in _params_kwargs(params).items() if k != "spot_price"},
         "simulation_seconds": round(sim_s, 3),
+        "simulation_cpu_seconds": round(sim_cpu_s, 3),
+        "states_planned": model.plans.planned,
         "strategies": {s: r.summary() for s, r in results.items()},
     }
     rows = []
+    baseline = results["checkpoint"].samples_per_s
     for s, r in results.items():
         d = r.summary()
         rows.append(
             [
                 s,
                 d["throughput_relative_to_failure_free"],
+                r.samples_per_s / baseline if baseline else float("inf"),
                 d["cost_per_sample_relative_to_on_demand"],
                 d["total_samples"],
                 d["dollars"],
-                d["samples_per_dollar"],
                 d["paused_hours"],
+                d["restores_from_checkpoint"],
+                d["hours_without_a_plan"],
                 "not reached" if d["time_to_finish_hours"] is None else d["time_to_finish_hours"],
             ]
         )
+        figures["strategies"][s]["throughput_relative_to_checkpoint_restart"] = rows[-1][2]
     print_table(
         f"{tr.name}: {summary['preemptions']} preemptions, {summary['preemptions_per_node_hour']:.2f}/node-hour, "
-        f"{dp} x {pp} nodes of {instance_type} (simulated in {sim_s:.2f} s)",
+        f"{dp} x {pp} nodes of {instance_type} (simulated in {sim_s:.2f} s wall, {sim_cpu_s:.2f} s CPU). "
+        "Baselines: failure-free = the plain "
+        f"dp x pp 1F1B job on all {dp * pp} nodes, no preemption; checkpoint-restart = its row; on-demand = the "
+        "failure-free job at the on-demand price",
         [
             "strategy",
             "throughput / failure-free",
+            "throughput / checkpoint-restart",
             "cost per sample / on-demand",
             "samples",
             "dollars",
-            "samples per $",
             "paused h",
+            "restores",
+            "h without a plan",
             "h to finish target",
         ],
         rows,
     )
     figures["relations"] = _relations(results, f"published relations (throughput ratios), notice {notice_s:g} s")
     figures["why"] = _explain(model, dp, pp)
-    figures["notes"] = _notes(figures["relations"], figures["why"], model, dp)
+    figures["notes"] = _notes(figures["relations"], figures["why"], model, dp, params, results["checkpoint"])
     for note in figures["notes"]:
         print(f"note: {note}")
 
@@ -190,7 +218,7 @@ def run(
         warned = run_all(tr, model, warned_params)
         print_table(
             f"{tr.name} with a 120 s notice",
-            ["strategy", "throughput / failure-free", "cost per sample / on-demand"],
+            ["strategy", "throughput / failure-free (same baseline as above)", "cost per sample / on-demand"],
             [
                 [
                     s,
@@ -206,15 +234,15 @@ def run(
     # What drives bamboo vs checkpoint: the restart cost of checkpoint-restart.
     if not quick:
         sens = []
-        for restart in (60.0, 120.0, 300.0, 600.0):
+        for restart in (params.restart_total_s, 120.0, 300.0, 600.0):
             p = SimParams(**{**_params_kwargs(params), "restart_s": restart})
             ck = simulate(tr, strategy="checkpoint", model=model, params=p, samples_per_microbatch=4)
             sens.append(
                 {"restart_s": restart, "bamboo_over_checkpoint": results["bamboo"].samples_per_s / ck.samples_per_s}
             )
         print_table(
-            "bamboo / checkpoint throughput vs checkpoint-restart cost",
-            ["restart s", "bamboo / checkpoint"],
+            "bamboo throughput / checkpoint-restart throughput vs the restart time (first row: the model's)",
+            ["restart s", "bamboo / checkpoint-restart"],
             [[r["restart_s"], r["bamboo_over_checkpoint"]] for r in sens],
         )
         figures["bamboo_over_checkpoint_by_restart_s"] = sens
@@ -230,16 +258,31 @@ def run(
         nodes=1000, hours=24.0, rate_per_node_hour=0.1, mean_burst=4.3, replacement_delay_s=600, seed=1
     )
     big_model = iteration_model(instance_type, dp=125, pp=8, microbatches=8)
+    short = Trace(
+        name=f"{big.name}-first-{SCALE_RECYCLE_HOURS:g}h",
+        events=[e for e in big.events if e.t_s < SCALE_RECYCLE_HOURS * 3600],
+        duration_s=SCALE_RECYCLE_HOURS * 3600,
+    )
+    big_params = SimParams(**{**_params_kwargs(params), "checkpoint_interval_s": _young(big, big_model, params)})
     scale_rows, scale = [], {}
-    for s in STRATEGIES if not quick else ("recycle",):
-        started = time.perf_counter()
-        r = simulate(big, strategy=s, model=big_model, params=params, samples_per_microbatch=4)
-        wall = time.perf_counter() - started
-        scale[s] = {"wall_seconds": round(wall, 3), **r.summary()}
-        scale_rows.append([s, wall, r.summary()["throughput_relative_to_failure_free"], big.preemptions()])
+    for s in STRATEGIES if not quick else ("bamboo",):
+        trace_here = short if s == "recycle" else big
+        planned = big_model.plans.planned
+        started, cpu = time.perf_counter(), time.process_time()
+        r = simulate(trace_here, strategy=s, model=big_model, params=big_params, samples_per_microbatch=4)
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        states = big_model.plans.planned - planned
+        hours = trace_here.duration_s / 3600
+        scale[s] = {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3), "simulated_hours": hours,
+                    "states_planned": states, **r.summary()}
+        progress.step(f"1,000 nodes: {s} in {wall:.1f} s")
+        ratio = r.summary()["throughput_relative_to_failure_free"]
+        scale_rows.append([s, hours, wall, cpu, states, ratio, trace_here.preemptions()])
     print_table(
-        "1,000 nodes (125 x 8), 24 h synthetic trace (0.1 preemptions/node-hour, bursts of 4.3)",
-        ["strategy", "wall s", "throughput / failure-free", "preemptions"],
+        "1,000 nodes (125 x 8), synthetic trace (0.1 preemptions/node-hour, bursts of 4.3); every strategy plans "
+        "the whole fleet with the runtime's planner. Baseline of the ratio: failure-free = plain 125 x 8 1F1B, no "
+        "preemption",
+        ["strategy", "simulated h", "wall s", "CPU s", "states planned", "throughput / failure-free", "preemptions"],
         scale_rows,
     )
     figures["scale_1000_nodes_24h"] = scale
@@ -262,7 +305,7 @@ def _relations(results: dict, title: str) -> list[dict]:
         )
     print_table(
         title,
-        ["relation", "simulated", "published", "direction holds"],
+        ["relation (strategy / its baseline strategy)", "simulated throughput ratio", "published", "direction holds"],
         [
             [f"{r['faster']} / {r['than']}", r["simulated_ratio"], r["published_ratio"], r["direction_holds"]]
             for r in relations
@@ -290,7 +333,9 @@ def _explain(model: IterationModel, dp: int, pp: int) -> dict:
     return rows
 
 
-def _notes(relations: list[dict], why: dict, model: IterationModel, dp: int) -> list[str]:
+def _notes(
+    relations: list[dict], why: dict, model: IterationModel, dp: int, params: SimParams, checkpoint: SimResult
+) -> list[str]:
     """Say why a published relation does not hold (direction or rough size), with the numbers."""
     notes = []
     for r in relations:
@@ -309,12 +354,16 @@ def _notes(relations: list[dict], why: dict, model: IterationModel, dp: int) -> 
                 f"that stage's gradient all-reduce and the extra activation traffic"
             )
         elif pair == ("bamboo", "checkpoint"):
+            interval = checkpoint.checkpoint_interval_s or 0.0
             notes.append(
-                f"bamboo/checkpoint {ratio:.2f} (published {published}): set by the restart cost of "
-                f"checkpoint-restart (the restart-cost table, printed without --quick) and by bamboo's "
-                f"redundant forwards "
+                f"bamboo/checkpoint {ratio:.2f} (published {published}): checkpoint-restart writes a "
+                f"checkpoint in {params.checkpoint_cost_s:.1f} s every {interval:.0f} s of compute and restarts "
+                f"in {params.restart_total_s:.1f} s (rendezvous {params.rendezvous_s:g} s + reload), so a loss "
+                f"costs it about {interval / 2 + params.restart_total_s + params.detection_s:.0f} s; bamboo "
+                f"runs redundant forwards on every step "
                 f"({why['bamboo_failure_free_step_s (redundant forwards)']:.3f} s vs "
-                f"{why['failure_free_1f1b_step_s']:.3f} s failure-free)"
+                f"{why['failure_free_1f1b_step_s']:.3f} s failure-free) and writes the same periodic checkpoints. "
+                f"The restart-time table (without --quick) shows what the published ratio needs"
             )
         elif pair == ("recycle", "bamboo"):
             notes.append(
@@ -322,6 +371,14 @@ def _notes(relations: list[dict], why: dict, model: IterationModel, dp: int) -> 
                 f"{why['recycle_one_hole_step_s']:.3f} s vs bamboo's takeover {why['bamboo_one_takeover_step_s']:.3f} s"
             )
     return notes
+
+
+def _young(trace: Trace, model: IterationModel, params: SimParams) -> float:
+    """The Young interval of the whole trace (a slice of it must not change the interval)."""
+    from runtime.sim.youngdaly import young_interval
+
+    rate = trace.preemption_rate() / 3600.0 * model.dp * model.pp
+    return young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=1.0 / rate if rate else 1e9)
 
 
 def _params_kwargs(params: SimParams) -> dict:

@@ -65,7 +65,7 @@ def simulate_comparison(trace: Trace, *, strategy: str, dp: int, pp: int, instan
     from runtime.planner.predictor import default_predictor
     from runtime.planner.profile import DeviceSpec
     from runtime.planner.throughput import CostModel, Network
-    from runtime.sim.engine import SimParams, simulate
+    from runtime.sim.engine import SimParams, checkpoint_write_s, simulate
     from runtime.sim.iteration import IterationModel
     from runtime.sim.prices import PriceSeries
 
@@ -77,7 +77,8 @@ def simulate_comparison(trace: Trace, *, strategy: str, dp: int, pp: int, instan
                                           instance_type=spec.name)
     cost = CostModel.from_profile(profile, network=Network(bandwidth_gbps=spec.network_gbps or 10.0))
     iterations = IterationModel(spec=model, dp=dp, pp=pp, microbatches=SIM_MICROBATCHES, cost=cost)
-    params = SimParams(spot_price=PriceSeries.constant(spot_usd_per_hour),
+    params = SimParams(checkpoint_cost_s=checkpoint_write_s(sum(cost.param_bytes), writers=pp),
+                       spot_price=PriceSeries.constant(spot_usd_per_hour),
                        on_demand_usd_per_hour=on_demand_usd_per_hour)
     out = []
     for name in dict.fromkeys([strategy, "checkpoint"]):

@@ -6,7 +6,9 @@ rate. At each event the strategy decides what the change costs:
 
 * checkpoint: any loss of a working node (or enough joiners for one more pipeline) stops the job;
   work since the last checkpoint is lost (unless the notice lead covers a checkpoint write), then a
-  restart of `restart_s`; checkpoints every Young/Daly interval cost `checkpoint_cost_s` each.
+  restart (`restart_s`: a rendezvous of the new membership and a reload of the checkpoint) into as
+  many full pipelines as the live nodes fill (none: it waits for replacements); checkpoints every
+  Young/Daly interval cost `checkpoint_cost_s` each.
 * bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a second
   loss next to the first (no replica left), or joiners that would put more nodes to work in full
   pipelines, trigger a reconfiguration of `reconfigure_s`. Redundant forwards slow every failure-free step.
@@ -15,6 +17,12 @@ rate. At each event the strategy decides what the change costs:
 * recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
   (no state moves); a joiner fills a hole after `join_s`; a stage with no survivor falls back to a
   reconfiguration.
+
+Every strategy writes periodic checkpoints too (the runtime does, `runtime.durability`, at the
+same Young/Daly interval), paying `checkpoint_cost_s` per interval of compute. When a change leaves
+no usable plan (fewer live nodes than one pipeline needs, or every copy of some stage gone: a zone
+reclaims the fleet), the job stops, loses the work since its last checkpoint, waits for
+replacements, and resumes from that checkpoint after `restart_s`.
 
 Every strategy except checkpoint loses the step in flight (half a step on average) unless the
 notice lead time is at least one step. A node that leaves without notice is noticed after
@@ -29,23 +37,48 @@ from dataclasses import asdict, dataclass, field
 
 from runtime.config import FAULT_TOLERANT_STRATEGIES
 from runtime.sim.iteration import IterationModel
+from runtime.sim.plans import Pattern
 from runtime.sim.prices import PriceSeries
 from runtime.sim.traces import ADD, Trace
 from runtime.sim.youngdaly import young_interval
 
 STRATEGIES = FAULT_TOLERANT_STRATEGIES  # what the simulator compares (runtime/config.py owns the names)
 
+RENDEZVOUS_S = 30.0
+"""Bamboo's own simulator (uclasystem/bamboo, project_pactum/simulation/simulator.py,
+`global_rendezvous_timeout_delta`): 30 s for the members of a new generation to meet."""
+NODE_READY_S = 45.0
+"""The same simulator's `spot_instance_creation_time`: a new spot instance is ready 45 s after it
+is granted."""
+CHECKPOINT_BYTES_PER_PARAM_BYTE = 3.0
+"""A checkpoint holds the weights and AdamW's two moments (`runtime.checkpoints`)."""
+STORAGE_GBPS = 1.5
+"""Write/read bandwidth of one node to durable storage: p3.2xlarge's dedicated EBS bandwidth
+(AWS instance-type table, 1.5 Gbps); a checkpoint's writers (one per stage) write in parallel."""
+
+
+def checkpoint_write_s(param_bytes: float, *, writers: int, storage_gbps: float = STORAGE_GBPS) -> float:
+    """Seconds to write one checkpoint: each of `writers` writes its equal share of the weights and
+    optimizer state at the storage bandwidth."""
+    return CHECKPOINT_BYTES_PER_PARAM_BYTE * param_bytes / max(writers, 1) / (storage_gbps * 1e9 / 8)
+
 
 @dataclass(kw_only=True, slots=True)
 class SimParams:
     """Costs of reacting to a change, in seconds, and the market."""
 
-    restart_s: float = 120.0
-    """checkpoint: processes restart, rendezvous and reload the last checkpoint."""
     checkpoint_cost_s: float = 30.0
-    """checkpoint: time to write one checkpoint (training pauses)."""
+    """Time to write one checkpoint (training pauses). A prior: `checkpoint_write_s` derives it from
+    the job's bytes and the storage bandwidth (the benchmark does)."""
+    rendezvous_s: float = RENDEZVOUS_S
+    """A restart's rendezvous: every member of the new generation joins before training resumes."""
+    restart_s: float | None = None
+    """Restart from a checkpoint: the rendezvous plus a reload of what one write wrote (same bytes,
+    same storage); None derives it as `rendezvous_s + checkpoint_cost_s`."""
     checkpoint_interval_s: float = 0.0
-    """checkpoint: compute seconds between checkpoints; 0 = Young's sqrt(2 C MTBF) from the trace's rate."""
+    """Compute seconds between checkpoints; 0 = Young's sqrt(2 C MTBF) from the trace's rate."""
+    checkpoint_every_strategy: bool = True
+    """Every strategy writes periodic checkpoints (the runtime does); False: checkpoint-restart only."""
     bamboo_failover_s: float = 10.0
     reconfigure_s: float = 30.0
     """bamboo/oobleck/recycle: rebuild groups and move the state of re-placed layers."""
@@ -59,9 +92,16 @@ class SimParams:
     """Lead time of preemption notices (AWS gives 120 s; the public traces carry none)."""
     replacement_delay_s: float = 0.0
     """Extra delay added to every join after the start (slower capacity acquisition)."""
+    node_ready_s: float = NODE_READY_S
+    """A node that joins after the start works only this long after the trace adds it (boot,
+    image, processes); it is billed from the trace's time."""
     spot_price: PriceSeries = field(default_factory=lambda: PriceSeries.constant(0.918))
     """USD per node-hour over the trace (default: p3.2xlarge spot, about 30% of on-demand)."""
     on_demand_usd_per_hour: float = 3.06
+
+    @property
+    def restart_total_s(self) -> float:
+        return self.restart_s if self.restart_s is not None else self.rendezvous_s + self.checkpoint_cost_s
 
 
 @dataclass(slots=True)
@@ -80,6 +120,10 @@ class SimResult:
     samples_target: float | None = None
     finish_s: float | None = None
     checkpoint_interval_s: float | None = None
+    restores: int = 0
+    """Times the job lost every usable plan and resumed from its last checkpoint."""
+    down_s: float = 0.0
+    """Seconds with no usable plan (waiting for replacements)."""
 
     @property
     def samples_per_s(self) -> float:
@@ -109,6 +153,8 @@ class SimResult:
             "samples_target": self.samples_target,
             "time_to_finish_hours": None if self.finish_s is None else round(self.finish_s / 3600, 3),
             "checkpoint_interval_s": self.checkpoint_interval_s,
+            "restores_from_checkpoint": self.restores,
+            "hours_without_a_plan": round(self.down_s / 3600, 3),
         }
 
     def binned_rate(self, bins: int = 200) -> list[tuple[float, float]]:
@@ -137,9 +183,9 @@ class SimResult:
 
 
 class _Run:
-    """Shared bookkeeping: progress at a rate, pauses, losses, the cumulative series."""
+    """Shared bookkeeping: progress at a rate, pauses, losses, periodic checkpoints, the series."""
 
-    def __init__(self, samples_per_step: float) -> None:
+    def __init__(self, samples_per_step: float, *, duty: float = 1.0, interval_s: float = math.inf) -> None:
         self.samples_per_step = samples_per_step
         self.t = 0.0
         self.samples = 0.0
@@ -150,10 +196,24 @@ class _Run:
         self.lost = 0.0
         self.target: float | None = None
         self.finish: float | None = None
+        self.duty = duty
+        """Share of time training (the rest writes periodic checkpoints)."""
+        self.interval_s = interval_s
+        self.since_checkpoint_s = 0.0
+        """Compute seconds since the last complete checkpoint."""
+        self.checkpointed = 0.0
+        """Samples in the last complete checkpoint."""
+        self.restores = 0
+        self.down_since: float | None = None
+        self.down_s = 0.0
+
+    @property
+    def raw_rate(self) -> float:
+        return self.samples_per_step / self.step_s if self.step_s < math.inf else 0.0
 
     @property
     def rate(self) -> float:
-        return self.samples_per_step / self.step_s if self.step_s < math.inf else 0.0
+        return self.raw_rate * self.duty
 
     def advance(self, t: float) -> None:
         start = max(self.t, self.resume_at)
@@ -166,6 +226,10 @@ class _Run:
                 self.series.append((start, self.samples))
             self.samples += (t - start) * self.rate
             self.series.append((t, self.samples))
+            self.since_checkpoint_s += (t - start) * self.duty
+            if self.since_checkpoint_s >= self.interval_s:
+                self.since_checkpoint_s %= self.interval_s
+                self.checkpointed = self.samples - self.since_checkpoint_s * self.raw_rate
         self.t = max(self.t, t)
 
     def pause(self, seconds: float) -> None:
@@ -177,7 +241,7 @@ class _Run:
         """Half a step on average is redone, unless the notice lets the step finish first."""
         if params.notice_s >= self.step_s or self.rate == 0 or self.t < self.resume_at:
             return
-        lost = min(0.5 * self.samples_per_step, self.samples)
+        lost = min(0.5 * self.samples_per_step, self.samples - self.checkpointed)
         self.samples -= lost
         self.lost += lost
 
@@ -185,6 +249,47 @@ class _Run:
         """Pause for a change: the reaction itself, plus failure detection when a node left
         without notice (with a notice the job learns of the loss before it happens)."""
         self.pause((params.detection_s if loss and params.notice_s <= 0 else 0.0) + seconds)
+
+    def stop(self, t: float) -> None:
+        """No usable plan: the state since the last checkpoint is gone; wait for nodes."""
+        if self.down_since is not None:
+            return
+        self.lost += self.samples - self.checkpointed
+        self.samples = self.checkpointed
+        self.series.append((t, self.samples))
+        self.since_checkpoint_s = 0.0
+        self.step_s = math.inf
+        self.resume_at = max(self.resume_at, t)
+        self.down_since = t
+
+    def resume(self, t: float, params: SimParams) -> None:
+        """A plan is possible again: restart from the last checkpoint (rendezvous + reload)."""
+        if self.down_since is None:
+            return
+        self.down_s += t - self.down_since
+        self.down_since = None
+        self.restores += 1
+        self.resume_at = t
+        self.pause(params.restart_total_s)
+
+    def finish_down(self, t: float) -> None:
+        if self.down_since is not None:
+            self.down_s += t - self.down_since
+
+
+def _stage_lost(strategy: str, slots: list[list[str | None]], pp: int) -> bool:
+    """Whether some stage has no copy left on a working node: its slot holders (and, for bamboo,
+    the ring predecessors that keep a replica of it) are gone in every pipeline. The runtime then
+    restores from the last checkpoint (`Strategy.falls_back_to_checkpoint`)."""
+    if not slots:
+        return True
+    for s in range(pp):
+        holders = [row[s] for row in slots]
+        if strategy == "bamboo":
+            holders += [row[(s - 1) % pp] for row in slots]
+        if all(n is None for n in holders):
+            return True
+    return False
 
 
 def simulate(
@@ -203,31 +308,40 @@ def simulate(
     dp, pp = model.dp, model.pp
     wanted = dp * pp
     samples_per_step = model.total_microbatches * samples_per_microbatch
-    run = _Run(samples_per_step)
-    run.target = samples_target
     failure_free = samples_per_step / model.full_pipelines(dp)
 
+    # Young's interval from the trace's rate (the runtime's durability rule for every strategy).
+    rate_per_node_s = trace.preemption_rate() / 3600.0
+    interval = params.checkpoint_interval_s
+    if interval <= 0:
+        mtbf = 1.0 / (rate_per_node_s * wanted) if rate_per_node_s > 0 else 1e9
+        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
+    periodic = strategy != "checkpoint" and params.checkpoint_every_strategy
+    duty = interval / (interval + params.checkpoint_cost_s) if periodic else 1.0
+    run = _Run(samples_per_step, duty=duty, interval_s=interval if periodic else math.inf)
+    run.target = samples_target
+
+    join_delay = params.replacement_delay_s + params.node_ready_s
     events = list(trace.events)
-    if params.replacement_delay_s:
+    billed = list(trace.events)
+    if join_delay:
         events = [
-            type(e)(e.t_s + (params.replacement_delay_s if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node)
-            for e in events
+            type(e)(e.t_s + (join_delay if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node) for e in events
         ]
         events.sort(key=lambda e: (e.t_s, e.kind == ADD))
+    if params.replacement_delay_s:  # capacity acquisition is slower: billed from the later grant
+        billed = [
+            type(e)(e.t_s + (params.replacement_delay_s if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node)
+            for e in billed
+        ]
     live: list[str] = []
     live_set: set[str] = set()
-    node_series: list[tuple[float, int]] = []
+    cancelled: set[str] = set()
 
     # Strategy state: slots[p][s] = node name or None; spares hold the rest.
     slots: list[list[str | None]] = []
     where: dict[str, tuple[int, int]] = {}
 
-    # checkpoint bookkeeping
-    rate_per_node_s = trace.preemption_rate() / 3600.0
-    interval = params.checkpoint_interval_s
-    if strategy == "checkpoint" and interval <= 0:
-        mtbf = 1.0 / (rate_per_node_s * wanted) if rate_per_node_s > 0 else 1e9
-        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
     committed = 0.0
     segment_start = 0.0
 
@@ -244,6 +358,9 @@ def simulate(
     def working() -> int:
         return sum(1 for row in slots for n in row if n is not None)
 
+    def pattern() -> Pattern:
+        return tuple(tuple(n is not None for n in row) for row in slots)
+
     def step_time() -> float:
         if strategy == "checkpoint":
             return model.full_pipelines(len(slots))
@@ -251,12 +368,7 @@ def simulate(
             return model.oobleck(working()) if working() else math.inf
         if not slots:
             return math.inf
-        if strategy == "bamboo":
-            # Pipelines run side by side: the slowest pattern present sets the step.
-            patterns = {tuple(n is not None for n in row) for row in slots}
-            return max(model.bamboo(p, pipelines=len(slots)) for p in patterns)
-        holes = tuple(sum(1 for row in slots if row[s] is None) for s in range(pp))
-        return model.recycle(holes, pipelines=len(slots))
+        return model.step(strategy, pattern())
 
     def checkpoint_progress(t: float) -> tuple[float, float]:
         """(committed, produced-but-uncommitted) samples of the current segment at time t."""
@@ -271,21 +383,40 @@ def simulate(
 
     def checkpoint_restart(t: float, *, save_first: bool) -> None:
         nonlocal committed, segment_start
+        had_slots = bool(slots)
         done, pending = checkpoint_progress(t)
-        if save_first:
+        if save_first and had_slots:
             committed = done + pending
             extra = params.checkpoint_cost_s
         else:
             committed = done
             run.lost += pending
-            extra = 0.0 if not slots else params.detection_s
+            extra = params.detection_s if had_slots and params.notice_s <= 0 else 0.0
         run.series.append((t, done + pending))
         run.series.append((t, committed))
         form()
-        segment_start = t + extra + params.restart_s
-        run.pauses += extra + params.restart_s
+        if not slots:  # nothing can run: wait for replacements (the next join restarts)
+            if run.down_since is None:
+                run.down_since = t
+            segment_start = math.inf
+            return
+        if run.down_since is not None:
+            run.down_s += t - run.down_since
+            run.down_since = None
+            run.restores += 1
+        segment_start = t + extra + params.restart_total_s
+        run.pauses += extra + params.restart_total_s
         run.series.append((segment_start, committed))
         run.samples = committed
+
+    def lose_state(t: float, *, hit: bool) -> bool:
+        """Stop when no usable plan is left; True when the job is (or stays) down."""
+        if run.down_since is not None:
+            return True
+        if hit:
+            run.lose_in_flight(params)
+        run.stop(t)
+        return True
 
     index = 0
     while index < len(events):
@@ -297,14 +428,15 @@ def simulate(
         if strategy != "checkpoint":
             run.advance(t)
         removed = [e.node for e in batch if e.kind != ADD and e.node in live_set]
-        added = [e.node for e in batch if e.kind == ADD and e.node not in live_set]
+        # A node reclaimed before it was ready (its join delayed past the removal) never works.
+        cancelled.update(e.node for e in batch if e.kind != ADD and e.node not in live_set)
+        added = [e.node for e in batch if e.kind == ADD and e.node not in live_set and e.node not in cancelled]
         for node in removed:
             live_set.discard(node)
             live.remove(node)
         for node in added:
             live_set.add(node)
             live.append(node)
-        node_series.append((t, len(live)))
         hit = [n for n in removed if n in where]
 
         if t == 0:
@@ -313,12 +445,26 @@ def simulate(
             else:
                 form()
             run.step_s = step_time()
+            if run.step_s == math.inf:
+                run.down_since = 0.0
+                segment_start = math.inf
             continue
 
         if strategy == "checkpoint":
             grow = len(slots) < dp and len(live) // pp > len(slots)
             if hit or grow:
                 checkpoint_restart(t, save_first=not hit or params.notice_s >= params.checkpoint_cost_s)
+            continue
+
+        if run.down_since is not None:
+            # Down: re-form from every live node as soon as some plan is possible again.
+            if strategy == "oobleck":
+                slots = _oobleck_assign(live, wanted, where)
+            else:
+                form()
+            run.step_s = step_time()
+            if run.step_s < math.inf:
+                run.resume(t, params)
             continue
 
         if strategy == "oobleck":
@@ -330,8 +476,11 @@ def simulate(
                 if hit:
                     run.lose_in_flight(params)
                 slots = _oobleck_assign(live, wanted, where)
-                run.react(params, params.reconfigure_s, loss=bool(hit))
                 run.step_s = step_time()
+                if run.step_s == math.inf:
+                    lose_state(t, hit=False)
+                    continue
+                run.react(params, params.reconfigure_s, loss=bool(hit))
             continue
 
         if strategy == "bamboo":
@@ -343,6 +492,13 @@ def simulate(
                 succ = slots[p][(s + 1) % pp]
                 if pred is None or succ is None or all(n is None for n in slots[p]):
                     reconfigure = True  # consecutive losses: no replica left for one of the stages
+            if hit and _stage_lost(strategy, slots, pp):
+                lose_state(t, hit=True)
+                form()
+                run.step_s = step_time()
+                if run.step_s < math.inf:
+                    run.resume(t, params)
+                continue
             # Joiners are taken in when re-forming full pipelines would put more nodes to work
             # (a pipeline running a taken-over stage gets its redundancy back, or a new pipeline forms).
             if added and min(dp, len(live) // pp) * pp > working():
@@ -355,34 +511,40 @@ def simulate(
             elif hit:
                 run.react(params, params.bamboo_failover_s, loss=True)
             run.step_s = step_time()
+            if run.step_s == math.inf:
+                lose_state(t, hit=False)
             continue
 
         # recycle
         for node in hit:
             p, s = where.pop(node)
             slots[p][s] = None
+        if hit and _stage_lost(strategy, slots, pp):
+            lose_state(t, hit=True)
+            form()
+            run.step_s = step_time()
+            if run.step_s < math.inf:
+                run.resume(t, params)
+            continue
         if hit:
             run.lose_in_flight(params)
         holes = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
         spare_nodes = [n for n in live if n not in where]
-        fallback = any(sum(1 for row in slots if row[s] is None) >= len(slots) for s in range(pp)) if slots else True
-        if fallback:
+        filled = 0
+        for (p, s), node in zip(holes, spare_nodes, strict=False):
+            slots[p][s] = node
+            where[node] = (p, s)
+            filled += 1
+        if len(slots) < dp and len(spare_nodes) - filled >= pp:
             form()
             run.react(params, params.reconfigure_s, loss=bool(hit))
-        else:
-            filled = 0
-            for (p, s), node in zip(holes, spare_nodes, strict=False):
-                slots[p][s] = node
-                where[node] = (p, s)
-                filled += 1
-            if len(slots) < dp and len(spare_nodes) - filled >= pp:
-                form()
-                run.react(params, params.reconfigure_s, loss=bool(hit))
-            elif hit:
-                run.react(params, params.recycle_failover_s + (params.join_s if filled else 0.0), loss=True)
-            elif filled:
-                run.pause(params.join_s)
+        elif hit:
+            run.react(params, params.recycle_failover_s + (params.join_s if filled else 0.0), loss=True)
+        elif filled:
+            run.pause(params.join_s)
         run.step_s = step_time()
+        if run.step_s == math.inf:
+            lose_state(t, hit=False)
 
     end = trace.duration_s
     if strategy == "checkpoint":
@@ -394,6 +556,8 @@ def simulate(
             run.finish = _first_crossing(run.series, samples_target)
     else:
         run.advance(end)
+    run.finish_down(end)
+    node_series = [(t, n) for t, n in Trace(name="billed", events=billed, duration_s=end).node_count_series()]
     dollars = params.spot_price.cost_of_nodes(node_series, end)
     on_demand_per_sample = wanted * params.on_demand_usd_per_hour / 3600.0 / failure_free
     return SimResult(
@@ -409,7 +573,9 @@ def simulate(
         lost_samples=run.lost,
         samples_target=samples_target,
         finish_s=run.finish,
-        checkpoint_interval_s=interval if strategy == "checkpoint" else None,
+        checkpoint_interval_s=interval,
+        restores=run.restores,
+        down_s=run.down_s,
     )
 
 

@@ -1,0 +1,172 @@
+"""Step lengths of the runtime's own plans, at any fleet size, cached by state.
+
+For a failure state (which slots of the dp x pp grid still hold a node) the simulator asks the
+runtime's planner for the layout every survivor would run
+(`runtime.strategies.get_strategy(name).layout_for(config, slots)`, the whole fleet, no stand-in)
+and prices one step of it with the profiled cost model (`CostModel.step_time`, a replay of the
+runtime's schedule with communication).
+
+Two caches make a trace of thousands of events cheap:
+
+* **state -> step.** Pipelines are interchangeable, so a state is canonicalised before planning:
+  rows (pipelines) sorted by their pattern of live slots (not for recycle, see `RELABEL_FREE`),
+  nodes renumbered by slot. Checkpoint and
+  oobleck plan from the number of live nodes only (`alive_nodes` in slot order), so their key is
+  that count; bamboo runs each pipeline on its own row, so (no row empty) its key is the set of
+  distinct rows. The plan is the runtime's plan for the canonical relabelling of the state.
+* **group -> step.** A layout splits into groups of pipelines that share no node
+  (`runtime.schedule.independent_parts`, relabelled canonically so equal shapes compare equal);
+  each distinct group is replayed once, and the step is the longest group's. Groups meet only in
+  the gradient all-reduce, whose member count is scaled from the group's pipelines to the fleet's
+  (`allreduce_scale`): exact when each node owns one layer run (checkpoint, oobleck, recycle
+  before a loss), a close lower bound when a node owns a second stage's layers (a bamboo replica,
+  a recycle spill host): its second all-reduce may wait for a slower group (bamboo on 4 x 4: within
+  0.06% of the whole layout's replay, `tests/sim/test_any_fleet.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.layout import Layout
+from runtime.planner.throughput import CostModel
+from runtime.schedule import ScheduleError, independent_parts
+from runtime.strategies import get_strategy
+
+SCHEDULE = {"checkpoint": "1f1b", "bamboo": "1f1b", "oobleck": "1f1b", "recycle": "fiw"}
+"""The schedule each strategy runs in the simulator (recycle's re-routed work fits F-I-W's bubbles)."""
+
+Pattern = tuple[tuple[bool, ...], ...]
+"""Per pipeline row of the slot grid, which stages still hold a node."""
+
+COUNT_KEYED = frozenset({"checkpoint", "oobleck"})
+"""Strategies whose plan depends only on how many nodes are live (they re-chunk `alive_nodes`)."""
+
+
+ROW_SEPARABLE = frozenset({"bamboo"})
+"""Strategies whose plan runs every pipeline on its own row of slots (bamboo's takeover stays in
+the pipeline), so while no row is empty the plan's groups are its distinct rows: the step depends
+only on which row patterns occur and how many rows there are."""
+
+
+RELABEL_FREE = frozenset({"bamboo", "checkpoint", "oobleck"})
+"""Strategies whose plan's step does not depend on which pipeline holds which row. Not recycle:
+spill breaks ties by pipeline (a later pipeline's node hosts first), so reordering rows can move a
+hop (0.02% of a step in the cache test); recycle states are keyed exactly."""
+
+
+def _separable(strategy: str, pattern: Pattern) -> bool:
+    return strategy in ROW_SEPARABLE and all(map(any, pattern))
+
+
+def canonical(strategy: str, pattern: Pattern) -> tuple:
+    """The cache key of a state: the live-node count for count-keyed strategies, the set of
+    distinct rows for row-separable ones, else the rows sorted (pipelines are interchangeable)."""
+    if strategy in COUNT_KEYED:
+        return (len(pattern), len(pattern[0]) if pattern else 0, sum(map(sum, pattern)))
+    if _separable(strategy, pattern):
+        return (len(pattern), tuple(sorted(set(pattern))))
+    if strategy in RELABEL_FREE:
+        return tuple(sorted(pattern))
+    return pattern
+
+
+def representative(strategy: str, pattern: Pattern) -> Pattern:
+    """The state planned for `pattern`'s key: the rows sorted; for a row-separable strategy each
+    distinct row once and the first repeated to the same number of rows (same groups, same step)."""
+    rows = sorted(pattern) if strategy in RELABEL_FREE else list(pattern)
+    if _separable(strategy, pattern):
+        distinct = sorted(set(pattern))
+        rows = distinct + [distinct[0]] * (len(pattern) - len(distinct))
+    return tuple(rows)
+
+
+def slots_of(pattern: Pattern) -> list[list[int | None]]:
+    """The slot grid of a pattern, node p * pp + s at a live slot (p, s)."""
+    return [[p * len(row) + s if ok else None for s, ok in enumerate(row)] for p, row in enumerate(pattern)]
+
+
+@dataclass(slots=True)
+class PlanSteps:
+    """Cached step seconds of the runtime's plan for (strategy, failure state) of one job."""
+
+    spec: ModelSpec
+    pp: int
+    total_microbatches: int
+    """Micro-batches per step of the whole job (the global batch; constant under every strategy)."""
+    cost: CostModel
+    min_stages: int = 1
+    states: dict = field(default_factory=dict, repr=False)
+    groups: dict = field(default_factory=dict, repr=False)
+    planned: int = 0
+    """States planned (cache misses), for the benchmark's account of where time goes."""
+
+    def config(self, strategy: str, pipelines: int) -> JobConfig:
+        """The job as the runtime sees it with `pipelines` rows of slots (the global batch shared)."""
+        per_pipe = -(-self.total_microbatches // pipelines)
+        return JobConfig(
+            model=self.spec,
+            dp=pipelines,
+            pp=self.pp,
+            microbatches=per_pipe,
+            global_batch=pipelines * per_pipe,
+            strategy=strategy,
+            schedule=SCHEDULE[strategy],
+            layer_costs=self.cost.layer_costs(),
+            min_stages=min(self.min_stages, self.pp),
+        )
+
+    def step(self, strategy: str, pattern: Pattern) -> float:
+        """Seconds of one step of the runtime's plan for `pattern` (inf: no usable plan)."""
+        if not pattern or not any(map(any, pattern)):
+            return float("inf")
+        if _separable(strategy, pattern) and len(set(pattern)) > 1:
+            # Its groups are its distinct rows: each row's group priced once per fleet size, from
+            # the plan of a fleet of that row (the same group, the same all-reduce scale).
+            return max(self._cached(strategy, (row,) * len(pattern)) for row in set(pattern))
+        return self._cached(strategy, pattern)
+
+    def _cached(self, strategy: str, pattern: Pattern) -> float:
+        key = (strategy, canonical(strategy, pattern))
+        found = self.states.get(key)
+        if found is None:
+            found = self.states[key] = self._plan(strategy, representative(strategy, pattern))
+        return found
+
+    def layout(self, strategy: str, pattern: Pattern) -> Layout:
+        """The runtime's layout for `pattern` (raises LayoutError when it has none)."""
+        return get_strategy(strategy).layout_for(self.config(strategy, len(pattern)), slots_of(pattern))
+
+    def _plan(self, strategy: str, pattern: Pattern) -> float:
+        self.planned += 1
+        try:
+            layout = self.layout(strategy, pattern)
+        except LayoutError:
+            return float("inf")
+        return self.layout_step(layout, SCHEDULE[strategy])
+
+    def layout_step(self, layout: Layout, schedule: str) -> float:
+        """The longest group's step; each distinct group replayed once (see the module notes)."""
+        pipelines = len(set(layout.pipeline_of))
+        worst = 0.0
+        for part in set(independent_parts(layout)):
+            scale = max(1, round(pipelines / len(set(part.pipeline_of))))
+            key = (part, schedule, scale)
+            found = self.groups.get(key)
+            if found is None:
+                try:
+                    found = self.cost.step_time(part, schedule=schedule, allreduce_scale=scale)
+                except ScheduleError:
+                    found = float("inf")
+                self.groups[key] = found
+            worst = max(worst, found)
+        return worst
+
+    def exact_step(self, strategy: str, pattern: Pattern) -> float:
+        """The same plan replayed whole, with no cache and no grouping (the reference for tests)."""
+        try:
+            layout = self.layout(strategy, pattern)
+        except LayoutError:
+            return float("inf")
+        return self.cost.step_time(layout, schedule=SCHEDULE[strategy])
