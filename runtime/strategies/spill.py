@@ -35,6 +35,18 @@ from runtime.schedule import Durations, ScheduleError, independent_parts, schedu
 
 EXACT_BUDGET_TASKS = 3000
 """Tasks the exact comparison may list-schedule in all (about 20-30 ms on this 2-core host)."""
+SMALL_LAYOUT_TASKS = 1024
+"""A layout of at most this many list-schedule tasks (32 nodes of pp 8 with 8 micro-batches per
+pipeline) is small enough to search: its plan gets `SMALL_BUDGET_TASKS` (no plan-time target there,
+and the schedule-search spill it replaced took seconds)."""
+SMALL_BUDGET_TASKS = 40000
+"""Tasks a small layout's search may list-schedule (about 0.2-0.6 s on this shared 2-core host)."""
+
+
+def exact_budget(whole_layout_tasks: int) -> int:
+    """List-schedule tasks a plan may spend comparing placements: a pure function of the layout's
+    size (counted, never timed, so every survivor computes the same plan)."""
+    return SMALL_BUDGET_TASKS if whole_layout_tasks <= SMALL_LAYOUT_TASKS else EXACT_BUDGET_TASKS
 
 Routes = list[list[Hop]]
 Placement = dict[tuple[int, int], int]
@@ -168,30 +180,35 @@ class _Exact:
 
     def __init__(self, job: _Job) -> None:
         self.job = job
-        self.left = EXACT_BUDGET_TASKS
+        self.budget = self.left = exact_budget(3 * sum(len(r) for r in job.routes))
         self.known: dict[Layout, float] = {}  # group (canonical, see independent_parts) -> its step
 
     def groups(self, placement: Placement) -> set[Layout]:
         """The groups of pipelines sharing no node (canonical, see `independent_parts`) that make up
-        the step of `placement` on the pipelines it touches and one untouched pipeline."""
+        the step of `placement` on the pipelines it touches and one untouched pipeline. A partial
+        placement leaves out the micro-batches with a lost hop it does not place yet."""
         job = self.job
         touched = {job.base.pipeline_of[m] for m, _ in placement} | {job.home[n][0] for n in placement.values()}
         spare = next((p for p in job.pipes if p not in touched), None)  # stands for the untouched ones
         keep = sorted(touched | ({spare} if spare is not None else set()))
         mbs = [m for p in keep for m in range(job.first_mb[p], job.first_mb[p] + job.count[p])]
-        routes = []
+        routes, pipes = [], []
         for m in mbs:
             route = list(job.routes[m])
             for h in range(len(route)):
                 if (m, h) in placement:
                     route[h] = (route[h][0], placement[(m, h)])
-            routes.append(tuple(route))
+                elif (m, h) in job.lost_set:
+                    break
+            else:
+                routes.append(tuple(route))
+                pipes.append(job.base.pipeline_of[m])
         base = job.base
         layout = Layout(
             num_layers=base.num_layers,
             stages=base.stages,
             routes=tuple(routes),
-            pipeline_of=tuple(base.pipeline_of[m] for m in mbs),
+            pipeline_of=tuple(pipes),
             microbatch_size=base.microbatch_size,
         )
         return set(independent_parts(layout))
@@ -215,41 +232,112 @@ class _Exact:
                     self.known[part] = schedule_length(part, self.job.schedule, self.job.durations)
                 except ScheduleError:
                     self.known[part] = float("inf")
-        return max(self.known[part] for part in groups)
+        return max((self.known[part] for part in groups), default=0.0)
 
     def best(self, candidates: list[Placement]) -> Placement:
-        """The candidate with the shortest step, then (budget left) each lost hop moved where that
-        shortens it: to where another candidate put it, a route neighbour, a same-stage peer, then
-        any survivor, least loaded first. Without budget: the first candidate, also when checking it
-        alone would take more than half the budget (nothing would be left to compare it with)."""
-        if self.cost(self.groups(candidates[0])) > EXACT_BUDGET_TASKS // 2:
+        """The shortest of: the candidates, a greedy build by exact steps (each lost hop in turn on
+        the option that makes the partial plan's step shortest, twice over, as the schedule-search
+        spill did), and each of these improved by single-hop moves (`improve`), best start first,
+        while the budget lasts. Without budget: the first candidate, also when checking it alone
+        would take more than half the budget (nothing would be left to compare it with)."""
+        if self.cost(self.groups(candidates[0])) > self.budget // 2:
             return candidates[0]
-        best: tuple[float, Placement] | None = None
-        for placement in candidates:
+        starts: list[tuple[float, int, Placement]] = []
+        for k, placement in enumerate(candidates):
             length = self.length(placement)
             if length is None:
                 break
-            if best is None or length < best[0] - 1e-9:
-                best = (length, placement)
-        if best is None or best[0] == float("inf"):
+            starts.append((length, k, placement))
+        if not starts or min(starts, key=lambda t: t[0])[0] == float("inf"):
             return candidates[0]
+        built = self.build(candidates, min(starts, key=lambda t: (t[0], t[1]))[2])
+        if built is not None:
+            starts.append((built[0], len(candidates), built[1]))
+        starts.sort(key=lambda t: (t[0], t[1]))
+        best_length, _, best = starts[0]
+        for length, _, placement in starts:
+            if self.left <= 0 or length == float("inf"):
+                break
+            length, placement = self.improve(length, placement, candidates)
+            if length < best_length - 1e-9:
+                best_length, best = length, placement
+        return best
+
+    def options(self, m: int, h: int, candidates: list[Placement], load: dict[int, float]) -> list[int]:
+        """Hosts worth trying for a lost hop, most promising first: where a candidate put it, the
+        route's neighbours, the stage's surviving peers, then every survivor, least loaded first."""
         job = self.job
-        length, placement = best[0], dict(best[1])
+        stage = job.routes[m][h][0]
+        by_load = sorted(job.survivors, key=lambda n: (load[n], n))
+        hosts = [c[(m, h)] for c in candidates] + job.neighbours(m, h) + job.stage_nodes[stage] + by_load
+        return list(dict.fromkeys(hosts))
+
+    def build(self, candidates: list[Placement], fallback: Placement) -> tuple[float, Placement] | None:
+        """The schedule-search spill's greedy (`bench/_spill_baseline.py`), on grouped exact steps:
+        each lost hop, in micro-batch order, on the same-stage peer or least-loaded survivor that
+        makes the partial plan's step shortest (micro-batches with a hop not placed yet left out;
+        ties: a peer, a node on the route, the lowest id), twice over (the second pass may move a
+        hop again). Where the budget runs short (a full plan's check kept in reserve), the hops not
+        placed yet keep `fallback`'s hosts; None when even that cannot be checked."""
+        job = self.job
+        load = dict(job.load)
+        placement: Placement = {}
+        length: float | None = None
+        reserve = 3 * sum(len(r) for r in job.routes)
+        for _ in range(2):
+            for m, h in job.lost:
+                if self.left < reserve:
+                    return self._finish(placement, fallback)
+                stage = job.routes[m][h][0]
+                if (m, h) in placement:
+                    load[placement.pop((m, h))] -= job.cost[stage]
+                least = min(load.values())
+                peers = job.stage_nodes[stage]
+                on_route = {n for k, (_, n) in enumerate(job.routes[m]) if (m, k) not in job.lost_set}
+                on_route |= {n for (mm, _), n in placement.items() if mm == m}
+                chosen: tuple | None = None
+                for node in job.survivors:
+                    if load[node] > least + 1e-9 and node not in peers:
+                        continue
+                    found = self.length({**placement, (m, h): node})
+                    if found is None:
+                        return None
+                    rank = (round(found, 9), node not in peers, node not in on_route, node)
+                    if chosen is None or rank < chosen[0]:
+                        chosen = (rank, node, found)
+                assert chosen is not None
+                placement[(m, h)] = chosen[1]
+                load[chosen[1]] += job.cost[stage]
+                length = chosen[2]
+        assert length is not None
+        return length, placement
+
+    def _finish(self, placement: Placement, fallback: Placement) -> tuple[float, Placement] | None:
+        """`placement` completed with `fallback`'s hosts, and its step (None without budget)."""
+        whole = {**fallback, **placement}
+        length = self.length(whole)
+        return None if length is None else (length, whole)
+
+    def improve(self, length: float, placement: Placement, candidates: list[Placement]) -> tuple[float, Placement]:
+        """Each lost hop moved to the first option (`options`) that shortens the step, in two passes
+        (earlier moves change what later hops should do); stops where the budget ends."""
+        job = self.job
+        placement = dict(placement)
         load = dict(job.load)
         for (m, h), node in placement.items():
             load[node] += job.cost[job.routes[m][h][0]]
-        by_load = sorted(job.survivors, key=lambda n: (load[n], n))
-        for _ in range(2):  # like a second greedy pass: earlier moves change what later hops should do
+        for _ in range(2):
             for m, h in job.lost:
-                stage = job.routes[m][h][0]
-                options = [c[(m, h)] for c in candidates] + job.neighbours(m, h) + job.stage_nodes[stage] + by_load
-                for node in dict.fromkeys(options):
+                for node in self.options(m, h, candidates, load):
                     if node == placement[(m, h)]:
                         continue
                     trial = {**placement, (m, h): node}
                     found = self.length(trial)
                     if found is None:
-                        return placement
+                        return length, placement
                     if found < length - 1e-9:
+                        cost = job.cost[job.routes[m][h][0]]
+                        load[placement[(m, h)]] -= cost
+                        load[node] += cost
                         length, placement = found, trial
-        return placement
+        return length, placement
