@@ -28,15 +28,22 @@ from runtime.config import JobConfig, LayoutError
 from runtime.layout import Layout, pipelines_layout
 from runtime.schedule import stage_durations
 from runtime.strategies.base import Slots, alive_nodes
-from runtime.strategies.spill import place_lost_hops
+from runtime.strategies.spill import LinkCosts, place_lost_hops
 
 
 class RecycleStrategy:
-    """Keep the full layout's stages and routes; patch each missing hop with a surviving node."""
+    """Keep the full layout's stages and routes; patch each missing hop with a surviving node.
+
+    `costs` (optional; the simulator passes its `runtime.planner.throughput.CostModel`): spill then
+    scores hosts in seconds with what taking on a stage costs beyond compute (its all-reduce and
+    update), the same model that prices the step, so it never trades compute for a longer step."""
 
     name = "recycle"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+
+    def __init__(self, costs: LinkCosts | None = None) -> None:
+        self.costs = costs
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         # Stage boundaries come from the full layout; placeholder nodes keep routes well-formed.
@@ -68,7 +75,7 @@ class RecycleStrategy:
                 hops.append((stage, node))
             routes.append(hops)
         if config.recycle_spill and lost:
-            return _spill(config, base, routes, lost, slots)
+            return _spill(config, base, routes, lost, slots, self.costs)
         return _layout(base, routes)
 
 
@@ -83,10 +90,21 @@ def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list
 
 
 def _spill(
-    config: JobConfig, base: Layout, routes: list[list[tuple[int, int]]], lost: list[tuple[int, int]], slots: Slots
+    config: JobConfig,
+    base: Layout,
+    routes: list[list[tuple[int, int]]],
+    lost: list[tuple[int, int]],
+    slots: Slots,
+    costs: LinkCosts | None,
 ) -> Layout:
-    """Place the lost hops on survivors (`runtime.strategies.spill`), scored with the emulated device
-    time per layer (unit costs without one), as the runtime's schedule estimate does."""
+    """Place the lost hops on survivors (`runtime.strategies.spill`), scored with `costs` (seconds,
+    with each stage's join cost) or else the emulated device time per layer (unit costs without
+    one), as the runtime's schedule estimate does."""
+    if costs is not None:
+        holders = {s: sum(row[s] is not None for row in slots) for s in range(len(base.stages))}
+        durations = costs.stage_compute(base.stages)
+        join = costs.stage_join_times(base.stages, holders)
+        return _layout(base, place_lost_hops(base, routes, lost, slots, durations, config.schedule, join))
     dt = config.device_time
     per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
     durations = stage_durations(base, [per_layer] * base.num_layers)

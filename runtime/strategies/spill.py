@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from typing import Protocol
 
 from runtime.layout import Hop, Layout
 from runtime.schedule import Durations, ScheduleError, independent_parts, schedule_length
@@ -48,6 +49,21 @@ def exact_budget(whole_layout_tasks: int) -> int:
     size (counted, never timed, so every survivor computes the same plan)."""
     return SMALL_BUDGET_TASKS if whole_layout_tasks <= SMALL_LAYOUT_TASKS else EXACT_BUDGET_TASKS
 
+
+
+class LinkCosts(Protocol):
+    """Seconds of compute and of a stage's join, from the cost model that prices the step
+    (`runtime.planner.throughput.CostModel`), so spill's score and the step have one owner."""
+
+    def stage_compute(self, stages: tuple[tuple[int, int], ...]) -> Durations:
+        """Stage id -> (F, I, W) seconds of one micro-batch."""
+        ...
+
+    def stage_join_times(self, stages: tuple[tuple[int, int], ...], holders: dict[int, int]) -> dict[int, float]:
+        """Stage id -> what a node that does not hold the stage pays for taking it on."""
+        ...
+
+
 Routes = list[list[Hop]]
 Placement = dict[tuple[int, int], int]
 """(micro-batch, hop) -> host node."""
@@ -60,10 +76,16 @@ def place_lost_hops(
     slots: list[list[int | None]],
     durations: Durations,
     schedule: str,
+    join: dict[int, float] | None = None,
 ) -> Routes:
     """Routes with every lost `(micro-batch, hop)` on a survivor. `routes` holds ReCycle's
-    round-robin peer (or -1 where a stage has no peer left) at those hops; it is not changed."""
-    job = _Job(base, routes, lost, slots, durations, schedule)
+    round-robin peer (or -1 where a stage has no peer left) at those hops; it is not changed.
+
+    `join` (stage -> time, in the unit of `durations`): what a host that does not hold a stage pays
+    once for taking it on, beyond the compute: its share of that stage's gradient all-reduce and
+    optimizer update at the end of the step (`runtime.planner.throughput.CostModel.stage_join_times`,
+    the simulator's own cost model). None: compute only (unit costs, or no network model)."""
+    job = _Job(base, routes, lost, slots, durations, schedule, join or {})
     candidates = [job.by_load(head=True), job.by_load(head=False)]
     if all(routes[m][h][1] >= 0 for m, h in lost):
         candidates.append({(m, h): routes[m][h][1] for m, h in lost})
@@ -89,8 +111,10 @@ class _Job:
         slots: list[list[int | None]],
         durations: Durations,
         schedule: str,
+        join: dict[int, float],
     ) -> None:
         self.base, self.routes, self.lost, self.durations, self.schedule = base, routes, lost, durations, schedule
+        self.join = join
         self.lost_set = set(lost)
         self.cost = {stage: sum(d) for stage, d in durations.items()}
         self.first_mb: dict[int, int] = {}
@@ -123,6 +147,24 @@ class _Job:
             return node in self.neighbours(m, h)
         return extra[pipe].get(node, set()) <= {h} or node in self.neighbours(m, h)
 
+    def join_cost(self, node: int, stage: int, joined: set[tuple[int, int]]) -> float:
+        """What `node` pays for taking on `stage` (0 for its own stage or one it already took on)."""
+        if self.home[node][1] == stage or (node, stage) in joined:
+            return 0.0
+        return self.join.get(stage, 0.0)
+
+    def join_tail(self, placement: Placement) -> float:
+        """The longest end-of-step tail the placement adds: per host, the joins of the stages it
+        takes on (its all-reduces and updates run one after another; each stage's all-reduce ends
+        with its last member, so the whole step waits for the slowest host)."""
+        if not self.join:
+            return 0.0
+        taken = {(node, self.routes[m][h][0]) for (m, h), node in placement.items()}
+        tail: dict[int, float] = defaultdict(float)
+        for node, stage in taken:
+            tail[node] += self.join_cost(node, stage, set())
+        return max(tail.values(), default=0.0)
+
     def _rank(self, node: int, m: int, h: int, score: float) -> tuple:
         stage = self.routes[m][h][0]
         peer = self.home[node][1] == stage
@@ -142,6 +184,7 @@ class _Job:
         for ph in peer_heaps:
             heapq.heapify(ph)
         extra: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+        joined: set[tuple[int, int]] = set()
         out: Placement = {}
         for m, h in self.lost:
             stage = self.routes[m][h][0]
@@ -150,10 +193,12 @@ class _Job:
             options.discard(None)
             if not options:  # every survivor would reverse this pipeline's order
                 options = set(self.survivors)
-            node = min(options, key=lambda n: self._rank(n, m, h, value[n] + self.cost[stage]))
+            node = min(options, key=lambda n: self._rank(
+                n, m, h, value[n] + self.cost[stage] + self.join_cost(n, stage, joined)))
             out[(m, h)] = node
             extra[self.base.pipeline_of[m]][node].add(h)
-            value[node] += self.cost[stage]
+            value[node] += self.cost[stage] + self.join_cost(node, stage, joined)
+            joined.add((node, stage))
             heapq.heappush(heap, (value[node], self.order[node], node))
             heapq.heappush(peer_heaps[self.home[node][1]], (value[node], self.order[node], node))
         return out
@@ -232,7 +277,7 @@ class _Exact:
                     self.known[part] = schedule_length(part, self.job.schedule, self.job.durations)
                 except ScheduleError:
                     self.known[part] = float("inf")
-        return max((self.known[part] for part in groups), default=0.0)
+        return max((self.known[part] for part in groups), default=0.0) + self.job.join_tail(placement)
 
     def best(self, candidates: list[Placement]) -> Placement:
         """The shortest of: the candidates, a greedy build by exact steps (each lost hop in turn on
