@@ -262,13 +262,15 @@ class _Exact:
         """List-schedule tasks of the groups not scheduled yet in this plan."""
         return 3 * sum(len(r) for part in groups if part not in self.known for r in part.routes)
 
-    def length(self, placement: Placement) -> float | None:
-        """The step (inf if it cannot be scheduled); None once the budget is spent. Each group is
-        scheduled once per plan: a move of one hop re-schedules only the group it changes."""
+    def length(self, placement: Placement, keep: int = 0) -> float | None:
+        """The step (inf if it cannot be scheduled); None once the budget (less `keep`, kept for a
+        later check) is spent. Each group is scheduled once per plan: a move of one hop
+        re-schedules only the group it changes."""
         groups = self.groups(placement)
         cost = self.cost(groups)
-        if cost > self.left:
-            self.left = 0
+        if cost > self.left - keep:
+            if not keep:
+                self.left = 0
             return None
         self.left -= cost
         for part in groups:
@@ -331,8 +333,6 @@ class _Exact:
         reserve = 3 * sum(len(r) for r in job.routes)
         for _ in range(2):
             for m, h in job.lost:
-                if self.left < reserve:
-                    return self._finish(placement, fallback)
                 stage = job.routes[m][h][0]
                 if (m, h) in placement:
                     load[placement.pop((m, h))] -= job.cost[stage]
@@ -344,9 +344,11 @@ class _Exact:
                 for node in job.survivors:
                     if load[node] > least + 1e-9 and node not in peers:
                         continue
-                    found = self.length({**placement, (m, h): node})
+                    found = self.length({**placement, (m, h): node}, keep=reserve)
                     if found is None:
-                        return None
+                        if chosen is not None:
+                            placement[(m, h)] = chosen[1]
+                        return self._finish(placement, fallback)
                     rank = (round(found, 9), node not in peers, node not in on_route, node)
                     if chosen is None or rank < chosen[0]:
                         chosen = (rank, node, found)
