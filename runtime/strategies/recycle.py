@@ -14,7 +14,8 @@ a bound of 0.625 (see docs/runtime.md). *Spill* (`recycle_spill`, on by default;
 published) also lets other survivors host a lost hop, even of a stage whose slot holders are all
 gone: each lost hop goes to the survivor with the lowest load score (per-node scores in heaps, so
 the plan scales with nodes x lost hops), and while a budget of list-schedule tasks lasts the
-candidate placements are compared and refined by their exact step (`runtime.strategies.spill`;
+candidate placements (with the old search's greedy among them) are compared and refined by their
+exact step (`runtime.strategies.spill`; given a cost model, hosts pay for the stage traffic they add;
 ties: a same-stage peer, a node already on the route, a later pipeline's node; before 2026-11-25
 every candidate of every hop was scored by a whole `schedule_length`, seconds at 32 nodes and
 minutes at 64: `bench/_spill_baseline.py`). A node that hosts a stage it did not hold

@@ -15,14 +15,25 @@ scheduler's per-(node, pipeline) memory cap that can deadlock. So a host is new 
 micro-batch's pipeline, already used by it at the same hop, or the route's own neighbour (h - 1 or
 h + 1), which keeps every route's order.
 
-Then, within a budget of list-schedule tasks (`EXACT_BUDGET_TASKS`, counted, not timed, so the plan
-stays a pure function of the inputs and every survivor computes the same one), the candidates (each
-score's placement and ReCycle's round-robin over same-stage peers) are compared by their exact step,
-and single hops are moved where that shortens it. Only the pipelines a placement touches (and one
-untouched pipeline, which stands for the rest) are scheduled, each group of pipelines that share no
-node once per plan, so a move pays only for the group it changes. When checking the first placement
-alone would take over half the budget (from about 64 nodes of pp = 8: a lost node's pipeline and
-its hosts' pipelines), nothing could be compared and the `head` placement is the plan unchecked.
+Then, within a budget of list-schedule tasks (`exact_budget`: a pure function of the layout's size,
+counted, not timed, so the plan stays a pure function of the inputs and every survivor computes the
+same one), placements are compared by their exact step: the candidates (each score's placement and
+ReCycle's round-robin over same-stage peers), the schedule-search spill's own greedy (each hop in
+turn on the same-stage peer or least-loaded survivor that makes the partial plan shortest, twice over:
+`bench/_spill_baseline.py`, which took seconds at 32 nodes), and each of these improved by single-hop
+moves. Only the pipelines a placement touches (and one untouched pipeline, which stands for the rest)
+are scheduled, each group of pipelines that share no node once per plan, so a move pays only for the
+group it changes. A small layout (`SMALL_LAYOUT_TASKS`: up to 32 nodes of pp = 8 with 8 micro-batches
+per pipeline) gets `SMALL_BUDGET_TASKS`, enough for the whole search in the random cases the tests
+draw (within 5% of the schedule-search spill on each); a larger one gets `EXACT_BUDGET_TASKS`. When
+checking the first placement alone would take over half the budget (from about 64 nodes of pp = 8: a
+lost node's pipeline and its hosts' pipelines), nothing could be compared and the `head` placement is
+the plan unchecked.
+
+Traffic: given `join` times (the cost model's `stage_join_times`, in the unit of the durations), a
+host that takes on a stage it does not hold pays that stage's all-reduce and update once, in its
+score and, as the longest such tail over hosts, in every exact comparison; so spill moves a hop off
+the same-stage peers only where the compute it saves outweighs the traffic it adds.
 """
 
 from __future__ import annotations
