@@ -23,7 +23,7 @@ turn on the same-stage peer or least-loaded survivor that makes the partial plan
 `bench/_spill_baseline.py`, which took seconds at 32 nodes), and each of these improved by single-hop
 moves. Only the pipelines a placement touches (and one untouched pipeline, which stands for the rest)
 are scheduled, each group of pipelines that share no node once per plan, so a move pays only for the
-group it changes. A small layout (`SMALL_LAYOUT_TASKS`: up to 32 nodes of pp = 8 with 8 micro-batches
+group it changes. A small layout (`SMALL_LAYOUT_TASKS`: up to 16 nodes of pp = 8 with 8 micro-batches
 per pipeline) gets `SMALL_BUDGET_TASKS`, enough for the whole search in the random cases the tests
 draw (within 5% of the schedule-search spill on each); a larger one gets `EXACT_BUDGET_TASKS`. When
 checking the first placement alone would take over half the budget (from about 64 nodes of pp = 8: a
@@ -47,10 +47,12 @@ from runtime.schedule import Durations, ScheduleError, independent_parts, schedu
 
 EXACT_BUDGET_TASKS = 3000
 """Tasks the exact comparison may list-schedule in all (about 20-30 ms on this 2-core host)."""
-SMALL_LAYOUT_TASKS = 1024
-"""A layout of at most this many list-schedule tasks (32 nodes of pp 8 with 8 micro-batches per
-pipeline) is small enough to search: its plan gets `SMALL_BUDGET_TASKS` (no plan-time target there,
-and the schedule-search spill it replaced took seconds)."""
+SMALL_LAYOUT_TASKS = 512
+"""A layout of at most this many list-schedule tasks (16 nodes of pp 8, or 4 x 4, with 8 micro-batches
+per pipeline) is small enough to search: its plan gets `SMALL_BUDGET_TASKS` (no plan-time target
+there, and the schedule-search spill it replaced took seconds). Not 32 nodes: the simulator plans
+hundreds of 4 x 8 states per trace (`bench simulate`: 43 s instead of 12 s on the p3 trace with 32
+nodes included), and 4 x 8 plans stay within 5% of the schedule-search spill on 3,000 tasks."""
 SMALL_BUDGET_TASKS = 40000
 """Tasks a small layout's search may list-schedule (about 0.2-0.6 s on this shared 2-core host)."""
 
