@@ -106,6 +106,7 @@ def run(*, quick: bool, progress: Progress) -> dict:
     figures["targets"] = _targets(cases)
     figures["quality_by_strategy_and_size"] = quality_by_size(cases)
     figures["must_show"] = must_show(cases, figures["targets"])
+    figures["spill_traffic_vs_peers_only"] = spill_traffic_vs_peers_only(quick=quick)
     _print(figures)
     biggest = max(c["nodes"] for c in cases)
     print_table(
@@ -257,6 +258,48 @@ def _exponents(cases: list[dict], dead_list: tuple[int, ...]) -> dict:
     return out
 
 
+def spill_traffic_vs_peers_only(*, quick: bool) -> dict:
+    """Recycle's step priced by the simulator's cost model (GPT 24 x 1024 predicted for p3.2xlarge,
+    4 x 8, 8 micro-batches per pipeline, `fiw`) with holes at a few stages: spill scored on compute
+    only (what `get_strategy("recycle")` does), spill given the cost model (`RecycleStrategy(costs)`:
+    a new host pays its stage's all-reduce and update), and peers only. Baseline: peers only."""
+    import dataclasses
+
+    from bench.simulate import iteration_model
+    from runtime.strategies.recycle import RecycleStrategy
+
+    model = iteration_model("p3.2xlarge", dp=4, pp=8, microbatches=8)
+    config = model._config(dp=4, pp=8, microbatches=8, strategy="recycle", schedule="fiw")
+    rows = []
+    for gbps in (10.0,) if quick else (10.0, 1e6):
+        cost = dataclasses.replace(model.cost, network=dataclasses.replace(model.cost.network, bandwidth_gbps=gbps),
+                                   _cache={})
+        for holes in ((0,), (7,)) if quick else ((0,), (3,), (7,), (0, 5), (1, 2, 6)):
+            slots = full_slots(config)
+            for j, stage in enumerate(holes):
+                slots[j % config.dp][stage] = None
+            peers_only = dataclasses.replace(config, recycle_spill=False)
+            peers = cost.step_time(RecycleStrategy().layout_for(peers_only, slots), schedule="fiw")
+            compute_only = cost.step_time(RecycleStrategy().layout_for(config, slots), schedule="fiw")
+            with_traffic = cost.step_time(RecycleStrategy(cost).layout_for(config, slots), schedule="fiw")
+            rows.append({
+                "network_gbps": gbps,
+                "hole_stages": list(holes),
+                "peers_only_step_s": round(peers, 4),
+                "spill_compute_only_step_s": round(compute_only, 4),
+                "spill_with_cost_model_step_s": round(with_traffic, 4),
+                "spill_compute_only_vs_peers_only": round(compute_only / peers, 4),
+                "spill_with_cost_model_vs_peers_only": round(with_traffic / peers, 4),
+            })
+    return {
+        "job": "gpt 24 x 1024 (seq 512, micro-batch 4) predicted for p3.2xlarge, 4 x 8, fiw, "
+               "8 micro-batches per pipeline",
+        "baseline": "peers only (recycle_spill=False), same cost model",
+        "rows": rows,
+        "never_longer_than_peers_only": all(r["spill_with_cost_model_vs_peers_only"] <= 1 + 1e-9 for r in rows),
+    }
+
+
 def whole_schedule() -> dict:
     """One exact list schedule of a whole 1,024-node recycle layout (no group reuse)."""
     config = job(1024, "recycle")
@@ -385,6 +428,15 @@ def _print(figures: dict) -> None:
             ]
             for t in figures["targets"]
         ],
+    )
+    traffic = figures["spill_traffic_vs_peers_only"]
+    print_table(
+        f"recycle's step in the simulator's cost model ({traffic['job']}); ratios against {traffic['baseline']}",
+        ["Gbit/s", "holes at stages", "peers only s", "spill (compute score) s", "spill (cost model) s",
+         "compute score / peers", "cost model / peers"],
+        [[r["network_gbps"], r["hole_stages"], r["peers_only_step_s"], r["spill_compute_only_step_s"],
+          r["spill_with_cost_model_step_s"], r["spill_compute_only_vs_peers_only"],
+          r["spill_with_cost_model_vs_peers_only"]] for r in traffic["rows"]],
     )
     shown = figures["must_show"]
     near = shown["recycle_within_5pct_of_baseline_spill"]
