@@ -444,7 +444,8 @@ def _print(figures: dict) -> None:
     print(
         f"\nmust-show: plan-time targets met: {shown['plan_time_targets_met']}; recycle within 5% of the "
         f"schedule-search spill: {near['met']} ({near['cases']} cases, worst {near['worst_ratio']}); recycle at or "
-        f"under the surviving-compute limit: {limit['meeting']} of {limit['cases']} cases"
+        f"under the surviving-compute limit: {limit['meeting']} of {limit['cases']} cases; spill given the "
+        f"simulator's cost model never longer than peers only: {traffic['never_longer_than_peers_only']}"
     )
     whole = figures["exact_schedule_1024_nodes"]
     print(
