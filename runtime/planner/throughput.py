@@ -102,13 +102,33 @@ class CostModel:
         """Forward + backward seconds per layer (what the partitioner balances)."""
         return [f + i + w for f, i, w in self.fiw]
 
+    def optimizer_time(self, lo: int, hi: int, members: int) -> float:
+        """OPT of layers [lo, hi): ring all-reduce of their gradients among `members` owners, then
+        the AdamW update (parameters and two moments read and written once)."""
+        nbytes = sum(self.param_bytes[lo:hi])
+        mem_bps = self.memory_bandwidth_gbs * 1e9
+        return allreduce_time(nbytes, members, self.network) + OPTIMIZER_BYTES_PER_PARAM_BYTE * nbytes / mem_bps
+
+    def stage_compute(self, stages: tuple[tuple[int, int], ...]) -> dict[int, tuple[float, float, float]]:
+        """Stage id -> (F, I, W) seconds of one micro-batch (profiled per-layer times x compute_scale)."""
+        scale = self.compute_scale
+        return {
+            stage: tuple(sum(self.fiw[j][k] for j in range(lo, hi)) * scale for k in range(3))  # type: ignore[misc]
+            for stage, (lo, hi) in enumerate(stages)
+        }
+
+    def stage_join_times(self, stages: tuple[tuple[int, int], ...], holders: dict[int, int]) -> dict[int, float]:
+        """Stage id -> what a node that does not hold the stage adds to its end of step by taking it
+        on (recycle's spill): one more OPT, the stage's all-reduce among its `holders` + 1 owners and
+        the update (a node runs its OPTs one after another; `duration_fn` prices the same action)."""
+        return {stage: self.optimizer_time(lo, hi, holders.get(stage, 0) + 1) for stage, (lo, hi) in enumerate(stages)}
+
     def duration_fn(self, layout: Layout, *, allreduce_scale: int = 1):  # type: ignore[no-untyped-def]
         """Duration of each action of `layout`'s schedule. `allreduce_scale` multiplies the all-reduce
         group size (a one-pipeline stand-in for `dp` identical pipelines)."""
         per_stage = stage_durations(layout, self.fiw)
         scale = self.compute_scale
         net = self.network
-        mem_bps = self.memory_bandwidth_gbs * 1e9
 
         def duration(act: Action) -> float:
             kind = act.kind
@@ -128,9 +148,7 @@ class CostModel:
                 return net.latency_s + self.output_bytes[hi - 1] / net.bytes_per_s
             if kind == OPTIMIZER:
                 lo, hi = act.layers
-                nbytes = sum(self.param_bytes[lo:hi])
-                members = len(act.group) * allreduce_scale
-                return allreduce_time(nbytes, members, net) + OPTIMIZER_BYTES_PER_PARAM_BYTE * nbytes / mem_bps
+                return self.optimizer_time(lo, hi, len(act.group) * allreduce_scale)
             if kind == ALL_REDUCE:
                 return 0.0
             return 0.0

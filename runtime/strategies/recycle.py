@@ -14,7 +14,8 @@ a bound of 0.625 (see docs/runtime.md). *Spill* (`recycle_spill`, on by default;
 published) also lets other survivors host a lost hop, even of a stage whose slot holders are all
 gone: each lost hop goes to the survivor with the lowest load score (per-node scores in heaps, so
 the plan scales with nodes x lost hops), and while a budget of list-schedule tasks lasts the
-candidate placements are compared and refined by their exact step (`runtime.strategies.spill`;
+candidate placements (with the old search's greedy among them) are compared and refined by their
+exact step (`runtime.strategies.spill`; given a cost model, hosts pay for the stage traffic they add;
 ties: a same-stage peer, a node already on the route, a later pipeline's node; before 2026-11-25
 every candidate of every hop was scored by a whole `schedule_length`, seconds at 32 nodes and
 minutes at 64: `bench/_spill_baseline.py`). A node that hosts a stage it did not hold
@@ -28,15 +29,22 @@ from runtime.config import JobConfig, LayoutError
 from runtime.layout import Layout, pipelines_layout
 from runtime.schedule import stage_durations
 from runtime.strategies.base import Slots, alive_nodes
-from runtime.strategies.spill import place_lost_hops
+from runtime.strategies.spill import LinkCosts, place_lost_hops
 
 
 class RecycleStrategy:
-    """Keep the full layout's stages and routes; patch each missing hop with a surviving node."""
+    """Keep the full layout's stages and routes; patch each missing hop with a surviving node.
+
+    `costs` (optional; the simulator passes its `runtime.planner.throughput.CostModel`): spill then
+    scores hosts in seconds with what taking on a stage costs beyond compute (its all-reduce and
+    update), the same model that prices the step, so it never trades compute for a longer step."""
 
     name = "recycle"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+
+    def __init__(self, costs: LinkCosts | None = None) -> None:
+        self.costs = costs
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         # Stage boundaries come from the full layout; placeholder nodes keep routes well-formed.
@@ -68,7 +76,7 @@ class RecycleStrategy:
                 hops.append((stage, node))
             routes.append(hops)
         if config.recycle_spill and lost:
-            return _spill(config, base, routes, lost, slots)
+            return _spill(config, base, routes, lost, slots, self.costs)
         return _layout(base, routes)
 
 
@@ -83,10 +91,21 @@ def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list
 
 
 def _spill(
-    config: JobConfig, base: Layout, routes: list[list[tuple[int, int]]], lost: list[tuple[int, int]], slots: Slots
+    config: JobConfig,
+    base: Layout,
+    routes: list[list[tuple[int, int]]],
+    lost: list[tuple[int, int]],
+    slots: Slots,
+    costs: LinkCosts | None,
 ) -> Layout:
-    """Place the lost hops on survivors (`runtime.strategies.spill`), scored with the emulated device
-    time per layer (unit costs without one), as the runtime's schedule estimate does."""
+    """Place the lost hops on survivors (`runtime.strategies.spill`), scored with `costs` (seconds,
+    with each stage's join cost) or else the emulated device time per layer (unit costs without
+    one), as the runtime's schedule estimate does."""
+    if costs is not None:
+        holders = {s: sum(row[s] is not None for row in slots) for s in range(len(base.stages))}
+        durations = costs.stage_compute(base.stages)
+        join = costs.stage_join_times(base.stages, holders)
+        return _layout(base, place_lost_hops(base, routes, lost, slots, durations, config.schedule, join))
     dt = config.device_time
     per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
     durations = stage_durations(base, [per_layer] * base.num_layers)
