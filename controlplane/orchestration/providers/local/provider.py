@@ -1,6 +1,7 @@
 """The `local` provider: every node is a process group on this host (the embedded default and the
 demo). A node is `python -m controlplane.orchestration.providers.local.node`, which serves the node's
-metadata endpoint and starts the agent as a child process; its directory under `root` holds `node.json` and the log.
+metadata endpoint and starts the agent as a child process; its directory under `root` holds
+`node.json` and the log.
 
 Preemption: `preempt()` posts a notice to the node's metadata endpoint (in the cloud's own
 format) and the node kills its own process group when the notice period ends; `kill()` pulls the
