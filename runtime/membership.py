@@ -129,8 +129,12 @@ def make_plan(
         "joined": [n for n in candidates if n not in extra],
         "joins_consumed": previous["joins_consumed"] + len(joiners),
         "reason": reason,
-        **next_durability(config, previous, lost=bool(lost), records=alive,
-                          now=float(previous.get("started_at", 0.0)) if now is None else now),
+        # Checkpoints guard against the failures that need them: for a strategy that keeps state alive
+        # on its survivors, a loss counts only when it took every copy of some layer (no layout). At
+        # fleet size nodes go every few seconds, and counting each would checkpoint every few seconds.
+        **next_durability(config, previous,
+                          lost=bool(lost) and (strategy.restarts_from_checkpoint or isinstance(layout, LayoutError)),
+                          records=alive, now=float(previous.get("started_at", 0.0)) if now is None else now),
     }
     fallback = {"alive": alive, "noticed": noticed, "candidates": candidates, "checkpoint_step": checkpoint_step}
     if isinstance(layout, LayoutError):
