@@ -561,7 +561,7 @@ def _server_cmd(port: int, *, server: str, web_workers: int, worker_class: str, 
     if server == "granian":
         from spotpipe.processes import granian_args
 
-        return [PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers, threads=threads)]
+        return [PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers)]
     cmd = [str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{port}",
            "-w", str(web_workers), "-k", worker_class, "--backlog", "2048", "--log-level", "warning"]
     if worker_class == "gthread":
@@ -589,7 +589,7 @@ def _variant(
                "parse_only": "none"}[name]
     path = "/api/v1/webhooks/bench/parse-only/" if name == "parse_only" else f"/api/v1/webhooks/aws/eventbridge/{TEAM}/"
     port = _free_port()
-    env = _env(SPOTPIPE_NOTICE_HANDOFF=handoff, SPOTPIPE_BENCH_ENDPOINTS="1")
+    env = _env(SPOTPIPE_NOTICE_HANDOFF=handoff, SPOTPIPE_BENCH_ENDPOINTS="1", SPOTPIPE_WEB_THREADS=str(threads))
     web = _start(_server_cmd(port, server=server, web_workers=web_workers, worker_class=worker_class,
                              threads=threads), env, logs / "bench-webhooks-web.log")
     # No beat: other apps' periodic tasks (reconcile, dead-agent detection) are not part of this

@@ -1,0 +1,159 @@
+"""ASGI entry point of the production web server (`granian --interface asgi controlplane.asgi:application`).
+
+Every request but one goes to the WSGI application (`controlplane.wsgi.application`: Django, DRF,
+the webhook fast path) in a pool of `SPOTPIPE_WEB_THREADS` threads per worker (default 16). The
+agents' command long-poll (`GET /api/v1/agents/commands/`) is answered in two short steps in the
+pool with the hold between them on the event loop, so a thousand held polls cost no thread:
+1. the usual view (auth, validation, answer) with the hold switched off: a stale `version`, or an
+   error, is answered with it at once;
+2. otherwise the request waits in this worker's `CommandWaiters` (Redis pub/sub wake-up, batched
+   database poll as fallback) for at most `wait` seconds, then the answer is read from the database
+   (`services.agent_commands`, rendered as the view renders it) with the first step's headers.
+docs/orchestration.md, "The agent command channel", says why this and not Django's async views."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import parse_qs
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
+from django.urls import reverse  # noqa: E402
+
+from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, read_body, send_response  # noqa: E402
+from controlplane.orchestration import selectors, services  # noqa: E402
+from controlplane.orchestration.agent_channel import FAST_POLL_S, SLOW_POLL_S, CommandWaiters  # noqa: E402
+from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL  # noqa: E402
+from controlplane.wsgi import application as wsgi_application  # noqa: E402
+
+# Threads per worker for the WSGI application (what granian's `--blocking-threads` was).
+WEB_THREADS = int(os.environ.get("SPOTPIPE_WEB_THREADS", "16"))
+# Threads per worker for the agent channel's reads (answers after a wake-up, the batched poll),
+# apart from the web threads: a wake-up of a thousand agents does not queue ahead of webhooks.
+AGENT_THREADS = int(os.environ.get("SPOTPIPE_AGENT_THREADS", "4"))
+COMMANDS_PATH = reverse("agent-commands")
+MAX_WAIT_S = 60.0
+
+
+def _in_request(fn: Callable, *args: Any) -> Any:
+    """`fn(*args)` in a pool thread with Django's per-request connection hygiene."""
+    close_old_connections()
+    try:
+        return fn(*args)
+    finally:
+        close_old_connections()
+
+
+def _render_answer(instance_id: int) -> tuple[str, bytes]:
+    from rest_framework.settings import api_settings
+
+    answer = services.agent_commands(instance_id=instance_id)
+    return answer["version"], api_settings.DEFAULT_RENDERER_CLASSES[0]().render(answer)
+
+
+def _query(scope: dict[str, Any]) -> tuple[str, float]:
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    try:
+        wait = min(MAX_WAIT_S, max(0.0, float(query.get("wait", ["0"])[0])))
+    except ValueError:
+        wait = 0.0
+    return query.get("version", [""])[0], wait
+
+
+async def _disconnected(receive: Callable) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        await asyncio.sleep(1.0)  # a server that sends something else: look again, without spinning
+
+
+class ControlPlane:
+    """The ASGI application: the agent command channel, and the WSGI application for the rest."""
+
+    def __init__(self, wsgi: Callable, *, web_threads: int = WEB_THREADS, agent_threads: int = AGENT_THREADS,
+                 redis_url: str | None = None, fast_poll_s: float | None = None,
+                 slow_poll_s: float | None = None) -> None:
+        self.bridge = WSGIBridge(wsgi, threads=web_threads)
+        self.agent_executor = ThreadPoolExecutor(max_workers=agent_threads, thread_name_prefix="agent-channel")
+        self.waiters = CommandWaiters(
+            versions_of=lambda ids: _in_request(selectors.agent_command_versions, ids),
+            executor=self.agent_executor,
+            redis_url=settings.REDIS_URL if redis_url is None else redis_url,
+            fast_poll_s=selectors.setting("SPOTPIPE_AGENT_POLL_S", FAST_POLL_S) if fast_poll_s is None else fast_poll_s,
+            slow_poll_s=selectors.setting("SPOTPIPE_AGENT_POLL_REDIS_S", SLOW_POLL_S)
+            if slow_poll_s is None else slow_poll_s,
+        )
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http" and scope["path"] == COMMANDS_PATH and scope["method"] == "GET":
+            await self.commands(scope, receive, send)
+        elif scope["type"] == "http":
+            await self.bridge(scope, receive, send)
+
+    async def _lifespan(self, receive: Callable, send: Callable) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.waiters.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def commands(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        started = time.monotonic()
+        body = await read_body(receive)
+        try:
+            first = await self.bridge.call(scope, body, extra={HELD_BY_AGENT_CHANNEL: True})
+        finally:
+            body.close()
+        version, wait = _query(scope)
+        if first.status != 200 or wait <= 0:
+            await send_response(send, first)
+            return
+        answer = json.loads(first.body)
+        if answer.get("version") != version:
+            await send_response(send, first)
+            return
+        instance_id = answer["instance"]
+        job_id = (answer.get("job") or {}).get("id")
+        deadline = started + wait
+        read_at = started
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            while True:
+                held = asyncio.create_task(self.waiters.wait(
+                    instance_id=instance_id, job_id=job_id, version=version,
+                    timeout_s=deadline - time.monotonic(), read_at=read_at))
+                done, _ = await asyncio.wait({held, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if gone in done:
+                    held.cancel()
+                    return  # the agent hung up: nobody to answer
+                read_at = time.monotonic()
+                new_version, rendered = await asyncio.get_running_loop().run_in_executor(
+                    self.agent_executor, _in_request, _render_answer, instance_id)
+                # A wake-up that changed nothing for this agent (another field of its job): hold on.
+                if new_version != version or time.monotonic() >= deadline:
+                    break
+        finally:
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await gone
+        headers = [(k, v) for k, v in first.headers if k != b"content-length"]
+        headers.append((b"content-length", str(len(rendered)).encode()))
+        await send_response(send, WSGIResponse(200, headers, rendered))
+
+
+application = ControlPlane(wsgi_application)
