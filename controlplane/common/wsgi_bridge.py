@@ -74,6 +74,9 @@ def wsgi_environ(scope: dict[str, Any], body: Any) -> dict[str, Any]:
             continue
         key = f"HTTP_{name}"
         environ[key] = f"{environ[key]},{value}" if key in environ else value
+    if "CONTENT_LENGTH" not in environ:  # a chunked request: the body was read whole, say its size
+        environ["CONTENT_LENGTH"] = str(body.seek(0, 2))
+        body.seek(0)
     return environ
 
 
