@@ -103,9 +103,10 @@ def test_a_held_poll_is_released_by_the_redis_wake_up(agent):
     agent_wake._client = None
 
     async def scenario():
-        asyncio.create_task(app.waiters.wait(instance_id=-1, job_id=None, version="", timeout_s=0.5))
+        starter = asyncio.create_task(app.waiters.wait(instance_id=-1, job_id=None, version="", timeout_s=0.5))
         while not app.waiters.subscribed:  # the subscriber is up before anything is published
             await asyncio.sleep(0.01)
+        await starter
         released_in, answer = await _release_time(app, job, headers)
         await app.waiters.close()
         return released_in, answer
@@ -138,7 +139,8 @@ def test_a_hundred_held_polls_do_not_block_a_webhook(agent):
     _, key = make_webhook_credential(team, "aws_eventbridge", "api_key", header_name="x-api-key")
     event = {"version": "0", "id": "channel-ev-1", "source": "aws.ec2", "account": "123456789012",
              "detail-type": "EC2 Spot Instance Interruption Warning", "time": "2026-11-20T14:02:00Z",
-             "region": "us-east-1", "resources": [], "detail": {"instance-id": "i-0abc", "instance-action": "terminate"}}
+             "region": "us-east-1", "resources": [],
+             "detail": {"instance-id": "i-0abc", "instance-action": "terminate"}}
     # Two threads for the views: the held polls must take none of them.
     app = _app(redis_url="", fast_poll_s=0.05, web_threads=2)
 
