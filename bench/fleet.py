@@ -10,8 +10,9 @@ jobs of `--job-size` nodes (recycle, pp=4) whose first generation is published a
 Two phases on the same server, one run:
 1. no agents: the webhook bench's burst (bench/_fleet_webhooks.py, its own process): intake rate
    and p99 -- the baseline;
-2. N agents: the same burst beside them, and `--notices` agent interruption notices
-   (`POST /api/v1/agents/notices/`, one per job, spread over the burst) going the product's way
+2. N agents: `--notices` agent interruption notices with no webhook load, then the same burst
+   beside the agents with as many notices again (`POST /api/v1/agents/notices/`, one job each,
+   2 s apart), going the product's way
    (store -> Celery worker decides and applies the reconfiguration -> new generation -> Redis
    wake-up -> held polls answered): webhook intake and p99, heartbeat ingest (rate against the
    offered N/10 s, latency, longest gap between an agent's acknowledged heartbeats: a backlog shows
@@ -54,7 +55,8 @@ def parse_args(argv: list[str]) -> dict:
     parser.add_argument("--heartbeat-s", type=float, default=10.0, help="each agent's heartbeat period")
     parser.add_argument("--requests", type=int, help="webhook notices per burst (default 6000, quick 1500)")
     parser.add_argument("--connections", type=int, default=8, help="webhook client connections")
-    parser.add_argument("--notices", type=int, help="agent notices during the burst (default 8, quick 3)")
+    parser.add_argument("--notices", type=int,
+                        help="agent notices before the burst, and as many during it (default 8, quick 2)")
     parser.add_argument("--web-workers", type=int, default=3)
     parser.add_argument("--threads", type=int, default=16, help="view threads per web worker")
     return vars(parser.parse_args(argv))
@@ -165,25 +167,34 @@ async def _with_agents(port: int, agents: list[tuple[int, int, str]], *, heartbe
     await asyncio.wait_for(fleet.first_answer.wait(), timeout=300)
     # Let the heartbeats spread over a whole period before measuring.
     await asyncio.sleep(min(heartbeat_s, 10.0))
-    window_start = time.monotonic()
-    burst = _webhook_burst(port, requests, connections, seed=2)
     jobs: dict[int, list[tuple[int, str]]] = {}
     for iid, job, token in agents:
         jobs.setdefault(job, []).append((iid, token))
+    order = list(jobs)
     noticed: list[dict[str, Any]] = []
     conn = HTTPConnection(port)
-    for k, job in enumerate(list(jobs)[:notices]):
+
+    async def notice(job: int, phase: str) -> None:
         await asyncio.sleep(2.0)
         iid, token = jobs[job][-1]  # a node of the last pipeline's last stage
         generation = max((g or 0) for _, g in fleet.records[iid].answers)
         sent, sent_wall = time.monotonic(), time.time()
         status, _ = await conn.request(
             "POST", "/api/v1/agents/notices/", body=json.dumps({"kind": "interruption", "action": "terminate",
-                                                                "cloud": "aws", "raw": {"bench": k}}).encode(),
+                                                                "cloud": "aws", "raw": {"bench": phase}}).encode(),
             headers={"Authorization": f"Token {token}", "Content-Type": "application/json"})
         noticed.append({"job": job, "instance": iid, "sent_at": sent, "sent_wall": sent_wall,
-                        "generation_before": generation, "status": status})
-        progress.step(f"agent notice {k + 1}/{notices} (job {job}): {status}", k + 1, notices)
+                        "generation_before": generation, "status": status, "phase": phase})
+        progress.step(f"agent notice ({phase}) for job {job}: {status}", len(noticed), 2 * notices)
+
+    # Agents only (no webhook load): the channel's own figure.
+    for job in order[:notices]:
+        await notice(job, "quiet")
+    await asyncio.sleep(2.0)
+    window_start = time.monotonic()
+    burst = _webhook_burst(port, requests, connections, seed=2)
+    for job in order[notices:2 * notices]:
+        await notice(job, "burst")
     conn.close()
     while burst.poll() is None:
         await asyncio.sleep(0.2)
@@ -263,7 +274,7 @@ def _notice_figures(fleet: Fleet, noticed: list[dict], jobs: dict[int, list[int]
     }
 
 
-def _plot(baseline: dict, loaded: dict, notice: dict, agents: int) -> dict[str, str]:
+def _plot(baseline: dict, loaded: dict, quiet: dict, notice: dict, agents: int) -> dict[str, str]:
     import logging
 
     import plotly.graph_objects as go
@@ -281,10 +292,11 @@ def _plot(baseline: dict, loaded: dict, notice: dict, agents: int) -> dict[str, 
     fig.add_trace(go.Bar(x=labels, y=[baseline["notices_per_s"], loaded["notices_per_s"]], name="intake"), 1, 1)
     fig.add_trace(go.Bar(x=labels, y=[baseline["p99_ms"], loaded["p99_ms"]], name="p99"), 1, 2)
     fig.add_hline(y=TARGET_WEBHOOK_P99_MS, line_dash="dash", row=1, col=2)
-    delays = notice["delays_ms"]
-    fig.add_trace(go.Scatter(x=list(range(len(delays))), y=delays, mode="lines", name="delivery"), 1, 3)
+    for data, name in ((quiet, "agents only"), (notice, "during the webhook burst")):
+        delays = data["delays_ms"]
+        fig.add_trace(go.Scatter(x=list(range(len(delays))), y=delays, mode="lines", name=name), 1, 3)
     fig.add_hline(y=TARGET_NOTICE_P99_MS, line_dash="dash", row=1, col=3)
-    fig.update_layout(showlegend=False, width=1300, height=420)
+    fig.update_layout(width=1400, height=440)
     return write_figure(fig, OUT_DIR, "fleet")
 
 
@@ -296,7 +308,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
     progress = progress or Progress()
     agents = agents or (128 if quick else 1024)
     requests = requests or (1500 if quick else 6000)
-    notices = notices or (3 if quick else 8)
+    # Each notice goes to a job of its own (half before the burst, half during it).
+    notices = min(notices or (2 if quick else 8), max(1, (agents // job_size) // 2))
     _prepare(progress)
     wh._seed(WEBHOOK_TARGETS)
     fleet_agents = _seed_fleet(agents, job_size, progress)
@@ -323,7 +336,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         wh._stop(web)
     fleet = loaded["fleet"]
     heart = _heartbeat_figures(fleet, loaded["window"], heartbeat_s)
-    notice = _notice_figures(fleet, loaded["notices"], loaded["jobs"])
+    quiet = _notice_figures(fleet, [n for n in loaded["notices"] if n["phase"] == "quiet"], loaded["jobs"])
+    notice = _notice_figures(fleet, [n for n in loaded["notices"] if n["phase"] == "burst"], loaded["jobs"])
     burst = loaded["burst"]
     poll_errors = sum(r.poll_errors for r in fleet.records.values())
     ratio = burst["notices_per_s"] / baseline["notices_per_s"] if baseline["notices_per_s"] else float("nan")
@@ -337,7 +351,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         "webhooks_with_agents": burst,
         "webhook_intake_ratio_with_agents_vs_no_agents": round(ratio, 3),
         "heartbeats_with_agents": heart,
-        "notice_to_command_with_agents": notice,
+        "notice_to_command_with_agents_no_webhooks": quiet,
+        "notice_to_command_with_agents_during_webhook_burst": notice,
         "command_poll_errors": poll_errors,
         "targets": {"webhook_intake_ratio_min": TARGET_INTAKE_RATIO, "webhook_p99_ms_max": TARGET_WEBHOOK_P99_MS,
                     "notice_to_command_p99_ms_max": TARGET_NOTICE_P99_MS},
@@ -346,18 +361,21 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
             "webhook_p99_under_50ms_with_agents": burst["p99_ms"] < TARGET_WEBHOOK_P99_MS,
             "heartbeats_without_backlog": heart["heartbeat_longest_gap_between_acks_s"] < heartbeat_s * 1.5
             and heart["heartbeat_errors"] == 0,
-            "notice_to_command_p99_under_500ms": notice["notice_to_command_p99_ms"] < TARGET_NOTICE_P99_MS
-            and notice["agents_not_delivered"] == 0,
+            "notice_to_command_p99_under_500ms_no_webhooks": quiet["notice_to_command_p99_ms"] < TARGET_NOTICE_P99_MS
+            and quiet["agents_not_delivered"] == 0,
+            "notice_to_command_p99_under_500ms_during_webhook_burst":
+                notice["notice_to_command_p99_ms"] < TARGET_NOTICE_P99_MS and notice["agents_not_delivered"] == 0,
         },
     }
-    figures["plots"] = _plot(baseline, burst, notice, agents)
+    figures["plots"] = _plot(baseline, burst, quiet, notice, agents)
     _print(figures)
     return figures
 
 
 def _print(f: dict) -> None:
-    base, load, heart, notice = (f["webhooks_no_agents"], f["webhooks_with_agents"], f["heartbeats_with_agents"],
-                                 f["notice_to_command_with_agents"])
+    base, load, heart = f["webhooks_no_agents"], f["webhooks_with_agents"], f["heartbeats_with_agents"]
+    quiet, notice = (f["notice_to_command_with_agents_no_webhooks"],
+                     f["notice_to_command_with_agents_during_webhook_burst"])
     ratio = f["webhook_intake_ratio_with_agents_vs_no_agents"]
     print_table(
         f"bench fleet: {f['agents']} agents (jobs of {f['job_size']}, heartbeat every {f['heartbeat_period_s']} s) "
@@ -375,18 +393,21 @@ def _print(f: dict) -> None:
              f"{heart['heartbeat_latency_p50_ms']} / {heart['heartbeat_latency_p99_ms']}", "-"],
             ["longest gap between an agent's acked heartbeats (s)", f"~{f['heartbeat_period_s']}", "-",
              heart["heartbeat_longest_gap_between_acks_s"], "-"],
-            ["notice -> command at every agent of the job, p50 / p99 / max (ms)", "p99 < 500", "-",
-             f"{notice['notice_to_command_p50_ms']} / {notice['notice_to_command_p99_ms']} / "
-             f"{notice['notice_to_command_max_ms']}", "-"],
-            ["  of which notice -> generation published (Celery reaction), p50 / max (ms)", "", "-",
-             f"{notice['notice_to_generation_published_p50_ms']} / {notice['notice_to_generation_published_max_ms']}",
-             "-"],
-            ["  of which generation published -> command at the agent, p50 / p99 (ms)", "", "-",
-             f"{notice['generation_published_to_command_p50_ms']} / "
-             f"{notice['generation_published_to_command_p99_ms']}", "-"],
-            ["agents not delivered / affected", "0", "-",
-             f"{notice['agents_not_delivered']} / {notice['agents_affected']}", "-"],
+            *_notice_rows(quiet, "agents only, no webhooks"),
+            *_notice_rows(notice, "during the webhook burst"),
         ],
     )
     print("met: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in f["met"].items()))
     print(f"plot: {f['plots']}")
+
+
+def _notice_rows(n: dict, label: str) -> list[list[Any]]:
+    return [
+        [f"notice -> command at every agent of the job, {label}: p50 / p99 / max (ms)", "p99 < 500", "-",
+         f"{n['notice_to_command_p50_ms']} / {n['notice_to_command_p99_ms']} / {n['notice_to_command_max_ms']}", "-"],
+        ["  of which notice -> generation published (Celery reaction), p50 / max (ms)", "", "-",
+         f"{n['notice_to_generation_published_p50_ms']} / {n['notice_to_generation_published_max_ms']}", "-"],
+        ["  of which generation published -> command at the agent, p50 / p99 (ms)", "", "-",
+         f"{n['generation_published_to_command_p50_ms']} / {n['generation_published_to_command_p99_ms']}", "-"],
+        ["  agents not delivered / affected", "0", "-", f"{n['agents_not_delivered']} / {n['agents_affected']}", "-"],
+    ]

@@ -8,7 +8,8 @@ pool with the hold between them on the event loop, so a thousand held polls cost
    error, is answered with it at once;
 2. otherwise the request waits in this worker's `CommandWaiters` (Redis pub/sub wake-up, batched
    database poll as fallback) for at most `wait` seconds, then the answer is read from the database
-   (`services.agent_commands`, rendered as the view renders it) with the first step's headers.
+   (`services.agent_commands_many` for all the polls woken together, rendered as the view renders
+   it) with the first step's headers.
 docs/orchestration.md, "The agent command channel", says why this and not Django's async views."""
 
 from __future__ import annotations
@@ -56,11 +57,49 @@ def _in_request(fn: Callable, *args: Any) -> Any:
         close_old_connections()
 
 
-def _render_answer(instance_id: int) -> tuple[str, bytes]:
+def _render_answers(instance_ids: list[int]) -> dict[int, tuple[str, bytes]]:
     from rest_framework.settings import api_settings
 
-    answer = services.agent_commands(instance_id=instance_id)
-    return answer["version"], api_settings.DEFAULT_RENDERER_CLASSES[0]().render(answer)
+    renderer = api_settings.DEFAULT_RENDERER_CLASSES[0]()
+    answers = services.agent_commands_many(instance_ids=instance_ids)
+    return {pk: (answer["version"], renderer.render(answer)) for pk, answer in answers.items()}
+
+
+class _AnswerReads:
+    """Coalesces the answer reads that held polls ask for within `window_s` into one call in the
+    pool: a new generation wakes every agent of its job at once, and a few queries for all of them
+    cost less than a few per agent (`services.agent_commands_many`)."""
+
+    def __init__(self, executor: ThreadPoolExecutor, window_s: float = 0.002) -> None:
+        self.executor = executor
+        self.window_s = window_s
+        self.pending: dict[int, list[asyncio.Future]] = {}
+
+    async def answer(self, instance_id: int) -> tuple[str, bytes]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self.pending:
+            loop.call_later(self.window_s, lambda: asyncio.ensure_future(self._flush()))
+        self.pending.setdefault(instance_id, []).append(future)
+        return await future
+
+    async def _flush(self) -> None:
+        batch, self.pending = self.pending, {}
+        try:
+            rendered = await asyncio.get_running_loop().run_in_executor(
+                self.executor, _in_request, _render_answers, list(batch))
+        except Exception as exc:
+            rendered, error = {}, exc
+        else:
+            error = None
+        for pk, futures in batch.items():
+            for future in futures:
+                if future.done():
+                    continue
+                if pk in rendered:
+                    future.set_result(rendered[pk])
+                else:
+                    future.set_exception(error or LookupError(f"instance {pk} does not exist"))
 
 
 def _query(scope: dict[str, Any]) -> tuple[str, float]:
@@ -85,6 +124,7 @@ class ControlPlane:
                  slow_poll_s: float | None = None) -> None:
         self.bridge = WSGIBridge(wsgi, threads=web_threads)
         self.agent_executor = ThreadPoolExecutor(max_workers=agent_threads, thread_name_prefix="agent-channel")
+        self.answers = _AnswerReads(self.agent_executor)
         self.waiters = CommandWaiters(
             versions_of=lambda ids: _in_request(selectors.agent_command_versions, ids),
             executor=self.agent_executor,
@@ -142,8 +182,7 @@ class ControlPlane:
                     held.cancel()
                     return  # the agent hung up: nobody to answer
                 read_at = time.monotonic()
-                new_version, rendered = await asyncio.get_running_loop().run_in_executor(
-                    self.agent_executor, _in_request, _render_answer, instance_id)
+                new_version, rendered = await self.answers.answer(instance_id)
                 # A wake-up that changed nothing for this agent (another field of its job): hold on.
                 if new_version != version or time.monotonic() >= deadline:
                     break

@@ -168,3 +168,16 @@ def test_a_hundred_held_polls_do_not_block_a_webhook(agent):
     assert status == 202, body
     assert still_held == 100
     assert took < 2.0, took
+
+
+def test_the_batched_answers_are_the_single_answers(agent):
+    """What the channel sends after a wake-up (`agent_commands_many`) is what the view sends."""
+    job, _ = agent
+    ids = list(job.instances.values_list("pk", flat=True))
+    before = services.agent_commands_many(instance_ids=ids)
+    services.job_grow(job=job)
+    after = services.agent_commands_many(instance_ids=[*ids, 10**9])
+    assert set(after) == set(ids)
+    for pk in ids:
+        assert before[pk]["action"] == "idle" and after[pk]["action"] == "run"
+        assert after[pk] == services.agent_commands(instance_id=pk)
