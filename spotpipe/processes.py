@@ -31,6 +31,13 @@ def start(args: list[str], *, log_path: Path, env: dict[str, str] | None = None)
         )
 
 
+# Requests in flight per web worker (granian's `--backpressure`; its default is backlog / workers,
+# 341 with 3 workers): every agent holds a command long-poll (no thread, but a request in flight),
+# and a worker that reached the limit accepts nothing more, heartbeats and webhooks included (seen
+# with 1,024 agents: `python -m bench fleet`). The accept backlog is as deep.
+IN_FLIGHT_PER_WORKER = 4096
+
+
 def granian_args(*, host: str, port: int, workers: int, kill_timeout_s: int = 3) -> list[str]:
     """`python -m granian ...` arguments for the control plane's ASGI application
     (`controlplane.asgi`): the product's web server (docker-compose, `spotpipe`'s local stacks, the
@@ -40,7 +47,8 @@ def granian_args(*, host: str, port: int, workers: int, kill_timeout_s: int = 3)
     agent command channel"); every other request runs in one of a worker's `web_threads_env`
     threads for its whole duration."""
     return ["-m", "granian", "--interface", "asgi", "--host", host, "--port", str(port),
-            "--workers", str(workers), "--no-ws", "--workers-kill-timeout", str(kill_timeout_s),
+            "--workers", str(workers), "--backlog", str(IN_FLIGHT_PER_WORKER),
+            "--backpressure", str(IN_FLIGHT_PER_WORKER), "--no-ws", "--workers-kill-timeout", str(kill_timeout_s),
             "--log-level", "warning", "controlplane.asgi:application"]
 
 
