@@ -142,6 +142,25 @@ def _burst_result(proc: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _wsgi_server_cmd(port: int, workers: int, threads: int) -> list[str]:
+    """The web server as it ran before the agent channel (granian's WSGI interface, blocking
+    threads): the bridge's cost is the difference of the two no-agent bursts."""
+    return [PYTHON, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(workers), "--blocking-threads", str(threads), "--no-ws", "--workers-kill-timeout", "3",
+            "--log-level", "warning", "controlplane.wsgi:application"]
+
+
+def _wsgi_baseline(requests: int, connections: int, web_workers: int, threads: int, logs: Path) -> dict:
+    port = wh._free_port()
+    web = wh._start(_wsgi_server_cmd(port, web_workers, threads), _env(), logs / "bench-fleet-web-wsgi.log")
+    try:
+        wh._wait_ready(port, web)
+        wh._warm_up(port, connections)
+        return _burst_result(_webhook_burst(port, requests, connections, seed=1))
+    finally:
+        wh._stop(web)
+
+
 def _reset_webhook_rows() -> None:
     """Phase 2 starts from the state phase 1 found: no notices, the webhook team's nodes running."""
     from django.db import connection
@@ -315,6 +334,16 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
     fleet_agents = _seed_fleet(agents, job_size, progress)
     logs = Path("var/logs")
     logs.mkdir(parents=True, exist_ok=True)
+    worker_env = _env()
+    progress.step(f"phase 0: webhook burst of {requests} on the WSGI server of before, no agents")
+    worker = wh._start([PYTHON, "-m", "celery", "-A", "controlplane", "worker", "-c", "2", "-l", "WARNING",
+                        "--prefetch-multiplier", "1", "-n", f"bench-fleet-wsgi-{os.getpid()}@%h"], worker_env,
+                       logs / "bench-fleet-worker-wsgi.log")
+    try:
+        wsgi = _wsgi_baseline(requests, connections, web_workers, threads, logs)
+    finally:
+        wh._stop(worker)
+    _reset_webhook_rows()
     port = wh._free_port()
     env = _env(SPOTPIPE_WEB_THREADS=str(threads))
     web = wh._start([PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers)], env,
@@ -347,7 +376,10 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         "agents": agents, "job_size": job_size, "heartbeat_period_s": heartbeat_s, "webhook_requests": requests,
         "webhook_connections": connections, "web_workers": web_workers, "view_threads_per_worker": threads,
         "server": "granian --interface asgi controlplane.asgi:application (docker-compose's)",
+        "webhooks_no_agents_wsgi_server_before": wsgi,
         "webhooks_no_agents": baseline,
+        "webhook_intake_ratio_asgi_vs_wsgi_server_no_agents": round(
+            baseline["notices_per_s"] / wsgi["notices_per_s"], 3) if wsgi["notices_per_s"] else None,
         "webhooks_with_agents": burst,
         "webhook_intake_ratio_with_agents_vs_no_agents": round(ratio, 3),
         "heartbeats_with_agents": heart,
@@ -374,6 +406,16 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
 
 def _print(f: dict) -> None:
     base, load, heart = f["webhooks_no_agents"], f["webhooks_with_agents"], f["heartbeats_with_agents"]
+    old = f["webhooks_no_agents_wsgi_server_before"]
+    print_table(
+        "the server before (granian WSGI, blocking threads) and now (granian ASGI + thread-pool bridge), no agents; "
+        "baseline = WSGI, same run",
+        ["figure", "WSGI server (baseline)", "ASGI server", "ASGI / WSGI"],
+        [["webhook intake (notices/s)", old["notices_per_s"], base["notices_per_s"],
+          f"{base['notices_per_s'] / old['notices_per_s']:.2f}x"],
+         ["webhook p50 (ms)", old["p50_ms"], base["p50_ms"], f"{base['p50_ms'] / old['p50_ms']:.2f}x"],
+         ["webhook p99 (ms)", old["p99_ms"], base["p99_ms"], f"{base['p99_ms'] / old['p99_ms']:.2f}x"]],
+    )
     quiet, notice = (f["notice_to_command_with_agents_no_webhooks"],
                      f["notice_to_command_with_agents_during_webhook_burst"])
     ratio = f["webhook_intake_ratio_with_agents_vs_no_agents"]

@@ -4,10 +4,12 @@ Every request but one goes to the WSGI application (`controlplane.wsgi.applicati
 the webhook fast path) in a pool of `SPOTPIPE_WEB_THREADS` threads per worker (default 16). The
 agents' command long-poll (`GET /api/v1/agents/commands/`) is answered in two short steps in the
 pool with the hold between them on the event loop, so a thousand held polls cost no thread:
-1. the usual view (auth, validation, answer) with the hold switched off: a stale `version`, or an
-   error, is answered with it at once;
-2. otherwise the request waits in this worker's `CommandWaiters` (Redis pub/sub wake-up, batched
-   database poll as fallback) for at most `wait` seconds, then the answer is read from the database
+1. the usual view (auth, validation, version check) with the hold switched off: a stale `version`,
+   no `wait`, or an error is answered by it at once; a current version only gets a "hold" mark
+   (no answer is built: a thousand agents re-poll every 20 s);
+2. the request then waits in this worker's `CommandWaiters` (Redis pub/sub wake-up, batched
+   database poll as fallback) for at most `wait` seconds (less up to 25%, at random), then the
+   answer is read from the database
    (`services.agent_commands_many` for all the polls woken together, rendered as the view renders
    it) with the first step's headers.
 docs/orchestration.md, "The agent command channel", says why this and not Django's async views."""
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
+import random
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +38,7 @@ from django.urls import reverse  # noqa: E402
 from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, read_body, send_response  # noqa: E402
 from controlplane.orchestration import selectors, services  # noqa: E402
 from controlplane.orchestration.agent_channel import FAST_POLL_S, SLOW_POLL_S, CommandWaiters  # noqa: E402
-from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL  # noqa: E402
+from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL, HOLD_HEADER  # noqa: E402
 from controlplane.wsgi import application as wsgi_application  # noqa: E402
 
 # Threads per worker for the WSGI application (what granian's `--blocking-threads` was).
@@ -46,6 +48,8 @@ WEB_THREADS = int(os.environ.get("SPOTPIPE_WEB_THREADS", "16"))
 AGENT_THREADS = int(os.environ.get("SPOTPIPE_AGENT_THREADS", "4"))
 COMMANDS_PATH = reverse("agent-commands")
 MAX_WAIT_S = 60.0
+# A held poll is answered after `wait` x (1 - up to this share) when nothing changed.
+HOLD_JITTER = 0.25
 
 
 def _in_request(fn: Callable, *args: Any) -> Any:
@@ -156,20 +160,22 @@ class ControlPlane:
         started = time.monotonic()
         body = await read_body(receive)
         try:
-            first = await self.bridge.call(scope, body, extra={HELD_BY_AGENT_CHANNEL: True})
+            # In the agent channel's pool, not the views': a herd of agents re-polling at once
+            # queues there, not ahead of webhooks and the dashboard.
+            first = await self.bridge.call(scope, body, extra={HELD_BY_AGENT_CHANNEL: True},
+                                           executor=self.agent_executor)
         finally:
             body.close()
+        hold = dict(first.headers).get(HOLD_HEADER.lower().encode())
+        if first.status != 204 or hold is None:
+            await send_response(send, first)  # a stale version, no wait, or an error: the view's answer
+            return
         version, wait = _query(scope)
-        if first.status != 200 or wait <= 0:
-            await send_response(send, first)
-            return
-        answer = json.loads(first.body)
-        if answer.get("version") != version:
-            await send_response(send, first)
-            return
-        instance_id = answer["instance"]
-        job_id = (answer.get("job") or {}).get("id")
-        deadline = started + wait
+        instance_id, job_text = hold.decode().split()
+        instance_id, job_id = int(instance_id), (int(job_text) if job_text.isdigit() else None)
+        # Up to `wait`, less a random part: polls that started together (a restart, a mass
+        # enrolment) do not all come back together for ever.
+        deadline = started + wait * random.uniform(1.0 - HOLD_JITTER, 1.0)
         read_at = started
         gone = asyncio.create_task(_disconnected(receive))
         try:
@@ -184,14 +190,15 @@ class ControlPlane:
                 read_at = time.monotonic()
                 new_version, rendered = await self.answers.answer(instance_id)
                 # A wake-up that changed nothing for this agent (another field of its job): hold on.
-                if new_version != version or time.monotonic() >= deadline:
+                if not held.result() or new_version != version or time.monotonic() >= deadline:
                     break
         finally:
             gone.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await gone
-        headers = [(k, v) for k, v in first.headers if k != b"content-length"]
-        headers.append((b"content-length", str(len(rendered)).encode()))
+        dropped = (b"content-length", b"content-type", HOLD_HEADER.lower().encode())
+        headers = [(k, v) for k, v in first.headers if k not in dropped]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(rendered)).encode())]
         await send_response(send, WSGIResponse(200, headers, rendered))
 
 

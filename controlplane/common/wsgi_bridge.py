@@ -120,10 +120,13 @@ class WSGIBridge:
         self.threads = threads
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsgi")
 
-    async def call(self, scope: dict[str, Any], body: Any, *, extra: dict[str, Any] | None = None) -> WSGIResponse:
-        """The whole response of the application for `scope` (plus `extra` environ keys)."""
+    async def call(self, scope: dict[str, Any], body: Any, *, extra: dict[str, Any] | None = None,
+                   executor: Any = None) -> WSGIResponse:
+        """The whole response of the application for `scope` (plus `extra` environ keys), run in
+        `executor` (default: this bridge's threads)."""
         environ = {**wsgi_environ(scope, body), **(extra or {})}
-        return await asyncio.get_running_loop().run_in_executor(self.executor, call_wsgi, self.app, environ)
+        return await asyncio.get_running_loop().run_in_executor(executor or self.executor, call_wsgi, self.app,
+                                                                environ)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         body = await read_body(receive)

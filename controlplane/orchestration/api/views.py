@@ -35,8 +35,11 @@ from controlplane.orchestration.enqueue import enqueue
 # How often a long-poll held by this (WSGI) view looks at the database: one indexed single-row query.
 POLL_INTERVAL_S = 0.025
 # Set in the WSGI environ by the ASGI entry point (controlplane/asgi.py), which holds the request
-# itself without a thread: the view then answers at once, whatever `wait` says.
+# itself without a thread: the view then answers at once, whatever `wait` says, and when the
+# agent's version is current and it asked to wait, with only HOLD_HEADER (`<instance> <job>`) and
+# no answer: the channel holds the poll and reads the answer itself when it is time to send one.
 HELD_BY_AGENT_CHANNEL = "spotpipe.agent_channel"
+HOLD_HEADER = "X-Spotpipe-Hold"
 
 
 class AgentsOnly(BasePermission):
@@ -109,8 +112,12 @@ class CommandsView(APIView):
     def get(self, request: Request) -> Response:
         query = validate_or_400(CommandsQuerySerializer(data=request.query_params))
         instance_id = agent_token(request).instance_id
-        wait = 0.0 if request.META.get(HELD_BY_AGENT_CHANNEL) else query["wait"]
-        deadline = time.monotonic() + wait
+        if request.META.get(HELD_BY_AGENT_CHANNEL):
+            version, job_id = selectors.agent_command_version(instance_id=instance_id)
+            if version == query["version"] and query["wait"] > 0:
+                return Response(status=status.HTTP_204_NO_CONTENT, headers={HOLD_HEADER: f"{instance_id} {job_id}"})
+            return Response(services.agent_commands(instance_id=instance_id))
+        deadline = time.monotonic() + query["wait"]
         while True:
             version, _ = selectors.agent_command_version(instance_id=instance_id)
             if version != query["version"] or time.monotonic() >= deadline:
