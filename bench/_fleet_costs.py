@@ -1,7 +1,8 @@
 """CPU per agent request, in process (no server, no client, one thread), on the database the last
 `python -m bench fleet` left (BENCH_FLEET_DB, default h53): what 1,024 agents cost the web tier
 whatever the server. `python -m bench._fleet_costs [--n 300]` prints ms of CPU per request:
-- a heartbeat (`POST /api/v1/instances/{id}/heartbeat/`, the fleet app's view);
+- a heartbeat (`POST /api/v1/instances/{id}/heartbeat/`, the fleet app's view), through the site's
+  middleware and through the webhooks' short stack (is it the middleware or the view?);
 - a command poll's first step under the agent channel, version current (the view's hold mark);
 - one answer of a batch of 32 (`services.agent_commands_many` + rendering), what a wake-up costs;
 - a webhook notice (EventBridge, stored; no Celery hand-off)."""
@@ -57,6 +58,7 @@ def main() -> None:
     from controlplane.orchestration import selectors, services
     from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL
     from controlplane.webhooks.credentials import credential_create
+    from controlplane.webhooks.wsgi import WebhookWSGIHandler
     from controlplane.wsgi import application
 
     node = Instance.objects.filter(team__slug=fleet.FLEET_TEAM, state="running").order_by("id").first()
@@ -82,9 +84,12 @@ def main() -> None:
         for answer in services.agent_commands_many(instance_ids=job_ids).values():
             JSONRenderer().render(answer)
 
+    short_stack = WebhookWSGIHandler()
     figures = {
         "heartbeat_ms_cpu": _cpu_ms(lambda: _call(application, "POST", f"/api/v1/instances/{node.pk}/heartbeat/",
                                                   headers=auth, body=b"{}"), n),
+        "heartbeat_through_the_short_middleware_stack_ms_cpu": _cpu_ms(lambda: _call(
+            short_stack, "POST", f"/api/v1/instances/{node.pk}/heartbeat/", headers=auth, body=b"{}"), n),
         "command_poll_first_step_hold_mark_ms_cpu": _cpu_ms(lambda: _call(
             application, "GET", "/api/v1/agents/commands/", query=f"version={version}&wait=20", headers=auth,
             extra={HELD_BY_AGENT_CHANNEL: True}), n),
