@@ -5,7 +5,8 @@ whatever the server. `python -m bench._fleet_costs [--n 300]` prints ms of CPU p
   middleware and through the webhooks' short stack (is it the middleware or the view?);
 - a command poll's first step under the agent channel, version current (the view's hold mark);
 - one answer of a batch of 32 (`services.agent_commands_many` + rendering), what a wake-up costs;
-- a webhook notice (EventBridge, stored; no Celery hand-off)."""
+- a webhook notice (EventBridge, stored; no Celery hand-off);
+- a database round trip (`SELECT 1`): how much of the above is the database client."""
 
 from __future__ import annotations
 
@@ -84,6 +85,9 @@ def main() -> None:
         for answer in services.agent_commands_many(instance_ids=job_ids).values():
             JSONRenderer().render(answer)
 
+    from django.db import connection
+
+    cursor = connection.cursor()
     short_stack = WebhookWSGIHandler()
     figures = {
         "heartbeat_ms_cpu": _cpu_ms(lambda: _call(application, "POST", f"/api/v1/instances/{node.pk}/heartbeat/",
@@ -97,6 +101,7 @@ def main() -> None:
             application, "GET", "/api/v1/agents/commands/", query="version=&wait=0", headers=auth), n),
         "batched_answer_per_agent_ms_cpu (32 a batch)": round(_cpu_ms(batch, max(1, n // 32)) / len(job_ids), 3),
         "webhook_notice_ms_cpu": _cpu_ms(webhook, n),
+        "database_round_trip_select_1_ms_cpu": _cpu_ms(lambda: (cursor.execute("SELECT 1"), cursor.fetchall()), n),
     }
     print(json.dumps(figures, indent=1))
 

@@ -38,6 +38,7 @@ from django.urls import reverse  # noqa: E402
 from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, read_body, send_response  # noqa: E402
 from controlplane.orchestration import selectors, services  # noqa: E402
 from controlplane.orchestration.agent_channel import FAST_POLL_S, SLOW_POLL_S, CommandWaiters  # noqa: E402
+from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S  # noqa: E402
 from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL, HOLD_HEADER  # noqa: E402
 from controlplane.wsgi import application as wsgi_application  # noqa: E402
 
@@ -47,7 +48,6 @@ WEB_THREADS = int(os.environ.get("SPOTPIPE_WEB_THREADS", "16"))
 # apart from the web threads: a wake-up of a thousand agents does not queue ahead of webhooks.
 AGENT_THREADS = int(os.environ.get("SPOTPIPE_AGENT_THREADS", "4"))
 COMMANDS_PATH = reverse("agent-commands")
-MAX_WAIT_S = 60.0
 # A held poll is answered after `wait` x (1 - up to this share) when nothing changed.
 HOLD_JITTER = 0.25
 
@@ -78,12 +78,18 @@ class _AnswerReads:
         self.executor = executor
         self.window_s = window_s
         self.pending: dict[int, list[asyncio.Future]] = {}
+        self._flushes: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak ones)
+
+    def _start_flush(self) -> None:
+        task = asyncio.ensure_future(self._flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     async def answer(self, instance_id: int) -> tuple[str, bytes]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if not self.pending:
-            loop.call_later(self.window_s, lambda: asyncio.ensure_future(self._flush()))
+            loop.call_later(self.window_s, self._start_flush)
         self.pending.setdefault(instance_id, []).append(future)
         return await future
 
@@ -109,7 +115,7 @@ class _AnswerReads:
 def _query(scope: dict[str, Any]) -> tuple[str, float]:
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     try:
-        wait = min(MAX_WAIT_S, max(0.0, float(query.get("wait", ["0"])[0])))
+        wait = min(COMMANDS_MAX_WAIT_S, max(0.0, float(query.get("wait", ["0"])[0])))
     except ValueError:
         wait = 0.0
     return query.get("version", [""])[0], wait
