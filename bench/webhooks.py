@@ -12,13 +12,14 @@ Variants, each against the same server code and a fresh set of rows:
 - `parse_only`: a route that only reads and parses the body (mounted when
   SPOTPIPE_BENCH_ENDPOINTS=1): what this server costs per request at best.
 
-The server: granian's WSGI workers with blocking threads and keep-alive (as docker-compose runs
-it, `spotpipe.processes.granian_args`), or gunicorn (`--server gunicorn`, or a variant's `_gunicorn`
-suffix) with gthread workers and keep-alive, or sync workers (`--worker-class sync`, one connection
-per request). The client: wrk with bench/webhooks_wrk.lua over keep-alive connections when wrk is
-installed (Debian's `wrk`), else the Python client (one connection per request); `--client`
-chooses, and the table and JSON say which client produced the figures. Every server process is
-warmed up (a few hundred requests that write nothing) before the clock starts.
+The server: granian's ASGI workers, `--threads` view threads each (SPOTPIPE_WEB_THREADS), and
+keep-alive (as docker-compose runs it, `spotpipe.processes.granian_args`), or gunicorn (`--server
+gunicorn`, or a variant's `_gunicorn` suffix) with gthread workers and keep-alive, or sync workers
+(`--worker-class sync`, one connection per request). The client: wrk with bench/webhooks_wrk.lua
+over keep-alive connections when wrk is installed (Debian's `wrk`), else the Python client (one
+connection per request); `--client` chooses, and the table and JSON say which client produced the
+figures. Every server process is warmed up (a few hundred requests that write nothing) before the
+clock starts.
 
 Figures: notices/s sustained by the burst, p50/p99 time to the 2xx, rows stored, rows processed,
 notices lost (answered 2xx but not stored, or not processed in the bound), duplicates acted on
