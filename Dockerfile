@@ -22,7 +22,7 @@ COPY spotpipe ./spotpipe
 FROM base AS controlplane
 RUN pip install ".[controlplane]"
 EXPOSE 8000
-CMD ["python", "-m", "granian", "--interface", "wsgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "3", "--blocking-threads", "16", "--no-ws", "controlplane.wsgi:application"]
+CMD ["python", "-m", "granian", "--interface", "asgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "3", "--backlog", "4096", "--backpressure", "4096", "--no-ws", "controlplane.asgi:application"]
 
 FROM base AS node
 RUN pip install ".[runtime]"
@@ -31,4 +31,4 @@ CMD ["spotpipe-agent", "--help"]
 FROM base AS all
 RUN pip install ".[controlplane,runtime]"
 EXPOSE 8000
-CMD ["python", "-m", "granian", "--interface", "wsgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "3", "--blocking-threads", "16", "--no-ws", "controlplane.wsgi:application"]
+CMD ["python", "-m", "granian", "--interface", "asgi", "--host", "0.0.0.0", "--port", "8000", "--workers", "3", "--backlog", "4096", "--backpressure", "4096", "--no-ws", "controlplane.asgi:application"]

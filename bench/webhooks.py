@@ -12,13 +12,14 @@ Variants, each against the same server code and a fresh set of rows:
 - `parse_only`: a route that only reads and parses the body (mounted when
   SPOTPIPE_BENCH_ENDPOINTS=1): what this server costs per request at best.
 
-The server: granian's WSGI workers with blocking threads and keep-alive (as docker-compose runs
-it, `spotpipe.processes.granian_args`), or gunicorn (`--server gunicorn`, or a variant's `_gunicorn`
-suffix) with gthread workers and keep-alive, or sync workers (`--worker-class sync`, one connection
-per request). The client: wrk with bench/webhooks_wrk.lua over keep-alive connections when wrk is
-installed (Debian's `wrk`), else the Python client (one connection per request); `--client`
-chooses, and the table and JSON say which client produced the figures. Every server process is
-warmed up (a few hundred requests that write nothing) before the clock starts.
+The server: granian's ASGI workers, `--threads` view threads each (SPOTPIPE_WEB_THREADS), and
+keep-alive (as docker-compose runs it, `spotpipe.processes.granian_args`), or gunicorn (`--server
+gunicorn`, or a variant's `_gunicorn` suffix) with gthread workers and keep-alive, or sync workers
+(`--worker-class sync`, one connection per request). The client: wrk with bench/webhooks_wrk.lua
+over keep-alive connections when wrk is installed (Debian's `wrk`), else the Python client (one
+connection per request); `--client` chooses, and the table and JSON say which client produced the
+figures. Every server process is warmed up (a few hundred requests that write nothing) before the
+clock starts.
 
 Figures: notices/s sustained by the burst, p50/p99 time to the 2xx, rows stored, rows processed,
 notices lost (answered 2xx but not stored, or not processed in the bound), duplicates acted on
@@ -561,7 +562,7 @@ def _server_cmd(port: int, *, server: str, web_workers: int, worker_class: str, 
     if server == "granian":
         from spotpipe.processes import granian_args
 
-        return [PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers, threads=threads)]
+        return [PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers)]
     cmd = [str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{port}",
            "-w", str(web_workers), "-k", worker_class, "--backlog", "2048", "--log-level", "warning"]
     if worker_class == "gthread":
@@ -589,7 +590,7 @@ def _variant(
                "parse_only": "none"}[name]
     path = "/api/v1/webhooks/bench/parse-only/" if name == "parse_only" else f"/api/v1/webhooks/aws/eventbridge/{TEAM}/"
     port = _free_port()
-    env = _env(SPOTPIPE_NOTICE_HANDOFF=handoff, SPOTPIPE_BENCH_ENDPOINTS="1")
+    env = _env(SPOTPIPE_NOTICE_HANDOFF=handoff, SPOTPIPE_BENCH_ENDPOINTS="1", SPOTPIPE_WEB_THREADS=str(threads))
     web = _start(_server_cmd(port, server=server, web_workers=web_workers, worker_class=worker_class,
                              threads=threads), env, logs / "bench-webhooks-web.log")
     # No beat: other apps' periodic tasks (reconcile, dead-agent detection) are not part of this

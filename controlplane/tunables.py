@@ -105,6 +105,14 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_REPLAN_PERIOD_S", 300.0, "how often beat re-plans jobs that allow it", kind=float),
     Tunable("SPOTPIPE_AGENT_TOKEN_TTL_S", 86400, "agent tokens expire after this; agents rotate theirs at "
             "half-life", kind=int),
+    Tunable("SPOTPIPE_WEB_THREADS", 16, "threads per web worker for everything but held agent polls "
+            "(controlplane/asgi.py)", kind=int),
+    Tunable("SPOTPIPE_AGENT_THREADS", 4, "threads per web worker for the agent channel's reads (answers after "
+            "a wake-up, the batched poll)", kind=int),
+    Tunable("SPOTPIPE_AGENT_POLL_S", 0.1, "without Redis, how often held agent polls look at the database: a "
+            "notice -> command delay of at most this", kind=float),
+    Tunable("SPOTPIPE_AGENT_POLL_REDIS_S", 1.0, "with Redis, the same poll, which then only covers a lost "
+            "wake-up message", kind=float),
     # --- notices and webhooks
     Tunable("SPOTPIPE_NOTICE_HANDOFF", "batched", "how stored notices reach workers: `batched` (coalesced kicks), "
             "`per_request` (one publish each: the bench's baseline), `none` (the sweep only; tests)"),

@@ -31,16 +31,30 @@ def start(args: list[str], *, log_path: Path, env: dict[str, str] | None = None)
         )
 
 
-def granian_args(*, host: str, port: int, workers: int, threads: int, kill_timeout_s: int = 3) -> list[str]:
-    """`python -m granian ...` arguments for the control plane's WSGI application: the product's
-    web server (docker-compose, `spotpipe`'s local stacks, the benchmarks). Why granian and not
-    gunicorn: it parses HTTP in Rust, which halved the web server's CPU per webhook notice
-    (docs/webhooks.md, "Measured"). Each WSGI request holds one of a worker's `threads` blocking
-    threads for its whole duration, as in gunicorn's gthread workers (agents' long-polls included)."""
-    return ["-m", "granian", "--interface", "wsgi", "--host", host, "--port", str(port),
-            "--workers", str(workers), "--blocking-threads", str(threads), "--no-ws",
-            "--workers-kill-timeout", str(kill_timeout_s), "--log-level", "warning",
-            "controlplane.wsgi:application"]
+# Requests in flight per web worker (granian's `--backpressure`; its default is backlog / workers,
+# 341 with 3 workers): every agent holds a command long-poll (no thread, but a request in flight),
+# and a worker that reached the limit accepts nothing more, heartbeats and webhooks included (seen
+# with 1,024 agents: `python -m bench fleet`). The accept backlog is as deep.
+IN_FLIGHT_PER_WORKER = 4096
+
+
+def granian_args(*, host: str, port: int, workers: int, kill_timeout_s: int = 3) -> list[str]:
+    """`python -m granian ...` arguments for the control plane's ASGI application
+    (`controlplane.asgi`): the product's web server (docker-compose, `spotpipe`'s local stacks, the
+    benchmarks). Why granian and not gunicorn: it parses HTTP in Rust, which halved the web
+    server's CPU per webhook notice (docs/webhooks.md, "Measured"). Why ASGI: agents' command
+    long-polls are held on each worker's event loop, not in a thread (docs/orchestration.md, "The
+    agent command channel"); every other request runs in one of a worker's `web_threads_env`
+    threads for its whole duration."""
+    return ["-m", "granian", "--interface", "asgi", "--host", host, "--port", str(port),
+            "--workers", str(workers), "--backlog", str(IN_FLIGHT_PER_WORKER),
+            "--backpressure", str(IN_FLIGHT_PER_WORKER), "--no-ws", "--workers-kill-timeout", str(kill_timeout_s),
+            "--log-level", "warning", "controlplane.asgi:application"]
+
+
+def web_threads_env(threads: int) -> dict[str, str]:
+    """The environment that gives each web worker `threads` threads for the WSGI views."""
+    return {"SPOTPIPE_WEB_THREADS": str(threads)}
 
 
 def stop(proc: subprocess.Popen, *, timeout: float = 10.0) -> None:
@@ -125,19 +139,19 @@ class Stack:
     def log_dir(self) -> Path:
         return self.var_dir / "logs"
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> None:
         var_dir = str(self.var_dir.resolve())
-        env = {**self.env, "SPOTPIPE_VAR_DIR": var_dir, MARK: var_dir, "PYTHONUNBUFFERED": "1"}
+        env = {**self.env, "SPOTPIPE_VAR_DIR": var_dir, MARK: var_dir, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         self.procs[name] = start(args, log_path=self.log_dir / f"{name}.log", env=env)
 
     def start_web(self, *, host: str, port: int) -> None:
         self._start("web", ["manage.py", "runserver", f"{host}:{port}", "--noreload", "--skip-checks"])
 
     def start_granian(self, *, host: str, port: int, workers: int = 2, threads: int = 24) -> None:
-        """The production web server (as docker-compose runs it): granian's WSGI workers, each with
-        `threads` blocking threads (each agent holds one in its long-poll), and a short kill timeout
-        so that a restart does not wait for long-polls."""
-        self._start("web", granian_args(host=host, port=port, workers=workers, threads=threads))
+        """The production web server (as docker-compose runs it): granian's ASGI workers, each with
+        `threads` threads for the views (agents' held long-polls take none), and a short kill
+        timeout so that a restart does not wait for long-polls."""
+        self._start("web", granian_args(host=host, port=port, workers=workers), web_threads_env(threads))
 
     def start_worker(self, *, concurrency: int = 3) -> None:
         # A node name of its own: on a shared Redis, other workers must not be mistaken for ours.

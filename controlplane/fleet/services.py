@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.accounts.services import agent_tokens_revoke
+from controlplane.common.agent_wake import commands_changed
 from controlplane.fleet.models import Instance, InstanceEvent
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState, check_transition
 
@@ -46,6 +47,7 @@ def instance_transition(
     if to in TERMINAL_STATES:
         # An ended node (released, terminated, preempted, failed) keeps no access.
         agent_tokens_revoke(instance_ids=[locked.pk], at=at)
+    commands_changed(instance_ids=[locked.pk])
     # Keep the caller's object in step with the database.
     for field in fields:
         setattr(instance, field, getattr(locked, field))

@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.common.agent_wake import commands_changed
 from controlplane.common.errors import Conflict
 from controlplane.fleet.models import Instance
 from controlplane.jobs.data_checks import check_data
@@ -258,6 +259,7 @@ def job_set_status(job: TrainingJob, status: str, message: str, *, kind: str = "
         job.finished_at = None
         fields.append("finished_at")
     job.save(update_fields=fields)
+    commands_changed(job_ids=[job.pk])
     job_record_event(job=job, kind=kind or f"job_{status}", message=message, data={"from": previous, **(data or {})})
     return True
 
@@ -461,6 +463,7 @@ def job_generation_publish(
     )
     locked.current_generation = number
     locked.save(update_fields=["current_generation", "updated_at"])
+    commands_changed(job_ids=[locked.pk])
     _sync(job, locked, ["current_generation", "updated_at"])
     job_record_event(
         job=locked, kind="generation", message=f"generation {number}: {len(membership)} workers"

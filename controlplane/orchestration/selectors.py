@@ -103,6 +103,14 @@ def agent_command_version(*, instance_id: int) -> tuple[str, int | None]:
     return _version(*row), row[1]
 
 
+def agent_command_versions(instance_ids: list[int]) -> dict[int, str]:
+    """`agent_command_version` of many instances in one query (the agent channel's poll of every
+    held long-poll of a web worker); an unknown id is left out (its version is `gone`)."""
+    rows = Instance.objects.filter(pk__in=instance_ids).values_list(
+        "pk", "state", "job_id", "job__current_generation", "job__status")
+    return {pk: _version(*rest) for pk, *rest in rows}
+
+
 def _version(state: str, job_id: int | None, generation: int | None, status: str | None) -> str:
     return f"{state}:{job_id}:{generation}:{status}"
 

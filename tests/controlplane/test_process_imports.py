@@ -17,7 +17,7 @@ PROBE = """
 import json, os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 started = time.perf_counter()
-import controlplane.wsgi
+import controlplane.asgi  # the web server's entry point (it loads controlplane.wsgi)
 web_start_s = time.perf_counter() - started
 from django.urls import get_resolver
 loaded_at_start = "controlplane.webhooks.views" in sys.modules

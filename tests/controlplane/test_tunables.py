@@ -30,7 +30,7 @@ def test_no_control_plane_module_reads_a_spotpipe_variable_another_way():
     """Every `SPOTPIPE_*` name a control-plane module reads through os.environ or settings is a
     declared tunable read with tunable() (names merely passed to child processes are allowed)."""
     reading = re.compile(
-        r"""(os\.environ(\.get)?[\[(]|getenv\(|getattr\(settings,\s*|settings\.)["']?(SPOTPIPE_[A-Z0-9_]+)""")
+        r"""(os\.environ(\.get)?[\[(]|getenv\(|getattr\(settings,\s*|settings\.|\bsetting\()["']?(SPOTPIPE_[A-Z0-9_]+)""")
     offenders = []
     for path in sorted((REPO / "controlplane").rglob("*.py")):
         if path.name == "tunables.py" or path == NODE_SIDE or "migrations" in path.parts:

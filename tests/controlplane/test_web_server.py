@@ -21,7 +21,7 @@ from django.db import connection
 
 from controlplane.common.wsgi_environ import DropProcessEnviron, process_only_keys
 from controlplane.fleet.models import InterruptionNotice
-from spotpipe.processes import granian_args
+from spotpipe.processes import granian_args, web_threads_env
 from tests.controlplane.factories import make_team, make_webhook_credential
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,9 +60,10 @@ def server(tmp_path):
         "DATABASE_URL": _database_url(),
         "SPOTPIPE_NOTICE_HANDOFF": "none",  # no broker needed: the stored rows are what is checked
         "SPOTPIPE_VAR_DIR": str(tmp_path),
+        **web_threads_env(4),
     }
     log = (tmp_path / "web.log").open("wb")
-    proc = subprocess.Popen([sys.executable, *granian_args(host="127.0.0.1", port=port, workers=1, threads=4)],
+    proc = subprocess.Popen([sys.executable, *granian_args(host="127.0.0.1", port=port, workers=1)],
                             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

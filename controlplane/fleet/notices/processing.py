@@ -13,6 +13,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.accounts.services import agent_tokens_revoke
+from controlplane.common.agent_wake import commands_changed
 from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeStatus
 from controlplane.fleet.notices.handoff import notices_handoff
@@ -115,6 +116,7 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
                 _mark_processed(notice, batch.now)
             InstanceEvent.objects.bulk_create(batch.instance_events)
             bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
+            commands_changed(instance_ids=list(batch.moved))
             agent_tokens_revoke(
                 instance_ids=[pk for pk, i in batch.moved.items() if i.state in TERMINAL_STATES], at=batch.now
             )

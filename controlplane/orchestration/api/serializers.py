@@ -36,8 +36,12 @@ class AgentTokenRotatedSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField()
 
 
+# The longest hold an agent may ask for (the ASGI agent channel clips to it too).
+COMMANDS_MAX_WAIT_S = 60
+
+
 class CommandsQuerySerializer(serializers.Serializer):
-    wait = serializers.FloatField(required=False, min_value=0, max_value=60, default=0,
+    wait = serializers.FloatField(required=False, min_value=0, max_value=COMMANDS_MAX_WAIT_S, default=0,
                                   help_text="Seconds to hold the request while nothing changed (long-poll).")
     version = serializers.CharField(required=False, max_length=200, allow_blank=True, default="",
                                     help_text="The `version` of the last answer the agent acted on.")

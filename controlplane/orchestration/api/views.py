@@ -32,8 +32,14 @@ from controlplane.orchestration.api.serializers import (
 )
 from controlplane.orchestration.enqueue import enqueue
 
-# How often a held long-poll looks at the database: one indexed single-row query.
+# How often a long-poll held by this (WSGI) view looks at the database: one indexed single-row query.
 POLL_INTERVAL_S = 0.025
+# Set in the WSGI environ by the ASGI entry point (controlplane/asgi.py), which holds the request
+# itself without a thread: the view then answers at once, whatever `wait` says, and when the
+# agent's version is current and it asked to wait, with only HOLD_HEADER (`<instance> <job>`) and
+# no answer: the channel holds the poll and reads the answer itself when it is time to send one.
+HELD_BY_AGENT_CHANNEL = "spotpipe.agent_channel"
+HOLD_HEADER = "X-Spotpipe-Hold"
 
 
 class AgentsOnly(BasePermission):
@@ -94,7 +100,11 @@ class AgentTokenView(APIView):
 
 class CommandsView(APIView):
     """Long-poll: answers at once when the agent's view (`version`) is stale, else holds the request
-    up to `wait` seconds until the instance, its job's status or its generation changes."""
+    up to `wait` seconds until the instance, its job's status or its generation changes.
+
+    Under the production server (ASGI, controlplane/asgi.py) this view only authenticates,
+    validates and answers at once; the hold happens in the agent channel, without a thread. Under
+    a WSGI server (the embedded default's runserver, tests) it holds here, polling every 25 ms."""
 
     permission_classes = [AgentsOnly]
 
@@ -102,6 +112,11 @@ class CommandsView(APIView):
     def get(self, request: Request) -> Response:
         query = validate_or_400(CommandsQuerySerializer(data=request.query_params))
         instance_id = agent_token(request).instance_id
+        if request.META.get(HELD_BY_AGENT_CHANNEL):
+            version, job_id = selectors.agent_command_version(instance_id=instance_id)
+            if version == query["version"] and query["wait"] > 0:
+                return Response(status=status.HTTP_204_NO_CONTENT, headers={HOLD_HEADER: f"{instance_id} {job_id}"})
+            return Response(services.agent_commands(instance_id=instance_id))
         deadline = time.monotonic() + query["wait"]
         while True:
             version, _ = selectors.agent_command_version(instance_id=instance_id)

@@ -33,7 +33,12 @@ from controlplane.orchestration.services.acquisition import (
     control_plane_url,
     job_start,
 )
-from controlplane.orchestration.services.agents import agent_commands, agent_enroll, agent_notice
+from controlplane.orchestration.services.agents import (
+    agent_commands,
+    agent_commands_many,
+    agent_enroll,
+    agent_notice,
+)
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key, acquisition_from_enroll_key
 from controlplane.orchestration.services.generations import (
     job_grow,
@@ -76,6 +81,7 @@ __all__ = [
     "acquisition_launch",
     "active_job_ids",
     "agent_commands",
+    "agent_commands_many",
     "agent_enroll",
     "agent_notice",
     "capacity_reconcile",

@@ -1,0 +1,110 @@
+"""CPU per agent request, in process (no server, no client, one thread), on the database the last
+`python -m bench fleet` left (BENCH_FLEET_DB, default h53): what 1,024 agents cost the web tier
+whatever the server. `python -m bench._fleet_costs [--n 300]` prints ms of CPU per request:
+- a heartbeat (`POST /api/v1/instances/{id}/heartbeat/`, the fleet app's view), through the site's
+  middleware and through the webhooks' short stack (is it the middleware or the view?);
+- a command poll's first step under the agent channel, version current (the view's hold mark);
+- one answer of a batch of 32 (`services.agent_commands_many` + rendering), what a wake-up costs;
+- a webhook notice (EventBridge, stored; no Celery hand-off);
+- a database round trip (`SELECT 1`): how much of the above is the database client."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+
+from bench import fleet
+
+
+def _call(app, method: str, path: str, *, query: str = "", headers: dict[str, str], body: bytes = b"",
+          extra: dict | None = None) -> int:
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "SERVER_NAME": "127.0.0.1",
+               "SERVER_PORT": "8000", "REMOTE_ADDR": "127.0.0.1", "SERVER_PROTOCOL": "HTTP/1.1",
+               "wsgi.input": io.BytesIO(body), "wsgi.errors": io.StringIO(), "wsgi.url_scheme": "http",
+               "wsgi.version": (1, 0), "wsgi.multithread": True, "wsgi.multiprocess": True, "wsgi.run_once": False,
+               "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json", **(extra or {})}
+    for k, v in headers.items():
+        environ["HTTP_" + k.upper().replace("-", "_")] = v
+    status = []
+    result = app(environ, lambda s, h, e=None: status.append(int(s[:3])))
+    b"".join(result)
+    result.close()
+    return status[0]
+
+
+def _cpu_ms(fn, n: int) -> float:
+    fn()  # warm
+    started = time.process_time()
+    for _ in range(n):
+        fn()
+    return round((time.process_time() - started) / n * 1000, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=300)
+    n = parser.parse_args().n
+    import os
+
+    os.environ.update({k: v for k, v in fleet._env(SPOTPIPE_NOTICE_HANDOFF="none").items()
+                       if k.startswith(("DATABASE_URL", "REDIS_URL", "DJANGO_", "DEBUG", "SPOTPIPE_"))})
+    import django
+
+    django.setup()
+    from controlplane.accounts.models import Team, TokenKind
+    from controlplane.accounts.services import api_token_create
+    from controlplane.fleet.models import Instance
+    from controlplane.orchestration import selectors, services
+    from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL
+    from controlplane.webhooks.credentials import credential_create
+    from controlplane.webhooks.wsgi import WebhookWSGIHandler
+    from controlplane.wsgi import application
+
+    node = Instance.objects.filter(team__slug=fleet.FLEET_TEAM, state="running").order_by("id").first()
+    _, key = api_token_create(team=node.team, kind=TokenKind.AGENT, instance=node, name="costs")
+    auth = {"Authorization": f"Token {key}"}
+    version, _ = selectors.agent_command_version(instance_id=node.pk)
+    job_ids = list(Instance.objects.filter(job_id=node.job_id).values_list("pk", flat=True))[:32]
+    team = Team.objects.get(slug="bench-team")
+    secret = "sp_wh_costs"
+    credential_create(team=team, source="aws_eventbridge", scheme="api_key", header_name="x-api-key", secret=secret)
+    counter = iter(range(10**9))
+
+    def webhook() -> int:
+        event = {"version": "0", "id": f"costs-{next(counter)}", "source": "aws.ec2", "account": "123456789012",
+                 "detail-type": "EC2 Instance Rebalance Recommendation", "time": "2026-11-20T14:02:00Z",
+                 "region": "us-east-1", "resources": [], "detail": {"instance-id": "i-00000000000000001"}}
+        return _call(application, "POST", "/api/v1/webhooks/aws/eventbridge/bench-team/",
+                     headers={"x-api-key": secret}, body=json.dumps(event).encode())
+
+    from rest_framework.renderers import JSONRenderer
+
+    def batch() -> None:
+        for answer in services.agent_commands_many(instance_ids=job_ids).values():
+            JSONRenderer().render(answer)
+
+    from django.db import connection
+
+    cursor = connection.cursor()
+    short_stack = WebhookWSGIHandler()
+    figures = {
+        "heartbeat_ms_cpu": _cpu_ms(lambda: _call(application, "POST", f"/api/v1/instances/{node.pk}/heartbeat/",
+                                                  headers=auth, body=b"{}"), n),
+        "heartbeat_through_the_short_middleware_stack_ms_cpu": _cpu_ms(lambda: _call(
+            short_stack, "POST", f"/api/v1/instances/{node.pk}/heartbeat/", headers=auth, body=b"{}"), n),
+        "command_poll_first_step_hold_mark_ms_cpu": _cpu_ms(lambda: _call(
+            application, "GET", "/api/v1/agents/commands/", query=f"version={version}&wait=20", headers=auth,
+            extra={HELD_BY_AGENT_CHANNEL: True}), n),
+        "command_poll_full_answer_ms_cpu": _cpu_ms(lambda: _call(
+            application, "GET", "/api/v1/agents/commands/", query="version=&wait=0", headers=auth), n),
+        "batched_answer_per_agent_ms_cpu (32 a batch)": round(_cpu_ms(batch, max(1, n // 32)) / len(job_ids), 3),
+        "webhook_notice_ms_cpu": _cpu_ms(webhook, n),
+        "database_round_trip_select_1_ms_cpu": _cpu_ms(lambda: (cursor.execute("SELECT 1"), cursor.fetchall()), n),
+    }
+    print(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()

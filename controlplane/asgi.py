@@ -1,0 +1,211 @@
+"""ASGI entry point of the production web server (`granian --interface asgi controlplane.asgi:application`).
+
+Every request but one goes to the WSGI application (`controlplane.wsgi.application`: Django, DRF,
+the webhook fast path) in a pool of `SPOTPIPE_WEB_THREADS` threads per worker (default 16). The
+agents' command long-poll (`GET /api/v1/agents/commands/`) is answered in two short steps in the
+pool with the hold between them on the event loop, so a thousand held polls cost no thread:
+1. the usual view (auth, validation, version check) with the hold switched off: a stale `version`,
+   no `wait`, or an error is answered by it at once; a current version only gets a "hold" mark
+   (no answer is built: a thousand agents re-poll every 20 s);
+2. the request then waits in this worker's `CommandWaiters` (Redis pub/sub wake-up, batched
+   database poll as fallback) for at most `wait` seconds (less up to 25%, at random), then the
+   answer is read from the database
+   (`services.agent_commands_many` for all the polls woken together, rendered as the view renders
+   it) with the first step's headers.
+docs/orchestration.md, "The agent command channel", says why this and not Django's async views."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import parse_qs
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
+from django.urls import reverse  # noqa: E402
+
+from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, read_body, send_response  # noqa: E402
+from controlplane.orchestration import selectors, services  # noqa: E402
+from controlplane.orchestration.agent_channel import CommandWaiters  # noqa: E402
+from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S  # noqa: E402
+from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL, HOLD_HEADER  # noqa: E402
+from controlplane.tunables import tunable  # noqa: E402
+from controlplane.wsgi import application as wsgi_application  # noqa: E402
+
+# Threads per worker for the WSGI application (what granian's `--blocking-threads` was).
+WEB_THREADS = int(tunable("SPOTPIPE_WEB_THREADS"))
+# Threads per worker for the agent channel's reads (answers after a wake-up, the batched poll),
+# apart from the web threads: a wake-up of a thousand agents does not queue ahead of webhooks.
+AGENT_THREADS = int(tunable("SPOTPIPE_AGENT_THREADS"))
+COMMANDS_PATH = reverse("agent-commands")
+# A held poll is answered after `wait` x (1 - up to this share) when nothing changed.
+HOLD_JITTER = 0.25
+
+
+def _in_request(fn: Callable, *args: Any) -> Any:
+    """`fn(*args)` in a pool thread with Django's per-request connection hygiene."""
+    close_old_connections()
+    try:
+        return fn(*args)
+    finally:
+        close_old_connections()
+
+
+def _render_answers(instance_ids: list[int]) -> dict[int, tuple[str, bytes]]:
+    from rest_framework.settings import api_settings
+
+    renderer = api_settings.DEFAULT_RENDERER_CLASSES[0]()
+    answers = services.agent_commands_many(instance_ids=instance_ids)
+    return {pk: (answer["version"], renderer.render(answer)) for pk, answer in answers.items()}
+
+
+class _AnswerReads:
+    """Coalesces the answer reads that held polls ask for within `window_s` into one call in the
+    pool: a new generation wakes every agent of its job at once, and a few queries for all of them
+    cost less than a few per agent (`services.agent_commands_many`)."""
+
+    def __init__(self, executor: ThreadPoolExecutor, window_s: float = 0.002) -> None:
+        self.executor = executor
+        self.window_s = window_s
+        self.pending: dict[int, list[asyncio.Future]] = {}
+        self._flushes: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak ones)
+
+    def _start_flush(self) -> None:
+        task = asyncio.ensure_future(self._flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def answer(self, instance_id: int) -> tuple[str, bytes]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self.pending:
+            loop.call_later(self.window_s, self._start_flush)
+        self.pending.setdefault(instance_id, []).append(future)
+        return await future
+
+    async def _flush(self) -> None:
+        batch, self.pending = self.pending, {}
+        try:
+            rendered = await asyncio.get_running_loop().run_in_executor(
+                self.executor, _in_request, _render_answers, list(batch))
+        except Exception as exc:
+            rendered, error = {}, exc
+        else:
+            error = None
+        for pk, futures in batch.items():
+            for future in futures:
+                if future.done():
+                    continue
+                if pk in rendered:
+                    future.set_result(rendered[pk])
+                else:
+                    future.set_exception(error or LookupError(f"instance {pk} does not exist"))
+
+
+def _query(scope: dict[str, Any]) -> tuple[str, float]:
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    try:
+        wait = min(COMMANDS_MAX_WAIT_S, max(0.0, float(query.get("wait", ["0"])[0])))
+    except ValueError:
+        wait = 0.0
+    return query.get("version", [""])[0], wait
+
+
+async def _disconnected(receive: Callable) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        await asyncio.sleep(1.0)  # a server that sends something else: look again, without spinning
+
+
+class ControlPlane:
+    """The ASGI application: the agent command channel, and the WSGI application for the rest."""
+
+    def __init__(self, wsgi: Callable, *, web_threads: int = WEB_THREADS, agent_threads: int = AGENT_THREADS,
+                 redis_url: str | None = None, fast_poll_s: float | None = None,
+                 slow_poll_s: float | None = None) -> None:
+        self.bridge = WSGIBridge(wsgi, threads=web_threads)
+        self.agent_executor = ThreadPoolExecutor(max_workers=agent_threads, thread_name_prefix="agent-channel")
+        self.answers = _AnswerReads(self.agent_executor)
+        self.waiters = CommandWaiters(
+            versions_of=lambda ids: _in_request(selectors.agent_command_versions, ids),
+            executor=self.agent_executor,
+            redis_url=settings.REDIS_URL if redis_url is None else redis_url,
+            fast_poll_s=tunable("SPOTPIPE_AGENT_POLL_S") if fast_poll_s is None else fast_poll_s,
+            slow_poll_s=tunable("SPOTPIPE_AGENT_POLL_REDIS_S") if slow_poll_s is None else slow_poll_s,
+        )
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http" and scope["path"] == COMMANDS_PATH and scope["method"] == "GET":
+            await self.commands(scope, receive, send)
+        elif scope["type"] == "http":
+            await self.bridge(scope, receive, send)
+
+    async def _lifespan(self, receive: Callable, send: Callable) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.waiters.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def commands(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        started = time.monotonic()
+        body = await read_body(receive)
+        try:
+            # In the agent channel's pool, not the views': a herd of agents re-polling at once
+            # queues there, not ahead of webhooks and the dashboard.
+            first = await self.bridge.call(scope, body, extra={HELD_BY_AGENT_CHANNEL: True},
+                                           executor=self.agent_executor)
+        finally:
+            body.close()
+        hold = dict(first.headers).get(HOLD_HEADER.lower().encode())
+        if first.status != 204 or hold is None:
+            await send_response(send, first)  # a stale version, no wait, or an error: the view's answer
+            return
+        version, wait = _query(scope)
+        instance_id, job_text = hold.decode().split()
+        instance_id, job_id = int(instance_id), (int(job_text) if job_text.isdigit() else None)
+        # Up to `wait`, less a random part: polls that started together (a restart, a mass
+        # enrolment) do not all come back together for ever.
+        deadline = started + wait * random.uniform(1.0 - HOLD_JITTER, 1.0)
+        read_at = started
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            while True:
+                held = asyncio.create_task(self.waiters.wait(
+                    instance_id=instance_id, job_id=job_id, version=version,
+                    timeout_s=deadline - time.monotonic(), read_at=read_at))
+                done, _ = await asyncio.wait({held, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if gone in done:
+                    held.cancel()
+                    return  # the agent hung up: nobody to answer
+                read_at = time.monotonic()
+                new_version, rendered = await self.answers.answer(instance_id)
+                # A wake-up that changed nothing for this agent (another field of its job): hold on.
+                if not held.result() or new_version != version or time.monotonic() >= deadline:
+                    break
+        finally:
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await gone
+        dropped = (b"content-length", b"content-type", HOLD_HEADER.lower().encode())
+        headers = [(k, v) for k, v in first.headers if k not in dropped]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(rendered)).encode())]
+        await send_response(send, WSGIResponse(200, headers, rendered))
+
+
+application = ControlPlane(wsgi_application)
