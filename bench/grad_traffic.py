@@ -9,6 +9,7 @@ fixed-order fold (`runtime.grad_order`). `bench scale` prints it against dp.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,3 +73,24 @@ def measure(dp: int, *, seed: int = 0) -> dict[str, Any]:
     }
 
 
+
+
+def plot(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, str]:
+    """Bytes sent per node / gradient bytes against dp: measured, the previous all-to-all, the ring bound."""
+    import plotly.graph_objects as go
+
+    from runtime.sim.plots import write_figure
+
+    dps = [r["dp"] for r in rows]
+    fig = go.Figure()
+    for key, name in (
+        ("max_sent_over_gradient_bytes", "reduce-scatter + all-gather (measured)"),
+        ("previous_all_to_all_over_gradient_bytes", "previous all-to-all, (dp-1)x"),
+        ("ring_bound_over_gradient_bytes", "ring bound, 2(dp-1)/dp"),
+    ):
+        fig.add_trace(go.Scatter(x=dps, y=[r[key] for r in rows], mode="lines+markers", name=name))
+    fig.update_layout(title="gradient all-reduce: bytes sent per node / gradient bytes", width=900, height=550)
+    fig.update_xaxes(type="log", title_text="dp (owners of a layer run)")
+    fig.update_yaxes(type="log", title_text="bytes sent per node / gradient bytes")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return write_figure(fig, out_dir, "gradient_traffic")

@@ -356,7 +356,7 @@ def gradient_traffic(*, quick: bool, progress: Progress) -> list[dict]:
     """Bytes each node sends in one gradient all-reduce against dp, counted on the real exchange
     (`bench.grad_traffic`: `runtime.comm`'s reduce-scatter + all-gather over gloo, threads of this
     process), next to the previous all-to-all's (dp-1)x and the ring bound 2(dp-1)/dp."""
-    from bench.grad_traffic import measure
+    from bench.grad_traffic import measure, plot
 
     dps = (2, 4, 8) if quick else (2, 4, 8, 16, 32)
     rows = []
@@ -372,4 +372,5 @@ def gradient_traffic(*, quick: bool, progress: Progress) -> list[dict]:
           r["previous_all_to_all_over_gradient_bytes"], round(r["ring_bound_over_gradient_bytes"], 4),
           r["bit_identical_to_fixed_order_fold"]] for r in rows],
     )
+    print(f"gradient traffic plot: {plot(rows, OUT_DIR)}")
     return rows
