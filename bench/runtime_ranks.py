@@ -167,9 +167,6 @@ def main() -> None:
         args.json.write_text(json.dumps(out, indent=2))
 
 
-if __name__ == "__main__":
-    main()
-
 
 def _print(out: dict[str, Any]) -> None:
     rows = []
@@ -187,3 +184,7 @@ def _print(out: dict[str, Any]) -> None:
          "barrier+group", "schedule", "first step"],
         rows,
     )
+
+
+if __name__ == "__main__":
+    main()
