@@ -8,7 +8,9 @@ run. Two modes, labelled in every row:
   overlap as devices would although 8 processes share 2 CPU cores. Pipeline bubbles are real here.
 - `real`: no padding; on 2 cores the stages cannot compute at once, so bubbles are not real and
   schedules that fill bubbles cannot win. Reported for honesty, not for the targets.
-Ratios are to the plain pipeline (`none`, 1F1B) of the same mode. Throughputs use the 25th
+Past 8 ranks (`bench.runtime_ranks`): 16 and 32 real processes lose one node, then two, then give a
+third a notice; kill -> next commit with its breakdown. Ratios are to the plain pipeline (`none`,
+1F1B) of the same mode. Throughputs use the 25th
 percentile of step times (other jobs share the cores in bursts); medians are in the JSON too.
 """
 
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import runtime_ranks
 from bench.report import Progress, print_table
 from runtime.config import DeviceTime, JobConfig, ModelSpec
 from runtime.durability import checkpoint_interval_steps, young_daly_interval_s
@@ -293,6 +296,7 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             "overall_samples_per_s": cfg.global_batch * (len(commits) - 1) / span if span else None,
         }
     figures["recycle_cases"] = cases
+    figures["past_8_ranks"] = runtime_ranks.run(quick=quick, progress=progress)
     figures["paired_rounds"] = paired_rounds(quick=quick, progress=progress)
     figures["schedule_simulation"] = simulated_steps()
     # Other work on the machine skews every figure; say how busy it was.

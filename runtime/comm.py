@@ -12,14 +12,20 @@ import contextlib
 import datetime
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from runtime.grad_order import RunSum, chunk_windows
+
 _ALLREDUCE_TAG = 1 << 24
-"""Tags at and above this carry gradient all-reduce messages; below, activations and gradients."""
+"""Tags at and above this carry gradient reduce-scatter messages (and the finished sums sent to
+replicas); below, activations and gradients."""
+_GATHER_TAG = 4 << 24
+"""Tag of the gradient all-gather messages (a pair of owners exchanges both phases of one layer run,
+so the phases need tags of their own)."""
 
 
 POISON = -1.2345e38
@@ -50,7 +56,7 @@ def is_poison(tensor: torch.Tensor) -> bool:
 
 
 class AllReduce:
-    """An all-reduce in flight: our contribution and the receives from the other owners."""
+    """An all-reduce in flight: our contribution, our chunk of the sum, and the posted receives."""
 
     def __init__(
         self,
@@ -58,18 +64,30 @@ class AllReduce:
         mine: torch.Tensor,
         recvs: dict[int, tuple[torch.Tensor, Any]],
         *,
+        run: RunSum | None = None,
+        gathers: dict[int, tuple[torch.Tensor, Any]] | None = None,
         receive_only: bool = False,
         forward_to: tuple[int, ...] = (),
         tag: int = 0,
     ) -> None:
         self.owners = owners
         self.mine = mine
+        self.run = run
         self.recvs = recvs
+        """Reduce-scatter: each other owner's piece of our chunk (a replica: the finished sum)."""
+        self.gathers = gathers or {}
+        """All-gather: each other owner's finished chunk."""
         self.receive_only = receive_only
         """A replica: it only receives the finished sum."""
         self.forward_to = forward_to
         """Replicas this node sends the finished sum to."""
         self.tag = tag
+        self.chunk: torch.Tensor | None = None
+        """Our folded chunk of the sum, once `Comm.reduce_chunk` made it."""
+        self.gathered = False
+        """Our chunk went out to the other owners (or, abandoned, poison in its place)."""
+        self.forwarded = False
+        """The finished sum went out to our replicas."""
 
 
 class Comm:
@@ -78,8 +96,9 @@ class Comm:
     Everything (point-to-point, gradient all-reduces among the owners of a layer run, the per-step
     commit) runs on the one `world` group on purpose: gloo fails every pending call of a group as
     soon as any of its connections breaks, so a dead node wakes every survivor at once. Gradient
-    all-reduces are exchanges among the owners summed in owner order, so every owner gets the
-    bit-identical result (replicas stay identical, which bamboo relies on).
+    all-reduces are a reduce-scatter, whose chunk owners fold their chunk in the fixed order of
+    `runtime.grad_order`, then an all-gather: every owner gets the bit-identical result (replicas
+    stay identical, which bamboo relies on), sending about 2x the gradient's bytes, not (owners-1)x.
     """
 
     def __init__(
@@ -112,6 +131,8 @@ class Comm:
         )
         # Every Work stays referenced here until it completed: destroying a pending gloo Work blocks.
         self.pending: list[Any] = []
+        self.bytes_sent = 0
+        """Bytes handed to `send` so far (every message: activations, gradients, commits)."""
 
     def set_timeout(self, timeout_s: float) -> None:
         """Bound every later wait by `timeout_s` (a training step's bound, `JobConfig.step_timeout`);
@@ -125,6 +146,7 @@ class Comm:
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         """Non-blocking send; completion is awaited by `wait_sends()` before the step commits."""
+        self.bytes_sent += tensor.numel() * tensor.element_size()
         self.pending.append((True, self._world().send([tensor], self.rank_of[dst], tag), tensor))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
@@ -179,68 +201,116 @@ class Comm:
         tensor: torch.Tensor,
         owners: tuple[int, ...],
         tag: int,
+        run: RunSum,
         replicas: tuple[int, ...] = (),
-        sizes: Mapping[int, int] | None = None,
     ) -> AllReduce:
-        """Start a sum of `tensor` over `owners`; finish with `finish_allreduce`.
+        """Start the sum of the layer run `run` over `owners`; finish with `finish_allreduce`.
 
-        Owners that only keep a replica (`replicas`, bamboo) have nothing to add: they receive the
-        finished sum from one computing owner instead of joining the exchange. `sizes`: how many
-        elements each other computing owner contributes, when that differs from ours (the units of
-        `grad_order`); a replica's `tensor` has the size of the finished sum.
+        `tensor` is our contribution (`GradAccumulator.contribution`). Reduce-scatter: the finished
+        sum is cut into one chunk per computing owner (`chunk_windows`); we send each other owner our
+        piece of its chunk now and post the receives of both phases. Owners that only keep a replica
+        (`replicas`, bamboo) have nothing to add: they receive the finished sum from one computing
+        owner instead (their `tensor` has the size of the finished sum).
         """
         computing = tuple(n for n in owners if n not in replicas)
-        recvs: dict[int, tuple[torch.Tensor, Any]] = {}
         if self.node in replicas:
             source = computing[replicas.index(self.node) % len(computing)]
             buf = torch.empty_like(tensor)
             work = self._world().recv([buf], self.rank_of[source], _ALLREDUCE_TAG + tag)
             self.pending.append((False, work, buf))
             return AllReduce(computing, tensor, {source: (buf, work)}, receive_only=True)
-        for other in computing:
+        windows = chunk_windows(run.numel, len(computing))
+        ours = windows[computing.index(self.node)]
+        recvs: dict[int, tuple[torch.Tensor, Any]] = {}
+        gathers: dict[int, tuple[torch.Tensor, Any]] = {}
+        for other, window in zip(computing, windows, strict=True):
             if other == self.node:
                 continue
-            self.send(tensor, other, _ALLREDUCE_TAG + tag)
-            buf = torch.empty(sizes[other]) if sizes is not None else torch.empty_like(tensor)
-            work = self._world().recv([buf], self.rank_of[other], _ALLREDUCE_TAG + tag)
-            self.pending.append((False, work, buf))
-            recvs[other] = (buf, work)
+            piece = run.piece(self.node, tensor, window)
+            if piece.numel():
+                self.send(piece, other, _ALLREDUCE_TAG + tag)
+            if run.piece_numel(other, ours):
+                recvs[other] = self._post_recv(torch.empty(run.piece_numel(other, ours)), other, _ALLREDUCE_TAG + tag)
+            if window[1] > window[0]:
+                gathers[other] = self._post_recv(torch.empty(window[1] - window[0]), other, _GATHER_TAG + tag)
         mine = computing.index(self.node)
         forward = tuple(r for i, r in enumerate(replicas) if i % len(computing) == mine)
-        return AllReduce(computing, tensor, recvs, forward_to=forward, tag=tag)
+        return AllReduce(computing, tensor, recvs, run=run, gathers=gathers, forward_to=forward, tag=tag)
 
-    def finish_allreduce(
-        self, handle: AllReduce, combine: Callable[[dict[int, torch.Tensor]], torch.Tensor] | None = None
-    ) -> torch.Tensor:
-        """Wait for the other owners' contributions; their sum in owner order, or `combine` of them
-        (owner -> contribution; it must give the same bits everywhere), then pass it on to the
-        replicas this node serves."""
-        if handle.receive_only:
-            ((source, (part, work)),) = handle.recvs.items()
-            self._wait(work, source)
-            if is_poison(part):
-                raise PeerAborted(f"node {source} aborted the step (all-reduce)")
-            return part
-        parts = {}
+    def _post_recv(self, buf: torch.Tensor, src: int, tag: int) -> tuple[torch.Tensor, Any]:
+        work = self._world().recv([buf], self.rank_of[src], tag)
+        self.pending.append((False, work, buf))
+        return buf, work
+
+    def _received(
+        self, handle: AllReduce, recvs: dict[int, tuple[torch.Tensor, Any]], phase: str
+    ) -> dict[int, torch.Tensor]:
+        """Wait for `recvs` in owner order; a poisoned one aborts the step."""
+        out = {}
         for owner in handle.owners:
-            if owner == self.node:
-                parts[owner] = handle.mine
-            else:
-                part, work = handle.recvs[owner]
+            if owner in recvs:
+                part, work = recvs[owner]
                 self._wait(work, owner)
                 if is_poison(part):
-                    raise PeerAborted(f"node {owner} aborted the step (all-reduce)")
-                parts[owner] = part
-        if combine is not None:
-            total = combine(parts)
-        else:
-            total = None
-            for part in parts.values():
-                total = part.clone() if total is None else total.add_(part)
-            assert total is not None
+                    raise PeerAborted(f"node {owner} aborted the step ({phase})")
+                out[owner] = part
+        return out
+
+    def reduce_chunk(self, handle: AllReduce) -> None:
+        """Reduce-scatter's end: fold our chunk from the owners' pieces (fixed order) and send it to
+        the other owners. Call it for every all-reduce of the step before `finish_allreduce` of any:
+        owners finish their runs in different orders, and one waiting for a run's gathered chunks
+        before sending its chunks of another would wait for a peer doing the converse (a deadlock)."""
+        if handle.receive_only or handle.chunk is not None:
+            return
+        run = handle.run
+        assert run is not None
+        ours = chunk_windows(run.numel, len(handle.owners))[handle.owners.index(self.node)]
+        parts = self._received(handle, handle.recvs, "reduce-scatter")
+        parts[self.node] = run.piece(self.node, handle.mine, ours)
+        chunk = run.fold(parts, ours)
+        for other in handle.owners:
+            if other != self.node and chunk.numel():
+                self.send(chunk, other, _GATHER_TAG + handle.tag)
+        handle.chunk = chunk
+        handle.gathered = True
+
+    def finish_allreduce(self, handle: AllReduce) -> torch.Tensor:
+        """All-gather: our chunk (`reduce_chunk`) and the other owners' into the finished sum, then
+        pass it on to the replicas this node serves."""
+        if handle.receive_only:
+            return self._received(handle, handle.recvs, "all-reduce")[next(iter(handle.recvs))]
+        self.reduce_chunk(handle)
+        run = handle.run
+        assert run is not None and handle.chunk is not None
+        windows = chunk_windows(run.numel, len(handle.owners))
+        total = torch.empty(run.numel)
+        gathered = self._received(handle, handle.gathers, "all-gather")
+        gathered[self.node] = handle.chunk
+        for owner, (start, stop) in zip(handle.owners, windows, strict=True):
+            if owner in gathered:
+                total[start:stop] = gathered[owner]
         for replica in handle.forward_to:
             self.send(total, replica, _ALLREDUCE_TAG + handle.tag)
+        handle.forwarded = True
         return total
+
+    def abandon_allreduce(self, handle: AllReduce) -> None:
+        """We give up a started all-reduce: poison what we still owe (our chunk to the other owners,
+        the finished sum to our replicas), so nobody waits for it until the timeout. Our receives
+        were posted when it started."""
+        if handle.receive_only or handle.run is None:
+            return
+        windows = chunk_windows(handle.run.numel, len(handle.owners))
+        start, stop = windows[handle.owners.index(self.node)]
+        if not handle.gathered and stop > start:
+            for other in handle.owners:
+                if other != self.node:
+                    self.send_poison(torch.empty(stop - start), other, _GATHER_TAG + handle.tag)
+        if not handle.forwarded:
+            for replica in handle.forward_to:
+                self.send_poison(torch.empty(handle.run.numel), replica, _ALLREDUCE_TAG + handle.tag)
+        handle.gathered = handle.forwarded = True
 
     def send_poison(self, like: torch.Tensor, dst: int, tag: int) -> None:
         """Tell `dst`, which may be blocked waiting for this message, that we abandoned the step.
@@ -260,32 +330,43 @@ class Comm:
         with contextlib.suppress(RuntimeError):  # the pair to a dead peer may be broken already
             self.pending.append((False, self._world().recv([buf], self.rank_of[src], tag), buf))
 
-    def drain_allreduce(
-        self,
-        numel: int,
-        owners: tuple[int, ...],
-        tag: int,
-        replicas: tuple[int, ...] = (),
-        sizes: Mapping[int, int] | None = None,
-    ) -> None:
-        """Post the receives of an all-reduce we will not take part in (see `drain`). `numel`: the
-        finished sum's size; `sizes`: each computing owner's contribution, as in `allreduce`."""
+    def drain_allreduce(self, owners: tuple[int, ...], tag: int, run: RunSum, replicas: tuple[int, ...] = ()) -> None:
+        """Post the receives of an all-reduce we will not take part in (see `drain`): both phases'
+        messages from each other computing owner, or a replica's finished sum."""
         computing = tuple(n for n in owners if n not in replicas)
         if self.node in replicas:
             source = computing[replicas.index(self.node) % len(computing)]
-            self.drain(torch.empty(numel), source, _ALLREDUCE_TAG + tag)
+            self.drain(torch.empty(run.numel), source, _ALLREDUCE_TAG + tag)
             return
-        for other in computing:
-            if other != self.node:
-                like = torch.empty(sizes[other] if sizes is not None else numel)
-                self.drain(like, other, _ALLREDUCE_TAG + tag)
+        windows = chunk_windows(run.numel, len(computing))
+        ours = windows[computing.index(self.node)]
+        for other, (start, stop) in zip(computing, windows, strict=True):
+            if other == self.node:
+                continue
+            if run.piece_numel(other, ours):
+                self.drain(torch.empty(run.piece_numel(other, ours)), other, _ALLREDUCE_TAG + tag)
+            if stop > start:
+                self.drain(torch.empty(stop - start), other, _GATHER_TAG + tag)
 
-    def poison_allreduce(self, numel_for: Mapping[int, int], tag: int) -> None:
-        """Poison the messages of an all-reduce we will not take part in (`numel_for`: each other
-        owner -> the size of what it expects from us)."""
-        for other, numel in numel_for.items():
-            if other != self.node:
-                self.send_poison(torch.empty(numel), other, _ALLREDUCE_TAG + tag)
+    def poison_allreduce(self, owners: tuple[int, ...], tag: int, run: RunSum, replicas: tuple[int, ...] = ()) -> None:
+        """Poison every message we owe in an all-reduce we will not take part in: our piece of each
+        other owner's chunk, our chunk, and the finished sum to the replicas we serve."""
+        computing = tuple(n for n in owners if n not in replicas)
+        if self.node in replicas:
+            return  # a replica only receives
+        windows = chunk_windows(run.numel, len(computing))
+        mine = computing.index(self.node)
+        start, stop = windows[mine]
+        for other, window in zip(computing, windows, strict=True):
+            if other == self.node:
+                continue
+            if run.piece_numel(self.node, window):
+                self.send_poison(torch.empty(run.piece_numel(self.node, window)), other, _ALLREDUCE_TAG + tag)
+            if stop > start:
+                self.send_poison(torch.empty(stop - start), other, _GATHER_TAG + tag)
+        for i, replica in enumerate(replicas):
+            if i % len(computing) == mine:
+                self.send_poison(torch.empty(run.numel), replica, _ALLREDUCE_TAG + tag)
 
     def commit(self, vector: torch.Tensor) -> torch.Tensor:
         """The per-step barrier: sum `vector` over all members (gathered by the first member, summed

@@ -21,7 +21,7 @@ from runtime import _pipelining
 from runtime.comm import Comm, PeerAborted
 from runtime.config import JobConfig
 from runtime.data.dataset import Batches
-from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
+from runtime.grad_order import GradAccumulator, RunSum, grad_plan, home_pipelines, runs_in_order
 from runtime.layout import Layout
 from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
 from runtime.rng import evaluating, forward_layer, layer_rng
@@ -97,6 +97,8 @@ class Executor:
         """Called with (action index, number of actions) before each action (fault injection)."""
         self._norm_done = False
         """This step's gradient-norm exchange completed (or is not needed)."""
+        self._open_reduces: list = []
+        """This step's all-reduces started and not finished (`Comm.abandon_allreduce` on failure)."""
         self._update: tuple[dict, float | None, bool, object] | None = None
         """This step's reduced gradients by run, clip factor, skip and optimizer settings."""
 
@@ -177,6 +179,7 @@ class Executor:
         started = time.perf_counter()
         self._norm_done = self._val_batch is not None or not norm_needed(self.config)
         self._update = None
+        self._open_reduces = []
         try:
             self._loop(
                 step,
@@ -210,6 +213,9 @@ class Executor:
             return
         if not self._norm_done:  # whoever waits for our part of the norm exchange gives up now
             self.comm.poison_norms(self.layout.num_layers)
+        for handle in self._open_reduces:  # started: we may still owe our chunk of the sum
+            self.comm.abandon_allreduce(handle)
+        self._open_reduces = []
         if self.current is None:
             return
         current = self.current
@@ -224,13 +230,9 @@ class Executor:
                 elif not (act is current and consumed):
                     self.comm.drain(self._buffer(boundary), act.peer, tag)
             elif act.kind == ALL_REDUCE and (act.layers, act.group) not in started_reduces:
-                numel = sum(self.layer_numel[i] for i in range(*act.layers))
                 replicas = self._replica_owners(act)
-                ours = numel if self.node in replicas else self._contribution_numel(act, self.node)
-                owed = {n: numel if n in replicas else ours for n in act.group}
-                self.comm.poison_allreduce(owed, act.layers[0])
-                sizes = {n: self._contribution_numel(act, n) for n in act.group if n not in replicas}
-                self.comm.drain_allreduce(numel, act.group, act.layers[0], replicas, sizes)
+                self.comm.poison_allreduce(act.group, act.layers[0], self._run_sum(act), replicas)
+                self.comm.drain_allreduce(act.group, act.layers[0], self._run_sum(act), replicas)
 
     def _loop(
         self, step, actions, result, inputs, outputs, out_grads, param_groups, rf_inputs, keep_alive, reduces
@@ -360,12 +362,13 @@ class Executor:
         replicas = self._replica_owners(act)
         if self.node in replicas:  # computes nothing here: receives the finished sum
             flat = torch.zeros(sum(self.layer_numel[i] for i in range(lo, hi)))
-            return flat, self.comm.allreduce(flat, act.group, tag=lo, replicas=replicas)
-        flat = self.grads.contribution(lo, hi)
-        if self.comm is None or len(act.group) == 1:
-            return flat, None
-        sizes = {n: self._contribution_numel(act, n) for n in act.group if n not in replicas}
-        return flat, self.comm.allreduce(flat, act.group, tag=lo, replicas=replicas, sizes=sizes)
+        else:
+            flat = self.grads.contribution(lo, hi)
+            if self.comm is None or len(act.group) == 1:
+                return flat, None
+        handle = self.comm.allreduce(flat, act.group, lo, self._run_sum(act), replicas)
+        self._open_reduces.append(handle)
+        return flat, handle
 
     def _runs_in_order(self, actions: list[Action]) -> bool:
         """`grad_order.runs_in_order` for this action list (the same list every step of a generation)."""
@@ -378,11 +381,8 @@ class Executor:
             self._in_order = (actions, runs_in_order(self.plan, self.node, backwards))
         return self._in_order[1]
 
-    def _contribution_numel(self, act: Action, node: int) -> int:
-        return contribution_numel(self.plan, node, *act.layers, self.layer_numel)
-
-    def _fold(self, act: Action, parts: dict[int, torch.Tensor]) -> torch.Tensor:
-        return fold(self.plan, parts, *act.layers, self.layer_numel)
+    def _run_sum(self, act: Action) -> RunSum:
+        return RunSum(self.plan, *act.layers, self.layer_numel)
 
     def _replica_owners(self, act: Action) -> tuple[int, ...]:
         """Owners of the run that only keep a replica (they compute nothing for these layers)."""
@@ -398,9 +398,10 @@ class Executor:
     def _finish(self, act: Action, flat: torch.Tensor, handle) -> dict[int, list[torch.Tensor]]:
         """Finish the all-reduce of `act`'s run: layer -> its reduced gradients (views of the sum)."""
         if handle is not None:
-            flat = self.comm.finish_allreduce(handle, lambda parts: self._fold(act, parts))
+            flat = self.comm.finish_allreduce(handle)
+            self._open_reduces.remove(handle)
         else:
-            flat = self._fold(act, {self.node: flat})
+            flat = self._run_sum(act).fold({self.node: flat})
         out: dict[int, list[torch.Tensor]] = {}
         offset = 0
         for i in range(*act.layers):
@@ -416,6 +417,10 @@ class Executor:
         forwarding to replicas as before), then, when clipping or the non-finite check is on,
         exchange the global gradient norm so every node scales, or skips, alike."""
         finished: dict[tuple, dict[int, list[torch.Tensor]]] = {}
+        for act in actions[index:]:  # every chunk out before any gather is awaited (no cross-run wait)
+            if act.kind == OPTIMIZER and reduces[(act.layers, act.group)][1] is not None:
+                self.current = act
+                self.comm.reduce_chunk(reduces[(act.layers, act.group)][1])
         for act in actions[index:]:
             if act.kind == OPTIMIZER:
                 self.current = act

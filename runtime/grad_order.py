@@ -186,27 +186,99 @@ def runs_in_order(plan: GradPlan, node: int, backwards: list[tuple[range, int]])
     return True
 
 
+Window = tuple[int, int]
+"""An element range [start, stop) of a layer run's flat, finished gradient."""
+
+
+def chunk_windows(numel: int, parts: int) -> list[Window]:
+    """`numel` elements cut into `parts` contiguous windows of near-equal size (the reduce-scatter's
+    chunks, one per computing owner, in owner order)."""
+    return [(c * numel // parts, (c + 1) * numel // parts) for c in range(parts)]
+
+
+def _layer_cuts(lo: int, hi: int, layer_numel: dict[int, int], window: Window | None) -> list[tuple[int, int, int]]:
+    """(layer, start, stop) inside each layer of [lo, hi) that `window` of the flat run covers."""
+    a, b = window if window is not None else (0, sum(layer_numel[layer] for layer in range(lo, hi)))
+    cuts, at = [], 0
+    for layer in range(lo, hi):
+        start, stop = max(a - at, 0), min(b - at, layer_numel[layer])
+        if start < stop:
+            cuts.append((layer, start, stop))
+        at += layer_numel[layer]
+    return cuts
+
+
+@dataclass(frozen=True)
+class RunSum:
+    """The fixed-order sum of one layer run [lo, hi) over its computing owners, by window.
+
+    Every addition of `fold` is element-wise, so the sum of a window, folded from the windows of the
+    owners' contributions, has the bits of the same window of the whole sum: the reduce-scatter
+    (`runtime.comm`) lets each chunk's owner fold its chunk alone and stays bit-identical."""
+
+    plan: GradPlan
+    lo: int
+    hi: int
+    layer_numel: dict[int, int]
+
+    @property
+    def numel(self) -> int:
+        """Size of the finished (flat) sum."""
+        return sum(self.layer_numel[layer] for layer in range(self.lo, self.hi))
+
+    def piece_numel(self, node: int, window: Window | None = None) -> int:
+        """Size of `node`'s contribution restricted to `window` (None: the whole run)."""
+        cuts = _layer_cuts(self.lo, self.hi, self.layer_numel, window)
+        return sum(len(self.plan.units(node, layer)) * (stop - start) for layer, start, stop in cuts)
+
+    def piece(self, node: int, flat: torch.Tensor, window: Window) -> torch.Tensor:
+        """`node`'s contribution `flat` (whole run, as `GradAccumulator.contribution` lays it out)
+        restricted to `window`, laid out the same way (per layer, per unit)."""
+        offsets, at = {}, 0
+        for layer in range(self.lo, self.hi):
+            offsets[layer] = at
+            at += len(self.plan.units(node, layer)) * self.layer_numel[layer]
+        pieces = []
+        for layer, start, stop in _layer_cuts(self.lo, self.hi, self.layer_numel, window):
+            for k in range(len(self.plan.units(node, layer))):
+                base = offsets[layer] + k * self.layer_numel[layer]
+                pieces.append(flat[base + start : base + stop])
+        if len(pieces) == 1:
+            return pieces[0]
+        return torch.cat(pieces) if pieces else torch.empty(0)
+
+    def fold(self, parts: dict[int, torch.Tensor], window: Window | None = None) -> torch.Tensor:
+        """`window` of the finished sum from every computing owner's `piece` of that window."""
+        return _fold_cuts(self.plan, parts, _layer_cuts(self.lo, self.hi, self.layer_numel, window))
+
+
 def contribution_numel(plan: GradPlan, node: int, lo: int, hi: int, layer_numel: dict[int, int]) -> int:
     """Size of `node`'s contribution to the all-reduce of layers [lo, hi)."""
-    return sum(len(plan.units(node, layer)) * layer_numel[layer] for layer in range(lo, hi))
+    return RunSum(plan, lo, hi, layer_numel).piece_numel(node)
 
 
 def fold(
     plan: GradPlan, parts: dict[int, torch.Tensor], lo: int, hi: int, layer_numel: dict[int, int]
 ) -> torch.Tensor:
     """The gradient of layers [lo, hi), flat, from every owner's contribution, in the fixed order."""
+    return RunSum(plan, lo, hi, layer_numel).fold(parts)
+
+
+def _fold_cuts(plan: GradPlan, parts: dict[int, torch.Tensor], cuts: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The sum over the layer pieces `cuts` ((layer, start, stop) each) from each owner's pieces of
+    them (per cut, one piece per unit the owner holds), flat, in the fixed summation order."""
     pieces: dict[tuple[int, Unit], torch.Tensor] = {}
     for node, flat in parts.items():
         offset = 0
-        for layer in range(lo, hi):
+        for layer, start, stop in cuts:
             for unit in plan.units(node, layer):
-                pieces[(layer, unit)] = flat[offset : offset + layer_numel[layer]]
-                offset += layer_numel[layer]
-    result = torch.empty(sum(layer_numel[layer] for layer in range(lo, hi)))
+                pieces[(layer, unit)] = flat[offset : offset + stop - start]
+                offset += stop - start
+    result = torch.empty(sum(stop - start for _, start, stop in cuts))
     at = 0
-    for layer in range(lo, hi):
-        total = result[at : at + layer_numel[layer]]
-        at += layer_numel[layer]
+    for layer, start, stop in cuts:
+        total = result[at : at + stop - start]
+        at += stop - start
         units = sorted(unit for (lay, unit) in pieces if lay == layer)
         if not units:
             total.zero_()

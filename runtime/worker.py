@@ -357,7 +357,16 @@ class Worker:
             "step_time_s": sorted(recent)[len(recent) // 2] if recent else None,
         }
 
+        decided: list[float] = []
+
         def decide(records: dict[int, dict[str, Any]]) -> Plan:
+            began = time.perf_counter()
+            try:
+                return _decide(records)
+            finally:
+                decided.append(time.perf_counter() - began)
+
+        def _decide(records: dict[int, dict[str, Any]]) -> Plan:
             joiners = self.coord.joiners(previous["joins_consumed"], self.coord.join_count())
             # Spares stand by outside the group; one that died (dead mark, stale heartbeat) is dropped.
             spares = [n for n in previous.get("spare", []) if not self.coord.is_gone(n, cfg.heartbeat_timeout_s)]
@@ -376,7 +385,8 @@ class Worker:
                 now=time.time(),
             )
 
-        return self.coord.form_generation(
+        began = time.perf_counter()
+        plan = self.coord.form_generation(
             generation,
             node=self.node,
             record=record,
@@ -388,6 +398,11 @@ class Worker:
             timeout_s=cfg.rendezvous_timeout_s,
             answer_timeout_s=cfg.op_timeout_s,
         )
+        # Where a regroup's time goes (`bench runtime`'s breakdown): waiting on the store for every
+        # survivor's answer, and the plan itself (`decide_s`, on the member that computed it).
+        self._emit({"event": "regroup", "generation": generation, "form_s": time.perf_counter() - began,
+                    "decide_s": decided[0] if decided else None})
+        return plan
 
     # -- one generation -----------------------------------------------------------------------
     def _run_generation(self, plan: Plan) -> tuple[str, str]:

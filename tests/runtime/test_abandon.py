@@ -39,15 +39,16 @@ class RecordingComm:
     def drain(self, like: torch.Tensor, src: int, tag: int) -> None:
         self.drained.append((src, tag))
 
-    def poison_allreduce(self, numel_for: dict[int, int], tag: int) -> None:
+    def poison_allreduce(self, owners: tuple[int, ...], tag: int, run, replicas: tuple[int, ...] = ()) -> None:
+        pass
+
+    def abandon_allreduce(self, handle) -> None:
         pass
 
     def poison_norms(self, numel: int) -> None:
         self.norms_poisoned += 1
 
-    def drain_allreduce(
-        self, numel: int, owners: tuple[int, ...], tag: int, replicas: tuple[int, ...] = (), sizes=None
-    ) -> None:
+    def drain_allreduce(self, owners: tuple[int, ...], tag: int, run, replicas: tuple[int, ...] = ()) -> None:
         self.drained_reduces.append((tag, owners))
 
 

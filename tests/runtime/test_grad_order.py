@@ -8,7 +8,16 @@ import random
 import pytest
 import torch
 
-from runtime.grad_order import GradAccumulator, contribution_numel, fold, grad_plan, home_pipelines, runs_in_order
+from runtime.grad_order import (
+    GradAccumulator,
+    RunSum,
+    chunk_windows,
+    contribution_numel,
+    fold,
+    grad_plan,
+    home_pipelines,
+    runs_in_order,
+)
 from runtime.layout import Layout, initial_layout
 from runtime.strategies import get_strategy
 from tests.runtime.conftest import small_config
@@ -61,6 +70,12 @@ def _run(layout: Layout, home: tuple[int, ...], grads, shuffle: random.Random) -
         assert contribution.numel() == contribution_numel(plan, node, 0, len(LAYER_SHAPES), numel)
         parts[node] = contribution
     flat = fold(plan, parts, 0, len(LAYER_SHAPES), numel)
+    # The reduce-scatter's way: each chunk folded alone from the owners' pieces of it.
+    run = RunSum(plan, 0, len(LAYER_SHAPES), numel)
+    for owners in (2, 3, 5):
+        chunks = [run.fold({n: run.piece(n, part, w) for n, part in parts.items()}, w)
+                  for w in chunk_windows(run.numel, owners)]
+        assert torch.equal(torch.cat(chunks), flat), f"{owners} chunks"
     assert layout.num_layers == len(LAYER_SHAPES)
     return dict(zip(LAYER_SHAPES, flat.split([numel[layer] for layer in LAYER_SHAPES]), strict=True))
 
