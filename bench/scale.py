@@ -270,7 +270,7 @@ def spill_traffic_vs_peers_only(*, quick: bool) -> dict:
     from runtime.strategies.recycle import RecycleStrategy
 
     model = iteration_model("p3.2xlarge", dp=4, pp=8, microbatches=8)
-    config = model._config(dp=4, pp=8, microbatches=8, strategy="recycle", schedule="fiw")
+    config = dataclasses.replace(model.plans.config("recycle", pipelines=4), schedule="fiw")
     rows = []
     for gbps in (10.0,) if quick else (10.0, 1e6):
         cost = dataclasses.replace(model.cost, network=dataclasses.replace(model.cost.network, bandwidth_gbps=gbps),
