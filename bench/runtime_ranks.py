@@ -35,7 +35,9 @@ PHASES = (
 """The breakdown's phases, in order (JSON key, label)."""
 
 
-def _config(dp: int, pp: int, steps: int) -> JobConfig:
+def rank_config(dp: int, pp: int, steps: int) -> JobConfig:
+    """The job of the runs past 8 ranks (and of tests/runtime/test_sixteen_ranks.py): tiny, emulated
+    device time, so 2 cores carry 32 ranks."""
     return JobConfig(
         dp=dp,
         pp=pp,
@@ -119,7 +121,7 @@ def run(*, quick: bool, progress: Progress, done: int = 0, total: int = 2) -> di
     out: dict[str, Any] = {"goal_kill_to_next_commit_s_at_32_ranks": KILL_TO_COMMIT_GOAL_S}
     for i, (dp, pp) in enumerate(SIZES):
         progress.step(f"emulated: recycle at {dp * pp} ranks (kill, kill two, notice)", done + i, total)
-        config = _config(dp, pp, steps)
+        config = rank_config(dp, pp, steps)
         result = run_local(config, faults=_faults(pp, first), timeout_s=240)
         out[f"ranks_{dp * pp}"] = {
             "dp": dp,

@@ -418,6 +418,15 @@ def simulate(
         run.stop(t)
         return True
 
+    def restore_from_checkpoint(t: float) -> None:
+        """A loss took every copy of some layer: stop, re-form on who is left, resume from the
+        checkpoint when a plan exists again (else wait for replacements)."""
+        lose_state(t, hit=True)
+        form()
+        run.step_s = step_time()
+        if run.step_s < math.inf:
+            run.resume(t, params)
+
     index = 0
     while index < len(events):
         t = events[index].t_s
@@ -493,11 +502,7 @@ def simulate(
                 if pred is None or succ is None or all(n is None for n in slots[p]):
                     reconfigure = True  # consecutive losses: no replica left for one of the stages
             if hit and _stage_lost(strategy, slots, pp):
-                lose_state(t, hit=True)
-                form()
-                run.step_s = step_time()
-                if run.step_s < math.inf:
-                    run.resume(t, params)
+                restore_from_checkpoint(t)
                 continue
             # Joiners are taken in when re-forming full pipelines would put more nodes to work
             # (a pipeline running a taken-over stage gets its redundancy back, or a new pipeline forms).
@@ -520,11 +525,7 @@ def simulate(
             p, s = where.pop(node)
             slots[p][s] = None
         if hit and _stage_lost(strategy, slots, pp):
-            lose_state(t, hit=True)
-            form()
-            run.step_s = step_time()
-            if run.step_s < math.inf:
-                run.resume(t, params)
+            restore_from_checkpoint(t)
             continue
         if hit:
             run.lose_in_flight(params)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.config import DeviceTime, JobConfig, ModelSpec
+from bench.runtime_ranks import rank_config as bench_rank_config
+from runtime.config import JobConfig
 from runtime.launcher import Fault, RunResult, run_local
 from tests.runtime.conftest import assert_same_math
 
@@ -22,19 +23,8 @@ FAULTS = [
 
 
 def _config() -> JobConfig:
-    return JobConfig(
-        dp=4,
-        pp=4,
-        microbatches=2,
-        global_batch=16,
-        steps=6,
-        model=ModelSpec(n_layer=2),
-        strategy="recycle",
-        schedule="fiw",
-        device_time=DeviceTime(forward_ms=2.0),
-        op_timeout_s=2.0,
-        heartbeat_timeout_s=4.0,
-    )
+    # The same job `python -m bench runtime` runs past 8 ranks (one owner of its settings).
+    return bench_rank_config(dp=4, pp=4, steps=6)
 
 
 def _generations(result: RunResult) -> list[dict]:
