@@ -17,8 +17,8 @@ TORCH_INDEX_OPTS ?= --retries 0 --timeout 10
 PYTEST_ARGS ?=
 # `make test` runs the suite in two parts: tests that start many processes or hold timing budgets
 # (multi-process torch runs, end-to-end scenarios, the chaos soak, real servers and workers) one at a
-# time, and everything else on TEST_WORKERS pytest-xdist workers, each with its own var folder and
-# Redis database (tests/xdist_isolation.py). PYTEST_MARKS narrows both parts (CI's embedded pass);
+# time, and everything else on TEST_WORKERS pytest-xdist workers (a file's tests together, in order),
+# each with its own var folder and Redis database (tests/xdist_isolation.py). PYTEST_MARKS narrows both parts (CI's embedded pass);
 # a part that selects nothing (pytest's exit status 5) is not a failure.
 TEST_WORKERS ?= 2
 SERIAL_MARKS := runtime or scenario or chaos or integration
@@ -68,7 +68,7 @@ browser:
 
 test: setup lint browser
 	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
-	$(BIN)/python -m pytest -p tests.xdist_isolation -n $(TEST_WORKERS) -m "not ($(SERIAL_MARKS))$(and_marks)" \
+	$(BIN)/python -m pytest -p tests.xdist_isolation -n $(TEST_WORKERS) --dist loadfile -m "not ($(SERIAL_MARKS))$(and_marks)" \
 		$(PYTEST_ARGS) || [ $$? = 5 ]
 	$(BIN)/python -m pytest -m "($(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS) || [ $$? = 5 ]
 
