@@ -33,6 +33,8 @@ EXAMPLES = int(os.environ.get("SPOTPIPE_FUZZ_EXAMPLES", "25" if FULL else "5"))
 MIN_REQUESTS = 500  # the bar; the coverage phase alone sends well over it
 
 schema = schemathesis.openapi.from_wsgi("/api/v1/schema/", application)
+# test_fuzz_volume counts what the module's fuzz cases sent: one process, in file order.
+pytestmark = pytest.mark.serial
 
 SENT: list[str] = []  # "METHOD path -> status" of every request, for the total below
 SERVER_ERRORS: list[str] = []
