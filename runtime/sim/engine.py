@@ -35,7 +35,8 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
-from runtime.config import FAULT_TOLERANT_STRATEGIES
+from runtime.config import FAULT_TOLERANT_STRATEGIES, JobConfig
+from runtime.durability import estimated_mtbf_s
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import Pattern
 from runtime.sim.prices import PriceSeries
@@ -76,7 +77,12 @@ class SimParams:
     """Restart from a checkpoint: the rendezvous plus a reload of what one write wrote (same bytes,
     same storage); None derives it as `rendezvous_s + checkpoint_cost_s`."""
     checkpoint_interval_s: float = 0.0
-    """Compute seconds between checkpoints; 0 = Young's sqrt(2 C MTBF) from the trace's rate."""
+    """Compute seconds between checkpoints; 0 = Young's sqrt(2 C MTBF) as the runtime sets it:
+    checkpoint-restart from the trace's whole-fleet rate (it restarts on every loss); the others
+    from the runtime's estimate (`runtime.durability.estimated_mtbf_s`: `mtbf_prior_s`, pulled down
+    by each loss that needed the checkpoint), recomputed at each such loss."""
+    mtbf_prior_s: float = field(default_factory=lambda: JobConfig.__dataclass_fields__["mtbf_s"].default)
+    """The runtime's prior mean time between failures that need a checkpoint (`JobConfig.mtbf_s`)."""
     checkpoint_every_strategy: bool = True
     """Every strategy writes periodic checkpoints (the runtime does); False: checkpoint-restart only."""
     bamboo_failover_s: float = 10.0
@@ -317,8 +323,21 @@ def simulate(
         mtbf = 1.0 / (rate_per_node_s * wanted) if rate_per_node_s > 0 else 1e9
         interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
     periodic = strategy != "checkpoint" and params.checkpoint_every_strategy
+    if periodic and params.checkpoint_interval_s <= 0:
+        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=params.mtbf_prior_s)
     duty = interval / (interval + params.checkpoint_cost_s) if periodic else 1.0
     run = _Run(samples_per_step, duty=duty, interval_s=interval if periodic else math.inf)
+    needed_checkpoint = 0  # losses that took every copy of some layer (the runtime's "failures")
+
+    def follow_the_runtimes_interval(t: float) -> None:
+        """After a loss that needed the checkpoint, the interval the runtime's next plan carries."""
+        nonlocal needed_checkpoint
+        needed_checkpoint += 1
+        if not periodic or params.checkpoint_interval_s > 0:
+            return
+        mtbf = estimated_mtbf_s(params.mtbf_prior_s, t, needed_checkpoint)
+        run.interval_s = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
+        run.duty = run.interval_s / (run.interval_s + params.checkpoint_cost_s)
     run.target = samples_target
 
     join_delay = params.replacement_delay_s + params.node_ready_s
@@ -415,6 +434,7 @@ def simulate(
             return True
         if hit:
             run.lose_in_flight(params)
+        follow_the_runtimes_interval(t)
         run.stop(t)
         return True
 

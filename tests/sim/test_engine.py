@@ -134,3 +134,26 @@ def test_price_history_loader_on_the_real_file(shared_data):
     assert meta["changes"] >= 1 and picked.at(0.0) > 0
     with pytest.raises(ValueError, match=r"no Linux/UNIX prices for nope\.large"):
         load_price_series(path, instance_type="nope.large")
+
+
+def test_strategies_that_survive_losses_checkpoint_at_the_runtimes_interval():
+    """The runtime counts a loss as a failure only when it needed the checkpoint (a layout
+    survived: no), so recycle's interval comes from its MTBF prior however often nodes go;
+    checkpoint-restart's from the trace's whole-fleet rate."""
+    model = make_model()
+    # One node of four goes and comes back every 10 minutes: a busy fleet, but recycle keeps a layout.
+    events = steady()
+    for k in range(1, 12):
+        events += [TraceEvent(600.0 * k, REMOVE, "n1"), TraceEvent(600.0 * k + 60.0, ADD, "n1")]
+    trace = Trace(name="churn", events=events, duration_s=7200.0)
+    cost = SimParams().checkpoint_cost_s
+    result = simulate(trace, strategy="recycle", model=model, params=SimParams(mtbf_prior_s=3600.0))
+    assert result.checkpoint_interval_s == pytest.approx((2 * cost * 3600.0) ** 0.5)
+    assert result.restores == 0
+    # A smaller prior means more frequent checkpoints, so less training in the same trace.
+    busier = simulate(trace, strategy="recycle", model=model, params=SimParams(mtbf_prior_s=600.0))
+    assert busier.total_samples < result.total_samples
+    # Checkpoint-restart does not read the prior: it restarts on every loss.
+    ckpt = [simulate(trace, strategy="checkpoint", model=model, params=SimParams(mtbf_prior_s=p)).total_samples
+            for p in (600.0, 3600.0)]
+    assert ckpt[0] == ckpt[1]
