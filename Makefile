@@ -15,12 +15,12 @@ TORCH_SPEC := torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_INDEX_OPTS ?= --retries 0 --timeout 10
 PYTEST_ARGS ?=
-# `make test` runs the suite in two parts: tests that start many processes, hold timing budgets or
-# read what earlier tests left (multi-process torch runs, end-to-end scenarios, the chaos soak, real
-# servers and workers, the fuzz run's count) one at a
-# time, and everything else on TEST_WORKERS pytest-xdist workers (a file's tests together, in order),
-# each with its own var folder and Redis database (tests/xdist_isolation.py). PYTEST_MARKS narrows both parts (CI's embedded pass);
-# a part that selects nothing (pytest's exit status 5) is not a failure.
+# `make test` runs the suite in two parts: one at a time, the tests that start many processes, hold
+# timing budgets or read what earlier tests left (markers in SERIAL_MARKS: multi-process torch runs,
+# end-to-end scenarios, the chaos soak, real servers and workers, the fuzz run's count); everything
+# else on TEST_WORKERS pytest-xdist workers (a file's tests together, in order), each with its own
+# var folder and Redis database (tests/xdist_isolation.py). PYTEST_MARKS narrows both parts (CI's
+# embedded pass); a part that selects nothing (pytest's exit status 5) is not a failure.
 TEST_WORKERS ?= 2
 SERIAL_MARKS := runtime or scenario or chaos or integration or serial
 PYTEST_MARKS ?=
