@@ -1,6 +1,6 @@
-"""Money read from the billing ledger for the dashboard: spend over a window, spend rate now, cost
-so far per job, a job's cost curve, and the cost page (billing's report plus per-pool and
-per-preemption views of it).
+"""Money read from the billing ledger for the dashboard: spend rate now, cost so far per job, a job's
+cost curve, and the cost page (billing's report plus per-pool and per-preemption views of it). A
+team's spend over a window is billing's (`controlplane.billing.reports.teams_daily_spend`).
 
 A `BillingSegment` is a stretch of one instance's life at one price; an open segment (`end` null)
 is billed up to `now`. Durations are summed in Python over `values_list` rows: a job has tens to
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -55,50 +55,6 @@ class Spend:
     @property
     def savings(self) -> Decimal:
         return self.on_demand - self.cost
-
-
-def team_spend(*, team_ids: Iterable[int], start: datetime, end: datetime) -> Spend:
-    """What the teams' instances cost in [start, end)."""
-    rows = (
-        BillingSegment.objects.filter(team_id__in=list(team_ids), start__lt=end)
-        .exclude(end__lte=start)
-        .values_list("start", "end", "price_per_hour", "on_demand_price_per_hour")
-    )
-    cost = on_demand = ZERO
-    for seg_start, seg_end, price, od_price in rows:
-        lo, hi = _clip(seg_start, seg_end, start, end)
-        hours = _hours(lo, hi)
-        cost += hours * price
-        on_demand += hours * od_price
-    return Spend(cost=cost, on_demand=on_demand)
-
-
-def team_daily_spend(*, team_ids: Iterable[int], start: datetime, end: datetime) -> list[tuple[datetime, Spend]]:
-    """Spend per UTC day in [start, end), one entry per day (days without spend count 0)."""
-    day0 = start.replace(hour=0, minute=0, second=0, microsecond=0)
-    days = []
-    day = day0
-    while day < end:
-        days.append(day)
-        day += timedelta(days=1)
-    cost: dict[datetime, Decimal] = defaultdict(Decimal)
-    on_demand: dict[datetime, Decimal] = defaultdict(Decimal)
-    rows = (
-        BillingSegment.objects.filter(team_id__in=list(team_ids), start__lt=end)
-        .exclude(end__lte=start)
-        .values_list("start", "end", "price_per_hour", "on_demand_price_per_hour")
-    )
-    for seg_start, seg_end, price, od_price in rows:
-        lo, hi = _clip(seg_start, seg_end, start, end)
-        cursor = lo
-        while cursor < hi:
-            day = cursor.replace(hour=0, minute=0, second=0, microsecond=0)
-            stop = min(hi, day + timedelta(days=1))
-            hours = _hours(cursor, stop)
-            cost[day] += hours * price
-            on_demand[day] += hours * od_price
-            cursor = stop
-    return [(day, Spend(cost=cost[day], on_demand=on_demand[day])) for day in days]
 
 
 def team_spend_rate(*, team_ids: Iterable[int]) -> Spend:

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db.models import Avg, Count, Max, OuterRef, Q, Subquery
 
+from controlplane.billing.reports import teams_daily_spend
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeKind
 from controlplane.fleet.states import LIVE_STATES, InstanceState
 from controlplane.jobs.models import (
@@ -181,9 +182,10 @@ def nodes_by_state(*, team_ids: Iterable[int]) -> dict[str, int]:
 def overview(*, team_ids: list[int], now: datetime) -> dict[str, Any]:
     """Running jobs, nodes by state, spend rate now, spend and savings this month (daily bars)."""
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    month = costs.team_spend(team_ids=team_ids, start=month_start, end=now)
     rate = costs.team_spend_rate(team_ids=team_ids)
-    daily = costs.team_daily_spend(team_ids=team_ids, start=month_start, end=now)
+    daily = list(teams_daily_spend(team_ids=team_ids, start=month_start, end=now, as_of=now).items())
+    month_cost = sum((spend.cost for _, spend in daily), Decimal(0))
+    month_on_demand = sum((spend.on_demand_cost for _, spend in daily), Decimal(0))
     active = list(
         TrainingJob.objects.filter(team_id__in=team_ids, status__in=ACTIVE_JOB_STATUSES)
         .order_by("-created_at", "-id")
@@ -197,12 +199,13 @@ def overview(*, team_ids: list[int], now: datetime) -> dict[str, Any]:
         "nodes_by_state": nodes_by_state(team_ids=team_ids),
         "spend_rate_per_hour": costs.money(rate.cost),
         "on_demand_rate_per_hour": costs.money(rate.on_demand),
-        "month": {"start": iso(month_start), "cost": costs.money(month.cost),
-                  "on_demand_equivalent": costs.money(month.on_demand), "savings": costs.money(month.savings)},
+        "month": {"start": iso(month_start), "cost": costs.money(month_cost),
+                  "on_demand_equivalent": costs.money(month_on_demand),
+                  "savings": costs.money(month_on_demand - month_cost)},
         "daily": {
             "x": [iso(day) for day, _ in daily],
             "cost": [num(spend.cost.quantize(costs.MONEY)) for _, spend in daily],
-            "savings": [num(spend.savings.quantize(costs.MONEY)) for _, spend in daily],
+            "savings": [num((spend.on_demand_cost - spend.cost).quantize(costs.MONEY)) for _, spend in daily],
         },
     }
 

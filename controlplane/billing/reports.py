@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -271,14 +272,50 @@ def _midnight(at: datetime) -> datetime:
     return at.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
+def _days(start: datetime, end: datetime) -> list[datetime]:
+    """Every UTC midnight from start's day up to end."""
+    days, day = [], _midnight(start)
+    while day < end:
+        days.append(day)
+        day += timedelta(days=1)
+    return days
+
+
+def _day_pieces(
+    seg_start: datetime, seg_end: datetime | None, start: datetime, end: datetime, as_of: datetime
+) -> Iterator[tuple[datetime, Decimal]]:
+    """A segment's hours inside [start, end), split at midnight UTC; an open one runs until as_of."""
+    stop = min(seg_end if seg_end is not None else max(as_of, seg_start), end)
+    cursor = max(seg_start, start)
+    while cursor < stop:
+        day = _midnight(cursor)
+        piece_end = min(stop, day + timedelta(days=1))
+        yield day, exact_hours(piece_end - cursor)
+        cursor = piece_end
+
+
+def teams_daily_spend(
+    *, team_ids: Iterable[int], start: datetime, end: datetime, as_of: datetime | None = None
+) -> dict[datetime, SpendLine]:
+    """What the teams' instances cost per UTC day in [start, end), every day listed (0 when idle),
+    by the same rule as `team_spend_report` (the dashboard's overview, across a user's teams)."""
+    as_of = as_of or timezone.now()
+    days = {day: SpendLine() for day in _days(start, end)}
+    rows = (
+        BillingSegment.objects.filter(team_id__in=list(team_ids), start__lt=end).exclude(end__lte=start)
+        .values_list("start", "end", "price_per_hour", "on_demand_price_per_hour")
+    )
+    for seg_start, seg_end, price, on_demand_price in rows:
+        for day, hours in _day_pieces(seg_start, seg_end, start, end, as_of):
+            days.setdefault(day, SpendLine()).add(hours, price, on_demand_price)
+    return days
+
+
 def team_spend_report(*, team: Any, start: datetime, end: datetime, as_of: datetime | None = None) -> TeamSpendReport:
     """Build `team`'s spend report over [start, end) (aware datetimes, normally midnights UTC)."""
     as_of = as_of or timezone.now()
     report = TeamSpendReport(team_id=team.pk, team_slug=team.slug, start=start, end=end, as_of=as_of)
-    day = _midnight(start)
-    while day < end:
-        report.days[day] = SpendLine()
-        day += timedelta(days=1)
+    report.days = {day: SpendLine() for day in _days(start, end)}
     rows = (
         BillingSegment.objects.filter(team_id=team.pk, start__lt=end).exclude(end__lte=start)
         .values_list("job_id", "job__name", "start", "end", "price_per_hour", "on_demand_price_per_hour")
@@ -286,15 +323,9 @@ def team_spend_report(*, team: Any, start: datetime, end: datetime, as_of: datet
     )
     for job_id, job_name, seg_start, seg_end, price, on_demand_price in rows:
         report.job_names.setdefault(job_id, job_name or NO_JOB)
-        stop = min(seg_end if seg_end is not None else max(as_of, seg_start), end)
-        cursor = max(seg_start, start)
-        while cursor < stop:
-            day = _midnight(cursor)
-            piece_end = min(stop, day + timedelta(days=1))
-            hours = exact_hours(piece_end - cursor)
+        for day, hours in _day_pieces(seg_start, seg_end, start, end, as_of):
             for line in (report.total, report.days.setdefault(day, SpendLine()),
                          report.jobs.setdefault(job_id, SpendLine()),
                          report.cells.setdefault((day, job_id), SpendLine())):
                 line.add(hours, price, on_demand_price)
-            cursor = piece_end
     return report
