@@ -5,9 +5,9 @@ in the decision itself (re-route, take over, re-instantiate, restart) from that 
 Two forms, with the same rows as a result: `reconfiguration_decide` records one decision (a few
 statements), and `reconfiguration_draft` + `reconfigurations_create` record a batch of them (the
 notice processor's) with a constant number of statements: one query for the jobs' current
-generations, one for the decisions already recorded, one insert. A bulk insert sends no
-`post_save`, so the batch form sends `reconfigurations_decided` instead, which orchestration
-listens to for applying the batch on commit."""
+generations, one for the decisions already recorded, one insert. Applying a decision (publishing
+the next generation) is orchestration's: the decider calls
+`orchestration.services.reconfigurations_apply_after_commit` with what this module recorded."""
 
 from __future__ import annotations
 
@@ -17,17 +17,12 @@ from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
-from django.dispatch import Signal
 from django.utils import timezone
 
 from controlplane.jobs.models import JobGeneration, Reconfiguration, TrainingJob
 
 if TYPE_CHECKING:
     from controlplane.fleet.models import Instance, InterruptionNotice
-
-# Sent after `reconfigurations_create` inserted rows (a bulk insert sends no post_save), with
-# `reconfigurations=[...]` (the new rows, with their ids), inside the caller's transaction.
-reconfigurations_decided = Signal()
 
 _QUERY = object()  # "look the generation up" (the one-decision form)
 
@@ -148,9 +143,7 @@ def reconfigurations_create(*, drafts: list[Reconfiguration]) -> list[Reconfigur
         wanted.pop(pair, None)
     if not wanted:
         return []
-    created = Reconfiguration.objects.bulk_create(list(wanted.values()))
-    reconfigurations_decided.send(sender=Reconfiguration, reconfigurations=created)
-    return created
+    return Reconfiguration.objects.bulk_create(list(wanted.values()))
 
 
 def reconfiguration_decide(

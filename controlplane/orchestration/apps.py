@@ -5,8 +5,3 @@ class OrchestrationConfig(AppConfig):
     name = "controlplane.orchestration"
     label = "orchestration"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self) -> None:
-        from controlplane.orchestration import signals
-
-        signals.connect()

@@ -21,7 +21,6 @@ from controlplane.fleet.notices import (
     notices_store,
     notices_sweep,
     processing,
-    reaction,
 )
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration
@@ -164,7 +163,7 @@ def test_failed_processing_is_retried_by_the_sweep_then_given_up(monkeypatch):
     notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
     real_react = processing.react
 
-    def broken(notice):
+    def broken(notice, batch):
         raise RuntimeError("database hiccup")
 
     monkeypatch.setattr(processing, "react", broken)
@@ -225,20 +224,35 @@ def test_handoff_modes(monkeypatch, settings):
     assert calls == ["kick", 1, 2]
 
 
-def test_a_concurrent_move_is_not_an_error(monkeypatch):
-    """Two drains may read the same running instance; the second finds it already moved under the
-    row lock and records the notice without failing."""
+def test_a_node_another_drain_already_moved_is_recorded_not_moved_again():
+    """Two drains may race for notices of the same node; the batch reads its instances under their
+    row locks, so the second finds the node already moved and records its notice without moving
+    it again or failing."""
     team = make_team()
     job = make_job(team)
     instance = running(team, job=job)
     notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
-    stale = type(instance).objects.select_related("job").get(pk=instance.pk)  # read while "running"
-    instance_transition(instance=instance, to="notice")  # the other drain wins
-    monkeypatch.setattr(reaction, "_find_instance", lambda notice, known=None: stale)
+    instance_transition(instance=instance, to="notice")  # the other drain won
     result = notices_drain()
     assert (result.processed, result.failed) == (1, 0)
     assert JobEvent.objects.exclude(kind="submitted").get(job=job).data["transitioned"] is False
     assert instance.events.filter(to_state="notice").count() == 1
+
+
+def test_a_notice_without_a_team_is_processed_in_the_batch_and_finds_its_node():
+    """A notice whose source names no team (its team is learnt from the node) goes through the same
+    batch as every other notice, beside notices that have one."""
+    team = make_team()
+    job = make_job(team)
+    first, second = running(team, job=job), running(team, job=job)
+    notices_store(drafts=[draft(team, first.provider_instance_id, "a")])
+    anonymous = draft(team, second.provider_instance_id, "b")
+    anonymous.team_id = None
+    notices_store(drafts=[anonymous])
+    assert notices_drain().processed == 2
+    stored = InterruptionNotice.objects.get(provider_instance_id=second.provider_instance_id)
+    assert (stored.team_id, stored.instance_id, stored.unknown_instance) == (team.pk, second.pk, False)
+    assert Reconfiguration.objects.filter(job=job).count() == 2
 
 
 class _FakeRedis:

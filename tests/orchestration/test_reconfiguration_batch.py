@@ -18,9 +18,9 @@ from controlplane.fleet.models import Instance, InterruptionNotice, NoticeKind, 
 from controlplane.fleet.notices import NoticeDraft, notice_process, notices_store
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration, TrainingJob
-from controlplane.orchestration import services, signals, tasks
+from controlplane.orchestration import services, tasks
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.services import generations
+from controlplane.orchestration.services import applying, generations
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertDelivery
 from tests.controlplane.factories import make_instance, make_job, make_team
@@ -37,7 +37,7 @@ def _worker(monkeypatch, settings):
     settings.SPOTPIPE_ALERT_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the alert URL is on loopback
     provider = FakeProvider()
     set_provider("local", provider)
-    monkeypatch.setattr(signals, "_in_worker", lambda: True)
+    monkeypatch.setattr(applying, "_in_worker", lambda: True)
     enqueued: list[tuple] = []
     for name in ("apply_reconfiguration", "instance_joined", "reconcile_job"):
         monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, name=name: enqueued.append((name, *args)))
@@ -210,9 +210,9 @@ def _end_state(world: World) -> dict:
 
 
 def _one_after_another(world: World, capture) -> None:
-    """The reference: each notice reacts in turn (reconfiguration_decide, one row each) and each
-    reconfiguration is applied in turn once they commit (reconfiguration_apply, its own
-    transaction each), as the notice processor did before reconfigurations were batched."""
+    """The reference: each notice is processed in turn as a batch of one (one reconfiguration row
+    each), and each reconfiguration is applied in turn once they commit (its own transaction each),
+    as the notice processor did before reconfigurations were batched."""
     with capture(execute=True), transaction.atomic():
         for notice_id in world.notice_ids:
             notice_process(notice_id=notice_id)

@@ -93,7 +93,8 @@ def test_acquire_twice_acquires_once_and_death_publishes_a_generation(worker):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
 def test_notice_decided_elsewhere_is_applied_by_the_worker(worker):
-    """A reconfiguration decided by the notice processor is applied through the on-commit hook."""
+    """A reconfiguration decided outside a worker (the notice processor's decision, here by hand) and
+    handed to orchestration is applied by the `apply_reconfiguration` task in the worker."""
     from controlplane.jobs.reconfiguration import reconfiguration_decide
 
     job = make_job(make_team(), strategy="oobleck", target_steps=10, plan={"dp": 2, "pp": 2, "provider": "local"})
@@ -106,7 +107,8 @@ def test_notice_decided_elsewhere_is_applied_by_the_worker(worker):
     wait_for(lambda: job.generations.filter(number=1).exists(), what="generation 1")
 
     retrying(_transition, instances[0], InstanceState.NOTICE)
-    retrying(reconfiguration_decide, job=job, trigger="notice", trigger_key=f"leave:instance:{instances[0].pk}",
-             instance=instances[0])
+    decided = retrying(reconfiguration_decide, job=job, trigger="notice",
+                       trigger_key=f"leave:instance:{instances[0].pk}", instance=instances[0])
+    services.reconfigurations_apply_after_commit(reconfigurations=[decided])  # no transaction: at once
     wait_for(lambda: job.generations.filter(number=2).exists(), what="generation 2 after the notice")
     assert retrying(Reconfiguration.objects.get, job=job, trigger="notice").decision == "reinstantiate"

@@ -22,6 +22,7 @@ from controlplane.fleet.services import TRANSITION_FIELDS
 from controlplane.fleet.states import TERMINAL_STATES
 from controlplane.jobs.models import JobEvent
 from controlplane.jobs.reconfiguration import current_generations, reconfigurations_create
+from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
 
 logger = logging.getLogger(__name__)
 
@@ -57,85 +58,83 @@ def _mark_processed(notice: InterruptionNotice, at: datetime | None = None) -> N
 
 
 def notice_process(*, notice_id: int) -> InterruptionNotice | None:
-    """React to one notice exactly once: a processed notice is left alone, so a redelivered task or
-    an overlapping drain does nothing the second time."""
-    with transaction.atomic():
-        notice = InterruptionNotice.objects.select_for_update().filter(pk=notice_id).first()
-        if notice is None or notice.status in (NoticeStatus.PROCESSED, NoticeStatus.FAILED):
-            return notice
-        react(notice)
-        _mark_processed(notice)
-        notice.save(update_fields=_DONE_FIELDS)
-    return notice
+    """React to one notice exactly once, as a batch of one (`notices_process_batch`'s path): a
+    processed notice is left alone, so a redelivered task or an overlapping drain does nothing the
+    second time. Raises what the reaction raises."""
+    _process_together([notice_id])
+    return InterruptionNotice.objects.filter(pk=notice_id).first()
 
 
-def _lock_instances(rows: list[InterruptionNotice]) -> InstanceMap | None:
+def _lock_instances(rows: list[InterruptionNotice]) -> InstanceMap:
     """Lock and load every instance the batch may move, in id order, before touching any: two
-    drains then queue on the same order instead of deadlocking on each other's rows. Returns None
-    (look each up) when a notice has no team."""
+    drains then queue on the same order instead of deadlocking on each other's rows. Only the
+    notices' teams' instances, unless a notice has no team (its instance is looked up by id alone)."""
     keys = {key for notice in rows for key in instance_keys(notice)}
-    teams = {notice.team_id for notice in rows}
     if not keys:
         return {}
     qs = Instance.objects.select_for_update(of=("self",)).select_related("job").filter(provider_instance_id__in=keys)
-    if None in teams:
-        list(qs.order_by("id").values_list("id", flat=True))
-        return None
-    return {(i.team_id, i.provider_instance_id): i for i in qs.filter(team_id__in=teams).order_by("id")}
+    teams = {notice.team_id for notice in rows}
+    if None not in teams:
+        qs = qs.filter(team_id__in=teams)
+    known: InstanceMap = {}
+    for instance in qs.order_by("id"):
+        known.setdefault(instance.provider_instance_id, []).append(instance)
+    return known
+
+
+def _process_together(notice_ids: list[int]) -> None:
+    """Process notices in one transaction with a constant number of statements for the batch's own
+    rows: lock the notices, lock and load their instances (and read their jobs' current
+    generations, when any has one), then one insert each for the instance and job events, one
+    query for the reconfigurations already decided and one insert for the new ones, and one
+    update each for the instances and the notices. Orchestration applies the new
+    reconfigurations together once this commits."""
+    with transaction.atomic():
+        rows = list(
+            InterruptionNotice.objects.select_for_update()
+            .filter(id__in=notice_ids)
+            .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED])
+            .order_by("id")
+        )
+        if not rows:
+            return
+        known = _lock_instances(rows)
+        jobs = {i.job_id: i.job for found in known.values() for i in found if i.job is not None}
+        batch = ReactionBatch(known=known, now=timezone.now(), generations=current_generations(jobs=jobs.values()))
+        for notice in rows:
+            react(notice, batch)
+            _mark_processed(notice, batch.now)
+        InstanceEvent.objects.bulk_create(batch.instance_events)
+        bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
+        commands_changed(instance_ids=list(batch.moved))
+        agent_tokens_revoke(
+            instance_ids=[pk for pk, i in batch.moved.items() if i.state in TERMINAL_STATES], at=batch.now
+        )
+        JobEvent.objects.bulk_create(batch.job_events)
+        # One reconfiguration per leaving node, applied by orchestration once this commits.
+        reconfigurations_apply_after_commit(reconfigurations=reconfigurations_create(drafts=batch.drafts))
+        bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
 
 
 def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
-    """Process claimed notices in one transaction (one commit for the batch rather than one per
-    notice: on a busy disk the commit is most of the wall time), with a constant number of
-    statements for the batch's own rows: lock the notices, lock and load their instances (and read
-    their jobs' current generations, when any has one), then one insert each for the instance and
-    job events, one query for the reconfigurations already decided and one insert for the new ones,
-    and one update each for the instances and the notices. Orchestration applies the new
-    reconfigurations together once this commits (`orchestration.signals`).
-    If any notice fails, the batch is rolled back and each notice is processed on its own, so one
-    bad notice cannot block the rest. Returns (processed, failed)."""
+    """Process claimed notices together (one commit for the batch rather than one per notice: on a
+    busy disk the commit is most of the wall time; see `_process_together`). If any notice fails,
+    the batch is rolled back and each notice is processed as a batch of its own, so one bad notice
+    cannot block the rest; its error is kept for the sweep's retry. Returns (processed, failed)."""
     try:
-        with transaction.atomic():
-            rows = list(
-                InterruptionNotice.objects.select_for_update()
-                .filter(id__in=notice_ids)
-                .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED])
-                .order_by("id")
-            )
-            known = _lock_instances(rows)
-            if known is None:  # a notice without a team: the one-by-one path resolves it
-                for notice in rows:
-                    react(notice)
-                    _mark_processed(notice)
-                    notice.save(update_fields=_DONE_FIELDS)
-                return len(notice_ids), 0
-            generations = current_generations(jobs=[i.job for i in known.values() if i.job is not None])
-            batch = ReactionBatch(known=known, now=timezone.now(), generations=generations)
-            for notice in rows:
-                react(notice, batch)
-                _mark_processed(notice, batch.now)
-            InstanceEvent.objects.bulk_create(batch.instance_events)
-            bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
-            commands_changed(instance_ids=list(batch.moved))
-            agent_tokens_revoke(
-                instance_ids=[pk for pk, i in batch.moved.items() if i.state in TERMINAL_STATES], at=batch.now
-            )
-            JobEvent.objects.bulk_create(batch.job_events)
-            # One reconfiguration per leaving node; orchestration applies the batch's on commit.
-            reconfigurations_create(drafts=batch.drafts)
-            bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
+        _process_together(notice_ids)
         return len(notice_ids), 0
-    except Exception:
+    except Exception as exc:
+        if len(notice_ids) == 1:
+            logger.exception("processing notice %s failed", notice_ids[0])
+            notice_record_failure(notice_id=notice_ids[0], error=f"{type(exc).__name__}: {exc}")
+            return 0, 1
         logger.warning("batch of %d notices failed; processing them one by one", len(notice_ids), exc_info=True)
     processed = failed = 0
     for notice_id in notice_ids:
-        try:
-            notice_process(notice_id=notice_id)
-            processed += 1
-        except Exception as exc:
-            logger.exception("processing notice %s failed", notice_id)
-            notice_record_failure(notice_id=notice_id, error=f"{type(exc).__name__}: {exc}")
-            failed += 1
+        done, lost = notices_process_batch(notice_ids=[notice_id])
+        processed += done
+        failed += lost
     return processed, failed
 
 

@@ -1,5 +1,7 @@
 """Reacting to one notice: move its instance, record the event on the job's timeline, and decide
-a reconfiguration; in a batch, rows are collected for the caller's bulk writes."""
+a reconfiguration. A notice always reacts inside a batch (one notice is a batch of one): the
+batch's instances are locked and loaded first, and the rows are collected for the caller's bulk
+writes (`processing.notices_process_batch`)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from datetime import datetime
 from django.utils import timezone
 
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, Lifecycle, NoticeKind
-from controlplane.fleet.services import instance_transition, instance_transition_locked
-from controlplane.fleet.states import ALLOWED_TRANSITIONS, IllegalTransition, InstanceState
+from controlplane.fleet.services import instance_transition_locked
+from controlplane.fleet.states import ALLOWED_TRANSITIONS, InstanceState
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration, ReconfigurationTrigger
-from controlplane.jobs.reconfiguration import reconfiguration_decide, reconfiguration_draft
+from controlplane.jobs.reconfiguration import reconfiguration_draft
 
 # State a notice's kind moves a running instance to (state-change events decide per state).
 _LEAVING_EC2_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
@@ -46,30 +48,21 @@ def _describe(notice: InterruptionNotice) -> str:
     return text[:300]
 
 
-# Instances of a batch, locked and loaded once: {(team_id, provider_instance_id): Instance}.
-InstanceMap = dict[tuple[int, str], Instance]
+# Instances of a batch, locked and loaded once, by provider instance id (a list: two providers, or
+# two teams, may use the same id).
+InstanceMap = dict[str, list[Instance]]
 
 
-def _find_instance(notice: InterruptionNotice, known: InstanceMap | None = None) -> Instance | None:
-    if known is not None and notice.team_id is not None:
-        # The batch loaded every candidate; absent means unknown (same answer as the query below).
-        found = [known[(notice.team_id, key)] for key in instance_keys(notice) if (notice.team_id, key) in known]
-        return min(found, key=lambda i: i.pk) if found else None
-    qs = Instance.objects.select_related("job").filter(provider_instance_id__in=instance_keys(notice))
-    if notice.team_id is not None:
-        qs = qs.filter(team_id=notice.team_id)
-    return qs.order_by("id").first()
-
-
-def _transition_if_allowed(notice: InterruptionNotice, instance: Instance, target: str) -> bool:
-    """Move the instance unless a concurrent notice already moved it past `target` (the state we
-    read was not locked; `instance_transition` re-checks under the row lock)."""
-    try:
-        instance_transition(instance=instance, to=target, detail=_transition_detail(notice))
-    except IllegalTransition:
-        instance.refresh_from_db(fields=["state"])
-        return False
-    return True
+def _find_instance(notice: InterruptionNotice, known: InstanceMap) -> Instance | None:
+    """The notice's instance among those the batch loaded (of the notice's team when it has one):
+    absent means unknown."""
+    found = [
+        instance
+        for key in instance_keys(notice)
+        for instance in known.get(key, ())
+        if notice.team_id is None or instance.team_id == notice.team_id
+    ]
+    return min(found, key=lambda i: i.pk) if found else None
 
 
 def _transition_detail(notice: InterruptionNotice) -> dict:
@@ -102,11 +95,11 @@ class ReactionBatch:
     decided: set[tuple[int, str]] = field(default_factory=set)
 
 
-def react(notice: InterruptionNotice, batch: ReactionBatch | None = None) -> None:
+def react(notice: InterruptionNotice, batch: ReactionBatch) -> None:
     """Move the instance, record the event on the job's timeline, and ask for a reconfiguration.
-    In a batch, the instances are already locked and loaded, and the rows are written in bulk by
-    the caller."""
-    instance = _find_instance(notice, batch.known if batch is not None else None)
+    The batch locked and loaded the instances, so each is current: it is moved in memory and the
+    rows are written in bulk by the caller."""
+    instance = _find_instance(notice, batch.known)
     if instance is None:
         # Kept and flagged: an instance we do not know yet (or another team's) is worth seeing.
         notice.unknown_instance = True
@@ -117,66 +110,50 @@ def react(notice: InterruptionNotice, batch: ReactionBatch | None = None) -> Non
     target = _target_state(notice, instance)
     transitioned = False
     if target and instance.state != target and target in ALLOWED_TRANSITIONS[instance.state]:
-        if batch is not None and batch.known.get((instance.team_id, instance.provider_instance_id)) is instance:
-            # The batch locked and loaded this row, so it is current: move it in memory, save in bulk.
-            batch.instance_events.append(
-                instance_transition_locked(
-                    instance=instance, to=target, at=batch.now, detail=_transition_detail(notice)
-                )
-            )
-            batch.moved[instance.pk] = instance
-            transitioned = True
-        else:
-            transitioned = _transition_if_allowed(notice, instance, target)
+        batch.instance_events.append(
+            instance_transition_locked(instance=instance, to=target, at=batch.now, detail=_transition_detail(notice))
+        )
+        batch.moved[instance.pk] = instance
+        transitioned = True
     job = instance.job
     if job is None:
         return
-    event = JobEvent(
-        job=job,
-        kind=f"instance_{notice.kind}",
-        message=_describe(notice),
-        data={
-            "notice": notice.pk,
-            "instance": instance.pk,
-            "source": notice.source,
-            "kind": notice.kind,
-            "action": notice.action,
-            "deadline": notice.deadline.isoformat() if notice.deadline else None,
-            "instance_state": instance.state,
-            "transitioned": transitioned,
-        },
-        at=timezone.now(),
-    )
-    if batch is not None:
-        batch.job_events.append(event)
-    else:
-        event.save()
-    if target is not None:
-        # One reconfiguration per leaving node, whichever notice (warning, state change) comes first.
-        trigger_key = f"leave:instance:{instance.pk}"
-        if batch is None:
-            reconfiguration_decide(
-                job=job,
-                trigger=ReconfigurationTrigger.NOTICE,
-                trigger_key=trigger_key,
-                instance=instance,
-                notice=notice,
-            )
-            return
-        if (job.pk, trigger_key) in batch.decided:
-            return  # this batch already decided it (reconfiguration_decide would return that row)
-        batch.decided.add((job.pk, trigger_key))
-        # The decision input is taken now, as reconfiguration_decide would; the batch inserts the
-        # drafts together (and skips keys decided before the batch), with one statement.
-        known_generation = job.pk in batch.generations or not job.current_generation
-        extra = {"generation": batch.generations.get(job.pk)} if known_generation else {}
-        batch.drafts.append(
-            reconfiguration_draft(
-                job=job,
-                trigger=ReconfigurationTrigger.NOTICE,
-                trigger_key=trigger_key,
-                instance=instance,
-                notice=notice,
-                **extra,
-            )
+    batch.job_events.append(
+        JobEvent(
+            job=job,
+            kind=f"instance_{notice.kind}",
+            message=_describe(notice),
+            data={
+                "notice": notice.pk,
+                "instance": instance.pk,
+                "source": notice.source,
+                "kind": notice.kind,
+                "action": notice.action,
+                "deadline": notice.deadline.isoformat() if notice.deadline else None,
+                "instance_state": instance.state,
+                "transitioned": transitioned,
+            },
+            at=timezone.now(),
         )
+    )
+    if target is None:
+        return
+    # One reconfiguration per leaving node, whichever notice (warning, state change) comes first.
+    trigger_key = f"leave:instance:{instance.pk}"
+    if (job.pk, trigger_key) in batch.decided:
+        return  # this batch already decided it
+    batch.decided.add((job.pk, trigger_key))
+    # The decision input is taken now; the batch inserts the drafts together (and skips keys
+    # decided before the batch), with one statement.
+    known_generation = job.pk in batch.generations or not job.current_generation
+    extra = {"generation": batch.generations.get(job.pk)} if known_generation else {}
+    batch.drafts.append(
+        reconfiguration_draft(
+            job=job,
+            trigger=ReconfigurationTrigger.NOTICE,
+            trigger_key=trigger_key,
+            instance=instance,
+            notice=notice,
+            **extra,
+        )
+    )

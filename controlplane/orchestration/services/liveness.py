@@ -14,6 +14,7 @@ from controlplane.jobs.models import ACTIVE_JOB_STATUSES, Reconfiguration, Recon
 from controlplane.jobs.reconfiguration import reconfiguration_decide
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.providers import get_provider
+from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
 from controlplane.orchestration.services.generations import reconfiguration_apply
 from controlplane.orchestration.services.transitions import _now, _transition
 from controlplane.tunables import tunable
@@ -49,6 +50,7 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
             trigger_key=f"leave:instance:{instance.pk}",
             instance=instance,
         )
+        reconfigurations_apply_after_commit(reconfigurations=[reconfiguration])
     return reconfiguration
 
 
