@@ -1,5 +1,5 @@
 """The worker process the agent starts: an adapter from the agent's worker protocol (see
-`agent/supervisor.py`) to the runtime's worker (`runtime.worker`).
+`agent/supervisor.py`) to the runtime's worker (`runtime.train.trainer`).
 
     python -m agent.worker_entry --spec SPEC --control CONTROL
 
@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from runtime.coordinator import Coordinator, connect
-    from runtime.worker import Fenced, JobCannotContinue, Worker, WorkerSpec
+    from runtime.distributed.coordinator import Coordinator, connect
+    from runtime.train.trainer import Fenced, JobCannotContinue, Worker, WorkerSpec
 
     node = int(assignment["node"])
     initial_nodes = int(layout["dp"]) * int(layout["pp"])

@@ -6,8 +6,8 @@ baseline `python -m bench scale` and the planner's tests compare the scalable pl
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
-from runtime.layout import Layout, pipelines_layout
-from runtime.schedule import schedule_length, stage_durations
+from runtime.parallel.layout import Layout, pipelines_layout
+from runtime.parallel.schedule import schedule_length, stage_durations
 from runtime.strategies.base import Slots, alive_nodes
 
 

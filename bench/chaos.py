@@ -543,7 +543,7 @@ def check_ledger(job: Any) -> dict[str, Any]:
 
 def check_params(soak: Soak, nodes_dir: Path) -> dict[str, Any]:
     """The finished nodes' parameters against the failure-free single-process run of the same seed:
-    bit for bit, since the runtime sums gradients in one fixed order (`runtime.grad_order`)."""
+    bit for bit, since the runtime sums gradients in one fixed order (`runtime.distributed.grad_order`)."""
     import torch
 
     if soak.reference is None:
@@ -696,7 +696,7 @@ def reference_main(config_path: Path, out: Path) -> int:
     import torch
 
     from runtime.config import JobConfig
-    from runtime.reference import train_reference
+    from runtime.train.reference import train_reference
 
     torch.set_num_threads(1)
     params, _losses = train_reference(JobConfig.from_dict(json.loads(config_path.read_text())))

@@ -1,9 +1,9 @@
 """Bytes each node sends for one gradient all-reduce, counted on the real exchange.
 
-`measure(dp)` runs `runtime.comm.Comm`'s reduce-scatter + all-gather among `dp` owners of one layer
+`measure(dp)` runs `runtime.distributed.comm.Comm`'s reduce-scatter + all-gather among `dp` owners of one layer
 run (threads of this process, each a real gloo group member over a shared store) and reads every
 node's `Comm.bytes_sent`; it also checks that every owner ends with the bits of the single-process
-fixed-order fold (`runtime.grad_order`). `bench scale` prints it against dp.
+fixed-order fold (`runtime.distributed.grad_order`). `bench scale` prints it against dp.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.comm import Comm
 from runtime.config import JobConfig, ModelSpec
-from runtime.grad_order import RunSum, grad_plan, home_pipelines
-from runtime.layout import initial_layout
+from runtime.distributed.comm import Comm
+from runtime.distributed.grad_order import RunSum, grad_plan, home_pipelines
+from runtime.parallel.layout import initial_layout
 
 LAYER_NUMEL = (40_000, 25_000)
 """Two layers of one stage (float32: 260 kB of gradient): big enough that headers do not count."""

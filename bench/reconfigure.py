@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Progress, print_table
-from runtime.metrics_log import read_records
+from runtime.train.metrics_log import read_records
 
 NOTICE_S = 3.0
 HEARTBEAT_TIMEOUT_S = 2.0

@@ -27,11 +27,11 @@ from typing import Any
 
 from bench import runtime_ranks
 from bench.report import Progress, print_table
+from runtime.checkpointing.durability import checkpoint_interval_steps, young_daly_interval_s
 from runtime.config import DeviceTime, JobConfig, ModelSpec
-from runtime.durability import checkpoint_interval_steps, young_daly_interval_s
-from runtime.launcher import Fault, Join, RunResult, faults_from_trace, run_local
-from runtime.schedule import action_duration, build_schedule, simulate, stage_durations
+from runtime.parallel.schedule import action_duration, build_schedule, simulate, stage_durations
 from runtime.strategies import get_strategy
+from runtime.train.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 
 KILLED = 5  # pipeline 1, stage 1 of DP=2 x PP=4
 
@@ -154,9 +154,9 @@ def _run(config: JobConfig, **kw: Any) -> RunResult:
 
 def _checkpoint_cost_s(config: JobConfig) -> float:
     """Measured time to write this model's checkpoint (all layers, one writer) to a local directory."""
-    from runtime.checkpoints import Checkpoints
-    from runtime.model import build_layer
-    from runtime.optim import LayerState
+    from runtime.checkpointing.checkpoints import Checkpoints
+    from runtime.models.model import build_layer
+    from runtime.train.optim import LayerState
 
     states = {i: LayerState(i, build_layer(config.model, i, 0)) for i in range(config.model.num_layers)}
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.report import Progress, print_table
 from runtime.config import DeviceTime, JobConfig, ModelSpec
-from runtime.launcher import Fault, RunResult, run_local
+from runtime.train.launcher import Fault, RunResult, run_local
 
 KILL_TO_COMMIT_GOAL_S = 0.5
 """Kill -> next commit at 32 ranks (issue 20), as at 8."""

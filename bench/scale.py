@@ -26,9 +26,9 @@ from pathlib import Path
 from bench._spill_baseline import baseline_layout_for
 from bench.report import Progress, print_table
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.layout import Layout, pipelines_layout
-from runtime.membership import plan_for_fleet
-from runtime.schedule import _list_schedule, schedule_length, stage_durations
+from runtime.distributed.membership import plan_for_fleet
+from runtime.parallel.layout import Layout, pipelines_layout
+from runtime.parallel.schedule import _list_schedule, schedule_length, stage_durations
 from runtime.sim.plots import write_figure
 from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, full_slots
@@ -166,7 +166,7 @@ def plan_cases(
                 limit = free * nodes / (nodes - dead)
                 if strategy != "recycle-baseline":
                     # The whole membership decision the survivors and the control plane's reaction
-                    # run (runtime.membership.plan_for_fleet: the layout, then every layer's holder).
+                    # run (runtime.distributed.membership.plan_for_fleet: the layout, then every layer's holder).
                     _, fleet_ms, _, _ = time_plan(
                         lambda c=config, g=gone: plan_for_fleet(c, full_slots(c), gone=set(g), noticed=set()), reps)
                     row["membership_plan_ms_median"] = round(fleet_ms, 3)
@@ -535,7 +535,7 @@ def _plot_quality(cases: list[dict]) -> dict[str, str]:
 
 def gradient_traffic(*, quick: bool, progress: Progress) -> list[dict]:
     """Bytes each node sends in one gradient all-reduce against dp, counted on the real exchange
-    (`bench.grad_traffic`: `runtime.comm`'s reduce-scatter + all-gather over gloo, threads of this
+    (`bench.grad_traffic`: `runtime.distributed.comm`'s reduce-scatter + all-gather over gloo, threads of this
     process), next to the previous all-to-all's (dp-1)x and the ring bound 2(dp-1)/dp."""
     from bench.grad_traffic import measure, plot
 

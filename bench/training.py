@@ -62,7 +62,7 @@ def corpus_tokens(path: Path) -> dict[str, Any]:
 def spotpipe_run(tokens: Path, *, strategy: str, dp: int, pp: int, microbatches: int, global_batch: int,
                  steps: int, warmup: int) -> dict[str, Any]:
     """One `spotpipe train` run (in-process entry, real worker processes); steady-state step times."""
-    from runtime.metrics_log import read_records
+    from runtime.train.metrics_log import read_records
     from spotpipe.train import TrainOptions, run_train
 
     with tempfile.TemporaryDirectory(prefix="spotpipe-bench-training-") as tmp:
@@ -110,7 +110,7 @@ def _plain_rank(rank: int, world: dict[str, Any], results: Any) -> None:
     from torch import nn
 
     from runtime.config import model_preset
-    from runtime.model import build_layer
+    from runtime.models.model import build_layer
 
     torch.set_num_threads(1)  # as every spotpipe worker
     spec = model_preset("gpt-nano")
@@ -181,7 +181,7 @@ def plain_run(tokens: Path, *, dp: int, pp: int, microbatches: int, global_batch
     import torch.distributed as dist
 
     from runtime.config import JobConfig, model_preset
-    from runtime.layout import initial_layout
+    from runtime.parallel.layout import initial_layout
 
     config = JobConfig(model=model_preset("gpt-nano"), dp=dp, pp=pp, microbatches=microbatches,
                        global_batch=global_batch, strategy="none", steps=steps)

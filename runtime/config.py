@@ -7,7 +7,7 @@ of the legacy `model_spec` request body. The control plane validates a job by bu
 hands that dict to the runtime unchanged.
 
 Configs are plain `kw_only`/`slots` dataclasses (torchtitan style) that round-trip through JSON, so
-the node agent can hand them to `python -m runtime.worker --spec JSON` unchanged.
+the node agent can hand them to `python -m runtime.train.trainer --spec JSON` unchanged.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ SCHEDULES = ("1f1b", "fiw")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("fp32", "bf16")
 """Compute precisions of the forward (`JobConfig.precision`); parameters and optimizer state stay float32."""
-"""Learning-rate schedules after the warmup (`runtime.optim.lr_at`)."""
+"""Learning-rate schedules after the warmup (`runtime.train.optim.lr_at`)."""
 MODEL_KINDS = ("gpt", "mlp")
 """The built-in models (what the planner can estimate without building anything)."""
 USER_MODEL_KIND = "py"
-"""A user's model, built by the function at `ModelSpec.path` (see `runtime.usermodel`)."""
+"""A user's model, built by the function at `ModelSpec.path` (see `runtime.models.usermodel`)."""
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"
 """`package.module:function` (a model function, a loss function or a `py:` dataset)."""
 ARGS_MAX_BYTES = 65_536
@@ -105,7 +105,7 @@ class ModelSpec:
     """Which model to build: always a list of layers the partitioner cuts into stages.
 
     The built-in kinds are input layer, `n_layer` blocks, head; a user's model (`kind="py"`) is the
-    list of layers its function at `path` returns (see `runtime.usermodel` and docs/runtime.md)."""
+    list of layers its function at `path` returns (see `runtime.models.usermodel` and docs/runtime.md)."""
 
     kind: str = "mlp"
     """`gpt` (nanoGPT-style decoder), `mlp` (tanh MLP classifier, for fast tests) or `py` (a user's
@@ -119,7 +119,7 @@ class ModelSpec:
     """py only: `package.module:function` of the loss, `loss(output, target) -> scalar tensor`;
     empty: mean cross-entropy over the last dimension."""
     layers: int = 0
-    """py only: how many layers the function returns, recorded by `runtime.usermodel.validate_model`
+    """py only: how many layers the function returns, recorded by `runtime.models.usermodel.validate_model`
     (`spotpipe train` / `spotpipe submit` run it); 0: not validated yet (a node records it at start)."""
     n_layer: int = 4
     """Number of transformer blocks (gpt) or hidden layers (mlp); the model has n_layer + 2 layers."""
@@ -313,7 +313,7 @@ class JobConfig:
     """AdamW epsilon (added to the root of the second moment)."""
     lr_schedule: str = "constant"
     """`constant` (lr after the warmup) or `cosine` (after the warmup, cosine decay from lr to lr_min at
-    the last step); see `runtime.optim.lr_at`."""
+    the last step); see `runtime.train.optim.lr_at`."""
     warmup_steps: int = 0
     """Linear warmup: step s < warmup_steps gets lr * (s + 1) / warmup_steps; 0: none."""
     lr_min: float = 0.0
@@ -329,7 +329,7 @@ class JobConfig:
     the backward (less memory, about one more forward of compute); the same math."""
     precision: str = "fp32"
     """`fp32` or `bf16`: each layer's forward (and its recompute) under bfloat16 autocast
-    (`runtime.rng.forward_layer`); parameters, gradients and AdamW state stay float32."""
+    (`runtime.models.rng.forward_layer`); parameters, gradients and AdamW state stay float32."""
     layer_costs: list[float] | None = None
     """Measured relative cost per layer (forward+backward) for balancing stages; None = estimate."""
     device_time: DeviceTime | None = None
@@ -378,7 +378,7 @@ class JobConfig:
     """Start from earlier weights: a folder (or s3://bucket/prefix) a spotpipe job exported
     (model*.safetensors + spotpipe.json). With its optimizer state the job continues that one at its
     steps_done (`steps` stays the total); with weights only it starts at step 0. Or a Hugging Face
-    GPT-2 folder (config.json + model.safetensors; weights only, `runtime.hf_gpt2`). Empty: seeded init."""
+    GPT-2 folder (config.json + model.safetensors; weights only, `runtime.models.hf_gpt2`). Empty: seeded init."""
     requirements: list[str] = field(default_factory=list)
     """Python packages the nodes install (pip) before the runtime starts, into a per-job virtualenv
     over the node's environment: PEP 508 specifiers (`mypkg==1.2`), `s3://bucket/key.whl` (or
@@ -386,15 +386,15 @@ class JobConfig:
     (the node's environment as is); see `requirement_problem` and docs/runtime.md."""
     export_shard_bytes: int = 2 * 10**9
     """The largest safetensors shard of an exported model (bytes); a writer's tensors past it go to
-    its next shard (see runtime/export.py)."""
+    its next shard (see runtime/checkpointing/export.py)."""
     checkpoint_dir: str = ""
     """Where checkpoints go (every strategy; local directory or s3://bucket/prefix) when the job has no
-    export dir; empty means a per-job temporary directory (`runtime.checkpoints.checkpoint_root`)."""
+    export dir; empty means a per-job temporary directory (`runtime.checkpointing.checkpoints.checkpoint_root`)."""
     checkpoint_interval: int = 0
-    """Steps between checkpoints; 0 derives it from Young/Daly (`runtime.durability`)."""
+    """Steps between checkpoints; 0 derives it from Young/Daly (`runtime.checkpointing.durability`)."""
     mtbf_s: float = 3600.0
     """Prior (and ceiling) of the job's mean time between failures, for Young/Daly; the failures the
-    job sees pull the estimate down (`runtime.durability.estimated_mtbf_s`)."""
+    job sees pull the estimate down (`runtime.checkpointing.durability.estimated_mtbf_s`)."""
     checkpoint_cost_s: float = 0.05
     """Prior of the time to write one checkpoint, for Young/Daly, until a write is measured."""
     step_time_s: float = 0.1
@@ -433,7 +433,7 @@ class JobConfig:
 
     def first_step_timeout(self, flop: float) -> float:
         """The bound of each call of a step with no measured step before it, for a step of `flop`
-        floating-point operations in all (`runtime.worker` counts 6 x parameters x tokens of the
+        floating-point operations in all (`runtime.train.trainer` counts 6 x parameters x tokens of the
         global batch): `first_step_timeout_s` if set, else op_timeout_s + flop / compute_floor_gflop_s.
         Tiny test models get about op_timeout_s; GPT-2 (163M parameters untied, 1,024 tokens) about
         1,000 s per sample."""

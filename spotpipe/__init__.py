@@ -10,7 +10,7 @@ __all__ = ["load_model"]
 
 def __getattr__(name: str) -> Any:
     if name == "load_model":
-        from runtime.export import load_model
+        from runtime.checkpointing.export import load_model
 
         return load_model
     raise AttributeError(f"module 'spotpipe' has no attribute {name!r}")

@@ -11,11 +11,11 @@ from typing import TextIO
 def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
                tokenizer: str | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Print `prompt` and `tokens` sampled tokens; 0 on success, 2 for a folder or options that cannot."""
+    from runtime.checkpointing.export import ExportError, _local, load_model, model_of_info, read_info
     from runtime.config import ModelSpec
     from runtime.data.dataset import DataError
     from runtime.data.tokenizer import load_tokenizer
-    from runtime.export import ExportError, _local, load_model, model_of_info, read_info
-    from runtime.generate import sample
+    from runtime.models.generate import sample
 
     if tokens < 0 or not temperature > 0:
         print(f"error: --tokens ({tokens}) must be >= 0 and --temperature ({temperature}) > 0", file=err)

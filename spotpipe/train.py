@@ -11,7 +11,7 @@ tokens/s), and writes into the output folder:
 - `tb/`: the same metrics as TensorBoard event files, when the `tensorboard` package is installed;
 - `ranks/`: each rank's own metrics log and final parameters;
 - `model*.safetensors` (+ `model.safetensors.index.json` when sharded) and `optimizer*.safetensors`:
-  the final weights and AdamW state, written by the ranks (`runtime.export`); `spotpipe.json` then
+  the final weights and AdamW state, written by the ranks (`runtime.checkpointing.export`); `spotpipe.json` then
   also names the `model` to build (`spotpipe.load_model(OUT)`, `spotpipe sample OUT`).
 
 `--init-from DIR` starts from such a folder: with its optimizer state the run continues that job at
@@ -101,7 +101,7 @@ class TrainError(ValueError):
 
 def parse_fail(text: str) -> Any:
     """`kill:RANK@STEP`, `notice:RANK@STEP` or `stop:RANK@STEP` as the launcher's fault."""
-    from runtime.launcher import Fault
+    from runtime.train.launcher import Fault
 
     match = _FAIL.match(text)
     if not match:
@@ -199,12 +199,12 @@ def _model_dict(model: str, args: str | None) -> dict[str, Any]:
 
 
 def validate_user_model(config: JobConfig, batches: Any = None) -> None:
-    """For a user's model: import it, check it (`runtime.usermodel.validate_model`) and record its
+    """For a user's model: import it, check it (`runtime.models.usermodel.validate_model`) and record its
     layer count and profiled per-layer costs into `config`, here, before any process starts; raises
     `LayoutError` (a `ModelError`) naming what is wrong."""
     if config.model.kind != USER_MODEL_KIND:
         return
-    from runtime.usermodel import validate_model
+    from runtime.models.usermodel import validate_model
 
     validate_model(config, batches=batches).record(config)
     config.validate()
@@ -252,7 +252,7 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
     data = batches.dataset.description if batches.dataset else {"source": "synthetic"}
     start = 0
     if config.init_from:
-        from runtime.export import ExportError, InitialState
+        from runtime.checkpointing.export import ExportError, InitialState
 
         try:
             start = InitialState(config.init_from, config.model).start_step
@@ -268,7 +268,7 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
 
 def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: TrainOptions, *,
             out: TextIO, err: TextIO, start: int = 0) -> int:
-    from runtime.launcher import run_local
+    from runtime.train.launcher import run_local
 
     out_dir = options.out
     ranks = out_dir / "ranks"
@@ -298,7 +298,7 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     progress.finish(log)
     failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
     summary = log.summary(config, data, wall_s=result.wall_s, failed=failed[0] if failed else None)
-    from runtime.export import model_entry, write_json
+    from runtime.checkpointing.export import model_entry, write_json
 
     summary["model"] = model_entry(config.model)  # what spotpipe.load_model builds
     summary["init_from"] = config.init_from or None

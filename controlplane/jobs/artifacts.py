@@ -1,4 +1,4 @@
-"""A job's artifacts: the final weights its workers export (runtime/export.py) into the job's folder
+"""A job's artifacts: the final weights its workers export (runtime/checkpointing/export.py) into the job's folder
 of the artifact store (`SPOTPIPE_ARTIFACTS`, `<store>/job-<id>/`), listed and served by the API.
 
 The control plane hands the folder to the agents in the `run` command (`job.artifacts`); every
@@ -25,7 +25,7 @@ from django.http import Http404
 
 from controlplane.jobs.models import TrainingJob
 from controlplane.tunables import tunable
-from runtime.durability import CHECKPOINTS, complete_steps
+from runtime.checkpointing.durability import CHECKPOINTS, complete_steps
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def store_folder(location: str) -> _LocalFolder | _S3Folder:
 
 
 def _export_files(folder: _LocalFolder | _S3Folder) -> list[str] | None:
-    """The names of the export's files, as a reader sees them (`runtime.export.WeightsFolder`: an
+    """The names of the export's files, as a reader sees them (`runtime.checkpointing.export.WeightsFolder`: an
     index, when there is one, and the shards it names; else the single file), plus spotpipe.json;
     None until the model's index or single file is in place (writers put it last). Driven by the
     indexes, so a stale shard of an older export in the same folder is not listed."""

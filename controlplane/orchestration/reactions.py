@@ -2,7 +2,7 @@
 grid the runtime uses (`runtime.strategies.base`): `slots[p][s]` is the instance filling stage s of
 pipeline p of the full DP x PP layout, or None for a hole.
 
-What happens to a membership is the runtime's answer, asked here (`runtime.membership.
+What happens to a membership is the runtime's answer, asked here (`runtime.distributed.membership.
 plan_for_fleet`, which runs the runtime's own `make_plan` and the strategy's `layout_for`;
 torch-free), so the control plane and the nodes never disagree on it. No torch here: the Celery
 worker stays light.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import JobConfig
-from runtime.membership import plan_for_fleet
+from runtime.distributed.membership import plan_for_fleet
 from runtime.strategies import get_strategy
 from runtime.strategies.base import alive_nodes
 
@@ -61,7 +61,7 @@ def without(slots: Slots, leaving: set[int]) -> Slots:
 def react_leave(config: JobConfig, slots: Slots, leaving: set[int], *, noticed: set[int] = frozenset(),
                 checkpoint_step: int | None = None) -> Reaction:
     """The next slots after `leaving` go (those in `noticed` got a notice and are still here), as
-    the runtime's own plan has them (`runtime.membership.plan_for_fleet`): go on (a noticed node
+    the runtime's own plan has them (`runtime.distributed.membership.plan_for_fleet`): go on (a noticed node
     the job cannot do without yet stays, deferred), `restart` from the job's newest checkpoint
     (`checkpoint_step`) when every copy of some layer is gone, `wait` for replacements (a strategy
     that restarts from its checkpoint), or `fail` (the state is lost: no replacement can bring it

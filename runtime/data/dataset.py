@@ -114,7 +114,7 @@ class Batches:
     def train(self, *, step: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of micro-batch `index` (of `size` samples) of `step`."""
         if self.dataset is None:
-            from runtime.model import microbatch_data
+            from runtime.models.model import microbatch_data
 
             return microbatch_data(self.config.model, seed=self.config.seed, step=step, index=index, size=size)
         first, count = train_positions(step=step, index=index, size=size, global_batch=self.config.global_batch)

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from runtime.config import USER_MODEL_KIND, ModelSpec
-from runtime.model import build_layer
+from runtime.models.model import build_layer
 from runtime.planner.predictor import LayerFeatures
 
 

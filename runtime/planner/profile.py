@@ -1,5 +1,5 @@
 """Profiler: per-layer forward, backward-input and backward-weight time, activation and parameter
-memory and FLOPs of a `runtime.model` model on the current device, stored per instance type.
+memory and FLOPs of a `runtime.models.model` model on the current device, stored per instance type.
 
 Times are minima over `repeats` runs after a warm-up (the minimum is the least disturbed by other
 processes on a shared machine), for one micro-batch of `microbatch_size`
@@ -74,7 +74,7 @@ class ModelProfile:
         return ModelSpec(**self.model)
 
     def fiw(self) -> list[tuple[float, float, float]]:
-        """(forward, backward-input, backward-weight) seconds per layer, as `runtime.schedule` takes them."""
+        """(forward, backward-input, backward-weight) seconds per layer, as `runtime.parallel.schedule` takes them."""
         return [(lay.forward_s, lay.backward_input_s, lay.backward_weight_s) for lay in self.layers]
 
     def to_dict(self) -> dict:
@@ -141,7 +141,7 @@ def profile_model(
     `dtype` (the device's dtype when a device is given)."""
     import torch
 
-    from runtime.model import build_layer, microbatch_data
+    from runtime.models.model import build_layer, microbatch_data
 
     spec.validate()
     previous = torch.get_num_threads()

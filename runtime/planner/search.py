@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from runtime.config import ModelSpec
-from runtime.layout import split_microbatches
+from runtime.parallel.layout import split_microbatches
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
 from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile, ProfileStore

@@ -1,7 +1,7 @@
 """Throughput model: the iteration time of a layout, from the runtime's own schedule.
 
-The layout comes from the runtime (`runtime.layout` / `runtime.strategies`), the per-node action lists
-from `runtime.schedule.build_schedule`, and their replay from `runtime.schedule.simulate`; this module
+The layout comes from the runtime (`runtime.parallel.layout` / `runtime.strategies`), the per-node action lists
+from `runtime.parallel.schedule.build_schedule`, and their replay from `runtime.parallel.schedule.simulate`; this module
 only supplies per-action durations:
 
 * F, I, W, B, RF: the profiled per-layer times summed over the stage's layers (`stage_durations`),
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.config import JobConfig, ModelSpec
-from runtime.layout import Layout, pipelines_layout
-from runtime.schedule import (
+from runtime.parallel.layout import Layout, pipelines_layout
+from runtime.parallel.schedule import (
     ALL_REDUCE,
     BACKWARD,
     BACKWARD_INPUT,
@@ -93,7 +93,7 @@ class CostModel:
         """Balanced stage boundaries for `pp` stages (cached: the partition is an O(pp n^2) DP)."""
         key = ("bounds", pp)
         if key not in self._cache:
-            from runtime.partition import partition_layers
+            from runtime.parallel.partition import partition_layers
 
             self._cache[key] = partition_layers(self.layer_costs(), pp)
         return self._cache[key]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.config import DeviceTime, JobConfig, ModelSpec
-from runtime.layout import pipelines_layout
+from runtime.parallel.layout import pipelines_layout
 from runtime.planner.throughput import CostModel, Network
 
 
@@ -58,7 +58,7 @@ def measure(case: Case, *, steps: int = 10, warmup: int = 2) -> float:
 
     The minimum, not the median: on a shared 2-core machine other processes only ever add delay,
     so the least-disturbed step is the best estimate of what the layout itself costs."""
-    from runtime.launcher import run_local
+    from runtime.train.launcher import run_local
 
     result = run_local(case.config(steps), timeout_s=180)
     per_step: dict[int, float] = {}

@@ -18,7 +18,7 @@ rate. At each event the strategy decides what the change costs:
   (no state moves); a joiner fills a hole after `join_s`; a stage with no survivor falls back to a
   reconfiguration.
 
-Every strategy writes periodic checkpoints too (the runtime does, `runtime.durability`, at the
+Every strategy writes periodic checkpoints too (the runtime does, `runtime.checkpointing.durability`, at the
 same Young/Daly interval), paying `checkpoint_cost_s` per interval of compute. When a change leaves
 no usable plan (fewer live nodes than one pipeline needs, or every copy of some stage gone: a zone
 reclaims the fleet), the job stops, loses the work since its last checkpoint, waits for
@@ -35,8 +35,8 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
+from runtime.checkpointing.durability import estimated_mtbf_s
 from runtime.config import FAULT_TOLERANT_STRATEGIES, JobConfig
-from runtime.durability import estimated_mtbf_s
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import Pattern
 from runtime.sim.prices import PriceSeries
@@ -52,7 +52,7 @@ NODE_READY_S = 45.0
 """The same simulator's `spot_instance_creation_time`: a new spot instance is ready 45 s after it
 is granted."""
 CHECKPOINT_BYTES_PER_PARAM_BYTE = 3.0
-"""A checkpoint holds the weights and AdamW's two moments (`runtime.checkpoints`)."""
+"""A checkpoint holds the weights and AdamW's two moments (`runtime.checkpointing.checkpoints`)."""
 STORAGE_GBPS = 1.5
 """Write/read bandwidth of one node to durable storage: p3.2xlarge's dedicated EBS bandwidth
 (AWS instance-type table, 1.5 Gbps); a checkpoint's writers (one per stage) write in parallel."""
@@ -79,7 +79,7 @@ class SimParams:
     checkpoint_interval_s: float = 0.0
     """Compute seconds between checkpoints; 0 = Young's sqrt(2 C MTBF) as the runtime sets it:
     checkpoint-restart from the trace's whole-fleet rate (it restarts on every loss); the others
-    from the runtime's estimate (`runtime.durability.estimated_mtbf_s`: `mtbf_prior_s`, pulled down
+    from the runtime's estimate (`runtime.checkpointing.durability.estimated_mtbf_s`: `mtbf_prior_s`, pulled down
     by each loss that needed the checkpoint), recomputed at each such loss."""
     mtbf_prior_s: float = field(default_factory=lambda: JobConfig.__dataclass_fields__["mtbf_s"].default)
     """The runtime's prior mean time between failures that need a checkpoint (`JobConfig.mtbf_s`)."""

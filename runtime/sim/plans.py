@@ -15,7 +15,7 @@ Two caches make a trace of thousands of events cheap:
   that count; bamboo runs each pipeline on its own row, so (no row empty) its key is the set of
   distinct rows. The plan is the runtime's plan for the canonical relabelling of the state.
 * **group -> step.** A layout splits into groups of pipelines that share no node
-  (`runtime.schedule.independent_parts`, relabelled canonically so equal shapes compare equal);
+  (`runtime.parallel.schedule.independent_parts`, relabelled canonically so equal shapes compare equal);
   each distinct group is replayed once, and the step is the longest group's. Groups meet only in
   the gradient all-reduce, whose member count is scaled from the group's pipelines to the fleet's
   (`allreduce_scale`): exact when each node owns one layer run (checkpoint, oobleck, recycle
@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.layout import Layout
+from runtime.parallel.layout import Layout
+from runtime.parallel.schedule import ScheduleError, independent_parts
 from runtime.planner.throughput import CostModel
-from runtime.schedule import ScheduleError, independent_parts
 from runtime.strategies import get_strategy
 
 SCHEDULE = {"checkpoint": "1f1b", "bamboo": "1f1b", "oobleck": "1f1b", "recycle": "fiw"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
-from runtime.layout import Layout
+from runtime.parallel.layout import Layout
 from runtime.strategies.bamboo import BambooStrategy
 from runtime.strategies.base import Strategy, full_slots
 from runtime.strategies.checkpoint import CheckpointStrategy

@@ -10,7 +10,7 @@ any state. A pipeline that loses every node hands its micro-batches to the other
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
-from runtime.layout import Hop, Layout, pipelines_layout
+from runtime.parallel.layout import Hop, Layout, pipelines_layout
 from runtime.strategies.base import Slots
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from runtime.config import JobConfig
-from runtime.layout import Layout
+from runtime.parallel.layout import Layout
 
 Slots = list[list[int | None]]
 

@@ -2,13 +2,13 @@
 
 The baseline: survivors (and replacements) regroup into as many full pipelines as they can fill,
 reload the last complete checkpoint and replay the steps since. Checkpoints (every strategy writes
-them) and their interval are `runtime.checkpoints` and `runtime.durability`.
+them) and their interval are `runtime.checkpointing.checkpoints` and `runtime.checkpointing.durability`.
 """
 
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
-from runtime.layout import Layout, pipelines_layout
+from runtime.parallel.layout import Layout, pipelines_layout
 from runtime.strategies.base import Slots, alive_nodes
 
 

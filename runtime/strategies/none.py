@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
-from runtime.layout import Layout, pipelines_layout
+from runtime.parallel.layout import Layout, pipelines_layout
 from runtime.strategies.base import Slots
 
 

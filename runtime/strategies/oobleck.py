@@ -9,7 +9,7 @@ the global batch never changes. Layers a node newly hosts are copied from surviv
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
-from runtime.layout import Layout, pipelines_layout
+from runtime.parallel.layout import Layout, pipelines_layout
 from runtime.strategies.base import Slots, alive_nodes
 
 

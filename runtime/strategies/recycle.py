@@ -26,8 +26,8 @@ and the math are unchanged.
 from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
-from runtime.layout import Layout, pipelines_layout
-from runtime.schedule import stage_durations
+from runtime.parallel.layout import Layout, pipelines_layout
+from runtime.parallel.schedule import stage_durations
 from runtime.strategies.base import Slots, alive_nodes
 from runtime.strategies.spill import LinkCosts, place_lost_hops
 

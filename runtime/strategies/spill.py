@@ -42,8 +42,8 @@ import heapq
 from collections import defaultdict
 from typing import Protocol
 
-from runtime.layout import Hop, Layout
-from runtime.schedule import Durations, ScheduleError, independent_parts, schedule_length
+from runtime.parallel.layout import Hop, Layout
+from runtime.parallel.schedule import Durations, ScheduleError, independent_parts, schedule_length
 
 EXACT_BUDGET_TASKS = 3000
 """Tasks the exact comparison may list-schedule in all (about 20-30 ms on this 2-core host)."""

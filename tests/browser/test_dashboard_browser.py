@@ -239,9 +239,9 @@ def test_download_cost_report_and_check_totals_against_the_api(page, live_server
 
 def test_job_page_downloads_the_weights_and_shows_how_to_load_them(page, live_server, world, tmp_path, settings):
     from controlplane.jobs.artifacts import job_artifacts_location
+    from runtime.checkpointing.export import export_model
     from runtime.config import ModelSpec
-    from runtime.export import export_model
-    from runtime.model import build_model
+    from runtime.models.model import build_model
 
     settings.SPOTPIPE_ARTIFACTS = str(tmp_path / "artifacts")
     job = world["a"][2]["finished"]

@@ -15,7 +15,7 @@ import torch
 
 from controlplane.jobs import artifacts
 from controlplane.orchestration.services import agent_commands
-from runtime.export import export_state_dict, write_json
+from runtime.checkpointing.export import export_state_dict, write_json
 from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
 from tests.controlplane.factories import make_instance, make_job, make_team
 from tests.runtime.data.conftest import moto_s3, s3  # noqa: F401 (fixtures: moto's S3 server, a bucket)
@@ -116,11 +116,11 @@ def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
 
 def test_an_s3_store_lists_and_serves_what_the_workers_uploaded(s3, settings) -> None:  # noqa: F811
     """SPOTPIPE_ARTIFACTS=s3://... (moto): the job's folder is a prefix, the workers' export uploads
-    there (runtime.export), the API lists it (sha256 cached in a sidecar object) and streams it."""
+    there (runtime.checkpointing.export), the API lists it (sha256 cached in a sidecar object) and streams it."""
+    from runtime.checkpointing.export import export_layers, model_entry
     from runtime.config import ModelSpec
-    from runtime.export import export_layers, model_entry
-    from runtime.model import build_layer
-    from runtime.optim import LayerState
+    from runtime.models.model import build_layer
+    from runtime.train.optim import LayerState
 
     client, bucket = s3
     settings.SPOTPIPE_ARTIFACTS = f"s3://{bucket}/store"

@@ -1,12 +1,12 @@
 """The control plane finds a job's newest complete checkpoint in its artifact folder (local or S3),
-with the runtime's own rule of what makes one complete (`runtime.durability.complete_steps`)."""
+with the runtime's own rule of what makes one complete (`runtime.checkpointing.durability.complete_steps`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from controlplane.jobs.artifacts import job_artifacts_location, job_latest_checkpoint
-from runtime.durability import complete_steps
+from runtime.checkpointing.durability import complete_steps
 from tests.controlplane.factories import make_job, make_team
 
 pytestmark = pytest.mark.django_db

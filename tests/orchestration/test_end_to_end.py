@@ -20,7 +20,7 @@ from controlplane.orchestration.models import Acquisition, Rendezvous
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.local.provider import LocalProvider, pid_alive
 from runtime.config import JobConfig
-from runtime.reference import train_reference
+from runtime.train.reference import train_reference
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
@@ -87,7 +87,7 @@ def _final_params(root: Path) -> dict[str, list[torch.Tensor]]:
 
 def assert_reference_math(job: TrainingJob, nodes_dir: Path) -> None:
     """Every parameter the finished nodes saved equals the failure-free single-process run of the
-    job's seed bit for bit (`runtime.grad_order`), and together they hold the model."""
+    job's seed bit for bit (`runtime.distributed.grad_order`), and together they hold the model."""
     config = JobConfig.from_dict(job.config)  # what the agents handed to their workers
     reference, _ = train_reference(config)
     copies = _final_params(nodes_dir)

@@ -22,7 +22,7 @@ from controlplane.orchestration import tasks
 from controlplane.orchestration.models import Rendezvous
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.local.provider import LocalProvider, pid_alive
-from runtime.metrics_log import read_records
+from runtime.train.metrics_log import read_records
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.test_end_to_end import STORY, Beat, _node_of, assert_reference_math, wait_for
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture

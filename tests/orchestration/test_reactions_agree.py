@@ -3,7 +3,7 @@ of dead nodes of small grids, `reactions.react_leave` goes on exactly when the r
 can lay the survivors out and every layer that layout needs still has a copy on a survivor (the
 oracle below, written from those two rules, not from the code under test), waits for replacements
 exactly when a strategy that restarts from its checkpoint cannot lay them out, and fails the job
-otherwise. One decision, one owner: the control plane asks `runtime.membership.plan_for_fleet`."""
+otherwise. One decision, one owner: the control plane asks `runtime.distributed.membership.plan_for_fleet`."""
 
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ def test_recycle_with_spill_goes_on_while_a_spill_host_holds_the_lost_stage(fake
 
 
 def test_recycle_fails_when_every_copy_of_a_stage_is_lost(fake):
-    # As the runtime decides (runtime.membership.make_plan): recycle keeps no checkpoint, so once
+    # As the runtime decides (runtime.distributed.membership.make_plan): recycle keeps no checkpoint, so once
     # both holders of stage 1 died its layers are gone and no replacement can bring them back.
     job = _job(runtime={"recycle_spill": False})
     instances = _start(job, fake)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from agent.worker_entry import _Watcher
-from runtime.coordinator import Coordinator, serve
-from runtime.reference import train_reference
-from runtime.worker import WorkerSpec, spec_json
+from runtime.distributed.coordinator import Coordinator, serve
+from runtime.train.reference import train_reference
+from runtime.train.trainer import WorkerSpec, spec_json
 from tests.orchestration.conftest import wait_for
 from tests.runtime.conftest import small_config
 
@@ -61,7 +61,7 @@ def test_survivors_train_without_a_member_that_never_started_once_it_is_marked_d
         for node in (0, 1, 2):  # node 3 of DP=2 x PP=2 never starts
             spec = WorkerSpec(job_id="job-u", node=node, rendezvous=f"127.0.0.1:{store.port}",
                               config=config.to_dict(), out_dir=str(tmp_path))
-            procs.append(subprocess.Popen([sys.executable, "-m", "runtime.worker", "--spec", spec_json(spec)],
+            procs.append(subprocess.Popen([sys.executable, "-m", "runtime.train.trainer", "--spec", spec_json(spec)],
                                           cwd=REPO, stdout=subprocess.PIPE, text=True))
         coordinator = Coordinator(store, "job-u")
         assert wait_for(lambda: all(coordinator.store.check([f"hb/{n}"]) for n in (0, 1, 2)), timeout_s=60)

@@ -23,8 +23,8 @@ import torch
 from agent.supervisor import WorkerSupervisor
 from agent.worker_entry import INCARNATION_STRIDE, runtime_node
 from runtime.config import DeviceTime, JobConfig, ModelSpec
-from runtime.coordinator import Coordinator, serve
-from runtime.reference import train_reference
+from runtime.distributed.coordinator import Coordinator, serve
+from runtime.train.reference import train_reference
 from tests.orchestration.conftest import wait_for
 from tests.runtime.conftest import small_config
 
@@ -126,7 +126,7 @@ def test_a_worker_that_crashes_on_an_exception_marks_itself_dead_at_once(tmp_pat
     """The survivors need not wait for a crashed worker's heartbeat to go stale: the dying process
     writes its own dead mark (a SIGKILL cannot, and is covered by the restart's mark above)."""
     from agent import worker_entry
-    from runtime import worker as runtime_worker
+    from runtime.train import trainer as runtime_worker
 
     store, args = _one_node_entry_args(tmp_path, 9)
 
@@ -145,7 +145,7 @@ def test_the_runtimes_spare_event_reaches_the_agent_as_a_spare_line(tmp_path: Pa
     """A replacement the runtime has no slot for stands by (tests/runtime/test_spares.py); the
     worker says so to its agent, which puts it on the job's timeline (test_agent_live.py)."""
     from agent import worker_entry
-    from runtime import worker as runtime_worker
+    from runtime.train import trainer as runtime_worker
 
     _store, args = _one_node_entry_args(tmp_path, 10)
 

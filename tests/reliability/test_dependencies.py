@@ -150,3 +150,48 @@ def test_dropped_packages_are_not_required(dropped: str) -> None:
     extras = _pyproject()["project"]["optional-dependencies"]
     everything = _closure([*_pyproject()["project"]["dependencies"], *(r for v in extras.values() for r in v)])
     assert dropped not in everything
+
+
+# The runtime modules the control plane, the planner and the simulator use without torch (the
+# control plane's web and Celery processes never load it: tests/controlplane/test_process_imports.py).
+# A runtime package's __init__ imports nothing, so these load even where their package also holds
+# torch modules (runtime.parallel.executor, runtime.distributed.comm, ...): docs/runtime.md, "Modules".
+TORCH_FREE = (
+    "runtime.config", "runtime.strategies", "runtime.parallel.layout", "runtime.parallel.partition",
+    "runtime.parallel.schedule", "runtime.distributed.membership", "runtime.checkpointing.durability",
+    "runtime.train.metrics_log", "runtime.data.uri", "runtime.sim.engine", "runtime.planner.search",
+)
+
+_TORCH_FREE_PROBE = """
+import importlib, json, sys
+sys.modules["torch"] = None  # as if torch were not installed
+for module in json.loads(sys.argv[1]):
+    importlib.import_module(module)
+from runtime.config import STRATEGIES, JobConfig, ModelSpec
+from runtime.parallel.schedule import build_schedule
+from runtime.strategies import get_strategy
+from runtime.strategies.base import full_slots
+config = JobConfig(dp=2, pp=2, microbatches=2, global_batch=8, steps=4, model=ModelSpec(n_layer=2))
+slots = full_slots(config)
+slots[1][0] = None  # one node lost
+actions = {}
+for name in STRATEGIES:
+    if name in ("none", "checkpoint"):
+        continue  # these stop or restart on a loss instead of reshaping the layout
+    layout = get_strategy(name).layout_for(config, slots)
+    actions[name] = sum(len(a) for a in build_schedule(layout).values())
+print(json.dumps({"torch": sys.modules["torch"] is not None, "actions": actions}))
+"""
+
+
+def test_the_torch_free_runtime_modules_import_and_plan_without_torch() -> None:
+    """With torch absent, the torch-free modules import and every reshaping strategy lays out a
+    job that lost a node, and its schedule is built."""
+    out = subprocess.run([sys.executable, "-c", _TORCH_FREE_PROBE, json.dumps(TORCH_FREE)], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["torch"] is False
+    assert set(report["actions"]) == {"bamboo", "recycle", "oobleck"}
+    assert all(n > 0 for n in report["actions"].values()), report

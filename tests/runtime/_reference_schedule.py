@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from runtime.layout import Layout
-from runtime.schedule import (
+from runtime.parallel.layout import Layout
+from runtime.parallel.schedule import (
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,

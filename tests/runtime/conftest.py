@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import JobConfig, ModelSpec
-from runtime.launcher import RunResult
-from runtime.reference import train_reference
+from runtime.train.launcher import RunResult
+from runtime.train.reference import train_reference
 
 
 def small_config(**kw) -> JobConfig:

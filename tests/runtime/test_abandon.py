@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runtime.comm import Comm, PeerAborted
-from runtime.executor import Executor
-from runtime.layout import initial_layout
-from runtime.model import build_layer
-from runtime.optim import LayerState, norm_needed
-from runtime.schedule import ALL_REDUCE, RECV_GRAD, SEND_ACT, build_schedule
+from runtime.distributed.comm import Comm, PeerAborted
+from runtime.models.model import build_layer
+from runtime.parallel.executor import Executor
+from runtime.parallel.layout import initial_layout
+from runtime.parallel.schedule import ALL_REDUCE, RECV_GRAD, SEND_ACT, build_schedule
+from runtime.train.optim import LayerState, norm_needed
 from tests.runtime.conftest import gloo_pair, small_config
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import LayoutError, ModelSpec
-from runtime.launcher import run_local
+from runtime.train.launcher import run_local
 from tests.runtime.conftest import assert_same_math, small_config
 
 

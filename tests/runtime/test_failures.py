@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from runtime.checkpoints import Checkpoints
+from runtime.checkpointing.checkpoints import Checkpoints
 from runtime.config import DeviceTime, ModelSpec
-from runtime.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 from runtime.strategies import get_strategy
+from runtime.train.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 from tests.runtime.conftest import assert_same_math, small_config
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(90)]

@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runtime.comm import _COMMIT_TAG, _GRAVEYARD, Comm, reap
-from runtime.coordinator import Coordinator, connect, serve
-from runtime.worker import JobCannotContinue, Worker, WorkerSpec
+from runtime.distributed.comm import _COMMIT_TAG, _GRAVEYARD, Comm, reap
+from runtime.distributed.coordinator import Coordinator, connect, serve
+from runtime.train.trainer import JobCannotContinue, Worker, WorkerSpec
 from tests.runtime.conftest import gloo_pair, small_config
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from runtime.grad_order import (
+from runtime.distributed.grad_order import (
     GradAccumulator,
     RunSum,
     chunk_windows,
@@ -18,7 +18,7 @@ from runtime.grad_order import (
     home_pipelines,
     runs_in_order,
 )
-from runtime.layout import Layout, initial_layout
+from runtime.parallel.layout import Layout, initial_layout
 from runtime.strategies import get_strategy
 from tests.runtime.conftest import small_config
 

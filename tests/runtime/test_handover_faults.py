@@ -22,9 +22,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import DeviceTime, JobConfig, ModelSpec
-from runtime.launcher import Fault, Join, RunResult, run_local
-from runtime.membership import make_plan
+from runtime.distributed.membership import make_plan
 from runtime.strategies import initial_layout
+from runtime.train.launcher import Fault, Join, RunResult, run_local
 from tests.runtime.conftest import assert_same_math, small_config
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(90)]

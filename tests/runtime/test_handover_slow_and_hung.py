@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 
 from runtime.config import JobConfig, LayoutError
-from runtime.launcher import Fault, Join, RunResult, run_local
 from runtime.strategies import initial_layout
+from runtime.train.launcher import Fault, Join, RunResult, run_local
 from tests.runtime.conftest import assert_same_math, small_config
 from tests.runtime.test_handover_faults import SETUP, _config, _events, _steps, dp3_config
 
-# Waits that end only at the rendezvous timeout raise with these words (coordinator.py).
+# Waits that end only at the rendezvous timeout raise with these words (runtime/distributed/coordinator.py).
 RENDEZVOUS_TIMEOUTS = ("did not form within", "not ready within", "was not taken within")
 
 

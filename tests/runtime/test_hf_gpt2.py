@@ -3,7 +3,7 @@ GPT2LMHeadModel mapped onto the built-in GPT, checked against the job's model, a
 to GPT-2's computation on those weights.
 
 transformers is not a dependency, so the folder is written here by hand as `save_pretrained` writes
-it (see runtime/hf_gpt2.py for the conventions relied on): `config.json` with model_type gpt2 and
+it (see runtime/models/hf_gpt2.py for the conventions relied on): `config.json` with model_type gpt2 and
 the shape fields, `model.safetensors` with `transformer.`-prefixed keys, Conv1D weights stored
 (in, out), no `lm_head.weight` (tied to wte), and the attention-mask buffers older files carry. The
 expected logits come from `gpt2_forward` below: GPT-2's forward written from those tensors alone
@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.checkpointing.export import ExportError, InitialState
 from runtime.config import JobConfig, ModelSpec
-from runtime.export import ExportError, InitialState
-from runtime.launcher import run_local
-from runtime.model import build_layer, loss_fn, microbatch_data
-from runtime.optim import LayerState
+from runtime.models.model import build_layer, loss_fn, microbatch_data
+from runtime.train.launcher import run_local
+from runtime.train.optim import LayerState
 
 HF = {"model_type": "gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 32, "vocab_size": 64,
       "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "n_inner": None}

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.layout import Layout
-from runtime.schedule import _list_schedule, independent_parts, schedule_length, stage_durations
+from runtime.parallel.layout import Layout
+from runtime.parallel.schedule import _list_schedule, independent_parts, schedule_length, stage_durations
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
 from tests.runtime._reference_schedule import reference_list_schedule

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import JobConfig, ModelSpec
-from runtime.launcher import run_local
-from runtime.layout import initial_layout
-from runtime.model import build_layer
+from runtime.models.model import build_layer
+from runtime.parallel.layout import initial_layout
+from runtime.train.launcher import run_local
 
 MODEL = ModelSpec(kind="gpt", n_layer=6, n_embd=128, n_head=4, seq_len=16, vocab_size=4096)
 """2.2M parameters: 26.8 MB of float32 parameters + two AdamW moments; embedding and head 6.3 MB each."""

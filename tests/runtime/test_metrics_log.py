@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from runtime.launcher import _max_committed
-from runtime.metrics_log import read_records
+from runtime.train.launcher import _max_committed
+from runtime.train.metrics_log import read_records
 
 
 def test_a_torn_last_line_is_skipped_and_complete_records_are_kept(tmp_path: Path) -> None:

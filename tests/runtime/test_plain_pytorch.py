@@ -6,10 +6,10 @@ batch order from the rule documented in `runtime/data/sampler.py` (a PCG64 permu
 training windows per epoch, seeded by (seed, epoch); step t, micro-batch j reads the `size` stream
 positions from t * global_batch + j * size), and steps `torch.optim.AdamW`, not the runtime's
 `LayerState`. Only the modules come from the runtime: the model is `nn.Sequential` of
-`runtime.model.build_layer(spec, i, seed)`, the very constructor spotpipe's worker calls, so both
+`runtime.models.model.build_layer(spec, i, seed)`, the very constructor spotpipe's worker calls, so both
 start from the same initialisation (seeded per layer); a copy of the modules would test the copy.
 
-Optimizer: the runtime's AdamW (`runtime/optim.py`) is decoupled-weight-decay Adam with betas
+Optimizer: the runtime's AdamW (`runtime/train/optim.py`) is decoupled-weight-decay Adam with betas
 (0.9, 0.95), eps 1e-8, bias correction, weight decay applied as p *= 1 - lr * wd before the update:
 torch.optim.AdamW's math with betas=(0.9, 0.95) (torch's default betas are (0.9, 0.999), so they are
 passed here). It used to round differently (m * b1 + (1 - b1) g and sqrt(v / bc2) where torch uses
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from runtime.config import DataSpec, model_preset
-from runtime.model import build_layer
+from runtime.models.model import build_layer
 from spotpipe.train import TrainOptions, run_train
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(180)]

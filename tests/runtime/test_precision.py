@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from runtime.config import JobConfig, LayoutError, ModelSpec, build_job_config
-from runtime.launcher import Fault, run_local
-from runtime.reference import reference_run
+from runtime.train.launcher import Fault, run_local
+from runtime.train.reference import reference_run
 from tests.runtime.conftest import assert_same_math, small_config
 
 GPT = ModelSpec(kind="gpt", n_layer=2, n_embd=16, n_head=2, seq_len=8, vocab_size=32)

@@ -13,8 +13,8 @@ import torch
 
 from runtime.config import DataSpec, JobConfig, ModelSpec
 from runtime.data.dataset import Batches
-from runtime.launcher import Fault, RunResult, run_local
-from runtime.reference import reference_run
+from runtime.train.launcher import Fault, RunResult, run_local
+from runtime.train.reference import reference_run
 from tests.runtime.conftest import assert_same_math, small_config
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(120)]

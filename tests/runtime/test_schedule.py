@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.layout import initial_layout, pipelines_layout, split_microbatches
-from runtime.partition import partition_layers
-from runtime.schedule import (
+from runtime.parallel.layout import initial_layout, pipelines_layout, split_microbatches
+from runtime.parallel.partition import partition_layers
+from runtime.parallel.schedule import (
     COMPUTE,
     OPTIMIZER,
     Action,

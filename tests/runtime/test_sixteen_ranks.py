@@ -9,7 +9,7 @@ import torch
 
 from bench.runtime_ranks import rank_config as bench_rank_config
 from runtime.config import JobConfig
-from runtime.launcher import Fault, RunResult, run_local
+from runtime.train.launcher import Fault, RunResult, run_local
 from tests.runtime.conftest import assert_same_math
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(150)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import DeviceTime
-from runtime.launcher import Fault, Join, RunResult, run_local
-from runtime.membership import initial_plan, make_plan
+from runtime.distributed.membership import initial_plan, make_plan
+from runtime.train.launcher import Fault, Join, RunResult, run_local
 from tests.runtime.conftest import assert_same_math, small_config
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from bench._spill_baseline import baseline_layout_for
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.layout import pipelines_layout
-from runtime.schedule import build_schedule, schedule_length, stage_durations, validate_schedule
+from runtime.parallel.layout import pipelines_layout
+from runtime.parallel.schedule import build_schedule, schedule_length, stage_durations, validate_schedule
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
 

@@ -15,7 +15,7 @@ import math
 import pytest
 
 from runtime.config import JobConfig, LayoutError
-from runtime.launcher import Fault, RunResult, run_local
+from runtime.train.launcher import Fault, RunResult, run_local
 from tests.runtime.conftest import assert_same_math, small_config
 
 

@@ -7,25 +7,25 @@ import dataclasses
 import pytest
 import torch
 
-from runtime.checkpoints import KEEP, Checkpoints
-from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.durability import (
+from runtime.checkpointing.checkpoints import KEEP, Checkpoints
+from runtime.checkpointing.durability import (
     checkpoint_due,
     checkpoint_interval_steps,
     estimated_mtbf_s,
     next_durability,
     young_daly_interval_s,
 )
-from runtime.export import load_model
-from runtime.launcher import faults_from_trace
-from runtime.layout import Layout, initial_layout
-from runtime.membership import initial_plan, make_plan
-from runtime.model import build_layer
-from runtime.optim import LayerState
-from runtime.schedule import action_duration, build_schedule, simulate, validate_schedule
+from runtime.checkpointing.export import load_model
+from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.distributed.membership import initial_plan, make_plan
+from runtime.models.model import build_layer
+from runtime.parallel.layout import Layout, initial_layout
+from runtime.parallel.schedule import action_duration, build_schedule, simulate, validate_schedule
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
 from runtime.strategies.oobleck import pipeline_templates
+from runtime.train.launcher import faults_from_trace
+from runtime.train.optim import LayerState
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -111,7 +111,7 @@ def test_requirements_are_not_installed_here_and_it_says_so(tmp_path: Path) -> N
 def test_presets_have_gpt2_shapes_and_take_the_tokenizers_vocabulary(tmp_path: Path) -> None:
     import torch
 
-    from runtime.model import build_model
+    from runtime.models.model import build_model
     from spotpipe.train import resolve_config
 
     text = resolve_config(TrainOptions(model="gpt2", data=f"text:{CORPUS}"))

@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runtime.comm import Comm, PeerAborted
 from runtime.config import DataSpec, JobConfig, LayoutError, ModelSpec, each_error
-from runtime.launcher import Fault, run_local
-from runtime.optim import LayerState, lr_at
-from runtime.reference import reference_run
-from runtime.usermodel import validate_model
+from runtime.distributed.comm import Comm, PeerAborted
+from runtime.models.usermodel import validate_model
+from runtime.train.launcher import Fault, run_local
+from runtime.train.optim import Hyper, LayerState, lr_at
+from runtime.train.reference import reference_run
 from tests.runtime.conftest import assert_same_math, gloo_pair, small_config
 from tests.usermodels.models import Residual
 
@@ -73,7 +73,7 @@ def test_weight_decay_groups_spare_norms_and_biases() -> None:
         state = LayerState(0, layer)
         # Zero gradients: Adam's update is exactly 0, so only the decay can move a parameter.
         state.step([torch.zeros_like(p) for p in state.params], snapshot=False,
-                   hyper=__import__("runtime.optim").optim.Hyper(lr=0.5, weight_decay=0.1, decay_min_dim=min_dim))
+                   hyper=Hyper(lr=0.5, weight_decay=0.1, decay_min_dim=min_dim))
         for name, p in layer.named_parameters():
             if decayed is None or name in decayed:
                 torch.testing.assert_close(p.detach(), before[name] * (1 - 0.05), rtol=0, atol=0)
@@ -196,7 +196,7 @@ def _dropout_config(p: float = 0.3, **kw) -> JobConfig:
 
 
 def test_dropout_random_state_is_derived_not_global() -> None:
-    from runtime.rng import layer_rng, layer_seed
+    from runtime.models.rng import layer_rng, layer_seed
 
     assert len({layer_seed(0, s, m, i) for s in range(3) for m in range(3) for i in range(3)}) == 27
     torch.manual_seed(5)
@@ -259,8 +259,8 @@ def test_validation_runs_in_eval_mode_without_dropout() -> None:
     # The same trained weights score the same held-out loss whatever the dropout rate: validation
     # measures the model, not a draw of its masks (train mode is restored after the pass).
     from runtime.data.dataset import Batches
-    from runtime.model import build_layer
-    from runtime.reference import validation_loss
+    from runtime.models.model import build_layer
+    from runtime.train.reference import validation_loss
 
     losses = []
     for p in (0.0, 0.9):
@@ -275,7 +275,7 @@ def test_validation_runs_in_eval_mode_without_dropout() -> None:
 @pytest.mark.runtime
 @pytest.mark.timeout(120)
 def test_validation_with_dropout_under_a_kill_equals_the_reference() -> None:
-    from runtime.reference import reference_run as run
+    from runtime.train.reference import reference_run as run
 
     config = _dropout_config(strategy="recycle", schedule="fiw", val_every=2)
     result = run_local(config, faults=[Fault(node=1, kind="kill", step=1)], timeout_s=100)

@@ -15,9 +15,8 @@ import pytest
 import torch
 
 import spotpipe
-from runtime.checkpoints import Checkpoints
-from runtime.config import JobConfig, ModelSpec
-from runtime.export import (
+from runtime.checkpointing.checkpoints import Checkpoints
+from runtime.checkpointing.export import (
     INFO,
     WeightsFolder,
     export_layers,
@@ -26,9 +25,10 @@ from runtime.export import (
     model_entry,
     optimizer_tensors,
 )
-from runtime.model import build_layer, build_model
-from runtime.optim import LayerState
-from runtime.reference import train_reference
+from runtime.config import JobConfig, ModelSpec
+from runtime.models.model import build_layer, build_model
+from runtime.train.optim import LayerState
+from runtime.train.reference import train_reference
 from spotpipe.cli import main as cli_main
 from spotpipe.train import TrainOptions, run_train
 from tests.runtime.data.conftest import moto_s3, s3  # noqa: F401 (fixtures: moto's S3 server, a bucket)
@@ -151,7 +151,7 @@ def test_distributed_writers_upload_to_s3_and_the_index_comes_last(tmp_path: Pat
 
 
 def test_checkpoints_on_s3_are_exports_found_pruned_and_loaded(s3) -> None:  # noqa: F811 (the fixture)
-    """`runtime.checkpoints` under `s3://` (moto): complete once the last writer's upload is in,
+    """`runtime.checkpointing.checkpoints` under `s3://` (moto): complete once the last writer's upload is in,
     the last two kept, a layer restored from one, and load_model reads a checkpoint prefix."""
     client, bucket = s3
     spec = ModelSpec(kind="mlp", n_layer=2, n_embd=8, in_features=4, vocab_size=5)

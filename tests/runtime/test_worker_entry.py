@@ -1,4 +1,4 @@
-"""The agent's entry points: `run_worker(spec, on_step)` in-process and `python -m runtime.worker`."""
+"""The agent's entry points: `run_worker(spec, on_step)` in-process and `python -m runtime.train.trainer`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.coordinator import Coordinator, serve
-from runtime.reference import train_reference
-from runtime.worker import WorkerSpec, run_worker, spec_json
+from runtime.distributed.coordinator import Coordinator, serve
+from runtime.train.reference import train_reference
+from runtime.train.trainer import WorkerSpec, run_worker, spec_json
 from tests.runtime.conftest import small_config
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(90)]
@@ -49,7 +49,7 @@ def test_cli_worker_prints_json_metrics(tmp_path) -> None:
     spec = WorkerSpec(job_id="j2", node=0, rendezvous=f"127.0.0.1:{store.port}", config=config.to_dict())
     (tmp_path / "spec.json").write_text(spec_json(spec))
     out = subprocess.run(
-        [sys.executable, "-m", "runtime.worker", "--spec", f"@{tmp_path / 'spec.json'}"],
+        [sys.executable, "-m", "runtime.train.trainer", "--spec", f"@{tmp_path / 'spec.json'}"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -72,7 +72,7 @@ def test_sigterm_is_a_notice_for_the_cli_worker(tmp_path) -> None:
             )
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "runtime.worker", "--spec", spec_json(spec)],
+                    [sys.executable, "-m", "runtime.train.trainer", "--spec", spec_json(spec)],
                     cwd=REPO,
                     stdout=subprocess.PIPE,
                     text=True,

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.reference import train_reference
-from runtime.usermodel import ModelError, boundary_shapes, build_user_layer, validate_model
+from runtime.models.usermodel import ModelError, boundary_shapes, build_user_layer, validate_model
+from runtime.train.reference import train_reference
 from spotpipe.train import TrainOptions, run_train
 
 M = "tests.usermodels.models"
@@ -91,7 +91,7 @@ def assert_loaded_model_is_the_reference(out_dir: Path) -> None:
     model's (trained in one process) on the same input."""
     import spotpipe
     from runtime.data.dataset import Batches
-    from runtime.model import build_model
+    from runtime.models.model import build_model
 
     config = JobConfig.from_dict(json.loads((out_dir / "spotpipe.json").read_text())["config"])
     reference, _ = train_reference(config)

@@ -1,5 +1,5 @@
 """Hosts a job's rendezvous store (a torch.distributed TCPStore) in its own process, outside every
-worker, so that no node's death takes the store with it (see runtime/coordinator.py).
+worker, so that no node's death takes the store with it (see runtime/distributed/coordinator.py).
 
     python -m controlplane.orchestration.providers.local.store_host --info FILE [--host 0.0.0.0] [--port 0]
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    from runtime.coordinator import serve
+    from runtime.distributed.coordinator import serve
 
     store = serve(args.port, timeout_s=300)
     tmp = args.info.with_suffix(".tmp")

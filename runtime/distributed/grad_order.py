@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.config import JobConfig
-from runtime.layout import Layout, initial_layout
+from runtime.parallel.layout import Layout, initial_layout
 
 Unit = tuple[int, int]
 """(home pipeline, first micro-batch of the unit): sorting units sorts them in summation order."""
@@ -214,7 +214,7 @@ class RunSum:
 
     Every addition of `fold` is element-wise, so the sum of a window, folded from the windows of the
     owners' contributions, has the bits of the same window of the whole sum: the reduce-scatter
-    (`runtime.comm`) lets each chunk's owner fold its chunk alone and stays bit-identical."""
+    (`runtime.distributed.comm`) lets each chunk's owner fold its chunk alone and stays bit-identical."""
 
     plan: GradPlan
     lo: int

@@ -16,7 +16,7 @@ What this relies on in such a folder (transformers' GPT-2, unchanged since its f
 - the projections are `Conv1D`s, whose weight is (in, out): the transpose of `nn.Linear`'s (out, in);
   `c_attn`'s output is q, k, v in that order, C each, heads in order inside each.
 
-Our GPT (`runtime.model`) is GPT-2's computation: pre-norm blocks, LayerNorm eps 1e-5, one biased qkv
+Our GPT (`runtime.models.model`) is GPT-2's computation: pre-norm blocks, LayerNorm eps 1e-5, one biased qkv
 projection, attention scaled by 1/sqrt(head size), GELU with the tanh approximation, final LayerNorm,
 a bias-free head. It differs in two ways that change no output of a loaded model: the head is its own
 parameter (initialised here from `wte`, then trained apart from it), and there is no dropout (GPT-2's
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
+from runtime.checkpointing.export import INFO, ExportError, WeightsFolder
 from runtime.config import ModelSpec
-from runtime.export import INFO, ExportError, WeightsFolder
 
 CONFIG = "config.json"
 MODEL_TYPE = "gpt2"
@@ -128,7 +128,7 @@ def key_map(spec: ModelSpec) -> dict[str, tuple[tuple[str, ...], Transform]]:
 
 
 class HFGPT2Weights:
-    """A Hugging Face GPT-2 folder read under our keys (what `runtime.export.InitialState` asks for):
+    """A Hugging Face GPT-2 folder read under our keys (what `runtime.checkpointing.export.InitialState` asks for):
     checked against the job's model when opened, tensors mapped when read. Weights only: no
     optimizer state, so the job starts at step 0."""
 

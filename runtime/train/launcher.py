@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from runtime.config import JobConfig
-from runtime.coordinator import Coordinator, serve
-from runtime.metrics_log import read_records
+from runtime.distributed.coordinator import Coordinator, serve
 from runtime.strategies import initial_layout
+from runtime.train.metrics_log import read_records
 
 FAULT_KINDS = ("kill", "stop", "notice", "delay")
 FAULT_PHASES = ("step", "transfer", "validation")
@@ -136,7 +136,7 @@ def faults_from_trace(
 
 
 def _child(spec: dict[str, Any]) -> None:
-    from runtime.worker import WorkerSpec, _die_with_parent, run_worker
+    from runtime.train.trainer import WorkerSpec, _die_with_parent, run_worker
 
     _die_with_parent()
     run_worker(WorkerSpec(**spec))
@@ -144,7 +144,7 @@ def _child(spec: dict[str, Any]) -> None:
 
 def _context() -> mp.context.BaseContext:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["runtime.worker"])
+    ctx.set_forkserver_preload(["runtime.train.trainer"])
     return ctx
 
 
@@ -160,7 +160,7 @@ def run_local(
     """Run `config` on dp*pp local processes over gloo with the given faults; returns final state.
 
     Validates the layout before anything starts (an impossible layout raises `LayoutError`).
-    With `export_dir`, the workers write the job's final weights there (`runtime.export`).
+    With `export_dir`, the workers write the job's final weights there (`runtime.checkpointing.export`).
     """
     initial_layout(config)  # raises before any process starts
     for fault in faults:

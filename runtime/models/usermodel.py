@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError, ModelSpec
-from runtime.partition import time_layers
+from runtime.parallel.partition import time_layers
 
 EXPECTED_RETURN = ("an nn.Sequential, a list of nn.Module layers, or a list of zero-argument layer factories "
                    "(callables returning an nn.Module)")
@@ -213,7 +213,7 @@ def dry_forward(config: JobConfig, layers: list[nn.Module], x: torch.Tensor, y: 
 
 def meta_layers(config: JobConfig) -> list[nn.Module]:
     """Every layer of the job's model on the meta device (shapes only)."""
-    from runtime.model import build_layer
+    from runtime.models.model import build_layer
 
     with torch.device("meta"):
         return [build_layer(config.model, i, config.seed) for i in range(config.model.num_layers)]

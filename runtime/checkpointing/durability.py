@@ -16,7 +16,7 @@ from typing import Any
 from runtime.config import JobConfig
 
 CHECKPOINTS = "checkpoints"
-"""The folder under a job's checkpoint root that holds `step-N/` checkpoints (`runtime.checkpoints`)."""
+"""The folder under a job's checkpoint root that holds `step-N/` checkpoints (`runtime.checkpointing.checkpoints`)."""
 _COMPLETES = re.compile(rf"(?:^|/){CHECKPOINTS}/step-(\d+)/model\.safetensors(?:\.index\.json)?$")
 
 

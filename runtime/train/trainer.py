@@ -1,8 +1,8 @@
-"""The worker: one process per node, living through generations without restarting.
+"""The trainer (its class is `Worker`): one process per node, living through generations without restarting.
 
 Entry points for the node agent:
 - `run_worker(spec, on_step=callback)` in-process, or
-- `python -m runtime.worker --spec JSON` (or `--spec @file.json`).
+- `python -m runtime.train.trainer --spec JSON` (or `--spec @file.json`).
 
 Life of a worker: join generation 0 (or, as a replacement, wait until a generation takes it), then
 loop: set up the generation (roll back a half-applied step, restore or receive missing layer
@@ -32,21 +32,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.checkpoints import Checkpoints, checkpoint_root
-from runtime.comm import Comm, bury, reap
+from runtime.checkpointing.checkpoints import Checkpoints, checkpoint_root
+from runtime.checkpointing.durability import checkpoint_due
+from runtime.checkpointing.export import ExportError, InitialState, export_layers, model_entry
 from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError
-from runtime.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.data.dataset import Batches, DataError
-from runtime.durability import checkpoint_due
-from runtime.executor import Executor
-from runtime.export import ExportError, InitialState, export_layers, model_entry
-from runtime.layout import Layout
-from runtime.membership import Plan, initial_plan, make_plan
-from runtime.model import build_layer
-from runtime.optim import LayerState, held_bytes
-from runtime.reference import named_parameters
-from runtime.schedule import build_schedule, forward_schedule, schedule_length, stage_durations
+from runtime.distributed.comm import Comm, bury, reap
+from runtime.distributed.coordinator import Coordinator, Heartbeat, connect, wait_ready
+from runtime.distributed.membership import Plan, initial_plan, make_plan
+from runtime.models.model import build_layer
+from runtime.parallel.executor import Executor
+from runtime.parallel.layout import Layout
+from runtime.parallel.schedule import build_schedule, forward_schedule, schedule_length, stage_durations
 from runtime.strategies import get_strategy
+from runtime.train.optim import LayerState, held_bytes
+from runtime.train.reference import named_parameters
 
 StepCallback = Callable[[dict[str, Any]], None]
 
@@ -70,9 +70,9 @@ class WorkerSpec:
     out_dir: str = ""
     """If set: metrics (`metrics-<node>.jsonl`) and final parameters (`node-<node>.pt`) go here."""
     export_dir: str = ""
-    """If set: the job's final weights and optimizer state go here as safetensors (`runtime.export`),
+    """If set: the job's final weights and optimizer state go here as safetensors (`runtime.checkpointing.export`),
     each designated writer writing its layers' shards, with spotpipe.json beside them; and its
-    checkpoints, in the same format, under `checkpoints/step-N/` (`runtime.checkpoints`)."""
+    checkpoints, in the same format, under `checkpoints/step-N/` (`runtime.checkpointing.checkpoints`)."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     """Injected faults: {"kind": "kill"|"stop"|"notice"|"delay", "step": k, "at": action index or -1
     (mid-step), "delay_s": seconds for "delay"}; with "phase": "transfer", during a state hand-over
@@ -304,7 +304,7 @@ class Worker:
         the same count, and the stages are split evenly (no profiled `layer_costs`)."""
         if self.config.model.kind != USER_MODEL_KIND:
             return
-        from runtime.usermodel import validate_model
+        from runtime.models.usermodel import validate_model
 
         try:
             validate_model(self.config, batches=self.batches, profile=False).record(self.config)
@@ -352,7 +352,7 @@ class Worker:
             "committed": self.committed,
             "versions": {str(i): st.version for i, st in self.held.items()},
             "leaving": self.notice,
-            # What the next checkpoint interval is computed from (`runtime.durability`).
+            # What the next checkpoint interval is computed from (`runtime.checkpointing.durability`).
             "checkpoint_cost_s": self.ckpt_cost_s,
             "step_time_s": sorted(recent)[len(recent) // 2] if recent else None,
         }
@@ -840,7 +840,7 @@ class Worker:
                     "peak_rss_bytes": peak_kib * 1024})
 
     def _export(self) -> None:
-        """Write this node's share of the job's final weights and optimizer state (`runtime.export`):
+        """Write this node's share of the job's final weights and optimizer state (`runtime.checkpointing.export`):
         the layers it is the designated writer of in the final layout (first owner of each run)."""
         assert self.layout is not None
         complete = export_layers(
@@ -857,8 +857,8 @@ def run_worker(spec: WorkerSpec, on_step: StepCallback | None = None) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m runtime.worker --spec JSON|@file`."""
-    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__.splitlines()[0])
+    """`python -m runtime.train.trainer --spec JSON|@file`."""
+    parser = argparse.ArgumentParser(prog="python -m runtime.train.trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="WorkerSpec as JSON, or @path to a JSON file")
     args = parser.parse_args(argv)
     text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec

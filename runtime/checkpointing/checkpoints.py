@@ -1,4 +1,4 @@
-"""Checkpoints, in the weights-out format: a checkpoint of step N is an export (`runtime.export`) at
+"""Checkpoints, in the weights-out format: a checkpoint of step N is an export (`runtime.checkpointing.export`) at
 `<root>/checkpoints/step-N/` -- weights, optimizer state and spotpipe.json, Hugging Face sharded
 safetensors -- written by the layers' designated writers like the final export. It is complete when
 its model index exists (or, written by a single writer in one shard, its `model.safetensors`), which
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runtime.checkpointing.durability import CHECKPOINTS, complete_steps
+from runtime.checkpointing.export import DEFAULT_SHARD_BYTES, InitialState, export_layers, model_entry
 from runtime.config import ModelSpec
-from runtime.durability import CHECKPOINTS, complete_steps
-from runtime.export import DEFAULT_SHARD_BYTES, InitialState, export_layers, model_entry
 
 KEEP = 2
 """Complete checkpoints kept. Two, not one: the newest is the restore point, and the one before it
@@ -68,7 +68,7 @@ class Checkpoints:
         return keys
 
     def complete_steps(self) -> list[int]:
-        """Steps of the complete checkpoints, oldest first (`runtime.durability.complete_steps`)."""
+        """Steps of the complete checkpoints, oldest first (`runtime.checkpointing.durability.complete_steps`)."""
         if self.on_s3:
             return complete_steps(self._s3_keys())
         base = Path(self.root)

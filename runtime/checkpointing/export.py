@@ -78,7 +78,7 @@ def build_from_entry(entry: Mapping[str, Any]) -> nn.Sequential:
     """The (untrained) `nn.Sequential` of a spotpipe.json `model` entry, built on the meta device
     (no memory, no initialisation: the weights are assigned when loaded)."""
     # A user model (kind "py") is built by its function through build_layer, like on the nodes.
-    from runtime.model import build_model
+    from runtime.models.model import build_model
 
     spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
     spec.validate()
@@ -228,7 +228,7 @@ def export_model(directory: str | Path, model: nn.Module, *, spec: ModelSpec | N
 
 
 def _meta_layer(spec: ModelSpec, index: int) -> nn.Module:
-    from runtime.model import build_layer
+    from runtime.models.model import build_layer
 
     with torch.device("meta"):
         return build_layer(spec, index, 0)
@@ -480,15 +480,15 @@ def _export_layers_local(directory: Path, *, spec: ModelSpec, writers: Mapping[i
 
 class InitialState:
     """The weights (and optimizer state, when the folder has it) a job starts from (`init_from`):
-    a spotpipe export, or a Hugging Face GPT-2 folder (weights only, `runtime.hf_gpt2`).
+    a spotpipe export, or a Hugging Face GPT-2 folder (weights only, `runtime.models.hf_gpt2`).
 
     With optimizer state the job continues the exported one: its layers get the moments and
     versions, and training resumes at the export's `steps_done` (`start_step`), so the data order
     and the learning-rate step continue; with weights only it fine-tunes from step 0."""
 
     def __init__(self, directory: str | Path, spec: ModelSpec) -> None:
-        """`spec`: the job's model; a Hugging Face GPT-2 folder (`runtime.hf_gpt2`) is checked against it."""
-        from runtime.hf_gpt2 import HFGPT2Weights, is_hf_gpt2
+        """`spec`: the job's model; a Hugging Face GPT-2 folder (`runtime.models.hf_gpt2`) is checked against it."""
+        from runtime.models.hf_gpt2 import HFGPT2Weights, is_hf_gpt2
 
         local = _local(directory)
         if not Path(local).is_dir():

@@ -24,7 +24,7 @@ def profile_layer_costs(spec: ModelSpec, *, batch: int, seed: int = 0, repeats: 
     """Measured forward+backward seconds per layer on this machine for one micro-batch."""
     # Imported here: the control plane plans layouts with this module, and its web and worker
     # processes should not load torch (2 s and about 200 MB each) for that.
-    from runtime.model import build_layer, microbatch_data
+    from runtime.models.model import build_layer, microbatch_data
 
     x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=batch)
     return time_layers([build_layer(spec, i, seed) for i in range(spec.num_layers)], x, repeats=repeats)

@@ -8,11 +8,11 @@ import torch
 
 from runtime.config import JobConfig
 from runtime.data.dataset import Batches
-from runtime.grad_order import home_pipelines
-from runtime.model import build_layer
-from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
-from runtime.rng import evaluating, forward_layer, layer_rng
-from runtime.usermodel import loss_for
+from runtime.distributed.grad_order import home_pipelines
+from runtime.models.model import build_layer
+from runtime.models.rng import evaluating, forward_layer, layer_rng
+from runtime.models.usermodel import loss_for
+from runtime.train.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
 
 
 def named_parameters(states: dict[int, LayerState]) -> dict[str, torch.Tensor]:

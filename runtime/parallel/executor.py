@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from runtime import _pipelining
-from runtime.comm import Comm, PeerAborted
 from runtime.config import JobConfig
 from runtime.data.dataset import Batches
-from runtime.grad_order import GradAccumulator, RunSum, grad_plan, home_pipelines, runs_in_order
-from runtime.layout import Layout
-from runtime.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
-from runtime.rng import evaluating, forward_layer, layer_rng
-from runtime.schedule import (
+from runtime.distributed.comm import Comm, PeerAborted
+from runtime.distributed.grad_order import GradAccumulator, RunSum, grad_plan, home_pipelines, runs_in_order
+from runtime.models.rng import evaluating, forward_layer, layer_rng
+from runtime.models.usermodel import boundary_shapes, loss_for
+from runtime.parallel import _pipelining
+from runtime.parallel.layout import Layout
+from runtime.parallel.schedule import (
     ALL_REDUCE,
     BACKWARD,
     BACKWARD_INPUT,
@@ -39,7 +39,7 @@ from runtime.schedule import (
     SEND_GRAD,
     Action,
 )
-from runtime.usermodel import boundary_shapes, loss_for
+from runtime.train.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
 
 
 @dataclass(slots=True)
@@ -316,7 +316,7 @@ class Executor:
             rf_inputs[(nxt_stage, act.microbatch)] = out.detach()
 
     def _run_layers(self, step: int, act: Action, x: torch.Tensor) -> torch.Tensor:
-        """The stage's layers on `x`, each with its random state (`runtime.rng`: dropout is the same
+        """The stage's layers on `x`, each with its random state (`runtime.models.rng`: dropout is the same
         wherever and however often the layer runs)."""
         rng_step = step if self._val_batch is None else -1 - self._val_batch
         lo, hi = self.layout.stages[act.stage]

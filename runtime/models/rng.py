@@ -47,7 +47,7 @@ def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torc
         else:
             out = module(x)
     # What crosses a stage boundary (and reaches the loss) stays float32: the receive buffers are
-    # shaped and typed by a float32 dry run (`runtime.usermodel.boundary_shapes`), and the loss is
+    # shaped and typed by a float32 dry run (`runtime.models.usermodel.boundary_shapes`), and the loss is
     # computed outside autocast. Casting here, in the one forward both the executor and the
     # reference run, keeps every boundary the same wherever the stages are cut; the cast is part of
     # the autograd graph, so the gradient sent back is float32 too.

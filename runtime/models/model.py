@@ -86,9 +86,9 @@ class Dense(nn.Module):
 
 def build_layer(spec: ModelSpec, index: int, seed: int) -> nn.Module:
     """Build layer `index` of the model, initialised from (seed, index) only (a user's model: see
-    `runtime.usermodel` for its rule)."""
+    `runtime.models.usermodel` for its rule)."""
     if spec.kind == USER_MODEL_KIND:
-        from runtime.usermodel import build_user_layer
+        from runtime.models.usermodel import build_user_layer
 
         return build_user_layer(spec, index, seed)
     if not 0 <= index < spec.num_layers:
@@ -113,7 +113,7 @@ def build_model(spec: ModelSpec, seed: int) -> nn.Sequential:
 
 def activation_shape(spec: ModelSpec, batch: int) -> tuple[int, ...]:
     """Shape of the tensor passed between any two layers of a built-in model. The executor uses the
-    per-boundary shapes of `runtime.usermodel.boundary_shapes` (any model)."""
+    per-boundary shapes of `runtime.models.usermodel.boundary_shapes` (any model)."""
     return (batch, spec.seq_len, spec.n_embd) if spec.kind == "gpt" else (batch, spec.n_embd)
 
 

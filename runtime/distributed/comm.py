@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.grad_order import RunSum, chunk_windows
+from runtime.distributed.grad_order import RunSum, chunk_windows
 
 _ALLREDUCE_TAG = 1 << 24
 """Tags at and above this carry gradient reduce-scatter messages (and the finished sums sent to
@@ -97,7 +97,7 @@ class Comm:
     commit) runs on the one `world` group on purpose: gloo fails every pending call of a group as
     soon as any of its connections breaks, so a dead node wakes every survivor at once. Gradient
     all-reduces are a reduce-scatter, whose chunk owners fold their chunk in the fixed order of
-    `runtime.grad_order`, then an all-gather: every owner gets the bit-identical result (replicas
+    `runtime.distributed.grad_order`, then an all-gather: every owner gets the bit-identical result (replicas
     stay identical, which bamboo relies on), sending about 2x the gradient's bytes, not (owners-1)x.
     """
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runtime.config import LayoutError
-from runtime.layout import Layout
+from runtime.parallel.layout import Layout
 
 FORWARD = "F"
 BACKWARD = "B"  # fused backward: input and weight gradients

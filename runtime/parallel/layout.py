@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.config import JobConfig, LayoutError
-from runtime.partition import estimate_layer_costs, partition_layers
+from runtime.parallel.partition import estimate_layer_costs, partition_layers
 
 Hop = tuple[int, int]
 """(stage id, node id)."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.checkpointing.durability import initial_durability, next_durability
 from runtime.config import JobConfig, LayoutError
-from runtime.durability import initial_durability, next_durability
-from runtime.layout import Layout
+from runtime.parallel.layout import Layout
 from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, alive_nodes, fill_slots, full_slots
 
@@ -21,7 +21,7 @@ Plan = dict[str, Any]
 def initial_plan(config: JobConfig, *, start_step: int = 0, started_at: float = 0.0) -> Plan:
     """Generation 0: the full layout at `start_step` (0, or where the `init_from` export it
     continues stopped); every node builds its layers from the seed (or loads them from init_from).
-    `started_at`: the job's start (wall clock), for the failure rate (`runtime.durability`)."""
+    `started_at`: the job's start (wall clock), for the failure rate (`runtime.checkpointing.durability`)."""
     slots = full_slots(config)
     layout = get_strategy(config.strategy).layout_for(config, slots)
     return {
@@ -88,7 +88,7 @@ def make_plan(
     `checkpoint_step`: the newest complete checkpoint (None: none). A strategy that keeps state
     alive without one (recycle, bamboo, oobleck) restarts from it only when a change lost every copy
     of some layer (`_restart_or_fail`). `now`: wall clock, for the failure rate that sets the next
-    checkpoint interval (`runtime.durability`; None: no time has passed).
+    checkpoint interval (`runtime.checkpointing.durability`; None: no time has passed).
     """
     strategy = get_strategy(config.strategy)
     candidates = [*(spares or []), *(n for n in joiners if n not in (spares or []))]
