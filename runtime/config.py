@@ -22,7 +22,7 @@ STRATEGIES = ("none", "checkpoint", "bamboo", "recycle", "oobleck")
 """Strategies the runtime runs (`none`: no fault tolerance, tests and baselines only)."""
 AUTO_STRATEGY = "recycle"
 """What a job's `auto` runs: recycle keeps the global batch with no state transfer and no restart."""
-JOB_STRATEGIES = ("auto", "checkpoint", "bamboo", "recycle", "oobleck")
+JOB_STRATEGIES = ("auto", *(name for name in STRATEGIES if name != "none"))  # FAULT_TOLERANT_STRATEGIES + auto
 """Strategies a job may ask for."""
 STRATEGY_LABELS = {
     "auto": "Automatic",

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.config import JOB_STRATEGIES, PRECISIONS
+from runtime.config import AUTO_STRATEGY, JOB_STRATEGIES, PRECISIONS
 
 CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train", "sample")
 
@@ -22,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="run a spot training fleet on this machine, end to end",
         description="Seed a market and a demo team, serve the control plane with a Celery worker and beat, "
                     "train a small GPT on local nodes under preemptions, then print its cost report.")
-    demo.add_argument("--strategy", choices=JOB_STRATEGIES, default="recycle",
-                      help="how the job survives preemptions (default: recycle)")
+    demo.add_argument("--strategy", choices=JOB_STRATEGIES, default=AUTO_STRATEGY,
+                      help=f"how the job survives preemptions (default: {AUTO_STRATEGY})")
     demo.add_argument("--nodes", type=int, default=4, help="nodes of the job (default 4: dp=2 x pp=2)")
     demo.add_argument("--trace", type=Path, help="a preemption trace file (Bamboo CSV, GCP counts or SkyPilot "
                                                  "JSON); default: a synthetic trace drawn with --seed")

@@ -84,7 +84,7 @@ def steps_for(duration_s: float) -> int:
     return max(MIN_STEPS, int(duration_s * STEPS_PER_SECOND))
 
 
-# What a new generation did, from the decision named in its reason (orchestration.reactions.DECISIONS).
+# What a new generation did, from the decision named in its reason (each strategy's `decision`).
 GENERATION_LABELS = (("reroute", "WORK RE-ROUTED"), ("takeover", "TAKEN OVER"), ("reinstantiate", "RE-PLANNED"),
                      ("restart", "RESTART"), ("grow", "GREW BACK"))
 

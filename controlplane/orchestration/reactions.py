@@ -20,16 +20,6 @@ from runtime.strategies.base import alive_nodes
 
 Slots = list[list[int | None]]
 
-# What each strategy does with a hole (the Reconfiguration.decision values).
-DECISIONS = {
-    "recycle": "reroute",
-    "bamboo": "takeover",
-    "oobleck": "reinstantiate",
-    "checkpoint": "restart",
-    "none": "restart",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Reaction:
     """The outcome of a leave or a join: the decision's name and the next slots, or `slots=None`
@@ -80,7 +70,7 @@ def react_leave(config: JobConfig, slots: Slots, leaving: set[int], *, noticed: 
     if plan.get("restore_step") is not None and not get_strategy(config.strategy).restarts_from_checkpoint:
         # Every copy of some layer is gone: the survivors restart from the newest checkpoint.
         return Reaction(decision="restart", slots=nxt, reason=f"{reason}; {plan['reason'].split(': ', 1)[-1]}")
-    return Reaction(decision=DECISIONS.get(config.strategy, "restart"), slots=nxt, reason=reason)
+    return Reaction(decision=get_strategy(config.strategy).decision, slots=nxt, reason=reason)
 
 
 def react_join(config: JobConfig, slots: Slots, joiners: list[int]) -> Reaction:

@@ -22,6 +22,7 @@ from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_T
 from controlplane.planning.selectors import pools_for_plan
 from controlplane.tunables import tunable
 from runtime.config import (
+    AUTO_STRATEGY,
     LAYOUT_FIELDS,
     SCHEDULES,
     USER_MODEL_KIND,
@@ -75,7 +76,7 @@ class PlanInput:
     zones: list[str] | None = None
     deadline_hours: float | None = None
     budget_usd: float | None = None
-    strategy: str = "recycle"
+    strategy: str = AUTO_STRATEGY
     max_nodes: int = 32
     microbatch_size: int = 0
 

@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from runtime.config import ModelSpec
+from runtime.config import AUTO_STRATEGY, ModelSpec
 from runtime.parallel.layout import split_microbatches
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
@@ -72,7 +72,7 @@ class PlanRequest:
     pools: list[Pool]
     deadline_hours: float | None = None
     budget_usd: float | None = None
-    strategy: str = "recycle"
+    strategy: str = AUTO_STRATEGY
     microbatch_size: int = 0
     """Samples per micro-batch; 0 picks the largest power of two <= 8 that divides the global batch."""
     schedules: tuple[str, ...] = ("1f1b", "fiw")

@@ -12,11 +12,7 @@ from runtime.strategies.oobleck import OobleckStrategy
 from runtime.strategies.recycle import RecycleStrategy
 
 _STRATEGIES: dict[str, type] = {
-    "none": NoneStrategy,
-    "checkpoint": CheckpointStrategy,
-    "bamboo": BambooStrategy,
-    "recycle": RecycleStrategy,
-    "oobleck": OobleckStrategy,
+    cls.name: cls for cls in (NoneStrategy, CheckpointStrategy, BambooStrategy, RecycleStrategy, OobleckStrategy)
 }
 
 

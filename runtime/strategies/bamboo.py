@@ -33,6 +33,7 @@ class BambooStrategy:
     """Redundant successor replicas; takeover by the predecessor."""
 
     name = "bamboo"
+    decision = "takeover"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
 

@@ -19,6 +19,8 @@ class Strategy(Protocol):
     """How a job reshapes itself when nodes leave or join."""
 
     name: str
+    decision: str
+    """What the control plane records for a leave this strategy absorbs (`Reconfiguration.decision`)."""
     restarts_from_checkpoint: bool
     """True: after a change, every node reloads the last checkpoint (steps since it are lost)."""
     falls_back_to_checkpoint: bool

@@ -16,6 +16,7 @@ class CheckpointStrategy:
     """Full pipelines only; state always comes back from the checkpoint."""
 
     name = "checkpoint"
+    decision = "restart"
     restarts_from_checkpoint = True
     falls_back_to_checkpoint = False  # it always restarts from one
 

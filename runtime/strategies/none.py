@@ -11,6 +11,7 @@ class NoneStrategy:
     """Every slot must be filled; any loss is fatal."""
 
     name = "none"
+    decision = "restart"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = False
 

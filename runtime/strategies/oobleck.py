@@ -28,6 +28,7 @@ class OobleckStrategy:
     """Re-instantiate pipelines from templates over the surviving nodes (slot order)."""
 
     name = "oobleck"
+    decision = "reinstantiate"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
 

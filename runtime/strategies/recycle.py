@@ -40,6 +40,7 @@ class RecycleStrategy:
     update), the same model that prices the step, so it never trades compute for a longer step."""
 
     name = "recycle"
+    decision = "reroute"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
 

@@ -11,7 +11,7 @@ from controlplane.common.errors import DomainError
 from controlplane.common.tables import print_table
 from controlplane.jobs.models import TrainingJob
 from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_input_from_job
-from runtime.config import FAULT_TOLERANT_STRATEGIES, ModelSpec
+from runtime.config import AUTO_STRATEGY, FAULT_TOLERANT_STRATEGIES, ModelSpec
 
 
 class Command(BaseCommand):
@@ -29,7 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--samples", type=int, default=5_000_000)
         parser.add_argument("--deadline-hours", type=float)
         parser.add_argument("--budget-usd", type=float)
-        parser.add_argument("--strategy", default="recycle", choices=FAULT_TOLERANT_STRATEGIES)
+        parser.add_argument("--strategy", default=AUTO_STRATEGY, choices=FAULT_TOLERANT_STRATEGIES)
         parser.add_argument(
             "--instance-type", action="append", dest="instance_types", help="allowed type (repeat); default: GPU types"
         )
