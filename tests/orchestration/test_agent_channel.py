@@ -12,7 +12,7 @@ import time
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.test import override_settings
+from django.test import Client, override_settings
 
 from controlplane.asgi import ControlPlane
 from controlplane.common import agent_wake
@@ -197,3 +197,34 @@ def test_a_poll_that_times_out_gets_the_full_answer_of_its_version(agent):
         first, status, answer, took = asyncio.run(scenario())
     assert status == 200 and answer == first  # the same version, the whole answer (not the hold mark)
     assert 0.4 * 0.75 - 0.01 <= took < 2.0, took
+
+
+HOSTILE_QUERIES = [
+    "wait=abc", "wait=nan", "wait=inf", "wait=-1", "wait=1e400", f"wait={10**6}",
+    "version=" + "v" * 5000, "version=%00", "wait=0.1&wait=abc", "version=x&wait=%ff",
+    "version=%E2%9C%93&wait=0.2",  # accepted: a version never issued is stale, answered at once
+]
+
+
+@pytest.mark.parametrize("query", HOSTILE_QUERIES)
+def test_hostile_poll_parameters_get_the_views_answer_through_the_channel(agent, query):
+    """The channel's first step is the view: a bad `wait` or `version` is the view's 400 naming it,
+    never a 500 or a hold; whatever the view accepts is answered at once or held within the cap."""
+    _, headers = agent
+    app = _app(redis_url="", fast_poll_s=0.05)
+    client_view = Client(raise_request_exception=False)
+
+    async def scenario():
+        started = time.monotonic()
+        answer = await asyncio.wait_for(_call(app, method="GET", path=PATH, query=query, headers=headers), 40)
+        await app.waiters.close()
+        return answer, time.monotonic() - started
+
+    with override_settings(REDIS_URL=""):
+        (status, body), _took = asyncio.run(scenario())
+        expected = client_view.get(f"{PATH}?{query}", HTTP_AUTHORIZATION=headers["Authorization"])
+    assert status < 500, body
+    assert status == expected.status_code, (body, expected.content)
+    if status == 400:
+        named = json.loads(body)["errors"]
+        assert set(named) & {"wait", "version"}, named
