@@ -27,7 +27,8 @@ from typing import Any
 
 from bench import runtime_ranks
 from bench.report import Progress, print_table
-from runtime.checkpointing.durability import checkpoint_interval_steps, young_daly_interval_s
+from runtime.checkpointing.durability import checkpoint_interval_steps
+from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import DeviceTime, JobConfig, ModelSpec
 from runtime.parallel.schedule import action_duration, build_schedule, simulate, stage_durations
 from runtime.strategies import get_strategy
@@ -229,7 +230,7 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[s
             row.update(
                 checkpoint_interval_steps=checkpoint_interval_steps(cfg),
                 checkpoint_write_s=cost,
-                young_daly_interval_s=young_daly_interval_s(cost, mtbf),
+                young_daly_interval_s=young_interval(checkpoint_cost_s=cost, mtbf_s=mtbf),
             )
         result = _run(cfg, faults=faults, joins=joins)
         row.update(

@@ -547,6 +547,16 @@ class JobConfig:
             bad(f"first_step_timeout_s={self.first_step_timeout_s} is invalid; expected 0 (derive it from the "
                 f"model's work) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}",
                 "first_step_timeout_s")
+        if self.checkpoint_interval < 0:
+            bad(f"checkpoint_interval={self.checkpoint_interval} must be >= 0 (0: from Young/Daly)",
+                "checkpoint_interval")
+        if not 0 < self.mtbf_s < math.inf:  # `not <` also rejects NaN
+            bad(f"mtbf_s={self.mtbf_s} must be a positive, finite number of seconds", "mtbf_s")
+        if not 0 <= self.checkpoint_cost_s < math.inf:
+            bad(f"checkpoint_cost_s={self.checkpoint_cost_s} must be a finite number of seconds >= 0",
+                "checkpoint_cost_s")
+        if not 0 < self.step_time_s < math.inf:
+            bad(f"step_time_s={self.step_time_s} must be a positive, finite number of seconds", "step_time_s")
         if not 0 < self.compute_floor_gflop_s < math.inf:
             bad(f"compute_floor_gflop_s={self.compute_floor_gflop_s} must be a positive, finite rate in GFLOP/s",
                 "compute_floor_gflop_s")

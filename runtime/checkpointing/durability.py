@@ -8,11 +8,11 @@ node that forms it, from values every member reported, and published in the plan
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import JobConfig
 
 CHECKPOINTS = "checkpoints"
@@ -32,11 +32,6 @@ def complete_steps(names: Iterable[str]) -> list[int]:
     """Steps of the complete checkpoints among the file names of a checkpoint root, oldest first.
     Torch-free: the runtime and the control plane (which lists the job's artifact folder) share it."""
     return sorted({step for name in names if (step := completed_step(name)) is not None})
-
-
-def young_daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
-    """Optimal seconds between checkpoints (Young 1974, Daly 2006 first order)."""
-    return math.sqrt(2.0 * checkpoint_cost_s * mtbf_s)
 
 
 def estimated_mtbf_s(prior_mtbf_s: float, elapsed_s: float, failures: int) -> float:
@@ -62,7 +57,7 @@ def checkpoint_interval_steps(
     cost = cost_s if cost_s is not None else config.checkpoint_cost_s
     mtbf = mtbf_s if mtbf_s is not None else config.mtbf_s
     step = step_time_s if step_time_s is not None else config.step_time_s
-    return max(1, round(young_daly_interval_s(cost, mtbf) / max(step, 1e-9)))
+    return max(1, round(young_interval(checkpoint_cost_s=cost, mtbf_s=mtbf) / max(step, 1e-9)))
 
 
 def _largest(records: Mapping[int, Mapping[str, Any]], key: str) -> float | None:

@@ -17,13 +17,13 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
+from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import AUTO_STRATEGY, ModelSpec
 from runtime.parallel.layout import split_microbatches
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
 from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile, ProfileStore
 from runtime.planner.throughput import CostModel, Network
-from runtime.sim.youngdaly import young_interval
 
 MEMORY_HEADROOM = 0.9
 """Fraction of device memory the planner lets a stage use (allocator fragmentation, workspace)."""

@@ -36,12 +36,12 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from runtime.checkpointing.durability import estimated_mtbf_s
+from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import FAULT_TOLERANT_STRATEGIES, JobConfig
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import Pattern
 from runtime.sim.prices import PriceSeries
 from runtime.sim.traces import ADD, Trace
-from runtime.sim.youngdaly import young_interval
 
 STRATEGIES = FAULT_TOLERANT_STRATEGIES  # what the simulator compares (runtime/config.py owns the names)
 

@@ -13,9 +13,9 @@ from runtime.checkpointing.durability import (
     checkpoint_interval_steps,
     estimated_mtbf_s,
     next_durability,
-    young_daly_interval_s,
 )
 from runtime.checkpointing.export import load_model
+from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.distributed.membership import initial_plan, make_plan
 from runtime.models.model import build_layer
@@ -141,9 +141,22 @@ def test_checkpoint_regroups_full_pipelines_and_young_daly() -> None:
     layout = get_strategy("checkpoint").layout_for(c, lose(full_slots(c), 5))
     assert layout.pipelines() == {0: (0, 1, 2, 3)} and layout.standby == (4, 6, 7)
     assert layout.num_microbatches == 8  # the one pipeline takes the whole global batch
-    assert young_daly_interval_s(0.5, 3600) == pytest.approx(60.0)
+    assert young_interval(checkpoint_cost_s=0.5, mtbf_s=3600) == pytest.approx(60.0)
     assert checkpoint_interval_steps(config(mtbf_s=3600, checkpoint_cost_s=0.5, step_time_s=2.0)) == 30
     assert checkpoint_interval_steps(config(checkpoint_interval=7)) == 7
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("mtbf_s", 0.0), ("mtbf_s", -5.0), ("mtbf_s", float("nan")), ("mtbf_s", float("inf")),
+    ("checkpoint_cost_s", -0.1), ("checkpoint_cost_s", float("nan")), ("step_time_s", 0.0),
+    ("step_time_s", float("inf")), ("checkpoint_interval", -1),
+])
+def test_checkpoint_priors_that_would_break_young_daly_are_refused_naming_the_field(field, value) -> None:
+    """A prior the interval formula cannot use (a square root of a negative, a NaN round) is the
+    contract's 400 at submit, not an error in the trainer at its first checkpoint decision."""
+    with pytest.raises(LayoutError, match=f"{field}=") as raised:
+        config(**{field: value}).validate()
+    assert raised.value.field == field
 
 
 def test_interval_follows_the_observed_failure_rate_and_the_measured_write() -> None:
@@ -160,10 +173,10 @@ def test_interval_follows_the_observed_failure_rate_and_the_measured_write() -> 
     # 2 failures in 400 s: MTBF (3600 + 400) / 3; the slowest writer (0.08 s) and step (1.0 s)
     assert fields["failures"] == 2 and fields["started_at"] == 1000.0
     assert fields["mtbf_s"] == pytest.approx(4000 / 3)
-    assert fields["checkpoint_every"] == round(young_daly_interval_s(0.08, 4000 / 3) / 1.0) == 15
+    assert fields["checkpoint_every"] == round(young_interval(checkpoint_cost_s=0.08, mtbf_s=4000 / 3) / 1.0) == 15
     # Nothing measured yet: the priors; a notice (lost=False) is not a failure.
     assert next_durability(c, previous, lost=False, records={0: {}}, now=1000.0)["checkpoint_every"] == round(
-        young_daly_interval_s(0.5, 3600 / 2) / 2.0)
+        young_interval(checkpoint_cost_s=0.5, mtbf_s=3600 / 2) / 2.0)
     assert next_durability(config(checkpoint_interval=3), previous, lost=True, records=records,
                            now=1400.0)["checkpoint_every"] == 3  # the configured interval overrides
     # Due every `checkpoint_every` steps from the generation's start, never at the last step.

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from runtime.sim.youngdaly import daly_interval, expected_waste_fraction, young_interval
+from runtime.checkpointing.youngdaly import daly_interval, expected_waste_fraction, young_interval
 
 
 def test_young_is_sqrt_2cm():
