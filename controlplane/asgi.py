@@ -35,7 +35,8 @@ from django.conf import settings  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
-from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, read_body, send_response  # noqa: E402
+from controlplane.common.request_limits import request_body_ceiling  # noqa: E402
+from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
 from controlplane.orchestration import selectors, services  # noqa: E402
 from controlplane.orchestration.agent_channel import CommandWaiters  # noqa: E402
 from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S  # noqa: E402
@@ -133,7 +134,7 @@ class ControlPlane:
     def __init__(self, wsgi: Callable, *, web_threads: int = WEB_THREADS, agent_threads: int = AGENT_THREADS,
                  redis_url: str | None = None, fast_poll_s: float | None = None,
                  slow_poll_s: float | None = None) -> None:
-        self.bridge = WSGIBridge(wsgi, threads=web_threads)
+        self.bridge = WSGIBridge(wsgi, threads=web_threads, max_body_bytes=request_body_ceiling())
         self.agent_executor = ThreadPoolExecutor(max_workers=agent_threads, thread_name_prefix="agent-channel")
         self.answers = _AnswerReads(self.agent_executor)
         self.waiters = CommandWaiters(
@@ -164,7 +165,9 @@ class ControlPlane:
 
     async def commands(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         started = time.monotonic()
-        body = await read_body(receive)
+        body = await self.bridge.receive_body(scope, receive, send)
+        if body is None:
+            return
         try:
             # In the agent channel's pool, not the views': a herd of agents re-polling at once
             # queues there, not ahead of webhooks and the dashboard.

@@ -6,12 +6,17 @@ ASGI handler for the rest: it runs sync views and middleware thread-sensitively,
 process, which would serialise every webhook and dashboard request of a worker. Here each request
 takes one of `threads` threads for its view, as granian's WSGI interface did with its blocking
 threads, and a held long-poll takes none. The request body is read first (spooled to disk past
-1 MiB, as Django's ASGI handler does); a streaming response (file downloads) is sent chunk by
-chunk, each chunk read in the pool."""
+1 MiB, as Django's ASGI handler does), so a view that refuses a request without reading its body
+(a 401, a 403) still leaves a kept-alive connection ready for the next request. A body over the
+server's ceiling (`max_body_bytes`: larger than any route accepts) is not read: it is answered
+413 at once, from its declared length or as soon as it passes the ceiling, with
+`Connection: close`. A streaming response (file downloads) is sent chunk by chunk, each chunk
+read in the pool."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -31,13 +36,47 @@ class WSGIResponse:
     rest: Any = None
 
 
-async def read_body(receive: Callable) -> tempfile.SpooledTemporaryFile:
+class BodyTooLarge(Exception):
+    """A request body over the server's ceiling (declared or read so far)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"body is over this server's {limit}-byte limit")
+        self.limit = limit
+
+
+def too_large_response(limit: int) -> WSGIResponse:
+    """413 in the API's error shape, closing the connection (the rest of the body is not read)."""
+    body = json.dumps({"detail": str(BodyTooLarge(limit)), "errors": {"body": [str(BodyTooLarge(limit))]}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    return WSGIResponse(413, headers, body)
+
+
+def declared_length(scope: dict[str, Any]) -> int | None:
+    """The request's Content-Length, when it has one that parses."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            return int(value) if value.strip().isdigit() else None
+    return None
+
+
+async def read_body(receive: Callable, *, limit: int | None = None,
+                    declared: int | None = None) -> tempfile.SpooledTemporaryFile:
+    """The whole request body, spooled; `BodyTooLarge` past `limit` bytes (declared or read)."""
+    if limit is not None and declared is not None and declared > limit:
+        raise BodyTooLarge(limit)
     body = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, mode="w+b")  # noqa: SIM115 - the caller closes it
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
-        body.write(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            body.close()
+            raise BodyTooLarge(limit)
+        body.write(chunk)
         if not message.get("more_body", False):
             break
     body.seek(0)
@@ -115,9 +154,10 @@ def _next_chunk(iterator: Any) -> bytes | None:
 class WSGIBridge:
     """ASGI application that serves `app` (WSGI) with `threads` threads."""
 
-    def __init__(self, app: Callable, *, threads: int) -> None:
+    def __init__(self, app: Callable, *, threads: int, max_body_bytes: int | None = None) -> None:
         self.app = app
         self.threads = threads
+        self.max_body_bytes = max_body_bytes
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsgi")
 
     async def call(self, scope: dict[str, Any], body: Any, *, extra: dict[str, Any] | None = None,
@@ -128,8 +168,18 @@ class WSGIBridge:
         return await asyncio.get_running_loop().run_in_executor(executor or self.executor, call_wsgi, self.app,
                                                                 environ)
 
+    async def receive_body(self, scope: dict[str, Any], receive: Callable, send: Callable) -> Any:
+        """The request's body, or None when it was over the ceiling (then 413 is already sent)."""
+        try:
+            return await read_body(receive, limit=self.max_body_bytes, declared=declared_length(scope))
+        except BodyTooLarge as exc:
+            await send_response(send, too_large_response(exc.limit))
+            return None
+
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        body = await read_body(receive)
+        body = await self.receive_body(scope, receive, send)
+        if body is None:
+            return
         try:
             response = await self.call(scope, body)
         finally:
