@@ -74,6 +74,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "django_filters",
+    # Its system checks about the cache the rate limits count in (see "Cache" below).
+    "django_ratelimit",
     "controlplane.accounts",
     "controlplane.market",
     "controlplane.fleet",
@@ -209,14 +212,24 @@ SPECTACULAR_SETTINGS = {
 # two processes hit the same key at once, which only makes a limit slightly looser).
 REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
-    # Short socket timeouts: a hung Redis must cost a request a second at most (ratelimit.py then
-    # lets it through uncounted).
+    # Short socket timeouts: a hung Redis must cost a request a second at most (ratelimit.py and
+    # the API throttles then let it through uncounted).
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": "spotpipe",
                           "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}}}
+    # django-ratelimit supports django-redis's backend "officially" and warns about Django's own
+    # (W001); Django's RedisCache has the same atomic add (SET NX) and INCR that it needs.
+    SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
                           "LOCATION": str(VAR_DIR / "cache"), "OPTIONS": {"MAX_ENTRIES": 100_000}}}
+    # django-ratelimit calls the file cache an error (E003: its increment is not atomic). It is
+    # shared by every process of this host, which is what the limits need; a lost count under a
+    # race only makes a limit slightly looser (above). Production sets REDIS_URL.
+    SILENCED_SYSTEM_CHECKS = ["django_ratelimit.E003", "django_ratelimit.W001"]
+# django-ratelimit's counts are the rate limits' (observability/ratelimit.py). When a count is
+# missing (expired between add() and incr()), let the request through rather than refuse it.
+RATELIMIT_FAIL_OPEN = True
 
 # --- Celery --------------------------------------------------------------------------------------
 # Redis in production; with no server, kombu's filesystem transport, which a real worker process

@@ -10,16 +10,11 @@ from django.db.models import Q, QuerySet
 from controlplane.billing.models import BillingSegment
 
 
-def segment_list(*, team_ids: Iterable[int], job_id: int | None = None, instance_id: int | None = None
-                 ) -> QuerySet[BillingSegment]:
-    """Segments of the given teams (and optionally one job or instance), oldest first."""
+def segment_list(*, team_ids: Iterable[int]) -> QuerySet[BillingSegment]:
+    """Segments of the given teams, oldest first (the API's filters narrow it: api/filters.py)."""
     qs = BillingSegment.objects.filter(team_id__in=list(team_ids)).select_related(
         "instance__instance_type", "instance__zone"
     )
-    if job_id is not None:
-        qs = qs.filter(job_id=job_id)
-    if instance_id is not None:
-        qs = qs.filter(instance_id=instance_id)
     return qs.order_by("start", "instance_id", "id")
 
 

@@ -1,5 +1,5 @@
-"""Shared API building blocks: team-scoped viewsets, validated query-parameter filters, agent
-access rules and error flattening.
+"""Shared API building blocks: team-scoped viewsets, agent access rules and error flattening (the
+lists' query filters are django-filter FilterSets: common/filters.py).
 
 Every API object belongs to one team. `TeamScopedViewSetMixin.get_queryset` filters by the teams
 the request may see, so another team's object is simply not found (404), never forbidden (403).
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from django.db.models import Q, QuerySet
-from drf_spectacular.extensions import OpenApiFilterExtension, OpenApiSerializerFieldExtension
-from drf_spectacular.plumbing import ResolvedComponent, build_choice_field, build_parameter_type
+from django.db.models import QuerySet
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent, build_choice_field
 from rest_framework import exceptions, serializers
-from rest_framework.filters import BaseFilterBackend
 from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
@@ -56,6 +55,14 @@ def validate_or_400(serializer: serializers.BaseSerializer) -> Any:
     if not serializer.is_valid():
         raise exceptions.ValidationError(flatten_errors(serializer.errors))
     return serializer.validated_data
+
+
+def validated_query(serializer_class: type[serializers.Serializer], request: Request) -> Any:
+    """The query parameters of a report or computation (not a list's filters: those are FilterSets,
+    common/filters.py) validated by `serializer_class`; parameters it does not know are ignored."""
+    known = set(serializer_class().fields)
+    return validate_or_400(serializer_class(data={k: request.query_params.get(k) for k in request.query_params
+                                                  if k in known}))
 
 
 class NamedChoiceField(serializers.ChoiceField):
@@ -164,95 +171,3 @@ class TeamScopedViewSetMixin:
         """A paginated list of `queryset` (for nested lists such as /jobs/{id}/events/)."""
         page = self.paginate_queryset(queryset)  # type: ignore[attr-defined]
         return self.get_paginated_response(serializer_class(page, many=True).data)  # type: ignore[attr-defined]
-
-
-# --- Validated query-parameter filters --------------------------------------------------------------
-
-
-class QueryFilterSerializer(serializers.Serializer):
-    """Base for a view's `filter_serializer_class`: one field per query parameter.
-
-    `lookups` maps a parameter to the ORM lookup it filters (default: the parameter's name).
-    `search_fields` are matched with `icontains` by `?search=`; `ordering_fields` are the values
-    `?ordering=` accepts (prefix `-` for descending). A method `filter_<param>(queryset, value)`
-    replaces the plain lookup for parameters that need more than one."""
-
-    lookups: ClassVar[dict[str, str]] = {}
-    search_fields: ClassVar[tuple[str, ...]] = ()
-    ordering_fields: ClassVar[tuple[str, ...]] = ()
-
-    def get_fields(self) -> dict[str, serializers.Field]:
-        fields = super().get_fields()
-        if self.search_fields:
-            fields["search"] = serializers.CharField(
-                required=False, max_length=100, help_text=f"Case-insensitive match on {', '.join(self.search_fields)}."
-            )
-        if self.ordering_fields:
-            choices = [name for field in self.ordering_fields for name in (field, f"-{field}")]
-            fields["ordering"] = serializers.ChoiceField(
-                choices=choices, required=False, help_text="Sort key; prefix '-' for descending."
-            )
-        return fields
-
-
-def filter_serializer_for(view: Any) -> type[QueryFilterSerializer] | None:
-    """The view's filter serializer for its current action: `filter_serializer_classes[action]`,
-    else `filter_serializer_class` for the plain list action."""
-    action = getattr(view, "action", None)
-    per_action = getattr(view, "filter_serializer_classes", {})
-    if action in per_action:
-        return per_action[action]
-    return getattr(view, "filter_serializer_class", None) if action in (None, "list") else None
-
-
-class ValidatedQueryFilter(BaseFilterBackend):
-    """Applies the view's filter serializer to the query string. An unknown value (for instance
-    `?status=bogus`) answers 400 naming the parameter, never a silently empty list."""
-
-    def filter_queryset(self, request: Request, queryset: QuerySet, view: Any) -> QuerySet:
-        serializer_class = filter_serializer_for(view)
-        if serializer_class is None:
-            return queryset
-        serializer = serializer_class(data=_single_values(request.query_params, serializer_class))
-        params = validate_or_400(serializer)
-        lookups = serializer_class.lookups
-        for name, value in params.items():
-            if name == "search":
-                query = Q()
-                for field in serializer_class.search_fields:
-                    query |= Q(**{f"{field}__icontains": value})
-                queryset = queryset.filter(query)
-            elif hasattr(serializer, f"filter_{name}"):
-                queryset = getattr(serializer, f"filter_{name}")(queryset, value)
-            elif name == "ordering":
-                queryset = queryset.order_by(value, "-id" if value.startswith("-") else "id")
-            else:
-                queryset = queryset.filter(**{lookups.get(name, name): value})
-        return queryset
-
-
-def _single_values(query_params: Any, serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
-    """Only the parameters the serializer knows (page, page_size and format belong to others)."""
-    known = set(serializer_class().fields)
-    return {key: query_params.get(key) for key in query_params if key in known}
-
-
-class ValidatedQueryFilterExtension(OpenApiFilterExtension):
-    """Documents each filter parameter in the OpenAPI schema with its type and allowed values."""
-
-    target_class = "controlplane.common.api.ValidatedQueryFilter"
-
-    def get_schema_operation_parameters(self, auto_schema: Any, *args: Any, **kwargs: Any) -> list[dict]:
-        serializer_class = filter_serializer_for(auto_schema.view)
-        if serializer_class is None:
-            return []
-        parameters = []
-        for name, field in serializer_class().fields.items():
-            schema = auto_schema._map_serializer_field(field, "request")
-            parameters.append(
-                build_parameter_type(
-                    name=name, schema=schema, location="query",
-                    description=str(field.help_text) if field.help_text else None,
-                )
-            )
-        return parameters

@@ -34,24 +34,14 @@ LINUX = "Linux/UNIX"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def instance_type_list(*, cloud: str | None = None, accelerated: bool | None = None) -> QuerySet[InstanceType]:
-    """Instance types, by cloud then name."""
-    qs = InstanceType.objects.select_related("cloud").order_by("cloud__code", "name")
-    if cloud:
-        qs = qs.filter(cloud__code=cloud)
-    if accelerated is not None:
-        qs = qs.filter(accelerator_count__gt=0) if accelerated else qs.filter(accelerator_count=0)
-    return qs
+def instance_type_list() -> QuerySet[InstanceType]:
+    """Instance types, by cloud then name (the API's filters narrow it: api/filters.py)."""
+    return InstanceType.objects.select_related("cloud").order_by("cloud__code", "name")
 
 
-def zone_list(*, cloud: str | None = None, region: str | None = None) -> QuerySet[Zone]:
-    """Zones with their region and cloud."""
-    qs = Zone.objects.select_related("region__cloud").order_by("region__cloud__code", "region__code", "code")
-    if cloud:
-        qs = qs.filter(region__cloud__code=cloud)
-    if region:
-        qs = qs.filter(region__code=region)
-    return qs
+def zone_list() -> QuerySet[Zone]:
+    """Zones with their region and cloud (the API's filters narrow it: api/filters.py)."""
+    return Zone.objects.select_related("region__cloud").order_by("region__cloud__code", "region__code", "code")
 
 
 def zone_get(*, value: str) -> Zone | None:

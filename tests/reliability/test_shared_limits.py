@@ -72,3 +72,24 @@ def test_an_unreachable_cache_lets_requests_through_and_says_so(limited, caplog)
                                   REMOTE_ADDR=_fresh_ip()).status_code for _ in range(7)]
     assert statuses == [200] * 7
     assert "cache unreachable" in caplog.text
+
+
+def test_a_count_that_vanished_lets_the_request_through(limited, monkeypatch):
+    """django-ratelimit counts with add() then incr(); when the key expires in between, incr()
+    raises ValueError and the count is unknown: RATELIMIT_FAIL_OPEN lets the request through
+    rather than refusing it (its default would answer 429)."""
+    from django.core.cache import caches
+
+    monkeypatch.setenv("SPOTPIPE_RATELIMIT_LOGIN", "1")
+    client, ip = Client(), _fresh_ip()
+    assert client.post("/accounts/login/", {"username": "x", "password": "p"}, REMOTE_ADDR=ip).status_code == 200
+
+    def vanished(*args, **kwargs):
+        raise ValueError("Key not found.")
+
+    monkeypatch.setattr(caches["default"], "incr", vanished)
+    assert client.post("/accounts/login/", {"username": "x", "password": "p"}, REMOTE_ADDR=ip).status_code == 200
+    monkeypatch.undo()
+    monkeypatch.setenv("SPOTPIPE_RATELIMIT_LOGIN", "1")
+    monkeypatch.setenv("SPOTPIPE_RATELIMIT_WINDOW_S", "3600")
+    assert client.post("/accounts/login/", {"username": "x", "password": "p"}, REMOTE_ADDR=ip).status_code == 429

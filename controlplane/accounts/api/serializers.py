@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
-from django.utils import timezone
 from rest_framework import serializers
 
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
-from controlplane.common.api import NamedChoiceField, QueryFilterSerializer
+from controlplane.common.api import NamedChoiceField
 from controlplane.common.limits import MAX_ID
 
 
@@ -52,24 +50,6 @@ class ApiTokenCreateSerializer(serializers.Serializer):
         help_text="Required for agent tokens.",
     )
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-
-
-class ApiTokenFilter(QueryFilterSerializer):
-    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    kind = serializers.ChoiceField(choices=TokenKind.choices, required=False)
-    active = serializers.BooleanField(required=False, help_text="true: neither revoked nor expired; false: the rest.")
-    lookups = {"team": "team_id"}
-    search_fields = ("name", "prefix")
-    ordering_fields = ("created_at", "last_used_at", "name")
-
-    def filter_active(self, queryset: QuerySet, value: bool) -> QuerySet:
-        live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
-        return queryset.filter(live) if value else queryset.exclude(live)
-
-
-class TeamFilter(QueryFilterSerializer):
-    search_fields = ("name", "slug")
-    ordering_fields = ("name", "created_at")
 
 
 class TeamCreateSerializer(serializers.Serializer):

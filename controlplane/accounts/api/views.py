@@ -14,23 +14,23 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.accounts import selectors, services
+from controlplane.accounts.api.filters import ApiTokenFilter, TeamFilter
 from controlplane.accounts.api.serializers import (
     ApiTokenCreatedSerializer,
     ApiTokenCreateSerializer,
-    ApiTokenFilter,
     ApiTokenSerializer,
     MembershipCreateSerializer,
     MembershipSerializer,
     MembershipUpdateSerializer,
     TeamCreatedSerializer,
     TeamCreateSerializer,
-    TeamFilter,
     TeamSerializer,
 )
 from controlplane.accounts.models import ApiToken, Membership, Team, TokenKind
 from controlplane.accounts.scoping import admin_team_ids_for_request
-from controlplane.common.api import UsersOnly, ValidatedQueryFilter, resolve_team, validate_or_400
+from controlplane.common.api import UsersOnly, resolve_team, validate_or_400
 from controlplane.common.errors import Conflict
+from controlplane.common.filters import FilterBackend
 from controlplane.fleet.models import Instance
 
 ERRORS = {
@@ -51,8 +51,8 @@ class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     serializer_class = TeamSerializer
     permission_classes = [IsAuthenticated, UsersOnly]
-    filter_backends = [ValidatedQueryFilter]
-    filter_serializer_class = TeamFilter
+    filter_backends = [FilterBackend]
+    filterset_class = TeamFilter
 
     def get_queryset(self) -> QuerySet:
         return selectors.team_list_for_request(self.request)
@@ -138,8 +138,8 @@ class ApiTokenViewSet(
 
     serializer_class = ApiTokenSerializer
     permission_classes = [IsAuthenticated, UsersOnly]
-    filter_backends = [ValidatedQueryFilter]
-    filter_serializer_class = ApiTokenFilter
+    filter_backends = [FilterBackend]
+    filterset_class = ApiTokenFilter
 
     def get_queryset(self) -> QuerySet:
         return selectors.api_token_list_for_request(self.request)

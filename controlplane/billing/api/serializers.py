@@ -7,7 +7,6 @@ from datetime import timedelta
 from rest_framework import serializers
 
 from controlplane.billing.models import BillingSegment
-from controlplane.common.limits import MAX_ID
 
 
 class BillingSegmentSerializer(serializers.ModelSerializer):
@@ -22,14 +21,6 @@ class BillingSegmentSerializer(serializers.ModelSerializer):
     def get_zone(self, obj: BillingSegment) -> str | None:
         zone = obj.instance.zone
         return (zone.zone_id or zone.code) if zone else None
-
-
-class SegmentFilter(serializers.Serializer):
-    job = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID, help_text="Only this job's segments.")
-    instance = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_ID,
-        help_text="Only this instance's segments.",
-    )
 
 
 class CostReportQuery(serializers.Serializer):

@@ -18,38 +18,31 @@ from rest_framework.views import APIView
 from controlplane.accounts.models import Team
 from controlplane.accounts.scoping import team_ids_for_request
 from controlplane.billing import selectors
+from controlplane.billing.api.filters import SegmentFilter
 from controlplane.billing.api.renderers import CSVRenderer
 from controlplane.billing.api.serializers import (
     BillingSegmentSerializer,
     CostReportQuery,
     CostReportSerializer,
-    SegmentFilter,
     SpendReportQuery,
     TeamSpendReportSerializer,
 )
 from controlplane.billing.reports import job_cost_report, team_spend_report
-from controlplane.common.api import UsersOnly, validate_or_400
+from controlplane.common.api import UsersOnly, validated_query
+from controlplane.common.filters import FilterBackend
 from controlplane.jobs.models import TrainingJob
 
 
-def _query(serializer_class, request: Request) -> dict:
-    known = set(serializer_class().fields)
-    return validate_or_400(serializer_class(data={k: request.query_params.get(k) for k in request.query_params
-                                                  if k in known}))
-
-
-@extend_schema(parameters=[SegmentFilter])
 class BillingSegmentList(generics.ListAPIView):
     """Billing segments of the requester's teams, oldest first."""
 
     serializer_class = BillingSegmentSerializer
     permission_classes = [IsAuthenticated, UsersOnly]
+    filter_backends = [FilterBackend]
+    filterset_class = SegmentFilter
 
     def get_queryset(self):
-        params = _query(SegmentFilter, self.request)
-        return selectors.segment_list(
-            team_ids=team_ids_for_request(self.request), job_id=params.get("job"), instance_id=params.get("instance")
-        )
+        return selectors.segment_list(team_ids=team_ids_for_request(self.request))
 
 
 class JobCostReport(APIView):
@@ -68,7 +61,7 @@ class JobCostReport(APIView):
         },
     )
     def get(self, request: Request, pk: int) -> Response:
-        params = _query(CostReportQuery, request)
+        params = validated_query(CostReportQuery, request)
         job = get_object_or_404(TrainingJob.objects.filter(team_id__in=team_ids_for_request(request)), pk=pk)
         report = job_cost_report(job=job, as_of=params.get("as_of"))
         if getattr(request.accepted_renderer, "format", None) == "csv":
@@ -99,7 +92,7 @@ class TeamSpendReport(APIView):
     )
     def get(self, request: Request, pk: int) -> Response:
         team = get_object_or_404(Team.objects.filter(pk__in=team_ids_for_request(request)), pk=pk)
-        params = _query(SpendReportQuery, request)
+        params = validated_query(SpendReportQuery, request)
         start = datetime.combine(params["start"], time.min, tzinfo=UTC)
         end = datetime.combine(params["end"], time.min, tzinfo=UTC) + timedelta(days=1)
         report = team_spend_report(team=team, start=start, end=end)

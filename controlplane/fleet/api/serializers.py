@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
 from rest_framework import serializers
 
-from controlplane.common.api import QueryFilterSerializer
-from controlplane.common.limits import MAX_ID
 from controlplane.fleet.models import (
     Instance,
     InstanceEvent,
     InterruptionNotice,
-    Lifecycle,
-    NoticeKind,
-    NoticeSource,
-    NoticeStatus,
-    ProviderKind,
 )
 from controlplane.fleet.states import InstanceState
 
@@ -71,33 +63,6 @@ class HeartbeatResultSerializer(serializers.Serializer):
     job = serializers.IntegerField(allow_null=True)
     job_status = serializers.CharField(allow_null=True)
     current_generation = serializers.IntegerField(allow_null=True)
-
-
-class InstanceFilter(QueryFilterSerializer):
-    state = serializers.ChoiceField(choices=InstanceState.choices, required=False)
-    job = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    provider = serializers.ChoiceField(choices=ProviderKind.choices, required=False)
-    lifecycle = serializers.ChoiceField(choices=Lifecycle.choices, required=False)
-    instance_type = serializers.CharField(required=False, max_length=60, help_text="Type name, e.g. p3.2xlarge.")
-    zone = serializers.CharField(required=False, max_length=40, help_text="Zone name (us-east-1a) or ID (use1-az4).")
-    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    lookups = {"job": "job_id", "team": "team_id", "instance_type": "instance_type__name"}
-    search_fields = ("provider_instance_id",)
-    ordering_fields = ("created_at", "state", "last_heartbeat_at", "running_at")
-
-    def filter_zone(self, queryset: QuerySet, value: str) -> QuerySet:
-        return queryset.filter(Q(zone__code=value) | Q(zone__zone_id=value))
-
-
-class NoticeFilter(QueryFilterSerializer):
-    status = serializers.ChoiceField(choices=NoticeStatus.choices, required=False)
-    source = serializers.ChoiceField(choices=NoticeSource.choices, required=False)
-    kind = serializers.ChoiceField(choices=NoticeKind.choices, required=False)
-    unknown_instance = serializers.BooleanField(required=False)
-    instance = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    lookups = {"instance": "instance_id"}
-    search_fields = ("provider_instance_id", "cloud_event_id")
-    ordering_fields = ("received_at", "event_time", "deadline")
 
 
 class TerminateSerializer(serializers.Serializer):

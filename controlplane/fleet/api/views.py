@@ -16,18 +16,17 @@ from controlplane.common.api import (
     AgentActionsOnly,
     TeamScopedViewSetMixin,
     UsersOnly,
-    ValidatedQueryFilter,
     agent_token,
     validate_or_400,
 )
+from controlplane.common.filters import FilterBackend
 from controlplane.fleet import selectors
+from controlplane.fleet.api.filters import InstanceFilter, NoticeFilter
 from controlplane.fleet.api.serializers import (
     HeartbeatResultSerializer,
     HeartbeatSerializer,
     InstanceEventSerializer,
-    InstanceFilter,
     InstanceSerializer,
-    NoticeFilter,
     NoticeSerializer,
     TerminateSerializer,
 )
@@ -39,8 +38,8 @@ class InstanceViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
 
     serializer_class = InstanceSerializer
     permission_classes = [IsAuthenticated, AgentActionsOnly]
-    filter_backends = [ValidatedQueryFilter]
-    filter_serializer_class = InstanceFilter
+    filter_backends = [FilterBackend]
+    filterset_class = InstanceFilter
     agent_actions = frozenset({"retrieve", "heartbeat"})
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
@@ -112,8 +111,8 @@ class NoticeViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
 
     serializer_class = NoticeSerializer
     permission_classes = [IsAuthenticated, UsersOnly]
-    filter_backends = [ValidatedQueryFilter]
-    filter_serializer_class = NoticeFilter
+    filter_backends = [FilterBackend]
+    filterset_class = NoticeFilter
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
         return selectors.notice_list(team_ids=team_ids)

@@ -6,12 +6,10 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
-from controlplane.common.api import QueryFilterSerializer
 from controlplane.common.limits import MAX_COUNT, MAX_ID
 from controlplane.jobs.models import (
     JobEvent,
     JobGeneration,
-    JobStatus,
     MetricSample,
     Reconfiguration,
     Strategy,
@@ -165,30 +163,3 @@ class ArtifactListSerializer(serializers.Serializer):
     load_snippet = serializers.CharField(help_text="Python lines that load the weights with spotpipe.load_model.")
 
 
-class JobFilter(QueryFilterSerializer):
-    status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
-    strategy = serializers.ChoiceField(choices=Strategy.choices, required=False)
-    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    lookups = {"team": "team_id"}
-    search_fields = ("name",)
-    ordering_fields = ("created_at", "name", "status", "deadline", "steps_done")
-
-
-class MetricFilter(QueryFilterSerializer):
-    since_step = serializers.IntegerField(
-        required=False, min_value=0, max_value=MAX_COUNT,
-        help_text="Samples with step >= this.",
-    )
-    until_step = serializers.IntegerField(
-        required=False, min_value=0, max_value=MAX_COUNT,
-        help_text="Samples with step <= this.",
-    )
-    generation = serializers.IntegerField(required=False, min_value=0, max_value=MAX_COUNT)
-    instance = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    lookups = {"since_step": "step__gte", "until_step": "step__lte", "instance": "instance_id"}
-
-
-class JobEventFilter(QueryFilterSerializer):
-    kind = serializers.CharField(required=False, max_length=40)
-    since = serializers.DateTimeField(required=False, help_text="Events at or after this time.")
-    lookups = {"since": "at__gte"}

@@ -19,24 +19,22 @@ from controlplane.accounts.models import ApiToken
 from controlplane.common.api import (
     AgentActionsOnly,
     TeamScopedViewSetMixin,
-    ValidatedQueryFilter,
     agent_token,
     resolve_team,
     validate_or_400,
 )
+from controlplane.common.filters import FilterBackend
 from controlplane.fleet.models import Instance
 from controlplane.jobs import artifacts, selectors, services
+from controlplane.jobs.api.filters import JobEventFilter, JobFilter, MetricFilter
 from controlplane.jobs.api.serializers import (
     ArtifactListSerializer,
-    JobEventFilter,
     JobEventSerializer,
-    JobFilter,
     JobGenerationSerializer,
     JobSerializer,
     JobSubmitSerializer,
     MetricBatchResultSerializer,
     MetricBatchSerializer,
-    MetricFilter,
     MetricSampleSerializer,
     ReconfigurationSerializer,
 )
@@ -48,9 +46,9 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
 
     serializer_class = JobSerializer
     permission_classes = [IsAuthenticated, AgentActionsOnly]
-    filter_backends = [ValidatedQueryFilter]
-    filter_serializer_class = JobFilter
-    filter_serializer_classes = {"metrics": MetricFilter, "events": JobEventFilter}
+    filter_backends = [FilterBackend]
+    filterset_class = JobFilter
+    filterset_classes = {"metrics": MetricFilter, "events": JobEventFilter}
     agent_actions = frozenset({"retrieve", "generations", "metrics", "metrics_create"})
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:

@@ -22,13 +22,6 @@ class InstanceTypeSerializer(serializers.ModelSerializer):
                   "accelerator_memory_gib", "network_gbps", "on_demand_price"]
 
 
-class InstanceTypeFilter(serializers.Serializer):
-    cloud = serializers.CharField(required=False, max_length=20, help_text="Cloud code, e.g. aws or local.")
-    accelerated = serializers.BooleanField(
-        required=False, allow_null=True, default=None, help_text="Only types with (true) or without (false) GPUs."
-    )
-
-
 class ZoneSerializer(serializers.ModelSerializer):
     region = serializers.CharField(source="region.code", read_only=True)
     cloud = serializers.CharField(source="region.cloud.code", read_only=True)
@@ -36,11 +29,6 @@ class ZoneSerializer(serializers.ModelSerializer):
     class Meta:
         model = Zone
         fields = ["id", "cloud", "region", "code", "zone_id"]
-
-
-class ZoneFilter(serializers.Serializer):
-    cloud = serializers.CharField(required=False, max_length=20)
-    region = serializers.CharField(required=False, max_length=40, help_text="Region code, e.g. us-east-1.")
 
 
 class SpotPriceQuery(serializers.Serializer):

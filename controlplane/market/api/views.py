@@ -12,16 +12,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.api import UsersOnly, validate_or_400
+from controlplane.common.api import UsersOnly, validate_or_400, validated_query
+from controlplane.common.filters import FilterBackend
 from controlplane.market import selectors
+from controlplane.market.api.filters import InstanceTypeFilter, ZoneFilter
 from controlplane.market.api.serializers import (
     CheapestQuery,
-    InstanceTypeFilter,
     InstanceTypeSerializer,
     PoolSerializer,
     SpotPriceHistorySerializer,
     SpotPriceQuery,
-    ZoneFilter,
     ZoneSerializer,
 )
 from controlplane.market.models import InstanceType
@@ -30,36 +30,30 @@ from controlplane.market.models import InstanceType
 MAX_RAW_POINTS = 10_000
 
 
-def _query(serializer_class, request: Request) -> dict:
-    known = set(serializer_class().fields)
-    return validate_or_400(serializer_class(data={k: request.query_params.get(k) for k in request.query_params
-                                                  if k in known}))
-
-
-@extend_schema(parameters=[InstanceTypeFilter])
 class InstanceTypeList(generics.ListAPIView):
     """Instance types with specs and on-demand price (USD/hour; null when unknown)."""
 
     permission_classes = [IsAuthenticated, UsersOnly]
+    filter_backends = [FilterBackend]
+    filterset_class = InstanceTypeFilter
 
     serializer_class = InstanceTypeSerializer
 
     def get_queryset(self):
-        params = _query(InstanceTypeFilter, self.request)
-        return selectors.instance_type_list(cloud=params.get("cloud"), accelerated=params.get("accelerated"))
+        return selectors.instance_type_list()
 
 
-@extend_schema(parameters=[ZoneFilter])
 class ZoneList(generics.ListAPIView):
     """Availability zones with their region and cloud."""
 
     permission_classes = [IsAuthenticated, UsersOnly]
+    filter_backends = [FilterBackend]
+    filterset_class = ZoneFilter
 
     serializer_class = ZoneSerializer
 
     def get_queryset(self):
-        params = _query(ZoneFilter, self.request)
-        return selectors.zone_list(cloud=params.get("cloud"), region=params.get("region"))
+        return selectors.zone_list()
 
 
 class SpotPriceHistory(APIView):
@@ -69,7 +63,7 @@ class SpotPriceHistory(APIView):
 
     @extend_schema(parameters=[SpotPriceQuery], responses={200: SpotPriceHistorySerializer})
     def get(self, request: Request) -> Response:
-        params = _query(SpotPriceQuery, request)
+        params = validated_query(SpotPriceQuery, request)
         itype = InstanceType.objects.filter(name=params["instance_type"]).order_by("id").first()
         if itype is None:
             raise exceptions.ValidationError({"instance_type": [f"no instance type named {params['instance_type']!r}"]})
@@ -97,7 +91,7 @@ class CheapestPools(APIView):
 
     @extend_schema(parameters=[CheapestQuery], responses={200: PoolSerializer(many=True)})
     def get(self, request: Request) -> Response:
-        params = _query(CheapestQuery, request)
+        params = validated_query(CheapestQuery, request)
         pools = selectors.cheapest_pools(
             at=params.get("at") or timezone.now(), instance_types=params.get("instance_type"),
             limit=params["limit"], product=params["product"], per_accelerator=params["per_accelerator"],

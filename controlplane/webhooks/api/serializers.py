@@ -3,11 +3,10 @@ webhook credentials. Secrets appear only in the answers of create and rotate (`*
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
 from django.utils import timezone
 from rest_framework import serializers
 
-from controlplane.common.api import NamedChoiceField, QueryFilterSerializer
+from controlplane.common.api import NamedChoiceField
 from controlplane.common.limits import MAX_ID
 from controlplane.webhooks.alerts import ROTATION_GRACE_DEFAULT, ROTATION_GRACE_MAX, URL_MAX_LENGTH
 from controlplane.webhooks.models import (
@@ -80,13 +79,6 @@ class SecretRotateSerializer(serializers.Serializer):
         max_value=ROTATION_GRACE_MAX.total_seconds() / 3600,
         help_text="How long the previous secret stays valid (hours; 0 ends it at once).",
     )
-
-
-class AlertEndpointFilter(QueryFilterSerializer):
-    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    active = serializers.BooleanField(required=False)
-    lookups = {"team": "team_id"}
-    ordering_fields = ("created_at",)
 
 
 class WebhookCredentialSerializer(serializers.ModelSerializer):
@@ -174,13 +166,3 @@ class WebhookCredentialCreateSerializer(serializers.Serializer):
         return attrs
 
 
-class WebhookCredentialFilter(QueryFilterSerializer):
-    team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    source = serializers.ChoiceField(choices=WebhookSource.choices, required=False)
-    active = serializers.BooleanField(required=False, help_text="true: neither revoked nor expired; false: the rest.")
-    lookups = {"team": "team_id"}
-    ordering_fields = ("created_at",)
-
-    def filter_active(self, queryset: QuerySet, value: bool) -> QuerySet:
-        live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
-        return queryset.filter(live) if value else queryset.exclude(live)

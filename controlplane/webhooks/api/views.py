@@ -20,21 +20,20 @@ from controlplane.accounts.scoping import admin_team_ids_for_request
 from controlplane.common.api import (
     TeamScopedViewSetMixin,
     UsersOnly,
-    ValidatedQueryFilter,
     resolve_team,
     validate_or_400,
 )
+from controlplane.common.filters import FilterBackend
 from controlplane.webhooks import alerts, credentials
+from controlplane.webhooks.api.filters import AlertEndpointFilter, WebhookCredentialFilter
 from controlplane.webhooks.api.serializers import (
     AlertEndpointCreatedSerializer,
     AlertEndpointCreateSerializer,
-    AlertEndpointFilter,
     AlertEndpointSerializer,
     AlertEndpointUpdateSerializer,
     SecretRotateSerializer,
     WebhookCredentialCreatedSerializer,
     WebhookCredentialCreateSerializer,
-    WebhookCredentialFilter,
     WebhookCredentialSerializer,
 )
 from controlplane.webhooks.models import AlertEndpoint, WebhookCredential
@@ -56,8 +55,8 @@ class AlertEndpointViewSet(
 
     serializer_class = AlertEndpointSerializer
     permission_classes = [IsAuthenticated, UsersOnly]
-    filter_backends = [ValidatedQueryFilter]
-    filter_serializer_class = AlertEndpointFilter
+    filter_backends = [FilterBackend]
+    filterset_class = AlertEndpointFilter
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
         return AlertEndpoint.objects.filter(team_id__in=team_ids).order_by("-created_at", "-id")
@@ -110,8 +109,8 @@ class WebhookCredentialViewSet(
 
     serializer_class = WebhookCredentialSerializer
     permission_classes = [IsAuthenticated, UsersOnly]
-    filter_backends = [ValidatedQueryFilter]
-    filter_serializer_class = WebhookCredentialFilter
+    filter_backends = [FilterBackend]
+    filterset_class = WebhookCredentialFilter
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
         return WebhookCredential.objects.filter(team_id__in=team_ids).order_by("-created_at", "-id")
