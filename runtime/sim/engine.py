@@ -58,6 +58,19 @@ STORAGE_GBPS = 1.5
 (AWS instance-type table, 1.5 Gbps); a checkpoint's writers (one per stage) write in parallel."""
 
 
+TIME_BUCKETS = ("training", "redone", "checkpointing", "restarting", "waiting")
+"""Where a run's wall time goes (`SimResult.breakdown`; the buckets sum to the trace's duration):
+* training: computing steps whose samples were kept (at the strategy's own, possibly degraded,
+  step time: redundant forwards, fewer pipelines, re-routed holes all show here as a rate, see
+  `failure_free_equivalent_hours` in the summary);
+* redone: computing steps whose samples were lost (the step in flight, the work since the last
+  checkpoint) and so had to be computed again;
+* checkpointing: writing periodic checkpoints (and checkpoint-restart's save on a notice or a grow);
+* restarting: paused for a change: failure detection, failover, re-routing, reconfiguration, the
+  restart from a checkpoint (rendezvous + reload);
+* waiting: no usable plan (too few live nodes): waiting for replacements."""
+
+
 def checkpoint_write_s(param_bytes: float, *, writers: int, storage_gbps: float = STORAGE_GBPS) -> float:
     """Seconds to write one checkpoint: each of `writers` writes its equal share of the weights and
     optimizer state at the storage bandwidth."""
@@ -130,6 +143,8 @@ class SimResult:
     """Times the job lost every usable plan and resumed from its last checkpoint."""
     down_s: float = 0.0
     """Seconds with no usable plan (waiting for replacements)."""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """Where the trace's wall time went (`TIME_BUCKETS`, seconds; they sum to `duration_s`)."""
 
     @property
     def samples_per_s(self) -> float:
@@ -161,6 +176,8 @@ class SimResult:
             "checkpoint_interval_s": self.checkpoint_interval_s,
             "restores_from_checkpoint": self.restores,
             "hours_without_a_plan": round(self.down_s / 3600, 3),
+            "time_breakdown_hours": {k: round(v / 3600, 4) for k, v in self.breakdown.items()},
+            "failure_free_equivalent_hours": round(self.total_samples / self.failure_free_samples_per_s / 3600, 4),
         }
 
     def binned_rate(self, bins: int = 200) -> list[tuple[float, float]]:
@@ -212,6 +229,8 @@ class _Run:
         self.restores = 0
         self.down_since: float | None = None
         self.down_s = 0.0
+        self.spent = dict.fromkeys(TIME_BUCKETS, 0.0)
+        """Wall seconds per bucket up to `t` (`TIME_BUCKETS`)."""
 
     @property
     def raw_rate(self) -> float:
@@ -221,7 +240,31 @@ class _Run:
     def rate(self) -> float:
         return self.raw_rate * self.duty
 
+    def redo(self, seconds: float) -> None:
+        """`seconds` of training produced samples that were lost: they move to the redone bucket."""
+        seconds = min(max(seconds, 0.0), self.spent["training"])
+        self.spent["training"] -= seconds
+        self.spent["redone"] += seconds
+
+    def account(self, t: float) -> None:
+        """Put the wall time from `self.t` to `t` in its buckets (down, paused, or running: its
+        training and checkpoint-writing shares)."""
+        if t <= self.t:
+            return
+        if self.down_since is not None:
+            self.spent["waiting"] += t - self.t
+            return
+        paused_until = min(t, max(self.t, self.resume_at))
+        self.spent["restarting"] += paused_until - self.t
+        running = t - paused_until
+        if self.rate > 0:
+            self.spent["training"] += running * self.duty
+            self.spent["checkpointing"] += running * (1.0 - self.duty)
+        else:
+            self.spent["waiting"] += running
+
     def advance(self, t: float) -> None:
+        self.account(t)
         start = max(self.t, self.resume_at)
         if t > start and self.rate > 0:
             if self.target is not None and self.finish is None:
@@ -250,6 +293,9 @@ class _Run:
         lost = min(0.5 * self.samples_per_step, self.samples - self.checkpointed)
         self.samples -= lost
         self.lost += lost
+        seconds = lost / self.raw_rate
+        self.redo(seconds)
+        self.since_checkpoint_s = max(0.0, self.since_checkpoint_s - seconds)
 
     def react(self, params: SimParams, seconds: float, *, loss: bool) -> None:
         """Pause for a change: the reaction itself, plus failure detection when a node left
@@ -261,6 +307,7 @@ class _Run:
         if self.down_since is not None:
             return
         self.lost += self.samples - self.checkpointed
+        self.redo(self.since_checkpoint_s)
         self.samples = self.checkpointed
         self.series.append((t, self.samples))
         self.since_checkpoint_s = 0.0
@@ -363,6 +410,8 @@ def simulate(
 
     committed = 0.0
     segment_start = 0.0
+    pause_from = 0.0  # checkpoint-restart: when the current segment's pause (save, restart) began
+    save_s = 0.0  # ... and how much of that pause writes a checkpoint (the rest restarts)
 
     def form(pipelines_wanted: int | None = None) -> None:
         """Re-form full pipelines from all live nodes (a restart or a reconfiguration)."""
@@ -400,10 +449,31 @@ def simulate(
         phase = s - k * cycle
         return committed + k * interval * rate, min(phase, interval) * rate
 
+    def account_segment(t: float, *, losing: bool) -> None:
+        """checkpoint-restart: the wall time of the current segment up to t, in its buckets (the
+        pause: its checkpoint save, then detection and restart; then cycles of compute and writes;
+        `losing`: the compute since the last complete write is redone)."""
+        if segment_start == math.inf or t <= pause_from:
+            return
+        paused = min(t, segment_start) - pause_from
+        run.spent["checkpointing"] += min(paused, save_s)
+        run.spent["restarting"] += paused - min(paused, save_s)
+        if t <= segment_start:
+            return
+        cycle = interval + params.checkpoint_cost_s
+        s = t - segment_start
+        k = math.floor(s / cycle)
+        phase = s - k * cycle
+        run.spent["training"] += k * interval + min(phase, interval)
+        run.spent["checkpointing"] += k * params.checkpoint_cost_s + max(0.0, phase - interval)
+        if losing:
+            run.redo(min(phase, interval))
+
     def checkpoint_restart(t: float, *, save_first: bool) -> None:
-        nonlocal committed, segment_start
+        nonlocal committed, segment_start, pause_from, save_s
         had_slots = bool(slots)
         done, pending = checkpoint_progress(t)
+        account_segment(t, losing=not (save_first and had_slots))
         if save_first and had_slots:
             committed = done + pending
             extra = params.checkpoint_cost_s
@@ -424,6 +494,7 @@ def simulate(
             run.down_since = None
             run.restores += 1
         segment_start = t + extra + params.restart_total_s
+        pause_from, save_s = t, (extra if save_first and had_slots else 0.0)
         run.pauses += extra + params.restart_total_s
         run.series.append((segment_start, committed))
         run.samples = committed
@@ -438,14 +509,32 @@ def simulate(
         run.stop(t)
         return True
 
+    def reform() -> None:
+        """Lay the job out afresh on every live node (after a restore, or when down)."""
+        nonlocal slots
+        if strategy == "oobleck":
+            slots = _oobleck_assign(live, wanted, where)
+        else:
+            form()
+
+    def oobleck_layer_lost(gone: list[str]) -> bool:
+        """Whether `gone` took every holder of some layer in oobleck's current plan (its pipelines
+        hold every layer once each; a spare holds none)."""
+        row = slots[0] if slots else []
+        held = model.oobleck_layers(len(row))
+        everything = frozenset().union(*held)
+        kept = frozenset().union(*(layers for node, layers in zip(row, held, strict=True) if node not in gone))
+        return kept != everything
+
     def restore_from_checkpoint(t: float) -> None:
         """A loss took every copy of some layer: stop, re-form on who is left, resume from the
         checkpoint when a plan exists again (else wait for replacements)."""
         lose_state(t, hit=True)
-        form()
+        reform()
         run.step_s = step_time()
         if run.step_s < math.inf:
             run.resume(t, params)
+            run.react(params, 0.0, loss=True)  # the loss is detected first, as for any other reaction
 
     index = 0
     while index < len(events):
@@ -487,10 +576,7 @@ def simulate(
 
         if run.down_since is not None:
             # Down: re-form from every live node as soon as some plan is possible again.
-            if strategy == "oobleck":
-                slots = _oobleck_assign(live, wanted, where)
-            else:
-                form()
+            reform()
             run.step_s = step_time()
             if run.step_s < math.inf:
                 run.resume(t, params)
@@ -501,6 +587,9 @@ def simulate(
             # can refill a pipeline's worth of missing nodes (one pause for the batch, not one each).
             missing = wanted - working()
             spares = len(live) - working()
+            if hit and oobleck_layer_lost(hit):
+                restore_from_checkpoint(t)
+                continue
             if hit or (added and missing > 0 and spares >= min(pp, missing)):
                 if hit:
                     run.lose_in_flight(params)
@@ -571,6 +660,7 @@ def simulate(
     if strategy == "checkpoint":
         done, pending = checkpoint_progress(end)
         run.samples = done + pending
+        account_segment(end, losing=False)
         # rebuild the cumulative series from restarts: linear within each segment
         run.series.append((end, run.samples))
         if samples_target is not None and run.samples >= samples_target:
@@ -578,6 +668,10 @@ def simulate(
     else:
         run.advance(end)
     run.finish_down(end)
+    if strategy == "checkpoint":
+        run.spent["waiting"] += run.down_s
+    else:
+        run.account(end)
     node_series = [(t, n) for t, n in Trace(name="billed", events=billed, duration_s=end).node_count_series()]
     dollars = params.spot_price.cost_of_nodes(node_series, end)
     on_demand_per_sample = wanted * params.on_demand_usd_per_hour / 3600.0 / failure_free
@@ -597,6 +691,7 @@ def simulate(
         checkpoint_interval_s=interval,
         restores=run.restores,
         down_s=run.down_s,
+        breakdown=dict(run.spent),
     )
 
 

@@ -1,0 +1,95 @@
+"""Where a simulated run's wall time goes (`SimResult.breakdown`), on tiny hand-checked traces,
+and oobleck's fallback to its checkpoint when a burst takes every holder of a layer."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.sim.engine import STRATEGIES, TIME_BUCKETS, SimParams, simulate
+from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
+from tests.sim.test_engine import _with_extra_failures, make_model, steady
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_buckets_cover_the_trace_exactly(strategy):
+    trace = Trace(name="three", events=_with_extra_failures(steady(), [1000.0, 3000.0, 5000.0]), duration_s=7200.0)
+    result = simulate(trace, strategy=strategy, model=make_model())
+    assert set(result.breakdown) == set(TIME_BUCKETS)
+    assert all(v >= 0 for v in result.breakdown.values())
+    assert sum(result.breakdown.values()) == pytest.approx(7200.0, abs=1e-6)
+    assert result.breakdown["restarting"] > 0 and result.breakdown["redone"] > 0
+    hours = result.summary()["time_breakdown_hours"]
+    assert hours["training"] == pytest.approx(result.breakdown["training"] / 3600, abs=1e-4)
+
+
+def test_checkpoint_restart_breakdown_by_hand():
+    """2 x 2 nodes, a checkpoint (30 s) every 600 s of compute, restart 100 s, detection 5 s.
+    n0 goes at 1000 s (hit: 370 s since the last write are redone), r0 joins at 1300 s (a second
+    pipeline fits: save first, then restart), the trace ends at 3000 s."""
+    events = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1300.0, ADD, "r0")]
+    trace = Trace(name="t", events=events, duration_s=3000.0)
+    params = SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, restart_s=100.0,
+                       detection_s=5.0, node_ready_s=0.0)
+    result = simulate(trace, strategy="checkpoint", model=make_model(), params=params)
+    b = result.breakdown
+    # [0, 1000]: 600 s compute, 30 s write, 370 s compute lost.
+    # [1000, 1300]: 5 s detection + 100 s restart, 195 s compute (kept: the grow saves first).
+    # [1300, 3000]: 30 s save + 100 s restart, then 1570 s = 2 x (600 + 30) + 310 s of compute.
+    assert b["training"] == pytest.approx(600.0 + 195.0 + 2 * 600.0 + 310.0)
+    assert b["redone"] == pytest.approx(370.0)
+    assert b["checkpointing"] == pytest.approx(30.0 + 30.0 + 2 * 30.0)
+    assert b["restarting"] == pytest.approx(105.0 + 100.0)
+    assert b["waiting"] == 0.0
+
+
+def test_oobleck_breakdown_by_hand():
+    """A loss costs oobleck detection + re-instantiation (paused), half a step redone; periodic
+    checkpoints take their share C / (T + C) of the running time."""
+    model = make_model()
+    events = [*steady(), TraceEvent(1000.0, REMOVE, "n0")]
+    trace = Trace(name="t", events=events, duration_s=2000.0)
+    params = SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, reconfigure_s=30.0, detection_s=5.0)
+    result = simulate(trace, strategy="oobleck", model=model, params=params)
+    b = result.breakdown
+    running = 2000.0 - 35.0
+    assert b["restarting"] == pytest.approx(35.0)
+    assert b["checkpointing"] == pytest.approx(running * 30.0 / 630.0)
+    assert b["redone"] == pytest.approx(0.5 * model.oobleck(4))
+    assert b["training"] + b["redone"] == pytest.approx(running * 600.0 / 630.0)
+    assert b["waiting"] == 0.0
+
+
+def test_breakdown_counts_a_pause_cut_short_once():
+    """Two losses 10 s apart: oobleck's second re-instantiation starts when the first ends (the
+    pauses queue), and the time counted restarting is the wall time paused, never more."""
+    events = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1010.0, REMOVE, "n1")]
+    trace = Trace(name="t", events=events, duration_s=1030.0)
+    params = SimParams(checkpoint_every_strategy=False, reconfigure_s=30.0, detection_s=5.0)
+    result = simulate(trace, strategy="oobleck", model=make_model(), params=params)
+    assert result.breakdown["restarting"] == pytest.approx(30.0)  # 1000 -> 1030, the trace's end
+    assert sum(result.breakdown.values()) == pytest.approx(1030.0)
+
+
+def test_oobleck_restores_when_a_burst_takes_every_holder_of_a_layer():
+    """4 nodes, oobleck's template: 2 pipelines of 2 (n0 n1 | n2 n3). Losing n0 and n2 at once
+    takes both copies of the first stage's layers: the runtime restores from its checkpoint
+    (`falls_back_to_checkpoint`). Losing n0 and n1 (one whole pipeline) leaves a copy of every
+    layer: oobleck re-instantiates on n2 n3."""
+    model = make_model()
+    params = SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0)
+    assert model.oobleck_layers(4) == (frozenset({0, 1}), frozenset({2, 3}), frozenset({0, 1}), frozenset({2, 3}))
+
+    def run(gone: tuple[str, str]):
+        events = [*steady(), *(TraceEvent(1000.0, REMOVE, n) for n in gone)]
+        return simulate(Trace(name="t", events=events, duration_s=2000.0), strategy="oobleck", model=model,
+                        params=params)
+
+    across, whole = run(("n0", "n2")), run(("n0", "n1"))
+    assert across.restores == 1 and whole.restores == 0
+    # The restore loses the compute since the last checkpoint (periodic writes are a duty cycle for
+    # these strategies: 1000 s hold 1000 x 600 / 630 s of compute, 600 of them checkpointed) and
+    # pays the restart; the re-instantiation loses half a step.
+    assert across.breakdown["redone"] == pytest.approx(1000.0 * 600.0 / 630.0 - 600.0, rel=1e-9)
+    assert across.breakdown["restarting"] == pytest.approx(params.detection_s + params.restart_total_s)
+    assert whole.breakdown["redone"] < 1.0
+    assert across.total_samples < whole.total_samples
