@@ -27,6 +27,8 @@ class IterationModel:
     """Micro-batches per pipeline in the full layout (the global batch is dp * microbatches of them)."""
     cost: CostModel
     min_stages: int = 1
+    recycle_spill: bool | None = None
+    """Recycle's placement (`PlanSteps.recycle_spill`; None: the runtime's default, spill)."""
     plans: PlanSteps = field(init=False, repr=False)
     held: dict = field(init=False, repr=False, default_factory=dict)
     """Node count -> layers each position holds in oobleck's plan (`oobleck_layers`)."""
@@ -38,6 +40,7 @@ class IterationModel:
             total_microbatches=self.total_microbatches,
             cost=self.cost,
             min_stages=self.min_stages,
+            recycle_spill=self.recycle_spill,
         )
 
     @property
