@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.sim.engine import STRATEGIES, TIME_BUCKETS, SimParams, simulate
+from runtime.sim.iteration import IterationModel
 from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
 from tests.sim.test_engine import _with_extra_failures, make_model, steady
 
@@ -93,3 +94,17 @@ def test_oobleck_restores_when_a_burst_takes_every_holder_of_a_layer():
     assert across.breakdown["restarting"] == pytest.approx(params.detection_s + params.restart_total_s)
     assert whole.breakdown["redone"] < 1.0
     assert across.total_samples < whole.total_samples
+
+
+def test_recycle_as_published_sends_a_lost_hop_to_same_stage_peers_only():
+    """`IterationModel(recycle_spill=False)` plans recycle as ReCycle publishes it (the bench's
+    recycle-peers row): every hop of stage s runs on a node of slot column s."""
+    base = make_model()
+    peers = IterationModel(spec=base.spec, dp=3, pp=2, microbatches=4, cost=base.cost, recycle_spill=False)
+    pattern = ((False, True), (True, True), (True, True))
+    layout = peers.plans.layout("recycle", pattern)
+    assert layout.num_microbatches == 12
+    for route in layout.routes:
+        assert [node % 2 for _, node in route] == [0, 1]  # slot (p, s) holds node p * pp + s
+    assert all(node != 0 for route in layout.routes for _, node in route)  # the lost slot's node
+    assert peers.recycle((1, 0), pipelines=3) < float("inf")
