@@ -21,8 +21,10 @@ rate. At each event the strategy decides what the change costs:
 Every strategy writes periodic checkpoints too (the runtime does, `runtime.durability`, at the
 same Young/Daly interval), paying `checkpoint_cost_s` per interval of compute. When a change leaves
 no usable plan (fewer live nodes than one pipeline needs, or every copy of some stage gone: a zone
-reclaims the fleet), the job stops, loses the work since its last checkpoint, waits for
-replacements, and resumes from that checkpoint after `restart_s`.
+reclaims the fleet; for oobleck, every holder of a layer in its current plan), the job stops, loses
+the work since its last checkpoint, waits for replacements, and resumes from that checkpoint after
+detection (no notice) and `restart_s`. `SimResult.breakdown` says where the wall time went
+(`TIME_BUCKETS`).
 
 Every strategy except checkpoint loses the step in flight (half a step on average) unless the
 notice lead time is at least one step. A node that leaves without notice is noticed after
@@ -99,12 +101,16 @@ class SimParams:
     checkpoint_every_strategy: bool = True
     """Every strategy writes periodic checkpoints (the runtime does); False: checkpoint-restart only."""
     bamboo_failover_s: float = 10.0
+    """bamboo: the ring predecessor takes a lost stage over. No source (Bamboo's simulator pauses
+    for none: its steps run 1.5x slower until the next reconfiguration)."""
     reconfigure_s: float = 30.0
-    """bamboo/oobleck/recycle: rebuild groups and move the state of re-placed layers."""
+    """bamboo/oobleck/recycle: rebuild groups and move the state of re-placed layers. Bamboo's
+    simulator's global rendezvous (`RENDEZVOUS_S`); no Oobleck or ReCycle figure was found."""
     recycle_failover_s: float = 2.0
     join_s: float = 1.0
     """recycle: a replacement copies its stage from a peer in the background, then fills a hole at a
-    step boundary (the job pauses only for the switch)."""
+    step boundary (the job pauses only for the switch). Neither has a source; the runtime measured
+    0.44 s (kill -> next commit) and 0.47 s (replacement ready -> first commit) on localhost."""
     detection_s: float = 5.0
     """A node that leaves without (enough) notice is declared dead after this long."""
     notice_s: float = 0.0
