@@ -9,9 +9,11 @@ rate. At each event the strategy decides what the change costs:
   restart (`restart_s`: a rendezvous of the new membership and a reload of the checkpoint) into as
   many full pipelines as the live nodes fill (none: it waits for replacements); checkpoints every
   Young/Daly interval cost `checkpoint_cost_s` each.
-* bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a second
-  loss next to the first (no replica left), or joiners that would put more nodes to work in full
-  pipelines, trigger a reconfiguration of `reconfigure_s`. Redundant forwards slow every failure-free step.
+* bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a standing-by
+  node or a joiner fills a taken-over slot after `join_s` (the runtime's plan fills empty slots,
+  spares first); a second loss next to the first (no replica left), or enough spare nodes for one
+  more full pipeline, trigger a reconfiguration of `reconfigure_s`. Redundant forwards (and the
+  replicas' gradient forwards) slow every failure-free step.
 * oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`); joiners
   wait until a loss or until they can refill a pipeline's worth of missing nodes.
 * recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
@@ -619,17 +621,27 @@ def simulate(
             if hit and _stage_lost(strategy, slots, pp):
                 restore_from_checkpoint(t)
                 continue
-            # Joiners are taken in when re-forming full pipelines would put more nodes to work
-            # (a pipeline running a taken-over stage gets its redundancy back, or a new pipeline forms).
-            if added and min(dp, len(live) // pp) * pp > working():
-                reconfigure = True
             if hit:
                 run.lose_in_flight(params)
+            # Standing-by nodes and joiners fill the holes of taken-over stages (the runtime's plan
+            # fills empty slots, spares first: `runtime.membership.make_plan`), copying the stage and
+            # its replica in the background like a recycle joiner; a new full pipeline re-forms.
+            filled = 0
+            if not reconfigure:
+                holes = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
+                spare_nodes = [n for n in live if n not in where]
+                for (p, s), node in zip(holes, spare_nodes, strict=False):
+                    slots[p][s] = node
+                    where[node] = (p, s)
+                    filled += 1
+                reconfigure = len(slots) < dp and len(spare_nodes) - filled >= pp
             if reconfigure:
                 form()
                 run.react(params, params.reconfigure_s, loss=bool(hit))
             elif hit:
-                run.react(params, params.bamboo_failover_s, loss=True)
+                run.react(params, params.bamboo_failover_s + (params.join_s if filled else 0.0), loss=True)
+            elif filled:
+                run.pause(params.join_s)
             run.step_s = step_time()
             if run.step_s == math.inf:
                 lose_state(t, hit=False)

@@ -108,3 +108,34 @@ def test_recycle_as_published_sends_a_lost_hop_to_same_stage_peers_only():
         assert [node % 2 for _, node in route] == [0, 1]  # slot (p, s) holds node p * pp + s
     assert all(node != 0 for route in layout.routes for _, node in route)  # the lost slot's node
     assert peers.recycle((1, 0), pipelines=3) < float("inf")
+
+
+def test_bamboo_fills_a_lost_slot_from_a_standing_by_node():
+    """5 nodes, 2 x 2 job: n4 stands by. When n0 goes, its predecessor takes the stage over, and
+    the runtime's next plan puts n4 into the empty slot (`make_plan` fills slots, spares first), so
+    bamboo pays detection + failover + the joiner's switch and then runs its full step again
+    (before: the takeover ran to the trace's end with n4 idle)."""
+    model = make_model()
+    params = SimParams(checkpoint_every_strategy=False, detection_s=5.0, bamboo_failover_s=10.0, join_s=1.0)
+    events = [*steady(nodes=5), TraceEvent(1000.0, REMOVE, "n0")]
+    result = simulate(Trace(name="t", events=events, duration_s=3000.0), strategy="bamboo", model=model, params=params)
+    step = model.bamboo((True, True), pipelines=2)
+    assert model.bamboo((False, True), pipelines=2) > step  # a takeover is slower
+    rate = model.total_microbatches / step
+    assert result.breakdown["restarting"] == pytest.approx(16.0)
+    assert result.total_samples == pytest.approx(rate * (3000.0 - 16.0) - 0.5 * model.total_microbatches)
+
+
+def test_bamboo_joiner_fills_a_taken_over_slot_with_a_switch_not_a_reconfiguration():
+    """4 nodes: n0 goes at 1000 s (takeover: detection + failover), r0 is ready at 2000 s and fills
+    the empty slot after `join_s`; no `reconfigure_s` is paid."""
+    model = make_model()
+    params = SimParams(checkpoint_every_strategy=False, detection_s=5.0, bamboo_failover_s=10.0, join_s=1.0,
+                       reconfigure_s=30.0, node_ready_s=0.0)
+    events = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(2000.0, ADD, "r0")]
+    result = simulate(Trace(name="t", events=events, duration_s=3000.0), strategy="bamboo", model=model, params=params)
+    full = model.total_microbatches / model.bamboo((True, True), pipelines=2)
+    taken = model.total_microbatches / model.bamboo((False, True), pipelines=2)
+    assert result.breakdown["restarting"] == pytest.approx(15.0 + 1.0)
+    expected = full * 1000.0 - 0.5 * model.total_microbatches + taken * (1000.0 - 15.0) + full * (1000.0 - 1.0)
+    assert result.total_samples == pytest.approx(expected)
