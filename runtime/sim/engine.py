@@ -4,7 +4,9 @@ Events are membership changes (preemptions and joins), not actions: between two 
 layout is fixed, so its step time (replayed once per state by `runtime.sim.iteration`) gives the
 rate. At each event the strategy decides what the change costs:
 
-* checkpoint: any loss of a working node (or enough joiners for one more pipeline) stops the job;
+* checkpoint: any loss of a working node stops the job, and so do joiners while a slot of the
+  dp x pp grid is empty (the runtime regroups then and this strategy restarts every generation
+  from a checkpoint, written first at that boundary); on a loss the
   work since the last checkpoint is lost (unless the notice lead covers a checkpoint write), then a
   restart (`restart_s`: a rendezvous of the new membership and a reload of the checkpoint) into as
   many full pipelines as the live nodes fill (none: it waits for replacements); checkpoints every
@@ -14,8 +16,8 @@ rate. At each event the strategy decides what the change costs:
   spares first); a second loss next to the first (no replica left), or enough spare nodes for one
   more full pipeline, trigger a reconfiguration of `reconfigure_s`. Redundant forwards (and the
   replicas' gradient forwards) slow every failure-free step.
-* oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`); joiners
-  wait until a loss or until they can refill a pipeline's worth of missing nodes.
+* oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`), and so
+  do joiners while fewer than dp x pp nodes work (they take empty slots: the runtime regroups).
 * recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
   (no state moves); a joiner fills a hole after `join_s`; a stage with no survivor falls back to a
   reconfiguration.
@@ -577,7 +579,10 @@ def simulate(
             continue
 
         if strategy == "checkpoint":
-            grow = len(slots) < dp and len(live) // pp > len(slots)
+            # Joiners while a slot of the dp x pp grid is empty regroup the job (the runtime's worker
+            # ends the generation at the next step boundary unless every slot is filled) and this
+            # strategy restarts every generation from a checkpoint, written first at that boundary.
+            grow = bool(added) and len(live) - len(added) < wanted
             if hit or grow:
                 checkpoint_restart(t, save_first=not hit or params.notice_s >= params.checkpoint_cost_s)
             continue
@@ -591,14 +596,13 @@ def simulate(
             continue
 
         if strategy == "oobleck":
-            # Joiners wait as spares until a loss forces a re-instantiation anyway, or until they
-            # can refill a pipeline's worth of missing nodes (one pause for the batch, not one each).
-            missing = wanted - working()
-            spares = len(live) - working()
+            # Joiners while fewer than dp x pp nodes work take empty slots: the runtime regroups
+            # (its worker ends the generation unless every slot is filled) and oobleck re-instantiates
+            # its pipelines over every live node (one pause for the batch, not one each).
             if hit and oobleck_layer_lost(hit):
                 restore_from_checkpoint(t)
                 continue
-            if hit or (added and missing > 0 and spares >= min(pp, missing)):
+            if hit or (added and working() < wanted):
                 if hit:
                     run.lose_in_flight(params)
                 slots = _oobleck_assign(live, wanted, where)

@@ -139,3 +139,41 @@ def test_bamboo_joiner_fills_a_taken_over_slot_with_a_switch_not_a_reconfigurati
     assert result.breakdown["restarting"] == pytest.approx(15.0 + 1.0)
     expected = full * 1000.0 - 0.5 * model.total_microbatches + taken * (1000.0 - 15.0) + full * (1000.0 - 1.0)
     assert result.total_samples == pytest.approx(expected)
+
+
+def test_checkpoint_restarts_when_joiners_take_empty_slots():
+    """The runtime regroups when joiners arrive while a slot of the dp x pp grid is empty (its
+    worker ends the generation unless every slot is filled), and checkpoint-restart restarts every
+    generation from a checkpoint, saved first at that boundary. n0 and n1 go at 1000 s (one
+    pipeline left); r0 joins at 1300 s: one pipeline still, but a save (30 s) and a restart
+    (100 s) all the same (before: the joiner stood by and nothing was paid)."""
+    model = make_model()
+    events = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1000.0, REMOVE, "n1"),
+              TraceEvent(1300.0, ADD, "r0")]
+    params = SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, restart_s=100.0,
+                       detection_s=5.0, node_ready_s=0.0)
+    result = simulate(Trace(name="t", events=events, duration_s=3000.0), strategy="checkpoint", model=model,
+                      params=params)
+    b = result.breakdown
+    assert b["restarting"] == pytest.approx(105.0 + 100.0)
+    assert b["checkpointing"] == pytest.approx(30.0 + 30.0 + 2 * 30.0)
+    assert b["redone"] == pytest.approx(370.0)
+    two, one = (model.total_microbatches / model.full_pipelines(n) for n in (2, 1))
+    assert result.total_samples == pytest.approx(two * 600.0 + one * (195.0 + 2 * 600.0 + 310.0))
+
+
+def test_oobleck_reinstantiates_when_joiners_take_empty_slots():
+    """n0 and n1 (one whole pipeline) go at 1000 s: oobleck re-instantiates on n2 n3 (detection +
+    30 s). r0 joins at 2000 s: an empty slot, so the runtime regroups and oobleck re-plans over 3
+    nodes (30 s, no detection) rather than keeping r0 idle until a pipeline's worth has joined."""
+    model = make_model()
+    events = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1000.0, REMOVE, "n1"),
+              TraceEvent(2000.0, ADD, "r0")]
+    params = SimParams(checkpoint_every_strategy=False, reconfigure_s=30.0, detection_s=5.0, node_ready_s=0.0)
+    result = simulate(Trace(name="t", events=events, duration_s=3000.0), strategy="oobleck", model=model,
+                      params=params)
+    assert result.breakdown["restarting"] == pytest.approx(35.0 + 30.0)
+    rate = {n: model.total_microbatches / model.oobleck(n) for n in (4, 3, 2)}
+    assert rate[3] > rate[2]
+    expected = rate[4] * 1000.0 - 0.5 * model.total_microbatches + rate[2] * 965.0 + rate[3] * 970.0
+    assert result.total_samples == pytest.approx(expected)
