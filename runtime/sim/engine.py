@@ -423,15 +423,21 @@ def simulate(
     pause_from = 0.0  # checkpoint-restart: when the current segment's pause (save, restart) began
     save_s = 0.0  # ... and how much of that pause writes a checkpoint (the rest restarts)
 
+    members: set[str] = set()
+    """checkpoint-restart: the generation's members, its pipelines' nodes and the standing-by nodes
+    that fill the rest of the dp x pp slots (`CheckpointStrategy`: standby members of the layout,
+    in the group's commit); live nodes beyond are spares outside the group."""
+
     def form(pipelines_wanted: int | None = None) -> None:
         """Re-form full pipelines from all live nodes (a restart or a reconfiguration)."""
-        nonlocal slots
+        nonlocal slots, members
         count = min(dp, len(live) // pp) if pipelines_wanted is None else pipelines_wanted
         slots = [[live[p * pp + s] for s in range(pp)] for p in range(count)]
         where.clear()
         for p, row in enumerate(slots):
             for s, node in enumerate(row):
                 where[node] = (p, s)
+        members = set(live[:wanted])
 
     def working() -> int:
         return sum(1 for row in slots for n in row if n is not None)
@@ -583,8 +589,10 @@ def simulate(
             # ends the generation at the next step boundary unless every slot is filled) and this
             # strategy restarts every generation from a checkpoint, written first at that boundary.
             grow = bool(added) and len(live) - len(added) < wanted
-            if hit or grow:
-                checkpoint_restart(t, save_first=not hit or params.notice_s >= params.checkpoint_cost_s)
+            # A standing-by member's loss fails the generation's commit like a working node's.
+            lost_member = [n for n in removed if n in members]
+            if lost_member or grow:
+                checkpoint_restart(t, save_first=not lost_member or params.notice_s >= params.checkpoint_cost_s)
             continue
 
         if run.down_since is not None:

@@ -177,3 +177,18 @@ def test_oobleck_reinstantiates_when_joiners_take_empty_slots():
     assert rate[3] > rate[2]
     expected = rate[4] * 1000.0 - 0.5 * model.total_microbatches + rate[2] * 965.0 + rate[3] * 970.0
     assert result.total_samples == pytest.approx(expected)
+
+
+def test_checkpoint_restarts_when_a_standing_by_member_goes():
+    """3 nodes of a 2 x 2 job: one pipeline (n0 n1) and n2 standing by, a member of the layout
+    (`CheckpointStrategy` standby) and of the generation's commit. Its loss fails the generation
+    like a working node's: 370 s of work redone, detection + restart paid."""
+    model = make_model()
+    events = [*steady(nodes=3), TraceEvent(1000.0, REMOVE, "n2")]
+    params = SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, restart_s=100.0, detection_s=5.0)
+    result = simulate(Trace(name="t", events=events, duration_s=2000.0), strategy="checkpoint", model=model,
+                      params=params)
+    assert result.breakdown["restarting"] == pytest.approx(105.0)
+    assert result.breakdown["redone"] == pytest.approx(370.0)
+    one = model.total_microbatches / model.full_pipelines(1)
+    assert result.total_samples == pytest.approx(one * (600.0 + 600.0 + 265.0))
