@@ -30,6 +30,10 @@ the work since its last checkpoint, waits for replacements, and resumes from tha
 detection (no notice) and `restart_s`. `SimResult.breakdown` says where the wall time went
 (`TIME_BUCKETS`).
 
+Joiners that arrive while checkpoint-restart restarts or oobleck re-instantiates join that regroup
+(no pause of their own): Bamboo's simulator, where `RENDEZVOUS_S` comes from, adds a node that
+becomes ready during a rendezvous to that rendezvous (`simulate_spot_instance_ready`).
+
 Every strategy except checkpoint loses the step in flight (half a step on average) unless the
 notice lead time is at least one step. A node that leaves without notice is noticed after
 `detection_s`. Billing counts every live node of the trace at the spot price in force.
@@ -591,7 +595,9 @@ def simulate(
             grow = bool(added) and len(live) - len(added) < wanted
             # A standing-by member's loss fails the generation's commit like a working node's.
             lost_member = [n for n in removed if n in members]
-            if lost_member or grow:
+            if grow and not lost_member and slots and t < segment_start:
+                form()  # joiners during a restart join it (module notes): same pause, more pipelines
+            elif lost_member or grow:
                 checkpoint_restart(t, save_first=not lost_member or params.notice_s >= params.checkpoint_cost_s)
             continue
 
@@ -618,7 +624,8 @@ def simulate(
                 if run.step_s == math.inf:
                     lose_state(t, hit=False)
                     continue
-                run.react(params, params.reconfigure_s, loss=bool(hit))
+                if hit or t >= run.resume_at:  # joiners during a re-instantiation join it (module notes)
+                    run.react(params, params.reconfigure_s, loss=bool(hit))
             continue
 
         if strategy == "bamboo":

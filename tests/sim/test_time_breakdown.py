@@ -192,3 +192,27 @@ def test_checkpoint_restarts_when_a_standing_by_member_goes():
     assert result.breakdown["redone"] == pytest.approx(370.0)
     one = model.total_microbatches / model.full_pipelines(1)
     assert result.total_samples == pytest.approx(one * (600.0 + 600.0 + 265.0))
+
+
+def test_joiners_during_a_regroup_join_it():
+    """A node ready while the job regroups is in the new generation without a pause of its own
+    (Bamboo's simulator adds it to the rendezvous in progress): oobleck re-instantiating after
+    losing n0 n1 at 1000 s (until 1035 s) takes r0 (ready at 1010 s) in; checkpoint-restart
+    restarting (until 1105 s) takes r0 and r1 in and resumes with two pipelines."""
+    model = make_model()
+    lost = [TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1000.0, REMOVE, "n1")]
+    oob = simulate(Trace(name="t", events=[*steady(), *lost, TraceEvent(1010.0, ADD, "r0")], duration_s=2000.0),
+                   strategy="oobleck", model=model,
+                   params=SimParams(checkpoint_every_strategy=False, reconfigure_s=30.0, detection_s=5.0,
+                                    node_ready_s=0.0))
+    assert oob.breakdown["restarting"] == pytest.approx(35.0)
+    rate = {n: model.total_microbatches / model.oobleck(n) for n in (4, 3)}
+    assert oob.total_samples == pytest.approx(rate[4] * 1000.0 - 0.5 * model.total_microbatches + rate[3] * 965.0)
+
+    joins = [TraceEvent(1050.0, ADD, "r0"), TraceEvent(1050.0, ADD, "r1")]
+    ck = simulate(Trace(name="t", events=[*steady(), *lost, *joins], duration_s=2000.0), strategy="checkpoint",
+                  model=model, params=SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, restart_s=100.0,
+                                                detection_s=5.0, node_ready_s=0.0))
+    assert ck.breakdown["restarting"] == pytest.approx(105.0)
+    two = model.total_microbatches / model.full_pipelines(2)
+    assert ck.total_samples == pytest.approx(two * (600.0 + 600.0 + 265.0))
