@@ -3,8 +3,9 @@
 `python -m bench simulate [--trace PATH] [--quick]` replays the trace (default: a synthetic trace
 calibrated on the AWS p3 cluster) for checkpoint-restart (Young/Daly interval), bamboo, oobleck and
 recycle, with step times replayed from the runtime's own schedules and a GPT profile predicted for
-p3.2xlarge, and prints per strategy the throughput relative to failure-free and the cost per sample
-relative to on-demand. Then it times a 1,000-node, 24-hour simulated run.
+p3.2xlarge, and prints per strategy the throughput relative to failure-free, the cost per sample
+relative to on-demand and where the wall time went (training, redone, checkpointing, restarting,
+waiting), plus recycle as published (`recycle-peers`). Then it times a 1,000-node, 24-hour run.
 """
 
 from __future__ import annotations
