@@ -3,8 +3,9 @@
 `python -m bench simulate [--trace PATH] [--quick]` replays the trace (default: a synthetic trace
 calibrated on the AWS p3 cluster) for checkpoint-restart (Young/Daly interval), bamboo, oobleck and
 recycle, with step times replayed from the runtime's own schedules and a GPT profile predicted for
-p3.2xlarge, and prints per strategy the throughput relative to failure-free and the cost per sample
-relative to on-demand. Then it times a 1,000-node, 24-hour simulated run.
+p3.2xlarge, and prints per strategy the throughput relative to failure-free, the cost per sample
+relative to on-demand and where the wall time went (training, redone, checkpointing, restarting,
+waiting), plus recycle as published (`recycle-peers`). Then it times a 1,000-node, 24-hour run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from runtime.planner.catalog import instance_types
 from runtime.planner.predictor import default_predictor
 from runtime.planner.profile import DeviceSpec
 from runtime.planner.throughput import CostModel, Network
-from runtime.sim.engine import STORAGE_GBPS, STRATEGIES, SimParams, SimResult, checkpoint_write_s, simulate
+from runtime.sim.engine import (
+    STORAGE_GBPS,
+    STRATEGIES,
+    TIME_BUCKETS,
+    SimParams,
+    SimResult,
+    checkpoint_write_s,
+    simulate,
+)
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plots import write_plots
 from runtime.sim.prices import PriceSeries, load_price_series
@@ -31,7 +40,12 @@ PUBLISHED = [
     ("bamboo", "checkpoint", 3.7, "Bamboo (NSDI'23): 3.7x the throughput of checkpoint-restart on the p3 trace"),
     ("recycle", "oobleck", 1.46, "ReCycle (SOSP'24): up to 1.46x Oobleck"),
     ("recycle", "bamboo", 1.64, "ReCycle (SOSP'24): up to 1.64x Bamboo"),
+    ("recycle-peers", "oobleck", 1.46, "ReCycle (SOSP'24): up to 1.46x Oobleck (recycle as published: peers only)"),
+    ("recycle-peers", "bamboo", 1.64, "ReCycle (SOSP'24): up to 1.64x Bamboo (recycle as published: peers only)"),
 ]
+PEERS = "recycle-peers"
+"""The extra row: recycle as ReCycle publishes it (`JobConfig.recycle_spill=False`: a lost hop goes
+to same-stage peers only), beside the runtime's default (spill) under the name recycle."""
 SCALE_RECYCLE_HOURS = 0.25
 """Simulated hours of the 1,000-node trace that recycle replays (the others replay all 24 h): each
 new recycle state re-plans 1,000 nodes and re-schedules the pipelines spill couples (about 1 s per
@@ -73,15 +87,18 @@ def iteration_model(instance_type: str, *, dp: int, pp: int, microbatches: int) 
     return IterationModel(spec=MODEL, dp=dp, pp=pp, microbatches=microbatches, cost=cost)
 
 
-def run_all(trace: Trace, model: IterationModel, params: SimParams) -> dict:
-    """Every strategy on the trace; the target (for time to finish) is half of what the failure-free
-    job would train over the whole trace."""
+def run_all(trace: Trace, model: IterationModel, params: SimParams, peers: IterationModel | None = None) -> dict:
+    """Every strategy on the trace (and, given `peers`, recycle as published: `PEERS`); the target
+    (for time to finish) is half of what the failure-free job would train over the whole trace."""
     samples_per_step = model.total_microbatches * 4
     target = 0.5 * trace.duration_s * samples_per_step / model.full_pipelines(model.dp)
-    return {
-        s: simulate(trace, strategy=s, model=model, params=params, samples_per_microbatch=4, samples_target=target)
-        for s in STRATEGIES
-    }
+    runs = [(s, s, model) for s in STRATEGIES] + ([(PEERS, "recycle", peers)] if peers is not None else [])
+    results = {}
+    for name, s, m in runs:
+        results[name] = simulate(trace, strategy=s, model=m, params=params, samples_per_microbatch=4,
+                                 samples_target=target)
+        results[name].strategy = name
+    return results
 
 
 def run(
@@ -126,6 +143,7 @@ def run(
     pp = 8 if max_nodes >= 16 else max(1, max_nodes // 2)
     dp = max(1, max_nodes // pp)
     model = iteration_model(instance_type, dp=dp, pp=pp, microbatches=8)
+    peers = IterationModel(spec=MODEL, dp=dp, pp=pp, microbatches=8, cost=model.cost, recycle_spill=False)
     params = SimParams(
         checkpoint_cost_s=checkpoint_write_s(sum(model.cost.param_bytes), writers=pp),
         restart_s=restart_s,
@@ -134,9 +152,9 @@ def run(
         spot_price=price_series,
         on_demand_usd_per_hour=it.on_demand_usd_per_hour,
     )
-    progress.step(f"simulating {tr.name}: {dp} x {pp} nodes, 4 strategies")
+    progress.step(f"simulating {tr.name}: {dp} x {pp} nodes, 4 strategies and recycle as published")
     started, cpu = time.perf_counter(), time.process_time()
-    results = run_all(tr, model, params)
+    results = run_all(tr, model, params, peers)
     sim_s, sim_cpu_s = time.perf_counter() - started, time.process_time() - cpu
     figures: dict = {
         "trace": summary,
@@ -206,8 +224,9 @@ def run(
         ],
         rows,
     )
+    _breakdown_table(results, tr.name)
     figures["relations"] = _relations(results, f"published relations (throughput ratios), notice {notice_s:g} s")
-    figures["why"] = _explain(model, dp, pp)
+    figures["why"] = _explain(model, peers, dp, pp)
     figures["notes"] = _notes(figures["relations"], figures["why"], model, dp, params, results["checkpoint"])
     for note in figures["notes"]:
         print(f"note: {note}")
@@ -292,9 +311,26 @@ def run(
     return figures
 
 
+def _breakdown_table(results: dict[str, SimResult], name: str) -> None:
+    """Where each strategy's wall time went (`runtime.sim.engine.TIME_BUCKETS`), in hours."""
+    print_table(
+        f"{name}: where the wall time went, hours (the five buckets sum to the trace; 'failure-free "
+        "equivalent' = the hours the failure-free job needs for the samples kept, so training minus it is "
+        "what slower steps cost: redundant work, fewer pipelines, re-routed holes)",
+        ["strategy", *TIME_BUCKETS, "failure-free equivalent"],
+        [
+            [s, *(round(r.breakdown[k] / 3600, 3) for k in TIME_BUCKETS),
+             r.summary()["failure_free_equivalent_hours"]]
+            for s, r in results.items()
+        ],
+    )
+
+
 def _relations(results: dict, title: str) -> list[dict]:
     relations = []
     for a, b, published, source in PUBLISHED:
+        if a not in results or b not in results:
+            continue
         ours = results[a].samples_per_s / results[b].samples_per_s if results[b].samples_per_s else float("inf")
         relations.append(
             {
@@ -317,7 +353,7 @@ def _relations(results: dict, title: str) -> list[dict]:
     return relations
 
 
-def _explain(model: IterationModel, dp: int, pp: int) -> dict:
+def _explain(model: IterationModel, peers: IterationModel, dp: int, pp: int) -> dict:
     """The step times behind the relations: failure-free per strategy and the cost of one loss."""
     free = model.full_pipelines(dp)
     rows = {
@@ -326,6 +362,7 @@ def _explain(model: IterationModel, dp: int, pp: int) -> dict:
         "bamboo_one_takeover_step_s": model.bamboo((False,) + (True,) * (pp - 1), pipelines=dp),
         "recycle_failure_free_step_s (fiw)": model.recycle((0,) * pp, pipelines=dp),
         "recycle_one_hole_step_s": model.recycle((1,) + (0,) * (pp - 1), pipelines=dp),
+        "recycle_peers_one_hole_step_s (as published)": peers.recycle((1,) + (0,) * (pp - 1), pipelines=dp),
         "oobleck_one_node_lost_step_s": model.oobleck(dp * pp - 1),
     }
     print_table(
@@ -354,7 +391,9 @@ def _notes(
                 f"{why['oobleck_one_node_lost_step_s']:.3f} s; with dp={dp} each surviving peer would take "
                 f"{extra:.1f} extra micro-batches, and spill (the runtime's default) puts some on other "
                 f"stages' nodes by a compute-only score, while this cost model also charges each new host "
-                f"that stage's gradient all-reduce and the extra activation traffic"
+                f"that stage's gradient all-reduce and the extra activation traffic; with peers only (ReCycle "
+                f"as published, the {PEERS} row) one hole costs "
+                f"{why['recycle_peers_one_hole_step_s (as published)']:.3f} s"
             )
         elif pair == ("bamboo", "checkpoint"):
             interval = checkpoint.checkpoint_interval_s or 0.0
@@ -363,9 +402,11 @@ def _notes(
                 f"checkpoint in {params.checkpoint_cost_s:.1f} s every {interval:.0f} s of compute and restarts "
                 f"in {params.restart_total_s:.1f} s (rendezvous {params.rendezvous_s:g} s + reload), so a loss "
                 f"costs it about {interval / 2 + params.restart_total_s + params.detection_s:.0f} s; bamboo "
-                f"runs redundant forwards on every step "
+                f"runs redundant forwards and keeps its replicas' state (each stage's reduced gradient "
+                f"forwarded to its replica and applied there) on every step "
                 f"({why['bamboo_failure_free_step_s (redundant forwards)']:.3f} s vs "
-                f"{why['failure_free_1f1b_step_s']:.3f} s failure-free) and writes the same periodic checkpoints. "
+                f"{why['failure_free_1f1b_step_s']:.3f} s failure-free) and writes the same periodic checkpoints "
+                f"(the time breakdown above shows where each strategy's hours went). "
                 f"The restart-time table (without --quick) shows what the published ratio needs"
             )
         elif pair == ("recycle", "bamboo"):

@@ -4,16 +4,20 @@ Events are membership changes (preemptions and joins), not actions: between two 
 layout is fixed, so its step time (replayed once per state by `runtime.sim.iteration`) gives the
 rate. At each event the strategy decides what the change costs:
 
-* checkpoint: any loss of a working node (or enough joiners for one more pipeline) stops the job;
+* checkpoint: any loss of a working node stops the job, and so do joiners while a slot of the
+  dp x pp grid is empty (the runtime regroups then and this strategy restarts every generation
+  from a checkpoint, written first at that boundary); on a loss the
   work since the last checkpoint is lost (unless the notice lead covers a checkpoint write), then a
   restart (`restart_s`: a rendezvous of the new membership and a reload of the checkpoint) into as
   many full pipelines as the live nodes fill (none: it waits for replacements); checkpoints every
   Young/Daly interval cost `checkpoint_cost_s` each.
-* bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a second
-  loss next to the first (no replica left), or joiners that would put more nodes to work in full
-  pipelines, trigger a reconfiguration of `reconfigure_s`. Redundant forwards slow every failure-free step.
-* oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`); joiners
-  wait until a loss or until they can refill a pipeline's worth of missing nodes.
+* bamboo: the ring predecessor takes a lost node's stage over after `bamboo_failover_s`; a standing-by
+  node or a joiner fills a taken-over slot after `join_s` (the runtime's plan fills empty slots,
+  spares first); a second loss next to the first (no replica left), or enough spare nodes for one
+  more full pipeline, trigger a reconfiguration of `reconfigure_s`. Redundant forwards (and the
+  replicas' gradient forwards) slow every failure-free step.
+* oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`), and so
+  do joiners while fewer than dp x pp nodes work (they take empty slots: the runtime regroups).
 * recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
   (no state moves); a joiner fills a hole after `join_s`; a stage with no survivor falls back to a
   reconfiguration.
@@ -21,8 +25,14 @@ rate. At each event the strategy decides what the change costs:
 Every strategy writes periodic checkpoints too (the runtime does, `runtime.checkpointing.durability`, at the
 same Young/Daly interval), paying `checkpoint_cost_s` per interval of compute. When a change leaves
 no usable plan (fewer live nodes than one pipeline needs, or every copy of some stage gone: a zone
-reclaims the fleet), the job stops, loses the work since its last checkpoint, waits for
-replacements, and resumes from that checkpoint after `restart_s`.
+reclaims the fleet; for oobleck, every holder of a layer in its current plan), the job stops, loses
+the work since its last checkpoint, waits for replacements, and resumes from that checkpoint after
+detection (no notice) and `restart_s`. `SimResult.breakdown` says where the wall time went
+(`TIME_BUCKETS`).
+
+Joiners that arrive while checkpoint-restart restarts or oobleck re-instantiates join that regroup
+(no pause of their own): Bamboo's simulator, where `RENDEZVOUS_S` comes from, adds a node that
+becomes ready during a rendezvous to that rendezvous (`simulate_spot_instance_ready`).
 
 Every strategy except checkpoint loses the step in flight (half a step on average) unless the
 notice lead time is at least one step. A node that leaves without notice is noticed after
@@ -58,6 +68,19 @@ STORAGE_GBPS = 1.5
 (AWS instance-type table, 1.5 Gbps); a checkpoint's writers (one per stage) write in parallel."""
 
 
+TIME_BUCKETS = ("training", "redone", "checkpointing", "restarting", "waiting")
+"""Where a run's wall time goes (`SimResult.breakdown`; the buckets sum to the trace's duration):
+* training: computing steps whose samples were kept (at the strategy's own, possibly degraded,
+  step time: redundant forwards, fewer pipelines, re-routed holes all show here as a rate, see
+  `failure_free_equivalent_hours` in the summary);
+* redone: computing steps whose samples were lost (the step in flight, the work since the last
+  checkpoint) and so had to be computed again;
+* checkpointing: writing periodic checkpoints (and checkpoint-restart's save on a notice or a grow);
+* restarting: paused for a change: failure detection, failover, re-routing, reconfiguration, the
+  restart from a checkpoint (rendezvous + reload);
+* waiting: no usable plan (too few live nodes): waiting for replacements."""
+
+
 def checkpoint_write_s(param_bytes: float, *, writers: int, storage_gbps: float = STORAGE_GBPS) -> float:
     """Seconds to write one checkpoint: each of `writers` writes its equal share of the weights and
     optimizer state at the storage bandwidth."""
@@ -86,12 +109,16 @@ class SimParams:
     checkpoint_every_strategy: bool = True
     """Every strategy writes periodic checkpoints (the runtime does); False: checkpoint-restart only."""
     bamboo_failover_s: float = 10.0
+    """bamboo: the ring predecessor takes a lost stage over. No source (Bamboo's simulator pauses
+    for none: its steps run 1.5x slower until the next reconfiguration)."""
     reconfigure_s: float = 30.0
-    """bamboo/oobleck/recycle: rebuild groups and move the state of re-placed layers."""
+    """bamboo/oobleck/recycle: rebuild groups and move the state of re-placed layers. Bamboo's
+    simulator's global rendezvous (`RENDEZVOUS_S`); no Oobleck or ReCycle figure was found."""
     recycle_failover_s: float = 2.0
     join_s: float = 1.0
     """recycle: a replacement copies its stage from a peer in the background, then fills a hole at a
-    step boundary (the job pauses only for the switch)."""
+    step boundary (the job pauses only for the switch). Neither has a source; the runtime measured
+    0.44 s (kill -> next commit) and 0.47 s (replacement ready -> first commit) on localhost."""
     detection_s: float = 5.0
     """A node that leaves without (enough) notice is declared dead after this long."""
     notice_s: float = 0.0
@@ -130,6 +157,8 @@ class SimResult:
     """Times the job lost every usable plan and resumed from its last checkpoint."""
     down_s: float = 0.0
     """Seconds with no usable plan (waiting for replacements)."""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """Where the trace's wall time went (`TIME_BUCKETS`, seconds; they sum to `duration_s`)."""
 
     @property
     def samples_per_s(self) -> float:
@@ -161,6 +190,8 @@ class SimResult:
             "checkpoint_interval_s": self.checkpoint_interval_s,
             "restores_from_checkpoint": self.restores,
             "hours_without_a_plan": round(self.down_s / 3600, 3),
+            "time_breakdown_hours": {k: round(v / 3600, 4) for k, v in self.breakdown.items()},
+            "failure_free_equivalent_hours": round(self.total_samples / self.failure_free_samples_per_s / 3600, 4),
         }
 
     def binned_rate(self, bins: int = 200) -> list[tuple[float, float]]:
@@ -212,6 +243,8 @@ class _Run:
         self.restores = 0
         self.down_since: float | None = None
         self.down_s = 0.0
+        self.spent = dict.fromkeys(TIME_BUCKETS, 0.0)
+        """Wall seconds per bucket up to `t` (`TIME_BUCKETS`)."""
 
     @property
     def raw_rate(self) -> float:
@@ -221,7 +254,31 @@ class _Run:
     def rate(self) -> float:
         return self.raw_rate * self.duty
 
+    def redo(self, seconds: float) -> None:
+        """`seconds` of training produced samples that were lost: they move to the redone bucket."""
+        seconds = min(max(seconds, 0.0), self.spent["training"])
+        self.spent["training"] -= seconds
+        self.spent["redone"] += seconds
+
+    def account(self, t: float) -> None:
+        """Put the wall time from `self.t` to `t` in its buckets (down, paused, or running: its
+        training and checkpoint-writing shares)."""
+        if t <= self.t:
+            return
+        if self.down_since is not None:
+            self.spent["waiting"] += t - self.t
+            return
+        paused_until = min(t, max(self.t, self.resume_at))
+        self.spent["restarting"] += paused_until - self.t
+        running = t - paused_until
+        if self.rate > 0:
+            self.spent["training"] += running * self.duty
+            self.spent["checkpointing"] += running * (1.0 - self.duty)
+        else:
+            self.spent["waiting"] += running
+
     def advance(self, t: float) -> None:
+        self.account(t)
         start = max(self.t, self.resume_at)
         if t > start and self.rate > 0:
             if self.target is not None and self.finish is None:
@@ -250,6 +307,9 @@ class _Run:
         lost = min(0.5 * self.samples_per_step, self.samples - self.checkpointed)
         self.samples -= lost
         self.lost += lost
+        seconds = lost / self.raw_rate
+        self.redo(seconds)
+        self.since_checkpoint_s = max(0.0, self.since_checkpoint_s - seconds)
 
     def react(self, params: SimParams, seconds: float, *, loss: bool) -> None:
         """Pause for a change: the reaction itself, plus failure detection when a node left
@@ -261,6 +321,7 @@ class _Run:
         if self.down_since is not None:
             return
         self.lost += self.samples - self.checkpointed
+        self.redo(self.since_checkpoint_s)
         self.samples = self.checkpointed
         self.series.append((t, self.samples))
         self.since_checkpoint_s = 0.0
@@ -363,16 +424,24 @@ def simulate(
 
     committed = 0.0
     segment_start = 0.0
+    pause_from = 0.0  # checkpoint-restart: when the current segment's pause (save, restart) began
+    save_s = 0.0  # ... and how much of that pause writes a checkpoint (the rest restarts)
+
+    members: set[str] = set()
+    """checkpoint-restart: the generation's members, its pipelines' nodes and the standing-by nodes
+    that fill the rest of the dp x pp slots (`CheckpointStrategy`: standby members of the layout,
+    in the group's commit); live nodes beyond are spares outside the group."""
 
     def form(pipelines_wanted: int | None = None) -> None:
         """Re-form full pipelines from all live nodes (a restart or a reconfiguration)."""
-        nonlocal slots
+        nonlocal slots, members
         count = min(dp, len(live) // pp) if pipelines_wanted is None else pipelines_wanted
         slots = [[live[p * pp + s] for s in range(pp)] for p in range(count)]
         where.clear()
         for p, row in enumerate(slots):
             for s, node in enumerate(row):
                 where[node] = (p, s)
+        members = set(live[:wanted])
 
     def working() -> int:
         return sum(1 for row in slots for n in row if n is not None)
@@ -400,10 +469,31 @@ def simulate(
         phase = s - k * cycle
         return committed + k * interval * rate, min(phase, interval) * rate
 
+    def account_segment(t: float, *, losing: bool) -> None:
+        """checkpoint-restart: the wall time of the current segment up to t, in its buckets (the
+        pause: its checkpoint save, then detection and restart; then cycles of compute and writes;
+        `losing`: the compute since the last complete write is redone)."""
+        if segment_start == math.inf or t <= pause_from:
+            return
+        paused = min(t, segment_start) - pause_from
+        run.spent["checkpointing"] += min(paused, save_s)
+        run.spent["restarting"] += paused - min(paused, save_s)
+        if t <= segment_start:
+            return
+        cycle = interval + params.checkpoint_cost_s
+        s = t - segment_start
+        k = math.floor(s / cycle)
+        phase = s - k * cycle
+        run.spent["training"] += k * interval + min(phase, interval)
+        run.spent["checkpointing"] += k * params.checkpoint_cost_s + max(0.0, phase - interval)
+        if losing:
+            run.redo(min(phase, interval))
+
     def checkpoint_restart(t: float, *, save_first: bool) -> None:
-        nonlocal committed, segment_start
+        nonlocal committed, segment_start, pause_from, save_s
         had_slots = bool(slots)
         done, pending = checkpoint_progress(t)
+        account_segment(t, losing=not (save_first and had_slots))
         if save_first and had_slots:
             committed = done + pending
             extra = params.checkpoint_cost_s
@@ -424,6 +514,7 @@ def simulate(
             run.down_since = None
             run.restores += 1
         segment_start = t + extra + params.restart_total_s
+        pause_from, save_s = t, (extra if save_first and had_slots else 0.0)
         run.pauses += extra + params.restart_total_s
         run.series.append((segment_start, committed))
         run.samples = committed
@@ -438,14 +529,32 @@ def simulate(
         run.stop(t)
         return True
 
+    def reform() -> None:
+        """Lay the job out afresh on every live node (after a restore, or when down)."""
+        nonlocal slots
+        if strategy == "oobleck":
+            slots = _oobleck_assign(live, wanted, where)
+        else:
+            form()
+
+    def oobleck_layer_lost(gone: list[str]) -> bool:
+        """Whether `gone` took every holder of some layer in oobleck's current plan (its pipelines
+        hold every layer once each; a spare holds none)."""
+        row = slots[0] if slots else []
+        held = model.oobleck_layers(len(row))
+        everything = frozenset().union(*held)
+        kept = frozenset().union(*(layers for node, layers in zip(row, held, strict=True) if node not in gone))
+        return kept != everything
+
     def restore_from_checkpoint(t: float) -> None:
         """A loss took every copy of some layer: stop, re-form on who is left, resume from the
         checkpoint when a plan exists again (else wait for replacements)."""
         lose_state(t, hit=True)
-        form()
+        reform()
         run.step_s = step_time()
         if run.step_s < math.inf:
             run.resume(t, params)
+            run.react(params, 0.0, loss=True)  # the loss is detected first, as for any other reaction
 
     index = 0
     while index < len(events):
@@ -480,28 +589,34 @@ def simulate(
             continue
 
         if strategy == "checkpoint":
-            grow = len(slots) < dp and len(live) // pp > len(slots)
-            if hit or grow:
-                checkpoint_restart(t, save_first=not hit or params.notice_s >= params.checkpoint_cost_s)
+            # Joiners while a slot of the dp x pp grid is empty regroup the job (the runtime's worker
+            # ends the generation at the next step boundary unless every slot is filled) and this
+            # strategy restarts every generation from a checkpoint, written first at that boundary.
+            grow = bool(added) and len(live) - len(added) < wanted
+            # A standing-by member's loss fails the generation's commit like a working node's.
+            lost_member = [n for n in removed if n in members]
+            if grow and not lost_member and slots and t < segment_start:
+                form()  # joiners during a restart join it (module notes): same pause, more pipelines
+            elif lost_member or grow:
+                checkpoint_restart(t, save_first=not lost_member or params.notice_s >= params.checkpoint_cost_s)
             continue
 
         if run.down_since is not None:
             # Down: re-form from every live node as soon as some plan is possible again.
-            if strategy == "oobleck":
-                slots = _oobleck_assign(live, wanted, where)
-            else:
-                form()
+            reform()
             run.step_s = step_time()
             if run.step_s < math.inf:
                 run.resume(t, params)
             continue
 
         if strategy == "oobleck":
-            # Joiners wait as spares until a loss forces a re-instantiation anyway, or until they
-            # can refill a pipeline's worth of missing nodes (one pause for the batch, not one each).
-            missing = wanted - working()
-            spares = len(live) - working()
-            if hit or (added and missing > 0 and spares >= min(pp, missing)):
+            # Joiners while fewer than dp x pp nodes work take empty slots: the runtime regroups
+            # (its worker ends the generation unless every slot is filled) and oobleck re-instantiates
+            # its pipelines over every live node (one pause for the batch, not one each).
+            if hit and oobleck_layer_lost(hit):
+                restore_from_checkpoint(t)
+                continue
+            if hit or (added and working() < wanted):
                 if hit:
                     run.lose_in_flight(params)
                 slots = _oobleck_assign(live, wanted, where)
@@ -509,7 +624,8 @@ def simulate(
                 if run.step_s == math.inf:
                     lose_state(t, hit=False)
                     continue
-                run.react(params, params.reconfigure_s, loss=bool(hit))
+                if hit or t >= run.resume_at:  # joiners during a re-instantiation join it (module notes)
+                    run.react(params, params.reconfigure_s, loss=bool(hit))
             continue
 
         if strategy == "bamboo":
@@ -524,17 +640,27 @@ def simulate(
             if hit and _stage_lost(strategy, slots, pp):
                 restore_from_checkpoint(t)
                 continue
-            # Joiners are taken in when re-forming full pipelines would put more nodes to work
-            # (a pipeline running a taken-over stage gets its redundancy back, or a new pipeline forms).
-            if added and min(dp, len(live) // pp) * pp > working():
-                reconfigure = True
             if hit:
                 run.lose_in_flight(params)
+            # Standing-by nodes and joiners fill the holes of taken-over stages (the runtime's plan
+            # fills empty slots, spares first: `runtime.distributed.membership.make_plan`), copying the stage and
+            # its replica in the background like a recycle joiner; a new full pipeline re-forms.
+            filled = 0
+            if not reconfigure:
+                holes = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
+                spare_nodes = [n for n in live if n not in where]
+                for (p, s), node in zip(holes, spare_nodes, strict=False):
+                    slots[p][s] = node
+                    where[node] = (p, s)
+                    filled += 1
+                reconfigure = len(slots) < dp and len(spare_nodes) - filled >= pp
             if reconfigure:
                 form()
                 run.react(params, params.reconfigure_s, loss=bool(hit))
             elif hit:
-                run.react(params, params.bamboo_failover_s, loss=True)
+                run.react(params, params.bamboo_failover_s + (params.join_s if filled else 0.0), loss=True)
+            elif filled:
+                run.pause(params.join_s)
             run.step_s = step_time()
             if run.step_s == math.inf:
                 lose_state(t, hit=False)
@@ -571,6 +697,7 @@ def simulate(
     if strategy == "checkpoint":
         done, pending = checkpoint_progress(end)
         run.samples = done + pending
+        account_segment(end, losing=False)
         # rebuild the cumulative series from restarts: linear within each segment
         run.series.append((end, run.samples))
         if samples_target is not None and run.samples >= samples_target:
@@ -578,6 +705,10 @@ def simulate(
     else:
         run.advance(end)
     run.finish_down(end)
+    if strategy == "checkpoint":
+        run.spent["waiting"] += run.down_s
+    else:
+        run.account(end)
     node_series = [(t, n) for t, n in Trace(name="billed", events=billed, duration_s=end).node_count_series()]
     dollars = params.spot_price.cost_of_nodes(node_series, end)
     on_demand_per_sample = wanted * params.on_demand_usd_per_hour / 3600.0 / failure_free
@@ -597,6 +728,7 @@ def simulate(
         checkpoint_interval_s=interval,
         restores=run.restores,
         down_s=run.down_s,
+        breakdown=dict(run.spent),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.config import ModelSpec
+from runtime.config import LayoutError, ModelSpec
 from runtime.planner.throughput import CostModel
 from runtime.sim.plans import Pattern, PlanSteps
 
@@ -27,7 +27,11 @@ class IterationModel:
     """Micro-batches per pipeline in the full layout (the global batch is dp * microbatches of them)."""
     cost: CostModel
     min_stages: int = 1
+    recycle_spill: bool | None = None
+    """Recycle's placement (`PlanSteps.recycle_spill`; None: the runtime's default, spill)."""
     plans: PlanSteps = field(init=False, repr=False)
+    held: dict = field(init=False, repr=False, default_factory=dict)
+    """Node count -> layers each position holds in oobleck's plan (`oobleck_layers`)."""
 
     def __post_init__(self) -> None:
         self.plans = PlanSteps(
@@ -36,6 +40,7 @@ class IterationModel:
             total_microbatches=self.total_microbatches,
             cost=self.cost,
             min_stages=self.min_stages,
+            recycle_spill=self.recycle_spill,
         )
 
     @property
@@ -59,10 +64,25 @@ class IterationModel:
 
     def oobleck(self, nodes: int) -> float:
         """Pipelines re-instantiated from the runtime's templates over `nodes` nodes."""
+        return self.step("oobleck", self._oobleck_pattern(nodes))
+
+    def _oobleck_pattern(self, nodes: int) -> Pattern:
         nodes = min(nodes, self.dp * self.pp)
         flat = [s < nodes for s in range(self.dp * self.pp)]
-        pattern = tuple(tuple(flat[p * self.pp : (p + 1) * self.pp]) for p in range(self.dp))
-        return self.step("oobleck", pattern)
+        return tuple(tuple(flat[p * self.pp : (p + 1) * self.pp]) for p in range(self.dp))
+
+    def oobleck_layers(self, nodes: int) -> tuple[frozenset[int], ...]:
+        """The layers each of `nodes` working nodes (in slot order) holds in the runtime's oobleck
+        plan for that count (empty: no plan). A loss that takes every holder of a layer loses it."""
+        found = self.held.get(nodes)
+        if found is None:
+            try:
+                by_node = self.plans.layout("oobleck", self._oobleck_pattern(nodes)).layers_by_node()
+            except LayoutError:
+                by_node = {}
+            # slots_of numbers the live slots p * pp + s: the first `nodes` flat positions are 0..nodes-1
+            found = self.held[nodes] = tuple(frozenset(by_node.get(i, ())) for i in range(nodes))
+        return found
 
     def bamboo(self, alive: tuple[bool, ...], *, pipelines: int) -> float:
         """One pipeline with the live stages `alive` (lost ones taken over by ring predecessors),

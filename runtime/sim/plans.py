@@ -97,6 +97,9 @@ class PlanSteps:
     """Micro-batches per step of the whole job (the global batch; constant under every strategy)."""
     cost: CostModel
     min_stages: int = 1
+    recycle_spill: bool | None = None
+    """`JobConfig.recycle_spill` for recycle's plans (None: the runtime's default, spill on;
+    False: ReCycle as published, a lost hop goes to same-stage peers only)."""
     states: dict = field(default_factory=dict, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
     planned: int = 0
@@ -115,6 +118,7 @@ class PlanSteps:
             schedule=SCHEDULE[strategy],
             layer_costs=self.cost.layer_costs(),
             min_stages=min(self.min_stages, self.pp),
+            **({} if self.recycle_spill is None else {"recycle_spill": self.recycle_spill}),
         )
 
     def step(self, strategy: str, pattern: Pattern) -> float:
