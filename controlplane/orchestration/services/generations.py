@@ -140,7 +140,8 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     )
     if reconfiguration.status != ReconfigurationStatus.DECIDED:
         return None
-    decision = "restart" if shape.strategy in ("checkpoint", "none") else "grow"
+    # A strategy whose answer to a change is a restart restarts to take joiners in too.
+    decision = "restart" if get_strategy(shape.strategy).decision == "restart" else "grow"
     generation = _publish(locked, reaction.slots, decision=decision, reason=f"{reaction.reason} ({decision})")
     _mark_applied(reconfiguration, decision=decision, generation=generation.number)
     return generation
