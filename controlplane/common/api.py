@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from django.db.models import Q, QuerySet
 from drf_spectacular.extensions import OpenApiFilterExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.plumbing import ResolvedComponent, build_choice_field, build_parameter_type
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 from rest_framework.filters import BaseFilterBackend
 from rest_framework.generics import get_object_or_404
@@ -256,3 +257,14 @@ class ValidatedQueryFilterExtension(OpenApiFilterExtension):
                 )
             )
         return parameters
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {}})
+class JSONObjectField(serializers.JSONField):
+    """A JSON object (not null, a list or a scalar), documented as one."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a JSON object")
+        return value
