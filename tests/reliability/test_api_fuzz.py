@@ -251,3 +251,14 @@ def test_id_filters_out_of_range_are_a_400_naming_the_parameter(db, url):
     response = client.get(url.format(n=2**70, job=world.job.pk))
     assert response.status_code == 400
     assert url.rsplit("?", 1)[1].split("=")[0] in response.json()["errors"]
+
+
+def test_webhook_time_that_cannot_exist_is_a_400(db, client):
+    """A well-formed time that names no instant (month 13) was a ValueError out of Django's parser."""
+    world = make_world()
+    _, key = credential_create(team=world.team_a, source="aws_eventbridge", scheme="api_key", name="bad-time")
+    event = {"id": "ev-bad-time", "detail-type": "EC2 Instance Rebalance Recommendation",
+             "time": "2026-13-01T00:00:00Z", "detail": {"instance-id": "i-1"}}
+    response = client.post(f"/api/v1/webhooks/aws/eventbridge/{world.team_a.slug}/", event,
+                           content_type="application/json", HTTP_X_API_KEY=key)
+    assert response.status_code == 400 and "time" in response.json()["errors"]
