@@ -97,6 +97,8 @@ MIDDLEWARE = [
     "controlplane.observability.ratelimit.RateLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # A path under /api/ that no route matches: a JSON 404 like every API error (common/not_found.py).
+    "controlplane.common.not_found.ApiNotFoundMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Adds job_id / instance_id from the URL to every log line of the request.
@@ -177,7 +179,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["controlplane.common.throttles.ApiRateThrottle"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.DefaultPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.common.schema.ApiAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.common.exceptions.api_exception_handler",
     # A 400, never a 500, for JSON nested too deeply or holding a NUL (common/json_input.py).
     "DEFAULT_PARSER_CLASSES": [
@@ -199,6 +201,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # Jobs accept "auto"; the planner compares concrete strategies only. Name both enums.
+    # The inbound webhook receivers are plain Django views: their paths come from webhooks/schema.py.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.webhooks.schema.add_intake_paths",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "JobStrategyEnum": "controlplane.jobs.models.Strategy",
         "PlannedStrategyEnum": "runtime.config.FAULT_TOLERANT_STRATEGIES",

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from django.db.models import QuerySet
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.plumbing import ResolvedComponent, build_choice_field
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers
 from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import BasePermission
@@ -171,3 +172,14 @@ class TeamScopedViewSetMixin:
         """A paginated list of `queryset` (for nested lists such as /jobs/{id}/events/)."""
         page = self.paginate_queryset(queryset)  # type: ignore[attr-defined]
         return self.get_paginated_response(serializer_class(page, many=True).data)  # type: ignore[attr-defined]
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {}})
+class JSONObjectField(serializers.JSONField):
+    """A JSON object (not null, a list or a scalar), documented as one."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a JSON object")
+        return value

@@ -91,7 +91,10 @@ def _str(obj: dict, key: str, field: str | None = None, *, max_length: int = MAX
 
 
 def _time(value: Any, field: str) -> datetime:
-    parsed = parse_datetime(value) if isinstance(value, str) else None
+    try:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well formed but no such time (month 13, second 60): the sender's fault
+        parsed = None
     if parsed is None or parsed.tzinfo is None:
         raise BadNotice(f"{field} must be an ISO 8601 time with a zone, got {value!r}", field=field)
     return parsed

@@ -21,6 +21,7 @@ WEBHOOK_MIDDLEWARE = frozenset({
     "django.middleware.security.SecurityMiddleware",
     "controlplane.observability.ratelimit.RateLimitMiddleware",
     "controlplane.observability.logs.LogContextMiddleware",
+    "controlplane.common.not_found.ApiNotFoundMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 })
 

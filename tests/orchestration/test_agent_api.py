@@ -45,7 +45,7 @@ def test_enroll_answers(started):
     client = APIClient()
     bad = client.post("/api/v1/agents/enroll/", {"enroll_key": "1.nope", "provider_instance_id": "fake-1"},
                       format="json")
-    assert bad.status_code == 400 and "enroll_key" in bad.json()["errors"]
+    assert bad.status_code == 403 and "enroll_key" in bad.json()["errors"]
     missing = client.post("/api/v1/agents/enroll/", {"enroll_key": "x"}, format="json")
     assert missing.status_code == 400 and "provider_instance_id" in missing.json()["errors"]
     assert _enroll(client, acquisition, "fake-99").status_code == 409  # not attached (yet)

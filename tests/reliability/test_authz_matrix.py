@@ -149,9 +149,9 @@ ROWS: list[Row] = [
     # --- planning: an existing job of team A
     Row("api/v1/plans/", "POST", "/api/v1/plans/", E(401, 200, 200, 404, 403),
         body={"job": "{job}", "instance_types": ["p3.2xlarge"]}),
-    # --- orchestration (agent protocol). Enrolment has no credential but its key: a wrong key is 400
+    # --- orchestration (agent protocol). Enrolment has no credential but its key: a wrong key is 403
     # for everyone, whatever token they hold.
-    Row("api/v1/agents/enroll/", "POST", "/api/v1/agents/enroll/", E(400, 400, 400, 400, 400),
+    Row("api/v1/agents/enroll/", "POST", "/api/v1/agents/enroll/", E(403, 403, 403, 403, 403),
         body={"enroll_key": "1.forged", "provider_instance_id": "i-whatever"}),
     Row("api/v1/agents/commands/", "GET", "/api/v1/agents/commands/?wait=0", E(401, 403, 403, 403, 200)),
     Row("api/v1/agents/notices/", "POST", "/api/v1/agents/notices/", E(401, 403, 403, 403, 202),

@@ -125,8 +125,10 @@ class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         if request.method == "DELETE":
             services.membership_remove(team=team, user=membership.user)
             return Response(status=status.HTTP_204_NO_CONTENT)
-        data = validate_or_400(MembershipUpdateSerializer(data=request.data))
-        membership = services.membership_add(team=team, user=membership.user, role=data["role"])
+        # PATCH: what is left out stays as it is (the schema's PatchedMembershipUpdate).
+        data = validate_or_400(MembershipUpdateSerializer(data=request.data, partial=True))
+        if "role" in data:
+            membership = services.membership_add(team=team, user=membership.user, role=data["role"])
         return Response(MembershipSerializer(membership).data)
 
 

@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from controlplane.common.api import JSONObjectField
 from controlplane.common.limits import MAX_COUNT, MAX_ID
 from controlplane.jobs.models import (
     JobEvent,
@@ -53,12 +54,12 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="Needed if you belong to several teams.",
     )
     name = serializers.CharField(max_length=120)
-    config = serializers.JSONField(
+    config = JSONObjectField(
         required=False,
         help_text="The runtime's JobConfig fields but the layout: {model: {kind, n_layer, n_embd, n_head, seq_len, "
         "vocab_size, in_features}, global_batch, seed, lr, weight_decay, schedule, device_time, ...}",
     )
-    model_spec = serializers.JSONField(
+    model_spec = JSONObjectField(
         required=False,
         help_text="Deprecated alias of config: {kind: gpt|mlp, layers, d_model, heads, seq_len, vocab, global_batch, "
         "micro_batches (per step)}",

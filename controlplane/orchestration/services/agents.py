@@ -8,6 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
+from controlplane.common.errors import DomainError
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES
@@ -15,6 +16,12 @@ from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.enrolment_keys import acquisition_from_enroll_key
 from controlplane.orchestration.services.transitions import _now, _transition
+
+
+class EnrollKeyRejected(DomainError):
+    """The enrolment key is unknown or forged: the node's only credential, so 403 (not a bad field)."""
+
+    status_code = 403
 
 
 def agent_enroll(
@@ -26,13 +33,13 @@ def agent_enroll(
     identity_signature: str = "",
 ) -> tuple[Instance, str]:
     """Exchange an acquisition's enrolment key and the node's provider id for an agent token bound
-    to that instance. Raises DomainError (400) on a bad key, Conflict (409) when the node is not
+    to that instance. Raises EnrollKeyRejected (403) on an unknown or bad key, Conflict (409) when the node is not
     attached yet (the agent retries), and IdentityRejected (403) when the provider's identity check
     is enforced (aws) and the signed instance identity document does not prove the node is the
     launched instance in the configured account and region."""
     from controlplane.accounts.models import TokenKind
     from controlplane.accounts.services import api_token_create
-    from controlplane.common.errors import Conflict, DomainError
+    from controlplane.common.errors import Conflict
 
     # Imported here, not at the top: the tasks module imports these services (its tasks wrap them)
     # and the task enqueued here calls them back, a true import cycle.
@@ -41,7 +48,7 @@ def agent_enroll(
 
     acquisition = acquisition_from_enroll_key(key=enroll_key)
     if acquisition is None:
-        raise DomainError("unknown or invalid enrolment key", field="enroll_key")
+        raise EnrollKeyRejected("unknown or invalid enrolment key", field="enroll_key")
     instance = Instance.objects.filter(
         job_id=acquisition.job_id,
         provider_instance_id=provider_instance_id,

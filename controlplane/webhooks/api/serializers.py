@@ -3,6 +3,7 @@ webhook credentials. Secrets appear only in the answers of create and rotate (`*
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -20,6 +21,16 @@ from controlplane.webhooks.models import (
 
 # A secret the client chooses (to match an existing EventBridge connection, say) must not be guessable.
 MIN_CLIENT_SECRET_LENGTH = 16
+
+
+# The shape of an alert URL, stated in the schema (a `pattern`): http(s), a host without user:password@,
+# an optional port, no whitespace and no #fragment. The service checks the same and more (the host
+# must be public: webhooks/alerts.py `alert_url_check`).
+ALERT_URL_SHAPE = RegexValidator(
+    r"^[hH][tT][tT][pP][sS]?://([^\s/?#@:\[\]]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?([/?][^\s#]*)?$",
+    message="url must be http:// or https://, a host and an optional port, without credentials (user:password@), "
+            "whitespace or a #fragment",
+)
 
 
 def _alert_events_field(**kwargs: object) -> serializers.ListField:
@@ -59,7 +70,7 @@ class AlertEndpointCreateSerializer(serializers.Serializer):
     The URL is checked by the service (http(s), a host, no credentials)."""
 
     team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    url = serializers.CharField(max_length=URL_MAX_LENGTH, trim_whitespace=False)
+    url = serializers.CharField(max_length=URL_MAX_LENGTH, trim_whitespace=False, validators=[ALERT_URL_SHAPE])
     format = NamedChoiceField(choices=AlertFormat.choices, enum_name="AlertFormatEnum", default=AlertFormat.GENERIC)
     events = _alert_events_field(required=False, default=list)
 
@@ -67,7 +78,8 @@ class AlertEndpointCreateSerializer(serializers.Serializer):
 class AlertEndpointUpdateSerializer(serializers.Serializer):
     """Input of `PATCH /alert-endpoints/{id}/`: only the fields given change."""
 
-    url = serializers.CharField(max_length=URL_MAX_LENGTH, required=False, trim_whitespace=False)
+    url = serializers.CharField(max_length=URL_MAX_LENGTH, required=False, trim_whitespace=False,
+                                validators=[ALERT_URL_SHAPE])
     format = NamedChoiceField(choices=AlertFormat.choices, enum_name="AlertFormatEnum", required=False)
     events = _alert_events_field(required=False)
     active = serializers.BooleanField(required=False)
@@ -135,7 +147,7 @@ class WebhookCredentialCreateSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=150, required=False, allow_blank=True, default="",
                                      help_text="basic: the user name.")
     secret = serializers.CharField(
-        max_length=200, required=False, write_only=True, trim_whitespace=False,
+        min_length=MIN_CLIENT_SECRET_LENGTH, max_length=200, required=False, write_only=True, trim_whitespace=False,
         help_text=f"Optional: use this secret instead of a generated one (at least {MIN_CLIENT_SECRET_LENGTH} "
                   "characters; standard_webhooks: `whsec_` + base64).",
     )

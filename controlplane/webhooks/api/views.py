@@ -23,6 +23,7 @@ from controlplane.common.api import (
     resolve_team,
     validate_or_400,
 )
+from controlplane.common.errors import Conflict
 from controlplane.common.filters import FilterBackend
 from controlplane.webhooks import alerts, credentials
 from controlplane.webhooks.api.filters import AlertEndpointFilter, WebhookCredentialFilter
@@ -136,7 +137,7 @@ class WebhookCredentialViewSet(
         cred: WebhookCredential = self.get_object()
         _require_admin(request, cred.team_id, "rotate webhook credentials")
         if not credentials.credential_is_active(cred):
-            raise exceptions.ValidationError({"id": ["this credential is revoked or expired; create a new one"]})
+            raise Conflict("this credential is revoked or expired; create a new one", field="id")
         data = validate_or_400(SecretRotateSerializer(data=request.data or {}))
         new, plain = credentials.credential_rotate(credential=cred, overlap=timedelta(hours=data["grace_hours"]))
         new.secret = plain
