@@ -255,7 +255,7 @@ def test_the_spend_downloads_are_the_apis_report_for_this_month(client, world, b
 
 
 def test_a_chosen_window_and_bad_windows(client, world, billed):
-    first, today = billed
+    _, today = billed
     alpha = world["alpha"]
     client.force_login(world["admin"])
     url = reverse("frontend:team-spend-json", args=[alpha.slug])

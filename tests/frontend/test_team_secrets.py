@@ -1,6 +1,7 @@
 """Secrets made on the team page (issue 21): a new API key (created, or rotated by its own user) and
-an alert's signing secret (and its URL, which may hold a secret of its own) are shown once in the response page itself, never in
-Django's messages, whose default storage is a cookie (then the session), nor in a cache."""
+an alert's signing secret (and its URL, which may hold a secret of its own) are shown once in the
+response page itself, never in Django's messages, whose default storage is a cookie (then the
+session), nor in a cache."""
 
 from __future__ import annotations
 
