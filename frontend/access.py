@@ -13,6 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 
 from controlplane.accounts.scoping import admin_team_ids_for_request, team_ids_for_request
+from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.jobs.models import TrainingJob
 
 
@@ -29,6 +30,16 @@ def job_for_request(request: HttpRequest, job_id: int) -> TrainingJob:
     """The job if it belongs to one of the user's teams; 404 otherwise."""
     return get_object_or_404(TrainingJob.objects.select_related("team"), pk=job_id,
                              team_id__in=visible_team_ids(request))
+
+
+def instance_for_request(request: HttpRequest, instance_id: int) -> Instance:
+    """The instance if it belongs to one of the user's teams; 404 otherwise."""
+    return get_object_or_404(Instance, pk=instance_id, team_id__in=visible_team_ids(request))
+
+
+def notice_for_request(request: HttpRequest, notice_id: int) -> InterruptionNotice:
+    """The notice if it is about one of the user's teams; 404 otherwise."""
+    return get_object_or_404(InterruptionNotice, pk=notice_id, team_id__in=visible_team_ids(request))
 
 
 def data_endpoint(view: Callable[..., dict[str, Any] | HttpResponse]) -> Callable[..., HttpResponse]:

@@ -4,15 +4,18 @@ user's teams, answers 400 naming the bad parameter, and 404 for another team's j
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.billing.reports import job_cost_report
+from controlplane.fleet.models import NoticeStatus
 from frontend import costs, selectors
-from frontend.access import data_endpoint, job_for_request, visible_team_ids
+from frontend.access import admin_team_ids, data_endpoint, job_for_request, visible_team_ids
 
 MAX_PRICE_DAYS = 365
 DEFAULT_PRICE_DAYS = 14
@@ -74,9 +77,21 @@ def prices_data(request: HttpRequest) -> dict[str, Any] | HttpResponse:
     }
 
 
+def _action_urls(rows: list[dict[str, Any]], *, key: str, route: str, admin_ids: set[int],
+                 when: Callable[[dict[str, Any]], bool] = lambda row: True) -> None:
+    """Give each row the URL of the page action its user may take (`key`: None when they may not):
+    the buttons' only source, so a member is never offered what the view would refuse."""
+    for row in rows:
+        allowed = row["team_id"] in admin_ids and when(row)
+        row[key] = reverse(route, args=[row["id"]]) if allowed else None
+
+
 @data_endpoint
 def fleet_data(request: HttpRequest) -> dict[str, Any]:
-    return selectors.fleet(team_ids=visible_team_ids(request), now=timezone.now())
+    data = selectors.fleet(team_ids=visible_team_ids(request), now=timezone.now())
+    _action_urls(data["live_instances"], key="terminate_url", route="frontend:instance-terminate",
+                 admin_ids=set(admin_team_ids(request)))
+    return data
 
 
 @data_endpoint
@@ -126,4 +141,7 @@ def job_cost_json_download(request: HttpRequest, job_id: int) -> HttpResponse:
 
 @data_endpoint
 def notices_data(request: HttpRequest) -> dict[str, Any]:
-    return {"generated_at": selectors.iso(timezone.now()), **selectors.notices(team_ids=visible_team_ids(request))}
+    data = selectors.notices(team_ids=visible_team_ids(request))
+    _action_urls(data["rows"], key="retry_url", route="frontend:notice-retry", admin_ids=set(admin_team_ids(request)),
+                 when=lambda row: row["status"] == NoticeStatus.FAILED)
+    return {"generated_at": selectors.iso(timezone.now()), **data}

@@ -254,7 +254,7 @@ def fleet(*, team_ids: list[int], now: datetime, window: timedelta = timedelta(d
     live = list(
         Instance.objects.filter(team_id__in=team_ids, state__in=LIVE_STATES)
         .order_by("-created_at", "-id")
-        .values("id", "provider_instance_id", "state", "instance_type__name", "zone__code", "lifecycle",
+        .values("id", "team_id", "provider_instance_id", "state", "instance_type__name", "zone__code", "lifecycle",
                 "job_id", "job__name", "last_heartbeat_at")[:200]
     )
     for row in live:
@@ -275,7 +275,7 @@ def notices(*, team_ids: list[int], limit: int = 200) -> dict[str, Any]:
     rows = list(
         InterruptionNotice.objects.filter(team_id__in=team_ids)
         .order_by("-received_at", "-id")
-        .values("id", "source", "kind", "action", "provider_instance_id", "instance_id", "unknown_instance",
+        .values("id", "team_id", "source", "kind", "action", "provider_instance_id", "instance_id", "unknown_instance",
                 "received_at", "processed_at", "status", "attempts", "error", "deadline")[:limit]
     )
     for row in rows:

@@ -1,5 +1,6 @@
 """The team page: members and roles, API tokens and outbound alert URLs. Every member sees the
-team; only its admins change it (a member's POST is refused with 403, another team answers 404).
+team; only its admins change it (a member's POST is refused with 403, another team answers 404),
+except that every user rotates their own API tokens (and only their own, as in the API).
 The writes go through the same services as the API (`accounts.services`, `webhooks.alerts`)."""
 
 from __future__ import annotations
@@ -12,11 +13,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
-from controlplane.accounts.services import api_token_create, api_token_revoke, membership_add, membership_remove
+from controlplane.accounts.services import (
+    api_token_create,
+    api_token_revoke,
+    membership_add,
+    membership_remove,
+    user_token_rotate,
+)
 from controlplane.common.errors import DomainError
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertEndpoint, AlertFormat
 from frontend.access import admin_team_ids, visible_team_ids
+from frontend.spend import month_so_far
 
 
 def _team(request: HttpRequest, slug: str) -> Team:
@@ -46,7 +54,7 @@ def _page(request: HttpRequest, team: Team, *, revealed: dict[str, str] | None =
         "page": "team", "team": team, "is_admin": is_admin, "revealed": revealed,
         "members": Membership.objects.filter(team=team).select_related("user").order_by("user__username"),
         "tokens": tokens[:200], "alerts": AlertEndpoint.objects.filter(team=team).order_by("-created_at", "-id"),
-        "roles": Role.choices, "formats": AlertFormat.choices,
+        "roles": Role.choices, "formats": AlertFormat.choices, "spend_window": month_so_far(),
     })
 
 
@@ -106,6 +114,22 @@ def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse
 
 @login_required
 @require_POST
+def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
+    """Change a member's role (the API's PATCH of a member); the team's last admin stays one."""
+    team = _admin_post(request, slug)
+    if isinstance(team, HttpResponse):
+        return team
+    membership = get_object_or_404(Membership.objects.select_related("user"), team=team, user_id=user_id)
+    role = request.POST.get("role", "")
+    try:
+        membership_add(team=team, user=membership.user, role=role)
+    except DomainError as error:
+        return _done(request, team, error, "")
+    return _done(request, team, None, f"{membership.user.username} is now {role} of {team.name}.")
+
+
+@login_required
+@require_POST
 def token_create(request: HttpRequest, slug: str) -> HttpResponse:
     """A user token for the requesting admin; the key is shown once, in this response's page."""
     team = _admin_post(request, slug)
@@ -145,3 +169,21 @@ def alert_add(request: HttpRequest, slug: str) -> HttpResponse:
     # The URL may hold a secret of its own (Slack's do): it stays out of the messages too.
     return _reveal(request, team, label=f"Alerts will be sent to {endpoint.url}. Signing secret (shown once):",
                    secret=endpoint.signing_secret)
+
+
+@login_required
+@require_POST
+def token_rotate(request: HttpRequest, slug: str, token_id: int) -> HttpResponse:
+    """Replace one's own token with a new one (same name and expiry) and revoke it; the new key is
+    shown once, in this response's page. Only the token's own user: an admin would otherwise get a
+    key that acts as someone else (admins revoke others' tokens)."""
+    team = _team(request, slug)
+    token = get_object_or_404(ApiToken, pk=token_id, team=team)
+    if token.kind == TokenKind.USER and token.user_id != request.user.pk:
+        return HttpResponseForbidden("only the token's own user may rotate it; admins may revoke it")
+    try:
+        new, key = user_token_rotate(token=token)
+    except DomainError as error:
+        return _done(request, team, error, "")
+    return _reveal(request, team, label=f"Token {token.prefix}… revoked and replaced by {new.prefix}…. Copy the "
+                   "new key now, it is not shown again:", secret=key)

@@ -200,6 +200,13 @@ ROWS: list[Row] = [
     Row("fleet/", "GET", "/fleet/", PAGE_LIST, kind="page"),
     Row("jobs/", "GET", "/jobs/", PAGE_LIST, kind="page"),
     Row("notices/", "GET", "/notices/", PAGE_LIST, kind="page"),
+    # Page actions of team admins (issue 21): a member's POST is 403, another team's object 404.
+    # The local provider has no such node to stop, so the instance just ends.
+    Row("fleet/instances/<int:instance_id>/terminate/", "POST", "/fleet/instances/{instance}/terminate/",
+        E(302, 403, 302, 404, 302), kind="page", body={"reason": "matrix"}, content_type=FORM),
+    # The matrix's notice is received, not failed: the admin passes the role check and gets a message.
+    Row("notices/<int:notice_id>/retry/", "POST", "/notices/{notice}/retry/", E(302, 403, 302, 404, 302),
+        kind="page", body={}, content_type=FORM),
     Row("jobs/new/", "GET", "/jobs/new/", PAGE_LIST, kind="page"),
     Row("jobs/<int:job_id>/", "GET", "/jobs/{job}/", PAGE_OBJ, kind="page"),
     Row("jobs/<int:job_id>/cancel/", "POST", "/jobs/{job}/cancel/", E(302, 302, 302, 404, 302), kind="page",
@@ -217,12 +224,20 @@ ROWS: list[Row] = [
         body={"username": "nobody-such", "role": "member"}, content_type=FORM),
     Row("team/<slug:slug>/members/<int:user_id>/remove/", "POST", "/team/{slug}/members/{user}/remove/",
         E(302, 403, 302, 404, 302), kind="page", body={}, content_type=FORM),
+    Row("team/<slug:slug>/members/<int:user_id>/role/", "POST", "/team/{slug}/members/{user}/role/",
+        E(302, 403, 302, 404, 302), kind="page", body={"role": "member"}, content_type=FORM),
     # Creating a token or an alert URL answers the page itself (200) with the new secret shown once:
     # a redirect would carry it in the messages cookie.
     Row("team/<slug:slug>/tokens/", "POST", "/team/{slug}/tokens/", E(302, 403, 200, 404, 302), kind="page",
         body={"name": "from-page"}, content_type=FORM),
     Row("team/<slug:slug>/tokens/<int:token_id>/revoke/", "POST", "/team/{slug}/tokens/{token}/revoke/",
         E(302, 403, 302, 404, 302), kind="page", body={}, content_type=FORM),
+    # The URL's token is member A's: only its own user rotates it (the new key in the page, 200).
+    Row("team/<slug:slug>/tokens/<int:token_id>/rotate/", "POST", "/team/{slug}/tokens/{token}/rotate/",
+        E(302, 200, 403, 404, 302), kind="page", body={}, content_type=FORM),
+    # The team's spend report: every member downloads it, like the job cost downloads.
+    Row("team/<slug:slug>/spend.csv", "GET", "/team/{slug}/spend.csv", DATA_OBJ, kind="page"),
+    Row("team/<slug:slug>/spend.json", "GET", "/team/{slug}/spend.json", DATA_OBJ, kind="page"),
     Row("team/<slug:slug>/alerts/", "POST", "/team/{slug}/alerts/", E(302, 403, 200, 404, 302), kind="page",
         body={"url": "https://hooks.example.com/x", "format": "generic"}, content_type=FORM),
     # --- dashboard data endpoints

@@ -107,6 +107,42 @@
     return a;
   }
 
+  /* A POST button for a page action (`url` from the data endpoint, null when the user may not take
+   * it). The CSRF token is the page's own (every logged-in page has one, in the log-out form).
+   * `ask`, when given, is a question whose answer (null: cancelled) goes in the form's `field`. */
+  function actionButton(url, label, opts) {
+    if (!url) return "";
+    const o = opts || {};
+    const form = document.createElement("form");
+    form.method = "post";
+    form.action = url;
+    form.className = "inline";
+    const csrf = document.querySelector("input[name=csrfmiddlewaretoken]");
+    const token = document.createElement("input");
+    token.type = "hidden";
+    token.name = "csrfmiddlewaretoken";
+    token.value = csrf ? csrf.value : "";
+    form.appendChild(token);
+    const button = document.createElement("button");
+    button.type = "submit";
+    button.className = o.danger ? "link-danger" : "link-action";
+    button.textContent = label;
+    if (o.title) button.setAttribute("aria-label", o.title);
+    form.appendChild(button);
+    if (o.ask) {
+      const answer = document.createElement("input");
+      answer.type = "hidden";
+      answer.name = o.field;
+      form.appendChild(answer);
+      form.addEventListener("submit", (event) => {
+        const reply = window.prompt(o.ask, "");
+        if (reply === null) { event.preventDefault(); return; }
+        answer.value = reply;
+      });
+    }
+    return form;
+  }
+
   function setText(id, value) { const n = el(id); if (n) n.textContent = value; }
 
   async function fetchJSON(url) {
@@ -212,6 +248,10 @@
       { label: "Lifecycle", value: (r) => r.lifecycle },
       { label: "Job", value: (r) => (r.job_id ? link("/jobs/" + r.job_id + "/", r.job__name) : "–") },
       { label: "Last heartbeat", value: (r) => when(r.last_heartbeat_at) },
+      { label: "Actions", value: (r) => actionButton(r.terminate_url, "Terminate", {
+        danger: true, field: "reason", title: "Terminate " + (r.provider_instance_id || "instance " + r.id),
+        ask: "Terminate " + (r.provider_instance_id || "instance " + r.id) + " now? Its job, if any, continues " +
+          "without it. Reason (optional):" }) },
     ], d.live_instances, "No live instances.");
   }
 
@@ -464,6 +504,7 @@
       { label: "Processing ms", value: (n) => n.processing_ms, num: true },
       { label: "Attempts", value: (n) => n.attempts, num: true },
       { label: "Error", value: (n) => n.error },
+      { label: "Actions", value: (n) => actionButton(n.retry_url, "Retry", { title: "Retry notice " + n.id }) },
     ], d.rows, "No notices yet. Configure your cloud to send interruption events to the webhooks; see the API docs.");
   }
 
