@@ -47,7 +47,7 @@ def test_enrolment_guesses_are_rate_limited(limited):
     body = {"enroll_key": "1.guess", "provider_instance_id": "i-0123456789abcdef0"}
     statuses = [client.post("/api/v1/agents/enroll/", body, content_type="application/json",
                             REMOTE_ADDR=ip).status_code for _ in range(5)]
-    assert statuses == [400] * 3 + [429] * 2
+    assert statuses == [403] * 3 + [429] * 2
     # Another address has its own budget.
     other = client.post("/api/v1/agents/enroll/", body, content_type="application/json", REMOTE_ADDR=_fresh_ip())
-    assert other.status_code == 400
+    assert other.status_code == 403  # an unknown enrolment key is refused (403), not throttled
