@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -68,17 +69,10 @@ def instance_heartbeats_record_batch(claims: Sequence[HeartbeatClaim]) -> list[d
     the view, which stays the one owner of every refusal. The token is read here on every call:
     a revoked token is never accepted after its revocation committed."""
     from controlplane.accounts.authentication import last_used_due, token_expired
-    from controlplane.accounts.models import ApiToken, TokenKind
+    from controlplane.accounts.models import ApiToken
 
     now = timezone.now()
-    rows = {
-        row[0]: row for row in ApiToken.objects.filter(
-            key_hash__in={c.key_hash for c in claims}, revoked_at__isnull=True, kind=TokenKind.AGENT,
-            instance__isnull=False,
-        ).values_list("key_hash", "pk", "team_id", "instance_id", "expires_at", "last_used_at", "instance__team_id",
-                      "instance__state", "instance__agent_address", "instance__job_id", "instance__job__status",
-                      "instance__job__current_generation")
-    }
+    rows = {row[0]: row for row in _tokens_with_their_instances(sorted({c.key_hash for c in claims}))}
     accepted: dict[int, tuple] = {}  # instance id -> its token's row
     for claim in claims:
         row = rows.get(claim.key_hash)
@@ -92,12 +86,7 @@ def instance_heartbeats_record_batch(claims: Sequence[HeartbeatClaim]) -> list[d
     if not accepted:
         return [None] * len(claims)
     at = timezone.now()
-    updated = (
-        Instance.objects.filter(pk__in=list(accepted))
-        .exclude(state__in=TERMINAL_STATES)
-        .filter(Q(last_heartbeat_at__isnull=True) | Q(last_heartbeat_at__lt=at))
-        .update(last_heartbeat_at=at)
-    )
+    updated = _stamp(list(accepted), at)
     stamps = dict.fromkeys(accepted, at)
     if updated != len(accepted):  # ended meanwhile, or a later stamp already there: as the view, re-read
         for pk, state, stamp in Instance.objects.filter(pk__in=list(accepted)).values_list(
@@ -120,3 +109,44 @@ def instance_heartbeats_record_batch(claims: Sequence[HeartbeatClaim]) -> list[d
                         "job": job_id, "job_status": job_status if job_id else None,
                         "current_generation": generation if job_id else None})
     return results
+
+
+# The batch's two statements are plain SQL (tables named by the models): Django's query compiler
+# costs several times the database round trip, and these run for every heartbeat window.
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """A datetime column read by a plain cursor, as the ORM returns it (SQLite's are naive UTC)."""
+    return value if value is None or timezone.is_aware(value) else timezone.make_aware(value, UTC)
+
+
+def _tokens_with_their_instances(key_hashes: list[str]) -> list[tuple]:
+    """Live agent tokens with these hashes, each with its instance and the instance's job: (key_hash,
+    token id, team, instance id, expires_at, last_used_at, the instance's team, state, agent_address,
+    job id, job status, job current_generation), in ONE query."""
+    from controlplane.accounts.models import ApiToken, TokenKind
+    from controlplane.jobs.models import TrainingJob
+
+    quote = connection.ops.quote_name
+    token, instance, job = (quote(m._meta.db_table) for m in (ApiToken, Instance, TrainingJob))
+    sql = (f"SELECT t.key_hash, t.id, t.team_id, t.instance_id, t.expires_at, t.last_used_at, i.team_id, i.state, "
+           f"i.agent_address, i.job_id, j.status, j.current_generation FROM {token} t "
+           f"JOIN {instance} i ON i.id = t.instance_id LEFT JOIN {job} j ON j.id = i.job_id "
+           f"WHERE t.revoked_at IS NULL AND t.kind = %s AND t.key_hash IN ({', '.join(['%s'] * len(key_hashes))})")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [TokenKind.AGENT.value, *key_hashes])
+        rows = cursor.fetchall()
+    return [(*row[:4], _aware(row[4]), _aware(row[5]), *row[6:]) for row in rows]
+
+
+def _stamp(instance_ids: list[int], at: datetime) -> int:
+    """`instance_heartbeat_record`'s conditional UPDATE for all of these instances at once (only
+    forward, never an ended one); returns how many rows moved."""
+    adapt = connection.ops.adapt_datetimefield_value
+    sql = (f"UPDATE {connection.ops.quote_name(Instance._meta.db_table)} SET last_heartbeat_at = %s "
+           f"WHERE id IN ({', '.join(['%s'] * len(instance_ids))}) "
+           f"AND state NOT IN ({', '.join(['%s'] * len(TERMINAL_STATES))}) "
+           f"AND (last_heartbeat_at IS NULL OR last_heartbeat_at < %s)")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [adapt(at), *instance_ids, *(str(state) for state in TERMINAL_STATES), adapt(at)])
+        return cursor.rowcount
