@@ -88,7 +88,7 @@ def heartbeat_claim(scope: dict[str, Any], body: bytes, instance_id: int) -> tup
             return None
         try:
             data = json.loads(body.decode("utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(data, dict) or not set(data) <= {"agent_address"}:
             return None

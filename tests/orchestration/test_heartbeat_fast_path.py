@@ -144,6 +144,7 @@ def _refusal_cases(nodes, user_key):
         "address too long": (_url(instance), agent, json.dumps({"agent_address": "x" * 201}).encode(), {}),
         "address not a string": (_url(instance), agent, b'{"agent_address": ["10.0.0.5"]}', {}),
         "not JSON": (_url(instance), agent, b"{", {}),
+        "JSON nested too deeply": (_url(instance), agent, b"[" * 1000, {}),
         "GET": (_url(instance), agent, b"", {"method": "GET"}),
         "a host not allowed": (_url(instance), {**agent, "host": "evil.example.org"}, b"{}", {}),
     }
@@ -151,7 +152,7 @@ def _refusal_cases(nodes, user_key):
 
 @pytest.mark.parametrize("case", [
     "no token", "unknown token", "malformed header", "user token", "another instance's token", "no such instance",
-    "address too long", "address not a string", "not JSON", "GET",
+    "address too long", "address not a string", "not JSON", "JSON nested too deeply", "GET",
     "a host not allowed"])
 def test_everything_but_a_plain_heartbeat_gets_the_views_own_answer(fleet, case, settings):
     settings.ALLOWED_HOSTS = ["127.0.0.1"]
@@ -174,14 +175,17 @@ def test_everything_but_a_plain_heartbeat_gets_the_views_own_answer(fleet, case,
     ("application/x-www-form-urlencoded", b"agent_address=10.0.0.9:7070", ""),
     ("application/json", b'{"agent_address": "10.0.0.9:7070"}', "format=json"),
 ])
-def test_a_new_address_is_written_by_the_view(fleet, content_type, body, query):
+def test_a_new_address_or_a_query_string_goes_to_the_view(fleet, content_type, body, query):
     nodes, _ = fleet
     instance, key = nodes[0]
+    if query:  # the address it has already: only the query string keeps it from the fast path
+        Instance.objects.filter(pk=instance.pk).update(agent_address="10.0.0.9:7070")
     app = _app()
     status, _, body = asyncio.run(_call(app, _url(instance), {**JSON, "content-type": content_type,
                                                                "authorization": f"Token {key}"}, body, query=query))
     assert status == 200, body
     assert app.heartbeats.answered == 0  # the view's answer
+    assert app.heartbeats.handed_over == (0 if query or content_type != "application/json" else 1)
     instance.refresh_from_db()
     assert instance.agent_address == "10.0.0.9:7070" and instance.last_heartbeat_at is not None
 
