@@ -24,6 +24,7 @@ docs/orchestration.md, "The heartbeat fast path", has the measured cost."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import logging
@@ -39,7 +40,7 @@ from django.http import HttpResponse
 from django.middleware.clickjacking import XFrameOptionsMiddleware
 from django.middleware.common import CommonMiddleware
 from django.middleware.security import SecurityMiddleware
-from django.urls import reverse
+from django.urls import resolve, reverse
 
 from controlplane.accounts.authentication import hash_key
 from controlplane.common.wsgi_bridge import WSGIResponse, wsgi_environ
@@ -109,16 +110,22 @@ def heartbeat_claim(scope: dict[str, Any], body: bytes, instance_id: int) -> tup
     return HeartbeatClaim(key_hash=hash_key(key), instance_id=instance_id, agent_address=address), request
 
 
-_MIDDLEWARES: tuple | None = None
-
-
+@functools.cache
 def _middlewares() -> tuple[XFrameOptionsMiddleware, CommonMiddleware, SecurityMiddleware]:
-    """The middlewares whose response headers the view's answer carries, in the order they add them."""
-    global _MIDDLEWARES
-    if _MIDDLEWARES is None:
-        _MIDDLEWARES = tuple(m(lambda request: None) for m in (XFrameOptionsMiddleware, CommonMiddleware,
-                                                               SecurityMiddleware))
-    return _MIDDLEWARES
+    """The middlewares whose response headers the view's answer carries, in the order they add them
+    (they read their settings once: `cache_clear()` after changing them)."""
+    return tuple(m(lambda request: None) for m in (XFrameOptionsMiddleware, CommonMiddleware, SecurityMiddleware))
+
+
+@functools.cache
+def view_headers() -> dict[str, str]:
+    """The headers DRF gives the heartbeat view's answer (`APIView.default_response_headers`): its
+    methods, and `Vary: Accept` when it has more than one renderer (development's browsable API)."""
+    match = resolve(_URL)
+    view, actions = match.func.cls, match.func.actions
+    allowed = [m.upper() for m in view.http_method_names if m in actions or (m != "head" and hasattr(view, m))]
+    vary = {"Vary": "Accept"} if len(view.renderer_classes) > 1 else {}
+    return {**vary, "Allow": ", ".join(allowed)}  # in DRF's order (`APIView.finalize_response`)
 
 
 def render_results(results: Sequence[dict[str, Any] | None]) -> list[bytes | None]:
@@ -142,8 +149,8 @@ def response(request: WSGIRequest, body: bytes) -> WSGIResponse:
     """The view's 200 for `body`: DRF's headers, then the middlewares' (frame options, length,
     security headers, HSTS on https), as they add them to the view's answer."""
     answer = HttpResponse(body, content_type="application/json")
-    answer["Vary"] = "Accept"  # DRF's content negotiation
-    answer["Allow"] = "POST, OPTIONS"  # the heartbeat action's methods
+    for name, value in view_headers().items():
+        answer[name] = value
     for middleware in _middlewares():
         answer = middleware.process_response(request, answer)
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.items()]

@@ -12,6 +12,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.core.wsgi import get_wsgi_application
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -129,6 +130,59 @@ def test_a_plain_heartbeat_gets_the_views_answer(fleet, body, keyword):
     assert before <= fast_at < timezone.datetime.fromisoformat(view_json["last_heartbeat_at"])
     instance.refresh_from_db()
     assert instance.agent_address == "10.0.0.5:7070"
+
+
+def test_with_one_renderer_as_in_production_the_headers_are_still_the_views(fleet, monkeypatch):
+    """Production has no browsable API: DRF then sends no `Vary: Accept`, and neither does the fast path."""
+    from rest_framework.renderers import JSONRenderer
+
+    from controlplane.fleet.api.views import InstanceViewSet
+
+    nodes, _ = fleet
+    instance, key = nodes[0]
+    monkeypatch.setattr(InstanceViewSet, "renderer_classes", [JSONRenderer])
+    heartbeat_channel.view_headers.cache_clear()
+    headers = {**JSON, "authorization": f"Token {key}"}
+    app = _app()
+
+    async def scenario():
+        return await _call(app, _url(instance), headers, b"{}"), await _view(app, _url(instance), headers, b"{}")
+
+    try:
+        (status, fast_headers, _), (view_status, view_headers, _) = asyncio.run(scenario())
+    finally:
+        heartbeat_channel.view_headers.cache_clear()
+    assert status == view_status == 200 and app.heartbeats.answered == 1
+    assert b"vary" not in view_headers
+    assert [(k, v) for k, v in fast_headers.items() if k != b"content-length"] == [
+        (k, v) for k, v in view_headers.items() if k != b"content-length"]
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_https_rules_are_the_views(fleet, settings, secure):
+    """SECURE_SSL_REDIRECT: a heartbeat over http gets the view's redirect; over https (as a proxy
+    says) the fast path answers it, with the view's HSTS header."""
+    nodes, _ = fleet
+    instance, key = nodes[0]
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_HSTS_SECONDS = 3600
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    heartbeat_channel._middlewares.cache_clear()
+    headers = {**JSON, "authorization": f"Token {key}", **({"x-forwarded-proto": "https"} if secure else {})}
+    # Django's middlewares read these settings when they are built: a handler built after the change.
+    app = ControlPlane(get_wsgi_application(), redis_url="", heartbeat_batch_s=0.02)
+
+    async def scenario():
+        return await _call(app, _url(instance), headers, b"{}"), await _view(app, _url(instance), headers, b"{}")
+
+    try:
+        (status, fast_headers, _), (view_status, view_headers, _) = asyncio.run(scenario())
+    finally:
+        heartbeat_channel._middlewares.cache_clear()
+    assert status == view_status == (200 if secure else 301)
+    assert app.heartbeats.answered == (1 if secure else 0)
+    assert fast_headers.get(b"strict-transport-security") == view_headers.get(b"strict-transport-security")
+    assert (b"strict-transport-security" in fast_headers) == secure
 
 
 def _refusal_cases(nodes, user_key):
