@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from django.core.exceptions import DisallowedHost
+from django.core.exceptions import DisallowedHost, PermissionDenied
 from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpResponse
 from django.middleware.clickjacking import XFrameOptionsMiddleware
@@ -48,8 +48,8 @@ from controlplane.fleet.heartbeats import HeartbeatClaim, instance_heartbeats_re
 
 logger = logging.getLogger(__name__)
 
-# One instance's heartbeats take the fast path at most once in this (agents send one every 0.5 to
-# 10 s); more go to the view and its throttle.
+# One instance's heartbeats take the fast path at most once in this time (agents send one every 0.5
+# to 10 s); more go to the view and its throttle.
 MIN_INTERVAL_S = 0.1
 # A body longer than this is not a plain heartbeat.
 MAX_BODY = 1024
@@ -94,18 +94,19 @@ def heartbeat_claim(scope: dict[str, Any], body: bytes, instance_id: int) -> tup
         if not isinstance(data, dict) or not set(data) <= {"agent_address"}:
             return None
         address = data.get("agent_address", "")
-        if not isinstance(address, str) or len(address) > 200:
+        if not isinstance(address, str):  # a string other than the instance's address: the batch hands it over
             return None
     try:
         key = parts[1].decode()
     except UnicodeDecodeError:
         return None
     request = WSGIRequest(wsgi_environ(scope, io.BytesIO(body)))
+    _, common, security = _middlewares()
     try:
-        request.get_host()  # ALLOWED_HOSTS, as CommonMiddleware asks
-    except DisallowedHost:
-        return None
-    if _middlewares()[2].process_request(request) is not None:  # SECURE_SSL_REDIRECT would redirect it
+        # ALLOWED_HOSTS, DISALLOWED_USER_AGENTS, PREPEND_WWW; SECURE_SSL_REDIRECT: the view's answer.
+        if common.process_request(request) is not None or security.process_request(request) is not None:
+            return None
+    except (DisallowedHost, PermissionDenied):
         return None
     return HeartbeatClaim(key_hash=hash_key(key), instance_id=instance_id, agent_address=address), request
 
