@@ -1,8 +1,9 @@
 """The product's web server (granian, started exactly as `spotpipe.processes.granian_args` and
 docker-compose start it) in front of the control plane: a real process on loopback, the test's
 database, real HTTP. What only a real server shows: the notice is stored and answered, a replay
-is answered without a second row, an oversized body is refused by the view, and the server's own
-environment variables never reach a request."""
+is answered without a second row, an oversized body is refused by the view, the server's own
+environment variables never reach a request, and an agent's heartbeat is answered (and refused
+once its token is revoked)."""
 
 from __future__ import annotations
 
@@ -140,3 +141,34 @@ def test_the_process_environment_is_dropped_from_every_request():
     assert set(seen) == {"PATH_INFO", "HTTP_PROXY", "SERVER_NAME", "REQUEST_METHOD", "wsgi.input"}
     # A request's own keys are never dropped, whatever the process environment holds.
     assert process_only_keys(["HTTP_X", "wsgi.errors", "CONTENT_TYPE", "REMOTE_ADDR", "HOME"]) == {"HOME"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_granian_answers_an_agents_heartbeat_and_refuses_it_once_its_token_is_revoked(server):
+    """Through the real server the plain heartbeat takes the ASGI fast path
+    (controlplane/fleet/heartbeat_channel.py): answered 200 with its stamp written; the same
+    token revoked is refused at the next heartbeat."""
+    from controlplane.accounts.models import ApiToken
+    from controlplane.accounts.services import api_token_revoke
+    from controlplane.fleet.models import Instance
+    from controlplane.fleet.services import instance_transition
+    from tests.controlplane.api_helpers import make_api_token
+    from tests.controlplane.factories import make_instance, make_job
+
+    team = make_team(TEAM)
+    instance = make_instance(team, job=make_job(team))
+    instance_transition(instance=instance, to="running")
+    key = make_api_token(team, instance=instance)
+    url = f"{server}/api/v1/instances/{instance.pk}/heartbeat/"
+    headers = {"Content-Type": "application/json", "Authorization": f"Token {key}"}
+
+    status, body = _post(url, b"{}", headers)
+    assert status == 200, body
+    assert body["instance"] == instance.pk and body["state"] == "running"
+    stamp = Instance.objects.get(pk=instance.pk).last_heartbeat_at
+    assert stamp is not None and stamp.isoformat().replace("+00:00", "Z") == body["last_heartbeat_at"]
+
+    api_token_revoke(token=ApiToken.objects.get(instance=instance, revoked_at__isnull=True))
+    status, body = _post(url, b"{}", headers)
+    assert status == 401 and body["detail"] == "invalid, revoked or expired token"
+    assert Instance.objects.get(pk=instance.pk).last_heartbeat_at == stamp
