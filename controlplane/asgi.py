@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import time
@@ -46,6 +47,8 @@ from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S  # no
 from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL, HOLD_HEADER  # noqa: E402
 from controlplane.tunables import tunable  # noqa: E402
 from controlplane.wsgi import application as wsgi_application  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 # Threads per worker for the WSGI application (what granian's `--blocking-threads` was).
 WEB_THREADS = int(tunable("SPOTPIPE_WEB_THREADS"))
@@ -179,7 +182,11 @@ class ControlPlane:
         body = await read_body(receive)
         try:
             content = body.read(heartbeat_channel.MAX_BODY + 1)
-            claimed = heartbeat_channel.heartbeat_claim(scope, content, instance_id)
+            try:
+                claimed = heartbeat_channel.heartbeat_claim(scope, content, instance_id)
+            except Exception:  # a request it cannot read is the view's to answer, never a 500 here
+                logger.exception("heartbeat fast path could not read a request; the view answers it")
+                claimed = None
             if claimed is not None and self.heartbeats.admit(instance_id):
                 claim, request = claimed
                 answer = await self.heartbeats.record(claim)

@@ -353,3 +353,18 @@ def test_a_node_heartbeating_through_the_fast_path_is_not_declared_dead(fleet):
     lost = instances_detect_dead(timeout_s=2.0)
     assert instance.pk not in lost
     assert Instance.objects.get(pk=instance.pk).state == "running"
+
+
+def test_a_request_the_fast_path_cannot_read_goes_to_the_view(fleet, monkeypatch):
+    nodes, _ = fleet
+    instance, key = nodes[0]
+
+    def broken(*args):
+        raise RuntimeError("a reader bug")
+
+    monkeypatch.setattr(heartbeat_channel, "heartbeat_claim", broken)
+    app = _app()
+    status, _, body = asyncio.run(_call(app, _url(instance), {**JSON, "authorization": f"Token {key}"}, b"{}"))
+    assert status == 200, body  # the view's answer, not a 500
+    assert app.heartbeats.answered == 0 and app.heartbeats.handed_over == 0
+    assert Instance.objects.get(pk=instance.pk).last_heartbeat_at is not None
