@@ -1,8 +1,13 @@
 """CPU per agent request, in process (no server, no client, one thread), on the database the last
 `python -m bench fleet` left (BENCH_FLEET_DB, default h53): what 1,024 agents cost the web tier
-whatever the server. `python -m bench._fleet_costs [--n 300]` prints ms of CPU per request:
+whatever the server. `python -m bench._fleet_costs [--n 300] [--seed AGENTS]` prints ms of CPU per
+request (`--seed`: first create that database and a fleet of AGENTS running nodes, as `bench fleet`
+does, without running it):
 - a heartbeat (`POST /api/v1/instances/{id}/heartbeat/`, the fleet app's view), through the site's
   middleware and through the webhooks' short stack (is it the middleware or the view?);
+- the same heartbeat through the ASGI entry point's fast path (controlplane/fleet/heartbeat_channel.py)
+  when 1, 10 or 32 agents heartbeat within one batch window (1,024 agents every 10 s: about 10 a
+  window of 0.1 s), all of its CPU counted (event loop and pool thread: this process's CPU time);
 - a command poll's first step under the agent channel, version current (the view's hold mark);
 - one answer of a batch of 32 (`services.agent_commands_many` + rendering), what a wake-up costs;
 - a webhook notice (EventBridge, stored; no Celery hand-off);
@@ -45,8 +50,17 @@ def _cpu_ms(fn, n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300)
-    n = parser.parse_args().n
+    parser.add_argument("--seed", type=int, default=0, help="create the database with this many agents first")
+    args = parser.parse_args()
+    n = args.n
     import os
+
+    if args.seed:
+        from bench.report import Progress
+
+        fleet._prepare(Progress())
+        fleet.wh._seed(fleet.WEBHOOK_TARGETS)
+        fleet._seed_fleet(args.seed, 32, Progress())
 
     os.environ.update({k: v for k, v in fleet._env(SPOTPIPE_NOTICE_HANDOFF="none").items()
                        if k.startswith(("DATABASE_URL", "REDIS_URL", "DJANGO_", "DEBUG", "SPOTPIPE_"))})
@@ -103,7 +117,61 @@ def main() -> None:
         "webhook_notice_ms_cpu": _cpu_ms(webhook, n),
         "database_round_trip_select_1_ms_cpu": _cpu_ms(lambda: (cursor.execute("SELECT 1"), cursor.fetchall()), n),
     }
+    for agents in (1, 10, 32):
+        figures[f"heartbeat_fast_path_ms_cpu ({agents} a window)"] = _fast_path_ms(node.team, agents, n)
     print(json.dumps(figures, indent=1))
+
+
+def _fast_path_ms(team, agents: int, n: int) -> float:
+    """CPU per heartbeat through the ASGI app's fast path, `agents` agents heartbeating in each
+    window of 0.1 s (at least `n` heartbeats in all)."""
+    import asyncio
+
+    from controlplane.accounts.models import TokenKind
+    from controlplane.accounts.services import api_token_create
+    from controlplane.asgi import ControlPlane
+    from controlplane.fleet.heartbeat_channel import MIN_INTERVAL_S
+    from controlplane.fleet.models import Instance
+    from controlplane.wsgi import application
+
+    nodes = list(Instance.objects.filter(team=team, state="running").order_by("id")[:agents])
+    keys = {node.pk: api_token_create(team=team, kind=TokenKind.AGENT, instance=node, name="costs")[1]
+            for node in nodes}
+    app = ControlPlane(application, redis_url="", heartbeat_batch_s=MIN_INTERVAL_S)
+
+    async def beat(pk: int) -> int:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": f"/api/v1/instances/{pk}/heartbeat/", "query_string": b"",
+                 "root_path": "", "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
+                 "headers": [(b"authorization", f"Token {keys[pk]}".encode()), (b"accept", b"*/*"),
+                             (b"content-type", b"application/json"), (b"content-length", b"2")]}
+        sent = []
+        messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive():
+            return messages.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent[0]["status"]
+
+    async def window() -> None:
+        statuses = await asyncio.gather(*(beat(pk) for pk in keys), asyncio.sleep(MIN_INTERVAL_S))
+        assert statuses[:-1] == [200] * len(keys), statuses
+
+    async def run() -> float:
+        await window()  # warm
+        rounds = max(3, n // agents)
+        started = time.process_time()
+        for _ in range(rounds):
+            await window()
+        return (time.process_time() - started) / (rounds * agents) * 1000
+
+    ms = asyncio.run(run())
+    assert app.heartbeats.handed_over == 0, "a heartbeat went to the view: not the fast path's cost"
+    return round(ms, 3)
 
 
 if __name__ == "__main__":

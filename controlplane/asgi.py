@@ -12,12 +12,16 @@ pool with the hold between them on the event loop, so a thousand held polls cost
    answer is read from the database
    (`services.agent_commands_many` for all the polls woken together, rendered as the view renders
    it) with the first step's headers.
+The agents' plain heartbeats (`POST /api/v1/instances/{id}/heartbeat/`) are answered by the
+heartbeat fast path (`controlplane/fleet/heartbeat_channel.py`): the heartbeats of 0.1 s are
+written in one UPDATE and answered together, and anything else goes to the view.
 docs/orchestration.md, "The agent command channel", says why this and not Django's async views."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import time
@@ -37,12 +41,15 @@ from django.urls import reverse  # noqa: E402
 
 from controlplane.common.request_limits import request_body_ceiling  # noqa: E402
 from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
+from controlplane.fleet import heartbeat_channel  # noqa: E402
 from controlplane.orchestration import selectors, services  # noqa: E402
 from controlplane.orchestration.agent_channel import CommandWaiters  # noqa: E402
 from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S  # noqa: E402
 from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL, HOLD_HEADER  # noqa: E402
 from controlplane.tunables import tunable  # noqa: E402
 from controlplane.wsgi import application as wsgi_application  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 # Threads per worker for the WSGI application (what granian's `--blocking-threads` was).
 WEB_THREADS = int(tunable("SPOTPIPE_WEB_THREADS"))
@@ -133,7 +140,7 @@ class ControlPlane:
 
     def __init__(self, wsgi: Callable, *, web_threads: int = WEB_THREADS, agent_threads: int = AGENT_THREADS,
                  redis_url: str | None = None, fast_poll_s: float | None = None,
-                 slow_poll_s: float | None = None) -> None:
+                 slow_poll_s: float | None = None, heartbeat_batch_s: float | None = None) -> None:
         self.bridge = WSGIBridge(wsgi, threads=web_threads, max_body_bytes=request_body_ceiling())
         self.agent_executor = ThreadPoolExecutor(max_workers=agent_threads, thread_name_prefix="agent-channel")
         self.answers = _AnswerReads(self.agent_executor)
@@ -144,12 +151,19 @@ class ControlPlane:
             fast_poll_s=tunable("SPOTPIPE_AGENT_POLL_S") if fast_poll_s is None else fast_poll_s,
             slow_poll_s=tunable("SPOTPIPE_AGENT_POLL_REDIS_S") if slow_poll_s is None else slow_poll_s,
         )
+        self.heartbeats = heartbeat_channel.HeartbeatBatches(
+            record_batch=lambda claims: _in_request(heartbeat_channel.record_and_render, claims),
+            executor=self.agent_executor,
+            window_s=tunable("SPOTPIPE_HEARTBEAT_BATCH_S") if heartbeat_batch_s is None else heartbeat_batch_s,
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http" and scope["path"] == COMMANDS_PATH and scope["method"] == "GET":
             await self.commands(scope, receive, send)
+        elif scope["type"] == "http" and (instance_id := heartbeat_channel.heartbeat_instance(scope)) is not None:
+            await self.heartbeat(scope, receive, send, instance_id)
         elif scope["type"] == "http":
             await self.bridge(scope, receive, send)
 
@@ -159,9 +173,34 @@ class ControlPlane:
             if message["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                await self.heartbeats.close()
                 await self.waiters.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def heartbeat(self, scope: dict[str, Any], receive: Callable, send: Callable, instance_id: int) -> None:
+        """A plain heartbeat is answered with its window's batch; anything else by the view."""
+        body = await self.bridge.receive_body(scope, receive, send)
+        if body is None:
+            return
+        try:
+            content = body.read(heartbeat_channel.MAX_BODY + 1)
+            try:
+                claimed = heartbeat_channel.heartbeat_claim(scope, content, instance_id)
+            except Exception:  # a request it cannot read is the view's to answer, never a 500 here
+                logger.exception("heartbeat fast path could not read a request; the view answers it")
+                claimed = None
+            if claimed is not None and self.heartbeats.admit(instance_id):
+                claim, request = claimed
+                answer = await self.heartbeats.record(claim)
+                if answer is not None:
+                    await send_response(send, heartbeat_channel.response(request, answer))
+                    return
+            body.seek(0)
+            response = await self.bridge.call(scope, body)
+        finally:
+            body.close()
+        await send_response(send, response, executor=self.bridge.executor)
 
     async def commands(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         started = time.monotonic()

@@ -113,6 +113,8 @@ TUNABLES: tuple[Tunable, ...] = (
             "notice -> command delay of at most this", kind=float),
     Tunable("SPOTPIPE_AGENT_POLL_REDIS_S", 1.0, "with Redis, the same poll, which then only covers a lost "
             "wake-up message", kind=float),
+    Tunable("SPOTPIPE_HEARTBEAT_BATCH_S", 0.1, "the ASGI server answers the heartbeats of this window together, "
+            "after ONE database write for all of them (controlplane/fleet/heartbeat_channel.py)", kind=float),
     # --- notices and webhooks
     Tunable("SPOTPIPE_NOTICE_HANDOFF", "batched", "how stored notices reach workers: `batched` (coalesced kicks), "
             "`per_request` (one publish each: the bench's baseline), `none` (the sweep only; tests)"),

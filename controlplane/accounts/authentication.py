@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
@@ -16,11 +17,23 @@ from rest_framework.request import Request
 from controlplane.accounts.models import ApiToken, TokenKind
 
 KEY_PREFIX = "sp_"
+# A token's `last_used_at` is touched at most this often: a write per request would cost more than auth.
+LAST_USED_EVERY_S = 60
 
 
 def hash_key(key: str) -> str:
     """The stored form of a key."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def token_expired(expires_at: datetime | None, now: datetime) -> bool:
+    """Whether a token with this `expires_at` has expired at `now`."""
+    return expires_at is not None and expires_at <= now
+
+
+def last_used_due(last_used_at: datetime | None, now: datetime) -> bool:
+    """Whether a token's `last_used_at` is old enough to be touched again."""
+    return last_used_at is None or (now - last_used_at).total_seconds() > LAST_USED_EVERY_S
 
 
 def generate_key() -> str:
@@ -76,12 +89,11 @@ class ApiTokenAuthentication(BaseAuthentication):
             .first()
         )
         now = timezone.now()
-        if token is None or (token.expires_at is not None and token.expires_at <= now):
+        if token is None or token_expired(token.expires_at, now):
             raise exceptions.AuthenticationFailed("invalid, revoked or expired token")
         if token.kind == TokenKind.USER and not token.user.is_active:
             raise exceptions.AuthenticationFailed("the token's user is inactive")
-        # Touch last_used_at at most once a minute: a write per request would cost more than auth.
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        if last_used_due(token.last_used_at, now):
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         principal = token.user if token.kind == TokenKind.USER else AgentPrincipal(token=token)
         return principal, token

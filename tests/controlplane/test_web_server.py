@@ -3,7 +3,8 @@ docker-compose start it) in front of the control plane: a real process on loopba
 database, real HTTP. What only a real server shows: the notice is stored and answered, a replay
 is answered without a second row, an oversized body is refused by the view, every refusal on a
 kept-alive connection is answered and the connection goes on, a body past the server's ceiling is
-refused unread, and the server's own environment variables never reach a request."""
+refused unread, the server's own environment variables never reach a request, and an agent's
+heartbeat is answered (and refused once its token is revoked)."""
 
 from __future__ import annotations
 
@@ -226,3 +227,34 @@ def test_a_chunked_body_is_cut_off_once_it_passes_the_ceiling():
         asyncio.run(read_body(receiver([b"a" * 600, b"b" * 401, b"never read"]), limit=1000))
     with pytest.raises(BodyTooLarge):
         asyncio.run(read_body(receiver([b""]), limit=1000, declared=1001))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_granian_answers_an_agents_heartbeat_and_refuses_it_once_its_token_is_revoked(server):
+    """Through the real server the plain heartbeat takes the ASGI fast path
+    (controlplane/fleet/heartbeat_channel.py): answered 200 with its stamp written; the same
+    token revoked is refused at the next heartbeat."""
+    from controlplane.accounts.models import ApiToken
+    from controlplane.accounts.services import api_token_revoke
+    from controlplane.fleet.models import Instance
+    from controlplane.fleet.services import instance_transition
+    from tests.controlplane.api_helpers import make_api_token
+    from tests.controlplane.factories import make_instance, make_job
+
+    team = make_team(TEAM)
+    instance = make_instance(team, job=make_job(team))
+    instance_transition(instance=instance, to="running")
+    key = make_api_token(team, instance=instance)
+    url = f"{server}/api/v1/instances/{instance.pk}/heartbeat/"
+    headers = {"Content-Type": "application/json", "Authorization": f"Token {key}"}
+
+    status, body = _post(url, b"{}", headers)
+    assert status == 200, body
+    assert body["instance"] == instance.pk and body["state"] == "running"
+    stamp = Instance.objects.get(pk=instance.pk).last_heartbeat_at
+    assert stamp is not None and stamp.isoformat().replace("+00:00", "Z") == body["last_heartbeat_at"]
+
+    api_token_revoke(token=ApiToken.objects.get(instance=instance, revoked_at__isnull=True))
+    status, body = _post(url, b"{}", headers)
+    assert status == 401 and body["detail"] == "invalid, revoked or expired token"
+    assert Instance.objects.get(pk=instance.pk).last_heartbeat_at == stamp
