@@ -14,6 +14,7 @@ class MetricsLedger(models.Model):
     name = models.CharField(max_length=40, primary_key=True)
     folded_to = models.BigIntegerField(default=0)
     seen_top = models.BigIntegerField(default=0)
+    seen_at = models.DateTimeField(null=True, blank=True, help_text="When `seen_top` was read.")
     # Bumped by every refresh that changes the counts: a scrape that saw it change reads again.
     version = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)

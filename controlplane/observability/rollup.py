@@ -27,6 +27,7 @@ from datetime import timedelta
 
 from django.db import models, transaction
 from django.db.models import Count, F, Max, OuterRef, Q, Subquery
+from django.utils import timezone
 
 from controlplane.fleet.models import Instance, InterruptionNotice, NoticeStatus
 from controlplane.fleet.states import TERMINAL_STATES
@@ -39,6 +40,9 @@ LATENCY_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 
 INF = "+Inf"
 # Ids folded per transaction: a first refresh over a year of history commits in steps.
 FOLD_CHUNK = 50_000
+# A lagged refresh folds up to the ids the previous one saw only if that was at least this long ago
+# (beat may run two refreshes back to back after a backlog): no transaction here stays open as long.
+MIN_LAG_S = 10.0
 SCRAPE_RETRIES = 3
 
 Key = tuple[str, tuple[str, ...]]
@@ -94,8 +98,9 @@ def tally_reconfigurations(rows: models.QuerySet) -> Tally:
         .annotate(generation_at=Subquery(generation_at), received_at=F("notice__received_at"))
         .exclude(generation_at__isnull=True)
         .values_list("received_at", "generation_at")
+        .order_by()
     )
-    for received, generated in timed.iterator(chunk_size=FOLD_CHUNK):
+    for received, generated in timed:  # at most FOLD_CHUNK rows (a fold) or the live rows (a scrape)
         micros = max((generated - received) // timedelta(microseconds=1), 0)
         key = ("latency", (_latency_bucket(micros),))
         out.counts[key] += 1
@@ -222,19 +227,24 @@ def _state(name: str) -> MetricsLedger:
 
 def refresh_ledger(ledger: Ledger, *, lagged: bool = True) -> int:
     """Fold one ledger: its settled pending rows, then the rows up to the largest id the previous
-    refresh saw (`lagged`; else up to the largest id now: tests, and a rebuild with writers stopped),
-    in transactions of at most FOLD_CHUNK ids. Returns how many rows went past the watermark."""
+    refresh saw, at least MIN_LAG_S ago (`lagged`; else up to the largest id now: tests, and a
+    rebuild with writers stopped), in transactions of at most FOLD_CHUNK ids. Returns how many rows
+    went past the watermark."""
     top = ledger.model.objects.aggregate(m=Max("id"))["m"] or 0
     moved = 0
+    now = timezone.now()
     with transaction.atomic():
         state = _state(ledger.name)
-        upto = min(state.seen_top, top) if lagged else top
+        ripe = not lagged or state.seen_at is None or (now - state.seen_at).total_seconds() >= MIN_LAG_S
+        # Not ripe: only the pending rows are looked at this time.
+        upto = top if not lagged else (min(state.seen_top, top) if ripe else state.folded_to)
         changed = _fold_pending(ledger, state)
         step = min(upto, state.folded_to + FOLD_CHUNK)
         if step > state.folded_to:
             moved += _fold_range(ledger, state, step)
             changed = True
-        state.seen_top = max(state.seen_top, top)
+        if ripe:  # else the ids seen last time wait for their lag, and are not replaced by newer ones
+            state.seen_top, state.seen_at = max(state.seen_top, top), now
         state.version += int(changed)
         state.save()
     while step < upto:  # a long history: the rest in transactions of its own
@@ -258,6 +268,7 @@ def metrics_rollup_refresh(*, lagged: bool = True) -> dict[str, int]:
 @transaction.atomic
 def metrics_rollup_rebuild() -> None:
     """Forget the folded counts: the next refreshes fold the whole history again."""
-    MetricsLedger.objects.select_for_update().all().update(folded_to=0, seen_top=0, version=F("version") + 1)
+    MetricsLedger.objects.select_for_update().all().update(folded_to=0, seen_top=0, seen_at=None,
+                                                                  version=F("version") + 1)
     MetricsCount.objects.all().delete()
     MetricsPending.objects.all().delete()

@@ -126,7 +126,13 @@ class World:
         return made
 
 
-def test_partial_rollup_answers_the_full_recount(monkeypatch):
+@pytest.fixture
+def no_lag(monkeypatch):
+    """Refreshes back to back fold what the previous one saw (beat's are a period apart)."""
+    monkeypatch.setattr(rollup, "MIN_LAG_S", 0.0)
+
+
+def test_partial_rollup_answers_the_full_recount(monkeypatch, no_lag):
     monkeypatch.setattr(rollup, "FOLD_CHUNK", 4)  # several fold transactions per refresh
     world = World()
     world.history(9, settled=True)
@@ -173,7 +179,7 @@ def test_partial_rollup_answers_the_full_recount(monkeypatch):
     _assert_scrape_is_full_recount()
 
 
-def test_a_refresh_committing_during_a_scrape_is_not_counted_twice(monkeypatch):
+def test_a_refresh_committing_during_a_scrape_is_not_counted_twice(monkeypatch, no_lag):
     world = World()
     world.history(6, settled=True)
     world.history(4, settled=False)
@@ -193,7 +199,32 @@ def test_a_refresh_committing_during_a_scrape_is_not_counted_twice(monkeypatch):
     assert len(calls) >= 2  # the scrape saw the versions change and read again
 
 
-def test_the_beat_task_folds_and_is_scheduled():
+def test_a_refresh_folds_only_ids_seen_long_enough_ago(monkeypatch):
+    """Ids seen by a refresh less than MIN_LAG_S ago are not folded yet (a row with a smaller id may
+    still be committing), nor replaced by newer ones; pending rows are folded every time."""
+    world = World()
+    world.history(3, settled=True)
+    pending = world.history(1, settled=False)
+    assert metrics_rollup_refresh() == {"notice": 0, "instance": 0, "reconfiguration": 0}
+    seen = MetricsLedger.objects.get(name="notice").seen_top
+    world.history(2, settled=True)
+    assert metrics_rollup_refresh() == {"notice": 0, "instance": 0, "reconfiguration": 0}  # too soon
+    assert MetricsLedger.objects.get(name="notice").seen_top == seen
+    _assert_scrape_is_full_recount()
+    monkeypatch.setattr(rollup, "MIN_LAG_S", 0.0)
+    assert metrics_rollup_refresh() == {"notice": 4, "instance": 4, "reconfiguration": 4}
+    assert MetricsLedger.objects.get(name="notice").folded_to == seen
+    notice = pending[0][0]
+    notice.status = NoticeStatus.PROCESSED
+    notice.save(update_fields=["status"])
+    monkeypatch.setattr(rollup, "MIN_LAG_S", 3600.0)
+    metrics_rollup_refresh()  # not ripe: the watermark stays, the settled pending notice is folded
+    assert not MetricsPending.objects.filter(ledger="notice", row_id=notice.pk).exists()
+    assert MetricsLedger.objects.get(name="notice").folded_to == seen
+    _assert_scrape_is_full_recount()
+
+
+def test_the_beat_task_folds_and_is_scheduled(no_lag):
     from controlplane.beat import BEAT_SCHEDULE
     from controlplane.observability.tasks import refresh_metrics_rollup
 
