@@ -190,7 +190,7 @@ def _add_counts(tally: Tally) -> None:
                                      update_fields=["count", "total"])
 
 
-def _fold_pending(ledger: Ledger, state: MetricsLedger) -> bool:
+def _fold_pending(ledger: Ledger) -> bool:
     """Fold the pending rows that have settled since (and forget the ones deleted since)."""
     pending = MetricsPending.objects.filter(ledger=ledger.name)
     ids = list(pending.values_list("row_id", flat=True))
@@ -238,7 +238,7 @@ def refresh_ledger(ledger: Ledger, *, lagged: bool = True) -> int:
         ripe = not lagged or state.seen_at is None or (now - state.seen_at).total_seconds() >= MIN_LAG_S
         # Not ripe: only the pending rows are looked at this time.
         upto = top if not lagged else (min(state.seen_top, top) if ripe else state.folded_to)
-        changed = _fold_pending(ledger, state)
+        changed = _fold_pending(ledger)
         step = min(upto, state.folded_to + FOLD_CHUNK)
         if step > state.folded_to:
             moved += _fold_range(ledger, state, step)
