@@ -12,9 +12,9 @@ rows past the watermark and the pending rows, both read by primary key: its cost
 written since the last refresh and the rows still in flight, not the history.
 
 Ids are handed out at insert and rows commit in any order, so a refresh folds only up to the largest
-id the previous refresh saw (`seen_top`), one period earlier: a row whose inserting transaction
-stays open longer than the refresh period would be missed (no transaction of the control plane
-stays open for seconds). `metrics_rollup_rebuild` starts over (after rows were deleted, or when
+id the previous refresh saw (`seen_top`), one period and at least MIN_LAG_S earlier: a row whose
+inserting transaction stays open longer than that would be missed (no transaction of the control
+plane stays open for seconds). `metrics_rollup_rebuild` starts over (after rows were deleted, or when
 `LATENCY_BUCKETS` change)."""
 
 from __future__ import annotations
