@@ -34,3 +34,10 @@ BEAT_SCHEDULE["billing.check_budgets"] = {"task": "billing.check_budgets", "sche
 # rates move (planning.services.job_replan); prices change at most every few minutes.
 BEAT_SCHEDULE["planning.replan_jobs"] = {"task": "planning.replan_jobs", "schedule": float(
     tunable_from_env("SPOTPIPE_REPLAN_PERIOD_S"))}
+
+# Observability: fold new notices, instances and reconfigurations into the counts /metrics reads, so
+# a scrape's cost follows the rows of the last periods rather than the whole history.
+BEAT_SCHEDULE["observability.refresh_metrics_rollup"] = {
+    "task": "observability.refresh_metrics_rollup",
+    "schedule": float(tunable_from_env("SPOTPIPE_METRICS_ROLLUP_PERIOD_S")),
+}

@@ -103,6 +103,9 @@ TUNABLES: tuple[Tunable, ...] = (
             "a process of its own; `none`: the nodes bring their own"),
     Tunable("SPOTPIPE_RENDEZVOUS_HOST", "127.0.0.1", "the address nodes use to reach that store"),
     Tunable("SPOTPIPE_REPLAN_PERIOD_S", 300.0, "how often beat re-plans jobs that allow it", kind=float),
+    Tunable("SPOTPIPE_METRICS_ROLLUP_PERIOD_S", 60.0, "how often beat folds new notices, instances and "
+            "reconfigurations into the metrics roll-up (a scrape counts the rows of the last two periods)",
+            kind=float),
     Tunable("SPOTPIPE_AGENT_TOKEN_TTL_S", 86400, "agent tokens expire after this; agents rotate theirs at "
             "half-life", kind=int),
     Tunable("SPOTPIPE_WEB_THREADS", 16, "threads per web worker for everything but held agent polls "

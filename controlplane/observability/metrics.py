@@ -1,8 +1,12 @@
-"""Prometheus metrics computed from the database on each scrape.
+"""Prometheus metrics read from the database on each scrape.
 
-The web server, the Celery workers and beat are separate processes; counters kept in memory would
-each see only their own share (and need a push gateway or multiprocess mode). Every figure here is
-instead read from rows the processes already write, so any replica answers the same numbers.
+The web server, the Celery workers and beat are separate processes (maybe on several hosts);
+counters kept in memory would each see only their own share (and need a push gateway or
+multiprocess mode on a shared disk). Every figure here is instead read from rows the processes
+already write, so any replica answers the same numbers and a restart loses nothing. What grows
+with history (notices, instances, reconfigurations) is read from the metrics roll-up
+(`observability.rollup`): folded counts plus the rows written since the last refresh; the rest
+(jobs, running jobs' latest samples, open billing segments) is small.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 
-from django.db.models import Count, F, Max, OuterRef, Subquery, Sum
+from django.db.models import Count, Max, Sum
 from django.utils import timezone
 from prometheus_client.core import (
     CollectorRegistry,
@@ -23,37 +27,27 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 
 from controlplane.billing.models import BillingSegment
-from controlplane.fleet.models import Instance, InterruptionNotice, NoticeStatus
+from controlplane.fleet.models import NoticeStatus
 from controlplane.fleet.states import InstanceState
-from controlplane.jobs.models import JobGeneration, JobStatus, MetricSample, Reconfiguration, TrainingJob
+from controlplane.jobs.models import JobStatus, MetricSample, TrainingJob
+from controlplane.observability.rollup import INF, LATENCY_BUCKETS, Tally, current_tally, full_tally
 
-# Notice -> new generation, seconds. Reconfiguration target is a few seconds (ARCHITECTURE.md).
-LATENCY_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 # Job throughput is the latest sample of each running job, if not older than this.
 SAMPLE_FRESHNESS = timedelta(minutes=5)
 
 
-def notice_latencies() -> list[float]:
-    """Seconds from each notice's receipt to the creation of the generation its reconfiguration
-    produced (notices that have not led to a new generation are left out)."""
-    generation_at = JobGeneration.objects.filter(
-        job_id=OuterRef("job_id"), number=OuterRef("to_generation")
-    ).values("created_at")[:1]
-    rows = (
-        Reconfiguration.objects.filter(notice__isnull=False, to_generation__isnull=False)
-        .annotate(generation_at=Subquery(generation_at), received_at=F("notice__received_at"))
-        .exclude(generation_at__isnull=True)
-        .values_list("received_at", "generation_at")
+def _latency_histogram(tally: Tally) -> HistogramMetricFamily:
+    bounds = [repr(float(bound)) for bound in LATENCY_BUCKETS] + [INF]
+    cumulative, running, total = [], 0, 0
+    for bound in bounds:
+        running += tally.counts[("latency", (bound,))]
+        total += tally.totals[("latency", (bound,))]
+        cumulative.append((bound, running))
+    return HistogramMetricFamily(
+        "spotpipe_notice_to_generation_seconds",
+        "Time from an interruption notice's receipt to the new generation of its job.",
+        buckets=cumulative, sum_value=total / 1_000_000,
     )
-    return [max((generated - received).total_seconds(), 0.0) for received, generated in rows]
-
-
-def _histogram(name: str, doc: str, values: list[float], buckets: tuple[float, ...]) -> HistogramMetricFamily:
-    cumulative = []
-    for bound in buckets:
-        cumulative.append((repr(float(bound)), sum(1 for v in values if v <= bound)))
-    cumulative.append(("+Inf", len(values)))
-    return HistogramMetricFamily(name, doc, buckets=cumulative, sum_value=sum(values))
 
 
 def spend_rate_usd_per_hour() -> Decimal:
@@ -82,83 +76,104 @@ def job_samples_per_s() -> dict[int, float]:
     return out
 
 
+def _family(tally: Tally, name: str) -> dict[tuple[str, ...], int]:
+    return {labels: n for (family, labels), n in tally.counts.items() if family == name and n}
+
+
+def _history_metrics(tally: Tally) -> Iterator[Metric]:
+    """The families counted over history, from a tally of every notice, instance and reconfiguration."""
+    notices = _family(tally, "notice")
+    received = CounterMetricFamily(
+        "spotpipe_notices_received", "Interruption notices received, by source.", labels=["source"]
+    )
+    processed = CounterMetricFamily(
+        "spotpipe_notices_processed", "Interruption notices processed by a worker, by source.", labels=["source"]
+    )
+    by_source: dict[str, int] = {}
+    processed_by_source: dict[str, int] = {}
+    by_status: dict[str, int] = {}
+    for (source, status), n in notices.items():
+        by_source[source] = by_source.get(source, 0) + n
+        by_status[status] = by_status.get(status, 0) + n
+        if status == NoticeStatus.PROCESSED:
+            processed_by_source[source] = processed_by_source.get(source, 0) + n
+    for source in sorted(by_source):
+        received.add_metric([source], by_source[source])
+    for source in sorted(processed_by_source):
+        processed.add_metric([source], processed_by_source[source])
+    yield received
+    yield processed
+
+    gauge = GaugeMetricFamily("spotpipe_notices", "Interruption notices by status.", labels=["status"])
+    for status in NoticeStatus.values:
+        gauge.add_metric([status], by_status.get(status, 0))
+    yield gauge
+
+    yield _latency_histogram(tally)
+
+    reconf = CounterMetricFamily(
+        "spotpipe_reconfigurations",
+        "Reconfigurations decided, by strategy and decision.",
+        labels=["strategy", "decision"],
+    )
+    for (strategy, decision), n in sorted(_family(tally, "reconfiguration").items()):
+        reconf.add_metric([strategy, decision or "none"], n)
+    yield reconf
+
+    instances = GaugeMetricFamily("spotpipe_instances", "Instances by state.", labels=["state"])
+    states = {labels[0]: n for labels, n in _family(tally, "instance").items()}
+    for state in InstanceState.values:
+        instances.add_metric([state], states.get(state, 0))
+    yield instances
+
+
+def _current_metrics() -> Iterator[Metric]:
+    """The families of what is true now, read from small sets of rows (jobs, running jobs' latest
+    samples, open billing segments)."""
+    jobs = GaugeMetricFamily("spotpipe_jobs", "Training jobs by status.", labels=["status"])
+    counts = dict(TrainingJob.objects.values_list("status").annotate(n=Count("id")).order_by())
+    for status in JobStatus.values:
+        jobs.add_metric([status], counts.get(status, 0))
+    yield jobs
+
+    samples = GaugeMetricFamily(
+        "spotpipe_job_samples_per_second", "Latest training throughput of each running job.", labels=["job_id"]
+    )
+    per_job = job_samples_per_s()
+    for job_id, rate in sorted(per_job.items()):
+        samples.add_metric([str(job_id)], rate)
+    yield samples
+    yield GaugeMetricFamily(
+        "spotpipe_samples_per_second", "Training throughput summed over running jobs.", value=sum(per_job.values())
+    )
+
+    yield GaugeMetricFamily(
+        "spotpipe_spend_rate_usd_per_hour",
+        "Hourly price of the instances being paid for now (open billing segments).",
+        value=float(spend_rate_usd_per_hour()),
+    )
+
+
 class DatabaseCollector:
-    """A prometheus_client collector whose every sample is a database read at scrape time."""
+    """A prometheus_client collector whose every sample is a database read at scrape time.
+    `recount`: count the history's every row instead of reading the roll-up (the figures are the
+    same; the cost grows with history): the benchmark's baseline and the tests' reference."""
+
+    def __init__(self, *, recount: bool = False) -> None:
+        self.recount = recount
 
     def collect(self) -> Iterator[Metric]:
-        received = CounterMetricFamily(
-            "spotpipe_notices_received", "Interruption notices received, by source.", labels=["source"]
-        )
-        for row in InterruptionNotice.objects.values("source").annotate(n=Count("id")).order_by("source"):
-            received.add_metric([row["source"]], row["n"])
-        yield received
-
-        processed = CounterMetricFamily(
-            "spotpipe_notices_processed", "Interruption notices processed by a worker, by source.", labels=["source"]
-        )
-        rows = (
-            InterruptionNotice.objects.filter(status=NoticeStatus.PROCESSED)
-            .values("source").annotate(n=Count("id")).order_by("source")
-        )
-        for row in rows:
-            processed.add_metric([row["source"]], row["n"])
-        yield processed
-
-        by_status = GaugeMetricFamily("spotpipe_notices", "Interruption notices by status.", labels=["status"])
-        counts = dict(InterruptionNotice.objects.values_list("status").annotate(n=Count("id")).order_by())
-        for status in NoticeStatus.values:
-            by_status.add_metric([status], counts.get(status, 0))
-        yield by_status
-
-        yield _histogram(
-            "spotpipe_notice_to_generation_seconds",
-            "Time from an interruption notice's receipt to the new generation of its job.",
-            notice_latencies(),
-            LATENCY_BUCKETS,
-        )
-
-        reconf = CounterMetricFamily(
-            "spotpipe_reconfigurations",
-            "Reconfigurations decided, by strategy and decision.",
-            labels=["strategy", "decision"],
-        )
-        rows = Reconfiguration.objects.values("strategy", "decision").annotate(n=Count("id")).order_by()
-        for row in rows:
-            reconf.add_metric([row["strategy"], row["decision"] or "none"], row["n"])
-        yield reconf
-
-        instances = GaugeMetricFamily("spotpipe_instances", "Instances by state.", labels=["state"])
-        counts = dict(Instance.objects.values_list("state").annotate(n=Count("id")).order_by())
-        for state in InstanceState.values:
-            instances.add_metric([state], counts.get(state, 0))
-        yield instances
-
-        jobs = GaugeMetricFamily("spotpipe_jobs", "Training jobs by status.", labels=["status"])
-        counts = dict(TrainingJob.objects.values_list("status").annotate(n=Count("id")).order_by())
-        for status in JobStatus.values:
-            jobs.add_metric([status], counts.get(status, 0))
-        yield jobs
-
-        samples = GaugeMetricFamily(
-            "spotpipe_job_samples_per_second", "Latest training throughput of each running job.", labels=["job_id"]
-        )
-        per_job = job_samples_per_s()
-        for job_id, rate in sorted(per_job.items()):
-            samples.add_metric([str(job_id)], rate)
-        yield samples
-        yield GaugeMetricFamily(
-            "spotpipe_samples_per_second", "Training throughput summed over running jobs.", value=sum(per_job.values())
-        )
-
-        yield GaugeMetricFamily(
-            "spotpipe_spend_rate_usd_per_hour",
-            "Hourly price of the instances being paid for now (open billing segments).",
-            value=float(spend_rate_usd_per_hour()),
-        )
+        yield from _history_metrics(full_tally() if self.recount else current_tally())
+        yield from _current_metrics()
 
 
-def render() -> bytes:
+def render(*, recount: bool = False) -> bytes:
     """The exposition text of a fresh registry holding only the database collector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector())
+    registry.register(DatabaseCollector(recount=recount))
     return generate_latest(registry)
+
+
+def full_recount_render() -> bytes:
+    """`render()` with every figure counted from every row (the endpoint before the roll-up)."""
+    return render(recount=True)
