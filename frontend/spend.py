@@ -13,8 +13,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from controlplane.accounts.models import Team
-from controlplane.billing.api.serializers import MAX_SPEND_DAYS
-from controlplane.billing.reports import TeamSpendReport, team_spend_report
+from controlplane.billing.reports import TeamSpendReport, spend_window_problem, team_spend_report
 from frontend.access import data_endpoint, visible_team_ids
 
 
@@ -30,10 +29,9 @@ class SpendWindowForm(forms.Form):
             return data
         end: date = data.get("end") or timezone.now().date()
         start: date = data.get("start") or end.replace(day=1)
-        if end < start:
-            self.add_error("end", f"end ({end}) must not be before start ({start})")
-        elif (end - start).days + 1 > MAX_SPEND_DAYS:
-            self.add_error("end", f"at most {MAX_SPEND_DAYS} days from start")
+        problem = spend_window_problem(start, end)
+        if problem:
+            self.add_error("end", problem)
         return {"start": start, "end": end}
 
 

@@ -18,7 +18,7 @@ import csv
 import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -203,6 +203,19 @@ def job_cost_report(*, job: TrainingJob, as_of: datetime | None = None) -> CostR
 # --- a team's spend over a window, per UTC day and per job -----------------------------------------
 
 NO_JOB = "(no job)"
+MAX_SPEND_DAYS = 366
+"""The longest window a spend report covers (UTC days, both ends included)."""
+
+
+def spend_window_problem(start: date, end: date) -> str | None:
+    """Why [start, end] (UTC days, both included) cannot be a spend report's window, or None: the
+    one rule the API and the dashboard's download both apply (the message names `end`)."""
+    if end < start:
+        return f"end ({end}) must not be before start ({start})"
+    if (end - start).days + 1 > MAX_SPEND_DAYS:
+        return f"at most {MAX_SPEND_DAYS} days from start"
+    return None
+
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from datetime import timedelta
 from rest_framework import serializers
 
 from controlplane.billing.models import BillingSegment
+from controlplane.billing.reports import spend_window_problem
 
 
 class BillingSegmentSerializer(serializers.ModelSerializer):
@@ -91,9 +92,6 @@ class CostReportSerializer(_CostTotalsSerializer):
     segments = SegmentCostSerializer(many=True)
 
 
-MAX_SPEND_DAYS = 366
-
-
 class SpendReportQuery(serializers.Serializer):
     """Window of `GET /teams/{id}/spend/`: UTC days, both ends included."""
 
@@ -105,10 +103,9 @@ class SpendReportQuery(serializers.Serializer):
 
         end = attrs.get("end") or timezone.now().date()
         start = attrs.get("start") or end - timedelta(days=29)
-        if end < start:
-            raise serializers.ValidationError({"end": ["must not be before start"]})
-        if (end - start).days + 1 > MAX_SPEND_DAYS:
-            raise serializers.ValidationError({"end": [f"at most {MAX_SPEND_DAYS} days from start"]})
+        problem = spend_window_problem(start, end)
+        if problem:
+            raise serializers.ValidationError({"end": [problem]})
         return {"start": start, "end": end}
 
 
