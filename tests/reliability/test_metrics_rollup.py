@@ -244,3 +244,27 @@ def test_the_beat_task_folds_and_is_scheduled(no_lag):
     assert refresh_metrics_rollup.apply().get() == {"notice": 3, "instance": 3, "reconfiguration": 3}
     assert refresh_metrics_rollup.apply().get() == {"notice": 0, "instance": 0, "reconfiguration": 0}
     _assert_scrape_is_full_recount()
+
+
+def test_the_command_folds_and_rebuilds_after_rows_are_deleted(no_lag):
+    """`manage.py metrics_rollup` folds as beat does; after notices are deleted the folded gauges
+    still count them, and `--rebuild` (then the refreshes) brings the scrape back to the recount."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    world = World()
+    made = world.history(4, settled=True)
+    for _ in range(2):  # the first refresh sees the ids, the second folds them
+        call_command("metrics_rollup", stdout=StringIO())
+    out = StringIO()
+    call_command("metrics_rollup", stdout=out)
+    assert "notice 0" in out.getvalue()
+    _assert_scrape_is_full_recount()
+    InterruptionNotice.objects.filter(pk=made[0][0].pk).delete()  # its reconfiguration goes with it
+    assert _samples(render()) != _expected()  # folded counts do not go down by themselves
+    out = StringIO()
+    call_command("metrics_rollup", "--rebuild", stdout=out)
+    assert "reset" in out.getvalue()
+    call_command("metrics_rollup", stdout=StringIO())
+    _assert_scrape_is_full_recount()
