@@ -373,3 +373,58 @@ def test_drains_start_at_most_once_per_spacing(monkeypatch, settings, shared):
     settings.SPOTPIPE_NOTICE_DRAIN_SPACING_S = 0  # pacing off
     notices.drain_pace()
     assert len(slept) == 1
+
+
+class _PgError(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(f"sqlstate {sqlstate}")
+        self.sqlstate = sqlstate
+
+
+def _db_error(sqlstate: str):
+    from django.db import OperationalError
+
+    error = OperationalError(f"sqlstate {sqlstate}")
+    error.__cause__ = _PgError(sqlstate)  # as Django wraps psycopg's error
+    return error
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "40001"])
+def test_a_batch_chosen_as_a_deadlock_victim_is_processed_again_at_once(monkeypatch, sqlstate):
+    """PostgreSQL aborts one side of a deadlock (the batch locks instances and, at commit, its rows'
+    foreign keys share-lock their jobs; orchestration locks a job, then its instances): the batch
+    runs again at once instead of waiting for the sweep, so the node's job reacts in time."""
+    team = make_team()
+    job = make_job(team)
+    instance = running(team, job=job)
+    notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
+    real = processing._process_together
+    attempts = []
+
+    def deadlocked_once(notice_ids):
+        attempts.append(list(notice_ids))
+        if len(attempts) == 1:
+            raise _db_error(sqlstate)
+        return real(notice_ids)
+
+    monkeypatch.setattr(processing, "_process_together", deadlocked_once)
+    assert notices_drain().processed == 1
+    assert len(attempts) == 2
+    instance.refresh_from_db()
+    assert instance.state == "notice" and Reconfiguration.objects.filter(job=job).count() == 1
+
+
+def test_other_database_errors_are_not_retried(monkeypatch):
+    team = make_team()
+    instance = running(team, job=make_job(team))
+    notices_store(drafts=[draft(team, instance.provider_instance_id, "a")])
+    attempts = []
+
+    def broken(notice_ids):
+        attempts.append(notice_ids)
+        raise _db_error("23505")
+
+    monkeypatch.setattr(processing, "_process_together", broken)
+    result = notices_drain()
+    assert (result.processed, result.failed) == (0, 1) and len(attempts) == 1
+    assert "sqlstate 23505" in InterruptionNotice.objects.get().error

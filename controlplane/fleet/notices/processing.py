@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -116,13 +116,41 @@ def _process_together(notice_ids: list[int]) -> None:
         bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
 
 
+# PostgreSQL's answers that mean "run the transaction again": a deadlock (40P01; the batch locks
+# instances and, at commit, its events' foreign keys take a share lock on their jobs, while
+# orchestration locks a job and then its instances) and a serialization failure (40001).
+RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+RETRIES = 3
+
+
+def _retryable(exc: BaseException) -> bool:
+    cause = exc.__cause__ if isinstance(exc, OperationalError) else None
+    return getattr(cause, "sqlstate", None) in RETRY_SQLSTATES
+
+
+def _process_together_retrying(notice_ids: list[int]) -> None:
+    """`_process_together`, run again (at once, then after a short pause) when the database chose
+    it as a deadlock's victim: the other transaction has gone on, so the next attempt gets its
+    locks; without this the notice would wait for the sweep (CLAIM_STALE_AFTER) and a noticed node
+    could be gone before its job reacted."""
+    for attempt in range(RETRIES):
+        try:
+            _process_together(notice_ids)
+            return
+        except OperationalError as exc:
+            if not _retryable(exc) or attempt == RETRIES - 1:
+                raise
+            logger.warning("notices %s: %s; processing them again", notice_ids[:5], exc.__cause__.sqlstate)
+            time.sleep(0.05 * attempt)
+
+
 def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
     """Process claimed notices together (one commit for the batch rather than one per notice: on a
     busy disk the commit is most of the wall time; see `_process_together`). If any notice fails,
     the batch is rolled back and each notice is processed as a batch of its own, so one bad notice
     cannot block the rest; its error is kept for the sweep's retry. Returns (processed, failed)."""
     try:
-        _process_together(notice_ids)
+        _process_together_retrying(notice_ids)
         return len(notice_ids), 0
     except Exception as exc:
         if len(notice_ids) == 1:
