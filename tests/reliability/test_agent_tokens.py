@@ -31,6 +31,13 @@ pytestmark = pytest.mark.django_db
 COMMANDS = "/api/v1/agents/commands/"
 
 
+@pytest.fixture(autouse=True)
+def _no_rendezvous_store(monkeypatch):
+    """The jobs here start on a fake provider: no per-job TCPStore process (each run of this module
+    left two behind before), as in tests/orchestration/conftest.py."""
+    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "none")
+
+
 def _client(key: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
