@@ -22,12 +22,13 @@ squares). Plot: `var/bench/metrics/`.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.report import growth_exponent
 
 ADMIN_DSN = os.environ.get("SPOTPIPE_BENCH_PG", "postgres://postgres@127.0.0.1:5432/postgres")
 BENCH_DB = "spotpipe_h66_bench"
@@ -153,17 +154,6 @@ def _time_ms(call: Any, repeats: int) -> float:
         call()
         samples.append((time.perf_counter() - started) * 1000)
     return statistics.median(samples)
-
-
-def growth_exponent(points: list[tuple[int, float]]) -> float | None:
-    """Least-squares slope of log(time) on log(rows)."""
-    if len(points) < 2:
-        return None
-    xs = [math.log(n) for n, _ in points]
-    ys = [math.log(max(t, 1e-6)) for _, t in points]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
 
 
 def _rollup() -> Any:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 import sys
 import time
 from typing import Any
 
 from controlplane.common.tables import print_table
 
-__all__ = ["Progress", "print_table"]
+__all__ = ["Progress", "growth_exponent", "print_table"]
 
 
 class Progress:
@@ -32,3 +34,14 @@ class Progress:
         if self.stream.isatty():
             self.stream.write("\n")
             self.stream.flush()
+
+
+def growth_exponent(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of log(time) on log(size): how a cost grows with nodes, rows, ..."""
+    if len(points) < 2:
+        return None
+    xs = [math.log(n) for n, _ in points]
+    ys = [math.log(max(t, 1e-6)) for _, t in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None

@@ -17,14 +17,13 @@ of a whole 1,024-node layout. Sections are separate functions (`plan_cases`, `qu
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 import time
 from pathlib import Path
 
 from bench._spill_baseline import baseline_layout_for
-from bench.report import Progress, print_table
+from bench.report import Progress, growth_exponent, print_table
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.distributed.membership import plan_for_fleet
 from runtime.parallel.layout import Layout, pipelines_layout
@@ -74,17 +73,6 @@ def time_plan(plan, repeats: int) -> tuple[float, float, float, Layout]:  # type
         cpus.append((time.process_time() - cpu) * 1000)
     assert layout is not None
     return walls[0], statistics.median(walls), statistics.median(cpus), layout
-
-
-def growth_exponent(points: list[tuple[int, float]]) -> float | None:
-    """Least-squares slope of log(time) on log(nodes)."""
-    if len(points) < 2:
-        return None
-    xs = [math.log(n) for n, _ in points]
-    ys = [math.log(max(t, 1e-6)) for _, t in points]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
 
 
 def run(*, quick: bool, progress: Progress) -> dict:
