@@ -90,6 +90,21 @@ def test_claim_takes_batches_oldest_first_and_counts_attempts():
     assert set(InterruptionNotice.objects.values_list("status", "attempts")) == {(NoticeStatus.ENQUEUED, 1)}
 
 
+def test_claim_takes_agents_notices_before_a_backlog_of_cloud_notices():
+    """A webhook burst's backlog must not stand between an agent's notice and its job's reaction."""
+    team = make_team()
+    notices_store(drafts=[draft(team, f"i-{n}", str(n)) for n in range(5)])  # the burst, received first
+    agent = notices_store(drafts=[NoticeDraft(
+        team_id=team.pk, source=NoticeSource.AGENT, kind=NoticeKind.INTERRUPTION, action="terminate",
+        dedup_key=f"{team.pk}:agent:a", provider_instance_id="i-agent",
+    )])
+    agent_id = next(iter(agent.stored.values()))
+    first = notices_claim(limit=2)
+    assert first[0] == agent_id
+    oldest_cloud = InterruptionNotice.objects.exclude(pk=agent_id).order_by("received_at", "id").first()
+    assert first[1] == oldest_cloud.pk  # the rest stay oldest first
+
+
 def test_processing_twice_acts_once():
     team = make_team()
     job = make_job(team)

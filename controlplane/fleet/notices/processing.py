@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from controlplane.accounts.services import agent_tokens_revoke
 from controlplane.common.agent_wake import commands_changed
 from controlplane.fleet.bulk import bulk_update_by_pk
-from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeStatus
+from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeSource, NoticeStatus
 from controlplane.fleet.notices.handoff import notices_handoff
 from controlplane.fleet.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
 from controlplane.fleet.services import TRANSITION_FIELDS
@@ -32,12 +32,20 @@ CLAIM_STALE_AFTER = timedelta(seconds=30)
 MAX_ATTEMPTS = 5
 
 
+# Agents' own notices are claimed first, however many cloud notices wait: an agent speaks for a node
+# that runs a job, while a webhook burst is mostly duplicates and nodes of no job, and its backlog
+# (thousands of rows, seconds of processing) must not sit between a job and its reaction.
+_AGENTS_FIRST = Case(When(source=NoticeSource.AGENT, then=Value(0)), default=Value(1))
+
+
 def notices_claim(*, limit: int) -> list[int]:
-    """Claim up to `limit` received notices, oldest first, for this worker: mark them enqueued and
-    count the attempt. On PostgreSQL concurrent drains skip each other's locked rows; on SQLite the
-    immediate transaction serialises them."""
+    """Claim up to `limit` received notices, agents' first, then oldest first, for this worker: mark
+    them enqueued and count the attempt. On PostgreSQL concurrent drains skip each other's locked
+    rows; on SQLite the immediate transaction serialises them."""
     with transaction.atomic():
-        qs = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).order_by("received_at", "id")
+        qs = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).order_by(
+            _AGENTS_FIRST, "received_at", "id"
+        )
         if connection.features.has_select_for_update_skip_locked:
             qs = qs.select_for_update(skip_locked=True)
         ids = list(qs.values_list("id", flat=True)[:limit])
