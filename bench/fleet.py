@@ -161,10 +161,21 @@ def _wsgi_baseline(requests: int, connections: int, web_workers: int, threads: i
         wh._stop(web)
 
 
-def _reset_webhook_rows() -> None:
-    """Phase 2 starts from the state phase 1 found: no notices, the webhook team's nodes running."""
+def _reset_webhook_rows(*, worker_running: bool, drain_timeout_s: float = 300.0) -> None:
+    """Phase 2 starts from the state phase 1 found: no notices, the webhook team's nodes running.
+
+    A live worker may still be reacting to the burst: its transactions and the TRUNCATE deadlock, so
+    the rows go only once every notice is processed (or failed)."""
     from django.db import connection
 
+    from controlplane.fleet.models import InterruptionNotice, NoticeStatus
+
+    deadline = time.monotonic() + drain_timeout_s
+    pending = [NoticeStatus.RECEIVED, NoticeStatus.ENQUEUED]
+    while worker_running and InterruptionNotice.objects.filter(status__in=pending).exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker did not finish the burst's notices within {drain_timeout_s:.0f} s")
+        time.sleep(0.2)
     with connection.cursor() as cur:
         cur.execute("TRUNCATE fleet_interruptionnotice RESTART IDENTITY CASCADE")
         cur.execute("UPDATE fleet_instance SET state = 'running', notice_at = NULL, ended_at = NULL "
@@ -343,7 +354,7 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         wsgi = _wsgi_baseline(requests, connections, web_workers, threads, logs)
     finally:
         wh._stop(worker)
-    _reset_webhook_rows()
+    _reset_webhook_rows(worker_running=False)
     port = wh._free_port()
     env = _env(SPOTPIPE_WEB_THREADS=str(threads))
     web = wh._start([PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers)], env,
@@ -356,7 +367,7 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         wh._warm_up(port, connections)
         progress.step(f"phase 1: webhook burst of {requests}, no agents")
         baseline = _burst_result(_webhook_burst(port, requests, connections, seed=1))
-        _reset_webhook_rows()
+        _reset_webhook_rows(worker_running=True)
         progress.step(f"phase 2: {agents} agents + the same burst + {notices} agent notices")
         loaded = asyncio.run(_with_agents(port, fleet_agents, heartbeat_s=heartbeat_s, requests=requests,
                                           connections=connections, notices=notices, progress=progress))
