@@ -105,6 +105,27 @@ def test_claim_takes_agents_notices_before_a_backlog_of_cloud_notices():
     assert first[1] == oldest_cloud.pk  # the rest stay oldest first
 
 
+def test_a_drain_reacts_to_agents_notices_in_a_transaction_before_the_rest(monkeypatch):
+    team = make_team()
+    notices_store(drafts=[draft(team, f"i-{n}", str(n)) for n in range(4)])
+    agent = notices_store(drafts=[NoticeDraft(
+        team_id=team.pk, source=NoticeSource.AGENT, kind=NoticeKind.INTERRUPTION, action="terminate",
+        dedup_key=f"{team.pk}:agent:b", provider_instance_id="i-agent",
+    )])
+    chunks: list[list[int]] = []
+    real_batch = processing.notices_process_batch
+
+    def batch(*, notice_ids):
+        chunks.append(list(notice_ids))
+        return real_batch(notice_ids=notice_ids)
+
+    monkeypatch.setattr(processing, "notices_process_batch", batch)
+    assert notices_drain(chunk_size=50).processed == 5
+    assert chunks[0] == list(agent.stored.values())
+    assert sorted(chunks[1]) == sorted(InterruptionNotice.objects.exclude(source=NoticeSource.AGENT).values_list(
+        "pk", flat=True))
+
+
 def test_processing_twice_acts_once():
     team = make_team()
     job = make_job(team)
@@ -356,13 +377,14 @@ def test_a_paced_drain_stops_once_it_has_caught_up(monkeypatch):
     paced drain (one big batch) instead of a stream of small claims from this one."""
     team = make_team()
     claims: list[list[int]] = []
-    real_claim = processing.notices_claim
+    real_claim = processing._claim_by_lane
 
     def claim(*, limit):
-        claims.append(real_claim(limit=limit))
-        return claims[-1]
+        agents, others = real_claim(limit=limit)
+        claims.append(agents + others)
+        return agents, others
 
-    monkeypatch.setattr(processing, "notices_claim", claim)
+    monkeypatch.setattr(processing, "_claim_by_lane", claim)
     notices_store(drafts=[draft(team, f"i-{n}", f"a{n}") for n in range(5)])
     assert notices_drain(batch_size=3, paced=True).processed == 5
     assert [len(c) for c in claims] == [3, 2]  # no claim after the short one

@@ -42,18 +42,26 @@ def notices_claim(*, limit: int) -> list[int]:
     """Claim up to `limit` received notices, agents' first, then oldest first, for this worker: mark
     them enqueued and count the attempt. On PostgreSQL concurrent drains skip each other's locked
     rows; on SQLite the immediate transaction serialises them."""
+    agents, others = _claim_by_lane(limit=limit)
+    return agents + others
+
+
+def _claim_by_lane(*, limit: int) -> tuple[list[int], list[int]]:
+    """`notices_claim`, split into (agents' notices, the rest), so a drain can react to the agents'
+    in a transaction of their own before the rest of a burst's batch."""
     with transaction.atomic():
         qs = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).order_by(
             _AGENTS_FIRST, "received_at", "id"
         )
         if connection.features.has_select_for_update_skip_locked:
             qs = qs.select_for_update(skip_locked=True)
-        ids = list(qs.values_list("id", flat=True)[:limit])
-        if ids:
-            InterruptionNotice.objects.filter(id__in=ids).update(
+        rows = list(qs.values_list("id", "source")[:limit])
+        if rows:
+            InterruptionNotice.objects.filter(id__in=[pk for pk, _ in rows]).update(
                 status=NoticeStatus.ENQUEUED, enqueued_at=timezone.now(), attempts=F("attempts") + 1
             )
-    return ids
+    agents = [pk for pk, source in rows if source == NoticeSource.AGENT]
+    return agents, [pk for pk, source in rows if source != NoticeSource.AGENT]
 
 
 _DONE_FIELDS = ["status", "processed_at", "error", "unknown_instance", "instance", "team"]
@@ -207,12 +215,17 @@ def notices_drain(
     result = DrainResult()
     started = time.monotonic()
     while True:
-        ids = notices_claim(limit=batch_size)
+        agents, others = _claim_by_lane(limit=batch_size)
+        ids = agents + others
         if not ids:
             return result
         result.batches += 1
-        for start in range(0, len(ids), chunk_size):
-            processed, failed = notices_process_batch(notice_ids=ids[start : start + chunk_size])
+        # The agents' notices commit first, on their own: their jobs react without waiting for a
+        # chunk of a burst's cloud notices (docs/webhooks.md, "Agents' notices first").
+        chunks = [agents] if agents else []
+        chunks += [others[start : start + chunk_size] for start in range(0, len(others), chunk_size)]
+        for chunk in chunks:
+            processed, failed = notices_process_batch(notice_ids=chunk)
             result.processed += processed
             result.failed += failed
         if paced and len(ids) < batch_size:
