@@ -17,6 +17,7 @@ of a whole 1,024-node layout. Sections are separate functions (`plan_cases`, `qu
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from bench._spill_baseline import baseline_layout_for
 from bench.report import Progress, growth_exponent, print_table
-from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.config import DeviceTime, JobConfig, LayoutError, ModelSpec
 from runtime.distributed.membership import plan_for_fleet
 from runtime.parallel.layout import Layout, pipelines_layout
 from runtime.parallel.schedule import _list_schedule, schedule_length, stage_durations
@@ -33,6 +34,12 @@ from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, full_slots
 
 STRATEGIES = ("recycle", "bamboo", "oobleck", "checkpoint")
+LINKED = "recycle-links"
+"""Recycle as a job that states a time scale plans: the runtime's default emulated device time
+(`DeviceTime()`, 2 ms per layer and action) and `link_gbps` 10, so spill prices each new host's
+stage all-reduce (`runtime.strategies.links`). The plain `recycle` rows state neither (compute only)."""
+TIMED = (*STRATEGIES, LINKED)
+"""What the plan-time targets and the quality tables cover."""
 NODES = (8, 16, 32, 64, 128, 256, 512, 1024)
 DEAD = (1, 2, 4, 8)
 BASELINE_MAX_NODES = 32
@@ -121,9 +128,11 @@ def plan_cases(
             if dead > nodes // 2:
                 continue
             progress.step(f"{nodes} nodes, {dead} dead", n_i + 1, len(nodes_list))
-            for strategy in (*STRATEGIES, "recycle-baseline"):
-                name = "recycle" if strategy == "recycle-baseline" else strategy
+            for strategy in (*TIMED, "recycle-baseline"):
+                name = "recycle" if strategy in ("recycle-baseline", LINKED) else strategy
                 config = job(nodes, name)
+                if strategy == LINKED:
+                    config = dataclasses.replace(config, device_time=DeviceTime())
                 slots, gone = dead_slots(config, dead)
                 get_strategy(name).layout_for(config, full_slots(config))  # the job's start (warm caches)
                 row: dict = {
@@ -152,6 +161,9 @@ def plan_cases(
                     continue
                 step = step_length(layout)
                 limit = free * nodes / (nodes - dead)
+                # No plan can beat the step's work spread evenly over the survivors.
+                work_bound = 3 * sum(hi - lo for route in layout.routes for stage, _ in route
+                                     for lo, hi in [layout.stages[stage]]) / (nodes - dead)
                 if strategy != "recycle-baseline":
                     # The whole membership decision the survivors and the control plane's reaction
                     # run (runtime.distributed.membership.plan_for_fleet: the layout, then every layer's holder).
@@ -171,6 +183,8 @@ def plan_cases(
                         "surviving_compute_limit_step_units": round(limit, 3),
                         "planned_step_vs_surviving_compute_limit": round(step / limit, 4),
                         "meets_surviving_compute_share": step <= limit + 1e-9,
+                        "work_lower_bound_units": round(work_bound, 3),
+                        "at_or_above_work_lower_bound": step >= work_bound - 1e-9,
                     }
                 )
                 cases.append(row)
@@ -186,7 +200,7 @@ def quality_by_size(cases: list[dict]) -> list[dict]:
     """Per strategy and size: planned step against the surviving-compute limit (worst and best over
     the dead counts, how many meet it) and, for recycle, against the schedule-search spill."""
     out = []
-    for strategy in (*STRATEGIES, "recycle-baseline"):
+    for strategy in (*TIMED, "recycle-baseline"):
         for nodes in sorted({c["nodes"] for c in cases}):
             rows = [c for c in cases if c["strategy"] == strategy and c["nodes"] == nodes and "planned_step_units" in c]
             if not rows:
@@ -214,8 +228,13 @@ def must_show(cases: list[dict], targets: list[dict]) -> dict:
     """Issue 20's must-shows for this benchmark, each with the cases it rests on."""
     compared = [c for c in cases if "planned_step_vs_baseline_spill" in c]
     recycle = [c for c in cases if c["strategy"] == "recycle" and "planned_step_units" in c]
+    planned = [c for c in cases if "planned_step_units" in c]
     return {
         "plan_time_targets_met": all(t["met"] for t in targets),
+        "no_plan_below_work_lower_bound": {
+            "cases": len(planned),
+            "met": all(c["at_or_above_work_lower_bound"] for c in planned),
+        },
         "recycle_within_5pct_of_baseline_spill": {
             "cases": len(compared),
             "worst_ratio": max((c["planned_step_vs_baseline_spill"] for c in compared), default=None),
@@ -234,7 +253,7 @@ def must_show(cases: list[dict], targets: list[dict]) -> dict:
 
 def _exponents(cases: list[dict], dead_list: tuple[int, ...]) -> dict:
     out: dict = {}
-    for strategy in (*STRATEGIES, "recycle-baseline"):
+    for strategy in (*TIMED, "recycle-baseline"):
         for dead in dead_list:
             points = [
                 (c["nodes"], c["plan_ms_median"])
@@ -249,43 +268,46 @@ def _exponents(cases: list[dict], dead_list: tuple[int, ...]) -> dict:
 
 def spill_traffic_vs_peers_only(*, quick: bool) -> dict:
     """Recycle's step priced by the simulator's cost model (GPT 24 x 1024 predicted for p3.2xlarge,
-    4 x 8, 8 micro-batches per pipeline, `fiw`) with holes at a few stages: spill scored on compute
-    only (what `get_strategy("recycle")` does), spill given the cost model (`RecycleStrategy(costs)`:
-    a new host pays its stage's all-reduce and update), and peers only. Baseline: peers only."""
-    import dataclasses
+    4 x 8, 8 micro-batches per pipeline, `fiw`) with holes at a few stages, each plan the runtime's
+    (`get_strategy("recycle").layout_for`, the job's config as the simulator states it): spill with
+    the job's link bandwidth (`JobConfig.link_gbps`: a new host pays its stage's all-reduce), spill
+    on compute only (`link_gbps=0`, the runtime's placement before 2026-11-27), and peers only.
+    Baseline: peers only."""
 
     from bench.simulate import iteration_model
-    from runtime.strategies.recycle import RecycleStrategy
 
     model = iteration_model("p3.2xlarge", dp=4, pp=8, microbatches=8)
     config = dataclasses.replace(model.plans.config("recycle", pipelines=4), schedule="fiw")
+    recycle = get_strategy("recycle")
     rows = []
     for gbps in (10.0,) if quick else (10.0, 1e6):
         cost = dataclasses.replace(model.cost, network=dataclasses.replace(model.cost.network, bandwidth_gbps=gbps),
                                    _cache={})
+        linked = dataclasses.replace(config, link_gbps=gbps)
         for holes in ((0,), (7,)) if quick else ((0,), (3,), (7,), (0, 5), (1, 2, 6)):
             slots = full_slots(config)
             for j, stage in enumerate(holes):
                 slots[j % config.dp][stage] = None
-            peers_only = dataclasses.replace(config, recycle_spill=False)
-            peers = cost.step_time(RecycleStrategy().layout_for(peers_only, slots), schedule="fiw")
-            compute_only = cost.step_time(RecycleStrategy().layout_for(config, slots), schedule="fiw")
-            with_traffic = cost.step_time(RecycleStrategy(cost).layout_for(config, slots), schedule="fiw")
+            peers = cost.step_time(recycle.layout_for(dataclasses.replace(config, recycle_spill=False), slots),
+                                   schedule="fiw")
+            compute_only = cost.step_time(recycle.layout_for(dataclasses.replace(config, link_gbps=0.0), slots),
+                                          schedule="fiw")
+            with_traffic = cost.step_time(recycle.layout_for(linked, slots), schedule="fiw")
             rows.append({
                 "network_gbps": gbps,
                 "hole_stages": list(holes),
                 "peers_only_step_s": round(peers, 4),
                 "spill_compute_only_step_s": round(compute_only, 4),
-                "spill_with_cost_model_step_s": round(with_traffic, 4),
+                "spill_with_link_gbps_step_s": round(with_traffic, 4),
                 "spill_compute_only_vs_peers_only": round(compute_only / peers, 4),
-                "spill_with_cost_model_vs_peers_only": round(with_traffic / peers, 4),
+                "spill_with_link_gbps_vs_peers_only": round(with_traffic / peers, 4),
             })
     return {
         "job": "gpt 24 x 1024 (seq 512, micro-batch 4) predicted for p3.2xlarge, 4 x 8, fiw, "
                "8 micro-batches per pipeline",
         "baseline": "peers only (recycle_spill=False), same cost model",
         "rows": rows,
-        "never_longer_than_peers_only": all(r["spill_with_cost_model_vs_peers_only"] <= 1 + 1e-9 for r in rows),
+        "never_longer_than_peers_only": all(r["spill_with_link_gbps_vs_peers_only"] <= 1 + 1e-9 for r in rows),
     }
 
 
@@ -312,7 +334,7 @@ def whole_schedule() -> dict:
 def _targets(cases: list[dict]) -> list[dict]:
     out = []
     for nodes, limit in TARGETS_MS.items():
-        for strategy in STRATEGIES:
+        for strategy in TIMED:
             rows = [
                 c
                 for c in cases
@@ -421,11 +443,11 @@ def _print(figures: dict) -> None:
     traffic = figures["spill_traffic_vs_peers_only"]
     print_table(
         f"recycle's step in the simulator's cost model ({traffic['job']}); ratios against {traffic['baseline']}",
-        ["Gbit/s", "holes at stages", "peers only s", "spill (compute score) s", "spill (cost model) s",
-         "compute score / peers", "cost model / peers"],
+        ["Gbit/s", "holes at stages", "peers only s", "spill (compute score) s", "spill (link_gbps) s",
+         "compute score / peers", "link_gbps / peers"],
         [[r["network_gbps"], r["hole_stages"], r["peers_only_step_s"], r["spill_compute_only_step_s"],
-          r["spill_with_cost_model_step_s"], r["spill_compute_only_vs_peers_only"],
-          r["spill_with_cost_model_vs_peers_only"]] for r in traffic["rows"]],
+          r["spill_with_link_gbps_step_s"], r["spill_compute_only_vs_peers_only"],
+          r["spill_with_link_gbps_vs_peers_only"]] for r in traffic["rows"]],
     )
     shown = figures["must_show"]
     near = shown["recycle_within_5pct_of_baseline_spill"]
@@ -433,8 +455,9 @@ def _print(figures: dict) -> None:
     print(
         f"\nmust-show: plan-time targets met: {shown['plan_time_targets_met']}; recycle within 5% of the "
         f"schedule-search spill: {near['met']} ({near['cases']} cases, worst {near['worst_ratio']}); recycle at or "
-        f"under the surviving-compute limit: {limit['meeting']} of {limit['cases']} cases; spill given the "
-        f"simulator's cost model never longer than peers only: {traffic['never_longer_than_peers_only']}"
+        f"under the surviving-compute limit: {limit['meeting']} of {limit['cases']} cases; no plan below the work "
+        f"lower bound: {shown['no_plan_below_work_lower_bound']['met']}; spill with the job's link_gbps never "
+        f"longer than peers only in the simulator's cost model: {traffic['never_longer_than_peers_only']}"
     )
     whole = figures["exact_schedule_1024_nodes"]
     print(
@@ -454,10 +477,11 @@ def _plot(cases: list[dict], dead_list: tuple[int, ...]) -> dict[str, str]:
         "bamboo": "#00cc96",
         "oobleck": "#636efa",
         "checkpoint": "#ab63fa",
+        LINKED: "#ffa15a",
         "recycle-baseline": "#7f7f7f",
     }
     dashes = ("solid", "dot", "dash", "longdash")
-    for strategy in (*STRATEGIES, "recycle-baseline"):
+    for strategy in (*TIMED, "recycle-baseline"):
         for k, dead in enumerate(dead_list):
             points = sorted(
                 (c["nodes"], c["plan_ms_median"])
@@ -501,7 +525,7 @@ def _plot_quality(cases: list[dict]) -> dict[str, str]:
         "planned step / surviving-compute limit (<= 1 meets (N-f)/N)",
         "recycle's planned step / the schedule-search spill's (baseline)",
     ))
-    for strategy in (*STRATEGIES, "recycle-baseline"):
+    for strategy in (*TIMED, "recycle-baseline"):
         for dead in sorted({c["dead"] for c in cases}):
             rows = sorted((c["nodes"], c) for c in cases
                           if c["strategy"] == strategy and c["dead"] == dead and "planned_step_units" in c)

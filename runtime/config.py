@@ -139,6 +139,17 @@ class ModelSpec:
         """Layers the partitioner can place: input layer + blocks + head (py: `layers`)."""
         return self.layers if self.kind == USER_MODEL_KIND else self.n_layer + 2
 
+    def layer_parameters(self) -> list[int] | None:
+        """Parameters of each layer of a built-in model (what `runtime.models.model.build_layer`
+        makes, counted without building it); None for a user's model (only its code knows)."""
+        if self.kind == USER_MODEL_KIND:
+            return None
+        c, v = self.n_embd, self.vocab_size
+        if self.kind == "gpt":
+            block = 12 * c * c + 13 * c  # ln_1, c_attn (3c, bias), c_proj, ln_2, mlp_fc (4c), mlp_proj
+            return [(v + self.seq_len) * c] + [block] * self.n_layer + [2 * c + c * v]  # head: ln_f, no bias
+        return [(self.in_features + 1) * c] + [(c + 1) * c] * self.n_layer + [(c + 1) * v]
+
     def problems(self) -> list[LayoutError]:
         """Every reason this model cannot be built (empty when it can)."""
         import re
@@ -372,6 +383,13 @@ class JobConfig:
     layers) when the schedule estimate says the step is shorter -- needed when few pipelines leave one
     peer doing twice the work; False sends it to same-stage peers only, ReCycle as published (see
     docs/runtime.md)."""
+    link_gbps: float = 10.0
+    """recycle: the point-to-point bandwidth between nodes (Gbit/s) that spill prices a stage's traffic
+    with (`runtime.strategies.links`): a host that takes on a stage it does not hold joins that
+    stage's gradient all-reduce, so spill moves a hop off the same-stage peers only where the compute
+    it saves outweighs that. Stated, not measured: every survivor must compute the same plan, so its
+    inputs are the contract's. 10 (the default) is the simulator's cost model and the "up to 10
+    Gigabit" of the p3.2xlarge / g5.xlarge class; 0 scores compute only (spill before 2026-11-27)."""
     min_stages: int = 1
     """oobleck: the fewest nodes a pipeline template may have (the model must fit on them)."""
     init_from: str = ""
@@ -560,6 +578,9 @@ class JobConfig:
         if not 0 < self.compute_floor_gflop_s < math.inf:
             bad(f"compute_floor_gflop_s={self.compute_floor_gflop_s} must be a positive, finite rate in GFLOP/s",
                 "compute_floor_gflop_s")
+        if not 0 <= self.link_gbps < math.inf:
+            bad(f"link_gbps={self.link_gbps} must be a finite bandwidth in Gbit/s >= 0 (0: spill scores compute "
+                "only)", "link_gbps")
         if not 0 < self.transfer_floor_mb_s < math.inf:
             bad(f"transfer_floor_mb_s={self.transfer_floor_mb_s} must be a positive, finite bandwidth in MB/s",
                 "transfer_floor_mb_s")

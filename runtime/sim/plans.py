@@ -116,7 +116,10 @@ class PlanSteps:
             global_batch=pipelines * per_pipe,
             strategy=strategy,
             schedule=SCHEDULE[strategy],
-            layer_costs=self.cost.layer_costs(),
+            # What a worker of this job states: its layers' device time (seconds per micro-batch) and
+            # the links' bandwidth, from which recycle prices a spill host's traffic as it would.
+            layer_costs=[c * self.cost.compute_scale for c in self.cost.layer_costs()],
+            link_gbps=self.cost.network.bandwidth_gbps,
             min_stages=min(self.min_stages, self.pp),
             **({} if self.recycle_spill is None else {"recycle_spill": self.recycle_spill}),
         )

@@ -15,7 +15,8 @@ published) also lets other survivors host a lost hop, even of a stage whose slot
 gone: each lost hop goes to the survivor with the lowest load score (per-node scores in heaps, so
 the plan scales with nodes x lost hops), and while a budget of list-schedule tasks lasts the
 candidate placements (with the old search's greedy among them) are compared and refined by their
-exact step (`runtime.strategies.spill`; given a cost model, hosts pay for the stage traffic they add;
+exact step (`runtime.strategies.spill`; hosts pay for the stage traffic they add, priced from the
+job's stated bandwidth, `runtime.strategies.links`;
 ties: a same-stage peer, a node already on the route, a later pipeline's node; before 2026-11-25
 every candidate of every hop was scored by a whole `schedule_length`, seconds at 32 nodes and
 minutes at 64: `bench/_spill_baseline.py`). A node that hosts a stage it did not hold
@@ -29,15 +30,18 @@ from runtime.config import JobConfig, LayoutError
 from runtime.parallel.layout import Layout, pipelines_layout
 from runtime.parallel.schedule import stage_durations
 from runtime.strategies.base import Slots, alive_nodes
+from runtime.strategies.links import link_costs
 from runtime.strategies.spill import LinkCosts, place_lost_hops
 
 
 class RecycleStrategy:
     """Keep the full layout's stages and routes; patch each missing hop with a surviving node.
 
-    `costs` (optional; the simulator passes its `runtime.planner.throughput.CostModel`): spill then
-    scores hosts in seconds with what taking on a stage costs beyond compute (its all-reduce and
-    update), the same model that prices the step, so it never trades compute for a longer step."""
+    Spill scores hosts in seconds with what taking on a stage costs beyond compute (its all-reduce)
+    from the job's own config (`runtime.strategies.links.link_costs`: its stated bandwidth, its
+    layers' parameter bytes and device time), so every survivor, the simulator and the planner get
+    the same placement; compute only where the config states too little. `costs` (optional)
+    replaces that with another `LinkCosts` (tests: a cost model of a slow or free network)."""
 
     name = "recycle"
     decision = "reroute"
@@ -77,7 +81,8 @@ class RecycleStrategy:
                 hops.append((stage, node))
             routes.append(hops)
         if config.recycle_spill and lost:
-            return _spill(config, base, routes, lost, slots, self.costs)
+            costs = self.costs if self.costs is not None else link_costs(config)
+            return _spill(config, base, routes, lost, slots, costs)
         return _layout(base, routes)
 
 

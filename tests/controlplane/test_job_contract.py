@@ -44,6 +44,15 @@ def test_explicit_plan_is_stored_and_the_config_is_the_runtimes(world):
     assert body["model_spec"]["layers"] == 2 and body["model_spec"]["micro_batches"] == 8
 
 
+def test_the_link_bandwidth_a_job_states_reaches_the_runtime(world):
+    # recycle's spill prices a new host's stage all-reduce at this bandwidth (runtime.strategies.links).
+    stated = _submit(world, plan={"dp": 2, "pp": 2, "microbatches": 4}, config={**CONFIG, "link_gbps": 25.0})
+    assert stated.status_code == 201, stated.content
+    assert JobConfig.from_dict(TrainingJob.objects.get(pk=stated.json()["id"]).config).link_gbps == 25.0
+    default = _submit(world, plan={"dp": 2, "pp": 2, "microbatches": 4}).json()
+    assert JobConfig.from_dict(TrainingJob.objects.get(pk=default["id"]).config).link_gbps == JobConfig().link_gbps
+
+
 def test_auto_plan_meets_the_deadline_with_more_nodes_when_one_cannot(world):
     relaxed = _submit(world, plan="auto").json()
     one_node = relaxed["plan"]
@@ -93,6 +102,7 @@ def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world)
         ({"config": {**CONFIG, "wings": 2}}, "config.wings"),
         ({"config": {**CONFIG, "schedule": "zigzag"}}, "config.schedule"),
         ({"config": {**CONFIG, "precision": "fp16"}}, "config.precision"),
+        ({"config": {**CONFIG, "link_gbps": -1}}, "config.link_gbps"),
         ({"config": None, "model_spec": {"kind": "gpt", "layers": 2, "heads": 3, "d_model": 32}},
          "model_spec.heads"),
     ],

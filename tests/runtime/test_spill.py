@@ -145,7 +145,7 @@ def test_spill_with_the_cost_model_is_never_longer_than_peers_only(holes: tuple[
         assert spill == RecycleStrategy(cost).layout_for(config, slots)
         peers = RecycleStrategy().layout_for(dataclasses.replace(config, recycle_spill=False), slots)
         assert cost.step_time(spill, schedule="fiw") <= cost.step_time(peers, schedule="fiw") + 1e-9
-    unit_spill = RecycleStrategy().layout_for(config, slots)
+    unit_spill = RecycleStrategy().layout_for(dataclasses.replace(config, link_gbps=0.0), slots)  # compute only
     slow = _costs(10.0)
     # The case the cost model exists for: compute-only spill is slower than peers only on this network.
     if holes == (0,):

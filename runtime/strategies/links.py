@@ -1,0 +1,56 @@
+"""What recycle's spill knows of the job's links, from the job's config alone.
+
+Spill (`runtime.strategies.spill`) charges a host that takes on a stage it does not hold that
+stage's gradient all-reduce (`LinkCosts.stage_join_times`), in seconds next to the compute it
+saves. Every survivor plans alone and must reach the same plan, so the inputs are the config's, not
+a measurement: the bandwidth it states (`JobConfig.link_gbps`), each layer's parameter bytes (the
+built-in models' shapes, `ModelSpec.layer_parameters`; float32 gradients, as the runtime reduces
+them) and each layer's device time (the emulated `device_time`, else measured `layer_costs`,
+seconds of forward + backward per micro-batch split evenly over F, I and W). The costs are a
+`runtime.planner.throughput.CostModel` (the model that prices the simulator's steps), so the
+join's formula has one owner; the simulator, the planner and the benchmarks get the runtime's
+placement by calling `layout_for` with the job's config.
+
+No link costs (spill scores compute only, as before 2026-11-27) when the job states no bandwidth
+(`link_gbps=0`), has no time scale to set traffic against (neither `device_time` nor
+`layer_costs`), or runs a user's model (its shapes are known only to its code).
+"""
+
+from __future__ import annotations
+
+import math
+
+from runtime.config import JobConfig
+from runtime.planner.throughput import CostModel, Network
+from runtime.strategies.spill import LinkCosts
+
+GRADIENT_BYTES_PER_PARAMETER = 4
+"""The runtime all-reduces float32 gradients (parameters and AdamW state stay float32)."""
+
+
+def layer_times_s(config: JobConfig) -> list[tuple[float, float, float]] | None:
+    """(F, I, W) seconds of each layer for one micro-batch, from what the job states (None: nothing)."""
+    dt = config.device_time
+    if dt is not None:
+        per_layer = (dt.forward_ms / 1e3, dt.backward_input_ms / 1e3, dt.backward_weight_ms / 1e3)
+        return [per_layer] * config.model.num_layers
+    if config.layer_costs:
+        return [(c / 3, c / 3, c / 3) for c in config.layer_costs]
+    return None
+
+
+def link_costs(config: JobConfig) -> LinkCosts | None:
+    """The job's link costs for spill's placement, or None where it states too little (see above)."""
+    if not config.link_gbps > 0:
+        return None
+    times = layer_times_s(config)
+    parameters = config.model.layer_parameters()
+    if times is None or parameters is None or len(times) != len(parameters):
+        return None
+    return CostModel(
+        fiw=times,
+        output_bytes=[0.0] * len(times),  # activations are not priced: spill scores compute and joins
+        param_bytes=[float(GRADIENT_BYTES_PER_PARAMETER * p) for p in parameters],
+        network=Network(bandwidth_gbps=config.link_gbps),
+        memory_bandwidth_gbs=math.inf,  # the update is the host's compute, which the job does not time
+    )
