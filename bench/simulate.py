@@ -64,6 +64,9 @@ def parse_args(extra: list[str]) -> dict:
     parser.add_argument("--restart-s", type=float, help="checkpoint restart (default: rendezvous + reload)")
     parser.add_argument("--prices", type=Path, help="spot price history TSV(.gz) (describe_spot_price_history fields)")
     parser.add_argument("--zone", help="zone ID of the price history (default: the zone with most changes)")
+    parser.add_argument("--join-batch-wait-s", type=float,
+                        help="checkpoint/oobleck: longest wait of a joiner for a batch worth a regroup "
+                             "(default: JobConfig.join_batch_wait_s; 0: every joiner at once)")
     synthetic = parser.add_argument_group("synthetic trace (used when no --trace is given)")
     synthetic.add_argument("--nodes", type=int, default=32)
     synthetic.add_argument("--hours", type=float, default=11.4)
@@ -111,6 +114,7 @@ def run(
     notice_s: float = 0.0,
     replacement_delay_s: float = 0.0,
     restart_s: float | None = None,
+    join_batch_wait_s: float | None = None,
     prices: Path | None = None,
     zone: str | None = None,
     nodes: int = 32,
@@ -148,6 +152,7 @@ def run(
     params = SimParams(
         checkpoint_cost_s=checkpoint_write_s(sum(model.cost.param_bytes), writers=pp),
         restart_s=restart_s,
+        **({} if join_batch_wait_s is None else {"join_batch_wait_s": join_batch_wait_s}),
         notice_s=notice_s,
         replacement_delay_s=replacement_delay_s,
         spot_price=price_series,

@@ -378,6 +378,10 @@ class JobConfig:
     join_wait_s: float = 600.0
     """Strategies that restart from a checkpoint: how long survivors too few for one pipeline wait for
     replacements to join before the job fails."""
+    join_batch_wait_s: float = 600.0
+    """Strategies whose regroup is a restart or a re-instantiation (checkpoint, oobleck): the longest a
+    joiner that found an empty slot waits for more joiners before the job regroups for it anyway
+    (`runtime.distributed.membership.joiners_worth_a_regroup`); 0 takes every joiner at once."""
     recycle_spill: bool = True
     """recycle: True (the default) lets a lost hop go to any survivor (which fetches that stage's
     layers) when the schedule estimate says the step is shorter -- needed when few pipelines leave one
@@ -573,6 +577,9 @@ class JobConfig:
         if not 0 <= self.checkpoint_cost_s < math.inf:
             bad(f"checkpoint_cost_s={self.checkpoint_cost_s} must be a finite number of seconds >= 0",
                 "checkpoint_cost_s")
+        if not 0 <= self.join_batch_wait_s < math.inf:
+            bad(f"join_batch_wait_s={self.join_batch_wait_s} must be a finite number of seconds >= 0 "
+                "(0: regroup for every joiner at once)", "join_batch_wait_s")
         if not 0 < self.step_time_s < math.inf:
             bad(f"step_time_s={self.step_time_s} must be a positive, finite number of seconds", "step_time_s")
         if not 0 < self.compute_floor_gflop_s < math.inf:

@@ -11,6 +11,7 @@ per-job temporary folder (`checkpoint_root`).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -71,8 +72,14 @@ class Checkpoints:
         """Steps of the complete checkpoints, oldest first (`runtime.checkpointing.durability.complete_steps`)."""
         if self.on_s3:
             return complete_steps(self._s3_keys())
-        base = Path(self.root)
-        return complete_steps(str(p.relative_to(base)) for p in (base / CHECKPOINTS).glob("step-*/model.safetensors*"))
+        names: list[str] = []
+        for folder in (Path(self.root) / CHECKPOINTS).glob("step-*"):
+            try:
+                files = os.listdir(folder)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # pruned by another writer while we listed (a glob over both levels raised here)
+            names += [f"{CHECKPOINTS}/{folder.name}/{f}" for f in files if f.startswith("model.safetensors")]
+        return complete_steps(names)
 
     def latest(self) -> int | None:
         """The newest complete checkpoint's step, if any."""

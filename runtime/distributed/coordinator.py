@@ -7,9 +7,10 @@ the store with it):
 - `dead/<node>`: set by a supervisor that saw the process exit; faster than a stale heartbeat.
 - `notice/<node>`: a preemption notice for the node; it finishes its step, hands over, leaves.
 - `joins`, `join/<i>`: replacements asking to join; `joined/<node>`: the generation that took it.
-- `spare/<node>`: a joiner the job has no slot for, with the generation that said so (its plan's
-  `spare`, or its first member when the generation has no empty slot); it stands by, heartbeating,
-  until a later generation takes it (`joined/<node>`) or the job ends.
+- `spare/<node>`: a joiner the job has no slot for yet, with the generation that said so (its plan's
+  `spare`, or its first member when the generation has no empty slot or holds joiners for a batch,
+  `membership.joiners_worth_a_regroup`); it stands by, heartbeating, until a later generation takes
+  it (`joined/<node>`) or the job ends.
 - `starts/<n>`: how many workers the agent of control-plane node n started; each restart joins as a
   new node id, so a node id's keys above never need clearing (`agent/worker_entry.py::runtime_node`).
 - `done`: the job committed its last step; `failed`: why no next generation can run.
@@ -186,7 +187,7 @@ class Coordinator:
         return result
 
     def tell_spare(self, node: int, generation: int) -> None:
-        """Tell joiner `node` that `generation` has no slot for it: it stands by as a spare."""
+        """Tell joiner `node` that `generation` has no slot for it (or holds it for a batch): it stands by."""
         self.store.set(f"spare/{node}", str(generation))
 
     def form_generation(

@@ -7,6 +7,7 @@ layout, the step to resume from and which layer states move where.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from runtime.checkpointing.durability import initial_durability, next_durability
@@ -40,6 +41,29 @@ def initial_plan(config: JobConfig, *, start_step: int = 0, started_at: float = 
         "reason": "start",
         **initial_durability(config, started_at=started_at),
     }
+
+
+def joiners_worth_a_regroup(strategy: str, *, pp: int, filled: int, empty: int, waiting: int, waited_s: float,
+                            wait_bound_s: float, urgent: bool = False) -> bool:
+    """Whether `waiting` joiners (new join requests plus standing-by spares) are worth regrouping the
+    job for now -- the one rule the runtime's worker and the simulator (`runtime.sim.engine`) follow.
+
+    `filled` / `empty`: slots of the dp x pp grid with / without a node; `waited_s`: how long the
+    oldest of them has waited; `urgent`: the job needs a replacement now (it cannot run without one,
+    or a noticed node is kept until one joins). With no empty slot a joiner can only stand by. A
+    strategy whose regroup is cheap (`batches_joiners` False) takes every joiner at once; one whose
+    regroup is a restart or a re-instantiation waits until the joiners fill every empty slot or
+    complete one more full pipeline (pp nodes) than the filled slots make, or until the oldest has
+    waited `wait_bound_s` (`JobConfig.join_batch_wait_s`)."""
+    if waiting <= 0:
+        return False
+    if urgent:
+        return True
+    if empty <= 0:
+        return False
+    if not get_strategy(strategy).batches_joiners:
+        return True
+    return waiting >= empty or (filled + waiting) // pp > filled // pp or waited_s >= wait_bound_s
 
 
 def _give_back_slots(config: JobConfig, previous: Plan, alive: dict[int, dict[str, Any]]) -> Slots:
@@ -76,6 +100,7 @@ def make_plan(
     reason: str,
     spares: list[int] | None = None,
     now: float | None = None,
+    gone_joiners: Collection[int] = (),
 ) -> Plan:
     """The next generation's plan.
 
@@ -85,13 +110,15 @@ def make_plan(
     `joiners` are the join requests new since `previous`; `spares` the previous plan's spares that
     are still alive (standing by outside the group). Both fill empty slots, spares first (they
     waited longest); whoever gets no slot is listed in `spare` and stands by for a later plan.
+    `gone_joiners`: joiners known dead (one told to stand by may die before a plan takes it): counted
+    in `joins_consumed` like the others, never placed.
     `checkpoint_step`: the newest complete checkpoint (None: none). A strategy that keeps state
     alive without one (recycle, bamboo, oobleck) restarts from it only when a change lost every copy
     of some layer (`_restart_or_fail`). `now`: wall clock, for the failure rate that sets the next
     checkpoint interval (`runtime.checkpointing.durability`; None: no time has passed).
     """
     strategy = get_strategy(config.strategy)
-    candidates = [*(spares or []), *(n for n in joiners if n not in (spares or []))]
+    candidates = [*(spares or []), *(n for n in joiners if n not in (spares or []) and n not in gone_joiners)]
     noticed = sorted(n for n, rec in alive.items() if rec.get("leaving"))
     lost = sorted(set(previous["members"]) - set(alive))
     grid = _give_back_slots(config, previous, alive)

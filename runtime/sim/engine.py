@@ -4,9 +4,11 @@ Events are membership changes (preemptions and joins), not actions: between two 
 layout is fixed, so its step time (replayed once per state by `runtime.sim.iteration`) gives the
 rate. At each event the strategy decides what the change costs:
 
-* checkpoint: any loss of a working node stops the job, and so do joiners while a slot of the
-  dp x pp grid is empty (the runtime regroups then and this strategy restarts every generation
-  from a checkpoint, written first at that boundary); on a loss the
+* checkpoint: any loss of a working node stops the job, and so does a batch of joiners worth a
+  regroup while a slot of the dp x pp grid is empty (the runtime's rule,
+  `runtime.distributed.membership.joiners_worth_a_regroup`: enough to fill every empty slot or one
+  more full pipeline, or the oldest waited `join_batch_wait_s`; this strategy restarts every
+  generation from a checkpoint, written first at that boundary); on a loss the
   work since the last checkpoint is lost (unless the notice lead covers a checkpoint write), then a
   restart (`restart_s`: a rendezvous of the new membership and a reload of the checkpoint) into as
   many full pipelines as the live nodes fill (none: it waits for replacements); checkpoints every
@@ -17,7 +19,7 @@ rate. At each event the strategy decides what the change costs:
   more full pipeline, trigger a reconfiguration of `reconfigure_s`. Redundant forwards (and the
   replicas' gradient forwards) slow every failure-free step.
 * oobleck: a loss re-instantiates pipelines from the runtime's templates (`reconfigure_s`), and so
-  do joiners while fewer than dp x pp nodes work (they take empty slots: the runtime regroups).
+  does a batch of joiners worth a regroup (the same rule) while fewer than dp x pp nodes work.
 * recycle: a lost node's micro-batches are re-routed to same-stage peers after `recycle_failover_s`
   (no state moves); a joiner fills a hole after `join_s`; a stage with no survivor falls back to a
   reconfiguration.
@@ -48,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from runtime.checkpointing.durability import estimated_mtbf_s
 from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import FAULT_TOLERANT_STRATEGIES, JobConfig
+from runtime.distributed.membership import joiners_worth_a_regroup
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import Pattern
 from runtime.sim.prices import PriceSeries
@@ -106,6 +109,10 @@ class SimParams:
     by each loss that needed the checkpoint), recomputed at each such loss."""
     mtbf_prior_s: float = field(default_factory=lambda: JobConfig.__dataclass_fields__["mtbf_s"].default)
     """The runtime's prior mean time between failures that need a checkpoint (`JobConfig.mtbf_s`)."""
+    join_batch_wait_s: float = field(
+        default_factory=lambda: JobConfig.__dataclass_fields__["join_batch_wait_s"].default)
+    """checkpoint/oobleck: the longest a joiner waits for a batch worth a regroup
+    (`JobConfig.join_batch_wait_s`, the runtime's rule `joiners_worth_a_regroup`)."""
     checkpoint_every_strategy: bool = True
     """Every strategy writes periodic checkpoints (the runtime does); False: checkpoint-restart only."""
     bamboo_failover_s: float = 10.0
@@ -155,6 +162,9 @@ class SimResult:
     checkpoint_interval_s: float | None = None
     restores: int = 0
     """Times the job lost every usable plan and resumed from its last checkpoint."""
+    joiner_regroups: int = 0
+    """checkpoint/oobleck: regroups started for a batch of joiners (`joiners_worth_a_regroup`), not
+    counting joiners taken into a regroup already under way."""
     down_s: float = 0.0
     """Seconds with no usable plan (waiting for replacements)."""
     breakdown: dict[str, float] = field(default_factory=dict)
@@ -189,6 +199,7 @@ class SimResult:
             "time_to_finish_hours": None if self.finish_s is None else round(self.finish_s / 3600, 3),
             "checkpoint_interval_s": self.checkpoint_interval_s,
             "restores_from_checkpoint": self.restores,
+            "joiner_regroups": self.joiner_regroups,
             "hours_without_a_plan": round(self.down_s / 3600, 3),
             "time_breakdown_hours": {k: round(v / 3600, 4) for k, v in self.breakdown.items()},
             "failure_free_equivalent_hours": round(self.total_samples / self.failure_free_samples_per_s / 3600, 4),
@@ -241,6 +252,7 @@ class _Run:
         self.checkpointed = 0.0
         """Samples in the last complete checkpoint."""
         self.restores = 0
+        self.joiner_regroups = 0
         self.down_since: float | None = None
         self.down_s = 0.0
         self.spent = dict.fromkeys(TIME_BUCKETS, 0.0)
@@ -416,6 +428,7 @@ def simulate(
         ]
     live: list[str] = []
     live_set: set[str] = set()
+    ready_at: dict[str, float] = {}  # when each live node joined (its wait for a batch starts there)
     cancelled: set[str] = set()
 
     # Strategy state: slots[p][s] = node name or None; spares hold the rest.
@@ -457,6 +470,41 @@ def simulate(
         if not slots:
             return math.inf
         return model.step(strategy, pattern())
+
+    def held_joiners() -> tuple[list[str], int]:
+        """checkpoint/oobleck: the live nodes waiting outside the generation, and the slots filled."""
+        placed = members if strategy == "checkpoint" else where
+        return [n for n in live if n not in placed], len(placed)
+
+    def joiners_due(t: float) -> bool:
+        """The runtime's rule: are the waiting joiners worth a regroup at t?"""
+        waiting, filled = held_joiners()
+        return joiners_worth_a_regroup(
+            strategy, pp=pp, filled=filled, empty=wanted - filled, waiting=len(waiting),
+            waited_s=t - min((ready_at[n] for n in waiting), default=t),
+            wait_bound_s=params.join_batch_wait_s, urgent=not slots)
+
+    def batch_deadline() -> float | None:
+        """When the oldest joiner held for a batch will have waited `join_batch_wait_s` (None: none held)."""
+        if strategy not in ("checkpoint", "oobleck") or not slots or run.down_since is not None:
+            return None
+        waiting, filled = held_joiners()
+        if not waiting or filled >= wanted:
+            return None
+        return min(ready_at[n] for n in waiting) + params.join_batch_wait_s
+
+    def take_held_joiners(t: float) -> None:
+        """The bound passed: the job regroups for the joiners it held (a restart or a re-instantiation)."""
+        nonlocal slots
+        run.joiner_regroups += 1
+        if strategy == "checkpoint":
+            checkpoint_restart(t, save_first=True)
+            return
+        run.advance(t)
+        slots = _oobleck_assign(live, wanted, where)
+        run.step_s = step_time()
+        if t >= run.resume_at:
+            run.react(params, params.reconfigure_s, loss=False)
 
     def checkpoint_progress(t: float) -> tuple[float, float]:
         """(committed, produced-but-uncommitted) samples of the current segment at time t."""
@@ -559,6 +607,8 @@ def simulate(
     index = 0
     while index < len(events):
         t = events[index].t_s
+        while (due := batch_deadline()) is not None and due <= t and joiners_due(due):
+            take_held_joiners(due)
         batch = []
         while index < len(events) and events[index].t_s == t:
             batch.append(events[index])
@@ -575,6 +625,7 @@ def simulate(
         for node in added:
             live_set.add(node)
             live.append(node)
+            ready_at[node] = t
         hit = [n for n in removed if n in where]
 
         if t == 0:
@@ -589,15 +640,16 @@ def simulate(
             continue
 
         if strategy == "checkpoint":
-            # Joiners while a slot of the dp x pp grid is empty regroup the job (the runtime's worker
-            # ends the generation at the next step boundary unless every slot is filled) and this
-            # strategy restarts every generation from a checkpoint, written first at that boundary.
-            grow = bool(added) and len(live) - len(added) < wanted
+            # A batch of joiners worth a regroup while a slot of the dp x pp grid is empty
+            # (`joiners_worth_a_regroup`) ends the runtime's generation at the next step boundary, and
+            # this strategy restarts every generation from a checkpoint, written first at that boundary.
+            room = bool(added) and len(members) < wanted
             # A standing-by member's loss fails the generation's commit like a working node's.
             lost_member = [n for n in removed if n in members]
-            if grow and not lost_member and slots and t < segment_start:
+            if room and not lost_member and slots and t < segment_start:
                 form()  # joiners during a restart join it (module notes): same pause, more pipelines
-            elif lost_member or grow:
+            elif lost_member or (room and joiners_due(t)):
+                run.joiner_regroups += not lost_member
                 checkpoint_restart(t, save_first=not lost_member or params.notice_s >= params.checkpoint_cost_s)
             continue
 
@@ -610,13 +662,15 @@ def simulate(
             continue
 
         if strategy == "oobleck":
-            # Joiners while fewer than dp x pp nodes work take empty slots: the runtime regroups
-            # (its worker ends the generation unless every slot is filled) and oobleck re-instantiates
+            # A batch of joiners worth a regroup while fewer than dp x pp nodes work
+            # (`joiners_worth_a_regroup`) ends the runtime's generation, and oobleck re-instantiates
             # its pipelines over every live node (one pause for the batch, not one each).
             if hit and oobleck_layer_lost(hit):
                 restore_from_checkpoint(t)
                 continue
-            if hit or (added and working() < wanted):
+            room = bool(added) and working() < wanted
+            if hit or (room and (t < run.resume_at or joiners_due(t))):
+                run.joiner_regroups += not hit and t >= run.resume_at
                 if hit:
                     run.lose_in_flight(params)
                 slots = _oobleck_assign(live, wanted, where)
@@ -694,6 +748,8 @@ def simulate(
             lose_state(t, hit=False)
 
     end = trace.duration_s
+    while (due := batch_deadline()) is not None and due < end and joiners_due(due):
+        take_held_joiners(due)
     if strategy == "checkpoint":
         done, pending = checkpoint_progress(end)
         run.samples = done + pending
@@ -727,6 +783,7 @@ def simulate(
         finish_s=run.finish,
         checkpoint_interval_s=interval,
         restores=run.restores,
+        joiner_regroups=run.joiner_regroups,
         down_s=run.down_s,
         breakdown=dict(run.spent),
     )

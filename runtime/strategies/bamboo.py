@@ -36,6 +36,7 @@ class BambooStrategy:
     decision = "takeover"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+    batches_joiners = False  # a joiner fills a taken-over slot
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         placeholder = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]

@@ -26,6 +26,10 @@ class Strategy(Protocol):
     falls_back_to_checkpoint: bool
     """True: when a change loses every copy of some layer (all holders of a stage at once), the job
     restarts from the last complete checkpoint instead of failing (`membership.make_plan`)."""
+    batches_joiners: bool
+    """True: a regroup costs this strategy a restart or a re-instantiation (tens of seconds), so
+    joiners that find an empty slot wait for a batch worth it (`membership.joiners_worth_a_regroup`);
+    False: its regroup is cheap (a switch into the hole) and every joiner is taken at once."""
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         """The layout for the current slots; raises LayoutError naming what cannot be covered."""

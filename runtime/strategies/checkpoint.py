@@ -19,6 +19,7 @@ class CheckpointStrategy:
     decision = "restart"
     restarts_from_checkpoint = True
     falls_back_to_checkpoint = False  # it always restarts from one
+    batches_joiners = True  # every regroup is a restart from the checkpoint
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         nodes = alive_nodes(slots)

@@ -14,6 +14,7 @@ class NoneStrategy:
     decision = "restart"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = False
+    batches_joiners = False  # it never runs with an empty slot
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
         missing = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]

@@ -39,7 +39,7 @@ from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError
 from runtime.data.dataset import Batches, DataError
 from runtime.distributed.comm import Comm, bury, reap
 from runtime.distributed.coordinator import Coordinator, Heartbeat, connect, wait_ready
-from runtime.distributed.membership import Plan, initial_plan, make_plan
+from runtime.distributed.membership import Plan, initial_plan, joiners_worth_a_regroup, make_plan
 from runtime.models.model import build_layer
 from runtime.parallel.executor import Executor
 from runtime.parallel.layout import Layout
@@ -383,6 +383,8 @@ class Worker:
                 reason=reason,
                 spares=spares,
                 now=time.time(),
+                # A joiner told to stand by (no slot, or held for a batch) may have died since.
+                gone_joiners=[n for n in joiners if self.coord.is_gone(n, cfg.heartbeat_timeout_s)],
             )
 
         began = time.perf_counter()
@@ -504,12 +506,16 @@ class Worker:
         if self.config.validation_due(start) and not self.coord.store.check([f"val/{start}"]):
             self._validate(executor, layout, members, start, generation)  # the generation that failed did not
         deferred = set(plan.get("deferred", []))
-        # Join requests up to `told` are dealt with. When every slot is filled and nobody waits for a
-        # replacement to leave (deferred), a new joiner could only be a spare: the first member tells
-        # it so itself rather than have everyone regroup (same layout) just to say it. The next plan,
-        # whatever forms it, still sees it among the joiners since `joins_consumed`.
+        # Join requests up to `told` are dealt with. The first member asks the one rule
+        # (`joiners_worth_a_regroup`) whether the joiners waiting are worth a regroup now; those not
+        # taken yet (no empty slot, or too few for a strategy whose regroup is a restart) it tells
+        # to stand by itself, rather than have everyone regroup just to say it. The next plan,
+        # whatever forms it, still sees them among the joiners since `joins_consumed`.
         told = plan["joins_consumed"]
-        no_room = "waiting" not in plan and not deferred and all(n is not None for row in plan["slots"] for n in row)
+        slot_nodes = [n for row in plan["slots"] for n in row]
+        filled = sum(n is not None for n in slot_nodes)
+        standing_by = len(plan.get("spare", []))
+        first_waiting: float | None = None  # when this member first saw a joiner of this generation waiting
         step = plan["start_step"]
         self.committed = step
         while step < cfg.steps:
@@ -523,11 +529,18 @@ class Worker:
             vector[0], vector[1] = result.loss_sum, result.loss_count
             if index == 0:
                 pending = self.coord.join_count()
-                if no_room and pending > told:
+                waiting, now = pending - plan["joins_consumed"], time.monotonic()
+                if waiting > 0 and first_waiting is None:
+                    first_waiting = now
+                if waiting > 0 and joiners_worth_a_regroup(
+                        cfg.strategy, pp=cfg.pp, filled=filled, empty=len(slot_nodes) - filled,
+                        waiting=waiting + standing_by, urgent=bool(deferred), waited_s=now - (first_waiting or now),
+                        wait_bound_s=cfg.join_batch_wait_s):
+                    vector[2] = waiting
+                elif pending > told:
                     for joiner in self.coord.joiners(told, pending):
                         self.coord.tell_spare(joiner, generation)
                     told = pending
-                vector[2] = pending - told
             # A deferred node already told the others; it leaves once a replacement joins.
             vector[3 + index] = float(self.notice and self.node not in deferred)
             self.comm.commit(vector)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -296,6 +298,24 @@ def test_checkpoints_are_exports_complete_when_the_last_writer_is_done_and_keep_
     assert store.latest() == 6
     write(14, 1)  # any other writer of an incomplete checkpoint lists nothing and deletes nothing
     assert len(list((tmp_path / "checkpoints").iterdir())) == 5
+
+
+def test_listing_checkpoints_survives_a_folder_pruned_meanwhile(tmp_path, monkeypatch) -> None:
+    # Two writers prune (the one that completed a checkpoint, layer 0's): one may delete a step's
+    # folder while the other lists it. The listing skips it (a glob over both levels raised
+    # FileNotFoundError there and killed the worker, seen in tests/runtime/test_join_batching.py).
+    for step in (2, 4):
+        (tmp_path / "checkpoints" / f"step-{step}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step-{step}" / "model.safetensors").write_bytes(b"")
+    listdir = os.listdir
+
+    def pruned_meanwhile(path):
+        if Path(path).name == "step-2":
+            raise FileNotFoundError(path)
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", pruned_meanwhile)
+    assert Checkpoints(str(tmp_path)).complete_steps() == [4]
 
 
 def test_snapshot_rollback_restores_the_pre_step_state() -> None:

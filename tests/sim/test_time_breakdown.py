@@ -141,42 +141,85 @@ def test_bamboo_joiner_fills_a_taken_over_slot_with_a_switch_not_a_reconfigurati
     assert result.total_samples == pytest.approx(expected)
 
 
-def test_checkpoint_restarts_when_joiners_take_empty_slots():
-    """The runtime regroups when joiners arrive while a slot of the dp x pp grid is empty (its
-    worker ends the generation unless every slot is filled), and checkpoint-restart restarts every
-    generation from a checkpoint, saved first at that boundary. n0 and n1 go at 1000 s (one
-    pipeline left); r0 joins at 1300 s: one pipeline still, but a save (30 s) and a restart
-    (100 s) all the same (before: the joiner stood by and nothing was paid)."""
+CHECKPOINT_PARAMS = dict(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, restart_s=100.0, detection_s=5.0,
+                         node_ready_s=0.0)
+
+
+@pytest.mark.parametrize("bound", [250.0, 1e9])
+def test_checkpoint_holds_joiners_until_a_batch_is_worth_a_restart(bound):
+    """The runtime's rule (`joiners_worth_a_regroup`): n0 and n1 go at 1000 s (detection + restart,
+    one pipeline left, two slots empty); r0 joins at 1300 s: one of two empty slots and no new
+    pipeline, so it waits. r1 joins at 1500 s, before r0 waited `join_batch_wait_s` (any bound over
+    200 s): the two fill every empty slot, and the job saves (30 s) and restarts (100 s) once, into
+    two pipelines (before: a restart for each joiner)."""
     model = make_model()
     events = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1000.0, REMOVE, "n1"),
-              TraceEvent(1300.0, ADD, "r0")]
-    params = SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, restart_s=100.0,
-                       detection_s=5.0, node_ready_s=0.0)
+              TraceEvent(1300.0, ADD, "r0"), TraceEvent(1500.0, ADD, "r1")]
+    params = SimParams(join_batch_wait_s=bound, **CHECKPOINT_PARAMS)
     result = simulate(Trace(name="t", events=events, duration_s=3000.0), strategy="checkpoint", model=model,
                       params=params)
     b = result.breakdown
+    two, one = (model.total_microbatches / model.full_pipelines(n) for n in (2, 1))
+    assert b["redone"] == pytest.approx(370.0)
+    assert result.joiner_regroups == 1
+    # [0, 1000]: 600 s compute, a write, 370 s lost; [1000, 1105] detection + restart; one pipeline
+    # from 1105 s; then the restart for r1 at 1500 s: [1630, 3000] = 2 x (600 + 30) + 110 s.
     assert b["restarting"] == pytest.approx(105.0 + 100.0)
     assert b["checkpointing"] == pytest.approx(30.0 + 30.0 + 2 * 30.0)
-    assert b["redone"] == pytest.approx(370.0)
-    two, one = (model.total_microbatches / model.full_pipelines(n) for n in (2, 1))
-    assert result.total_samples == pytest.approx(two * 600.0 + one * (195.0 + 2 * 600.0 + 310.0))
+    assert result.total_samples == pytest.approx(two * 600.0 + one * 395.0 + two * (1200.0 + 110.0))
 
 
-def test_oobleck_reinstantiates_when_joiners_take_empty_slots():
-    """n0 and n1 (one whole pipeline) go at 1000 s: oobleck re-instantiates on n2 n3 (detection +
-    30 s). r0 joins at 2000 s: an empty slot, so the runtime regroups and oobleck re-plans over 3
-    nodes (30 s, no detection) rather than keeping r0 idle until a pipeline's worth has joined."""
+def test_checkpoint_takes_a_lone_joiner_once_it_waited_the_bound():
+    """As above without r1: r0 waits `join_batch_wait_s` (300 s), then the job saves and restarts
+    for it at 1600 s (one pipeline still, r0 standing by in the layout); with a bound past the
+    trace's end it never restarts for it."""
     model = make_model()
     events = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1000.0, REMOVE, "n1"),
-              TraceEvent(2000.0, ADD, "r0")]
-    params = SimParams(checkpoint_every_strategy=False, reconfigure_s=30.0, detection_s=5.0, node_ready_s=0.0)
-    result = simulate(Trace(name="t", events=events, duration_s=3000.0), strategy="oobleck", model=model,
-                      params=params)
-    assert result.breakdown["restarting"] == pytest.approx(35.0 + 30.0)
+              TraceEvent(1300.0, ADD, "r0")]
+    one = model.total_microbatches / model.full_pipelines(1)
+    two = model.total_microbatches / model.full_pipelines(2)
+
+    def run(bound: float):
+        return simulate(Trace(name="t", events=events, duration_s=3000.0), strategy="checkpoint", model=model,
+                        params=SimParams(join_batch_wait_s=bound, **CHECKPOINT_PARAMS))
+
+    waited, held = run(300.0), run(1e9)
+    assert (waited.joiner_regroups, held.joiner_regroups) == (1, 0)
+    assert waited.breakdown["restarting"] == pytest.approx(105.0 + 100.0)
+    assert waited.breakdown["checkpointing"] == pytest.approx(30.0 + 30.0 + 2 * 30.0)
+    # [1105, 1600] one pipeline, save + restart, [1730, 3000] = 2 x (600 + 30) + 10 s.
+    assert waited.total_samples == pytest.approx(two * 600.0 + one * (495.0 + 1210.0))
+    assert held.breakdown["restarting"] == pytest.approx(105.0)
+    assert held.breakdown["checkpointing"] == pytest.approx(30.0 + 3 * 30.0)
+    # [1105, 3000] = 3 x (600 + 30) + 5 s of one pipeline.
+    assert held.total_samples == pytest.approx(two * 600.0 + one * 1805.0)
+
+
+def test_oobleck_holds_joiners_until_a_batch_is_worth_a_reinstantiation():
+    """n0 and n1 (one whole pipeline) go at 1000 s: oobleck re-instantiates on n2 n3 (detection +
+    30 s). r0 joins at 2000 s: one of two empty slots and no new pipeline of pp=2, so it waits; after
+    `join_batch_wait_s` (300 s) oobleck re-plans over 3 nodes (30 s, no detection). Two joiners at
+    2000 s fill every empty slot: re-planned over 4 nodes at once."""
+    model = make_model()
+    lost = [*steady(), TraceEvent(1000.0, REMOVE, "n0"), TraceEvent(1000.0, REMOVE, "n1")]
+    params = SimParams(checkpoint_every_strategy=False, reconfigure_s=30.0, detection_s=5.0, node_ready_s=0.0,
+                       join_batch_wait_s=300.0)
     rate = {n: model.total_microbatches / model.oobleck(n) for n in (4, 3, 2)}
-    assert rate[3] > rate[2]
-    expected = rate[4] * 1000.0 - 0.5 * model.total_microbatches + rate[2] * 965.0 + rate[3] * 970.0
-    assert result.total_samples == pytest.approx(expected)
+    assert rate[4] > rate[3] > rate[2]
+    before = rate[4] * 1000.0 - 0.5 * model.total_microbatches + rate[2] * 965.0
+
+    lone = simulate(Trace(name="t", events=[*lost, TraceEvent(2000.0, ADD, "r0")], duration_s=3000.0),
+                    strategy="oobleck", model=model, params=params)
+    assert lone.breakdown["restarting"] == pytest.approx(35.0 + 30.0)
+    assert lone.joiner_regroups == 1
+    assert lone.total_samples == pytest.approx(before + rate[2] * 300.0 + rate[3] * 670.0)
+
+    pair = [TraceEvent(2000.0, ADD, "r0"), TraceEvent(2000.0, ADD, "r1")]
+    both = simulate(Trace(name="t", events=[*lost, *pair], duration_s=3000.0), strategy="oobleck", model=model,
+                    params=params)
+    assert both.breakdown["restarting"] == pytest.approx(35.0 + 30.0)
+    assert both.joiner_regroups == 1
+    assert both.total_samples == pytest.approx(before + rate[4] * 970.0)
 
 
 def test_checkpoint_restarts_when_a_standing_by_member_goes():
@@ -214,5 +257,6 @@ def test_joiners_during_a_regroup_join_it():
                   model=model, params=SimParams(checkpoint_interval_s=600.0, checkpoint_cost_s=30.0, restart_s=100.0,
                                                 detection_s=5.0, node_ready_s=0.0))
     assert ck.breakdown["restarting"] == pytest.approx(105.0)
+    assert oob.joiner_regroups == 0 and ck.joiner_regroups == 0  # no regroup of their own
     two = model.total_microbatches / model.full_pipelines(2)
     assert ck.total_samples == pytest.approx(two * (600.0 + 600.0 + 265.0))
