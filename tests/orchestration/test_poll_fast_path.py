@@ -143,7 +143,7 @@ def test_a_plain_poll_gets_what_the_views_first_step_gives(fleet, current, keywo
         assert list(fast_headers) == list(view_headers)  # the view's own 200, in its order
 
 
-def test_a_held_poll_is_held_by_the_channel_without_a_thread(fleet):
+def test_a_poll_on_its_current_version_parks_in_the_hub(fleet):
     nodes, _ = fleet
     instance, key = nodes[0]
     app = _app()
