@@ -9,6 +9,9 @@ does, without running it):
   when 1, 10 or 32 agents heartbeat within one batch window (1,024 agents every 10 s: about 10 a
   window of 0.1 s), all of its CPU counted (event loop and pool thread: this process's CPU time);
 - a command poll's first step under the agent channel, version current (the view's hold mark);
+- the same first step through the ASGI entry point when 1, 10 or 32 agents poll within one batch
+  window: by the batched first step (controlplane/orchestration/poll_channel.py) and by the view,
+  from the request to the poll held (and its hang-up), all of its CPU counted as for heartbeats;
 - one answer of a batch of 32 (`services.agent_commands_many` + rendering), what a wake-up costs;
 - a webhook notice (EventBridge, stored; no Celery hand-off);
 - a database round trip (`SELECT 1`): how much of the above is the database client."""
@@ -119,6 +122,11 @@ def main() -> None:
     }
     for agents in (1, 10, 32):
         figures[f"heartbeat_fast_path_ms_cpu ({agents} a window)"] = _fast_path_ms(node.team, agents, n)
+    for agents in (1, 10, 32):
+        for batched in (True, False):
+            name = "batched" if batched else "by_the_view_through_asgi"
+            figures[f"command_poll_first_step_held_{name}_ms_cpu ({agents} a window)"] = _poll_held_ms(
+                node.team, agents, n, batched=batched)
     print(json.dumps(figures, indent=1))
 
 
@@ -171,6 +179,83 @@ def _fast_path_ms(team, agents: int, n: int) -> float:
 
     ms = asyncio.run(run())
     assert app.heartbeats.handed_over == 0, "a heartbeat went to the view: not the fast path's cost"
+    return round(ms, 3)
+
+
+def _poll_held_ms(team, agents: int, n: int, *, batched: bool) -> float:
+    """CPU per command poll through the ASGI app, version current, from the request until it is
+    held (then the agent hangs up), `agents` agents polling in each window of 0.1 s (at least `n`
+    polls in all); the first step by the batched path or (`batched` False) by the view."""
+    import asyncio
+
+    from controlplane.accounts.models import TokenKind
+    from controlplane.accounts.services import api_token_create
+    from controlplane.asgi import ControlPlane
+    from controlplane.fleet.models import Instance
+    from controlplane.orchestration import selectors
+    from controlplane.orchestration.poll_channel import MIN_INTERVAL_S
+    from controlplane.wsgi import application
+
+    nodes = list(Instance.objects.filter(team=team, state="running").order_by("id")[:agents])
+    keys = {node.pk: api_token_create(team=team, kind=TokenKind.AGENT, instance=node, name="costs")[1]
+            for node in nodes}
+    versions = selectors.agent_command_versions(list(keys))
+    # No Redis, no database poll during the run: nothing but the first steps and the holds.
+    app = ControlPlane(application, redis_url="", fast_poll_s=3600, slow_poll_s=3600, poll_batch_s=MIN_INTERVAL_S)
+    if not batched:
+        app.polls.admit = lambda key: False
+    holding = {"polls": 0, "all": asyncio.Event()}  # a window's polls that reached their hold
+    hold = app.waiters.wait
+
+    async def counted(**kwargs) -> bool:
+        holding["polls"] += 1
+        if holding["polls"] == len(keys):
+            holding["all"].set()
+        return await hold(**kwargs)
+
+    app.waiters.wait = counted
+
+    async def poll(pk: int, hang_up: asyncio.Event) -> None:
+        query = f"version={versions[pk]}&wait=20".replace(":", "%3A")
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": "/api/v1/agents/commands/", "query_string": query.encode(),
+                 "root_path": "", "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
+                 "headers": [(b"authorization", f"Token {keys[pk]}".encode()), (b"accept", b"*/*")]}
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await hang_up.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            raise AssertionError(f"a poll on the current version was answered: {message}")
+
+        await app(scope, receive, send)
+
+    async def window() -> None:
+        pause = asyncio.create_task(asyncio.sleep(MIN_INTERVAL_S * 1.05))  # past the flood guard's interval
+        hang_up = asyncio.Event()
+        holding["polls"], holding["all"] = 0, asyncio.Event()
+        polls = [asyncio.create_task(poll(pk, hang_up)) for pk in keys]
+        await holding["all"].wait()
+        hang_up.set()
+        await asyncio.gather(*polls, pause)
+
+    async def run() -> float:
+        await window()  # warm
+        rounds = max(3, n // agents)
+        started = time.process_time()
+        for _ in range(rounds):
+            await window()
+        return (time.process_time() - started) / (rounds * agents) * 1000
+
+    ms = asyncio.run(run())
+    if batched:
+        assert app.polls.handed_over == 0 and app.polls.answered > 0, "a poll went to the view"
+    else:
+        assert app.polls.answered == 0
     return round(ms, 3)
 
 

@@ -12,6 +12,9 @@ pool with the hold between them on the event loop, so a thousand held polls cost
    answer is read from the database
    (`services.agent_commands_many` for all the polls woken together, rendered as the view renders
    it) with the first step's headers.
+A plain poll (the exact shape the agent sends) skips the view in step 1: its first step is taken
+with those of its window in ONE read of their tokens and versions
+(`controlplane/orchestration/poll_channel.py`); anything unusual, and every refusal, is the view's.
 The agents' plain heartbeats (`POST /api/v1/instances/{id}/heartbeat/`) are answered by the
 heartbeat fast path (`controlplane/fleet/heartbeat_channel.py`): the heartbeats of 0.1 s are
 written in one UPDATE and answered together, and anything else goes to the view.
@@ -40,9 +43,10 @@ from django.db import close_old_connections  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
 from controlplane.common.request_limits import request_body_ceiling  # noqa: E402
+from controlplane.common.window_batches import WindowBatches  # noqa: E402
 from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
 from controlplane.fleet import heartbeat_channel  # noqa: E402
-from controlplane.orchestration import selectors, services  # noqa: E402
+from controlplane.orchestration import poll_channel, selectors  # noqa: E402
 from controlplane.orchestration.agent_channel import CommandWaiters  # noqa: E402
 from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S  # noqa: E402
 from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL, HOLD_HEADER  # noqa: E402
@@ -68,14 +72,6 @@ def _in_request(fn: Callable, *args: Any) -> Any:
         return fn(*args)
     finally:
         close_old_connections()
-
-
-def _render_answers(instance_ids: list[int]) -> dict[int, tuple[str, bytes]]:
-    from rest_framework.settings import api_settings
-
-    renderer = api_settings.DEFAULT_RENDERER_CLASSES[0]()
-    answers = services.agent_commands_many(instance_ids=instance_ids)
-    return {pk: (answer["version"], renderer.render(answer)) for pk, answer in answers.items()}
 
 
 class _AnswerReads:
@@ -106,7 +102,7 @@ class _AnswerReads:
         batch, self.pending = self.pending, {}
         try:
             rendered = await asyncio.get_running_loop().run_in_executor(
-                self.executor, _in_request, _render_answers, list(batch))
+                self.executor, _in_request, poll_channel.render_answers, list(batch))
         except Exception as exc:
             rendered, error = {}, exc
         else:
@@ -140,7 +136,8 @@ class ControlPlane:
 
     def __init__(self, wsgi: Callable, *, web_threads: int = WEB_THREADS, agent_threads: int = AGENT_THREADS,
                  redis_url: str | None = None, fast_poll_s: float | None = None,
-                 slow_poll_s: float | None = None, heartbeat_batch_s: float | None = None) -> None:
+                 slow_poll_s: float | None = None, heartbeat_batch_s: float | None = None,
+                 poll_batch_s: float | None = None) -> None:
         self.bridge = WSGIBridge(wsgi, threads=web_threads, max_body_bytes=request_body_ceiling())
         self.agent_executor = ThreadPoolExecutor(max_workers=agent_threads, thread_name_prefix="agent-channel")
         self.answers = _AnswerReads(self.agent_executor)
@@ -151,10 +148,17 @@ class ControlPlane:
             fast_poll_s=tunable("SPOTPIPE_AGENT_POLL_S") if fast_poll_s is None else fast_poll_s,
             slow_poll_s=tunable("SPOTPIPE_AGENT_POLL_REDIS_S") if slow_poll_s is None else slow_poll_s,
         )
-        self.heartbeats = heartbeat_channel.HeartbeatBatches(
+        self.heartbeats = WindowBatches(
             record_batch=lambda claims: _in_request(heartbeat_channel.record_and_render, claims),
             executor=self.agent_executor,
             window_s=tunable("SPOTPIPE_HEARTBEAT_BATCH_S") if heartbeat_batch_s is None else heartbeat_batch_s,
+            min_interval_s=heartbeat_channel.MIN_INTERVAL_S,
+        )
+        self.polls = WindowBatches(
+            record_batch=lambda claims: _in_request(poll_channel.first_steps, claims),
+            executor=self.agent_executor,
+            window_s=tunable("SPOTPIPE_POLL_BATCH_S") if poll_batch_s is None else poll_batch_s,
+            min_interval_s=poll_channel.MIN_INTERVAL_S, what="command poll",
         )
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -174,6 +178,7 @@ class ControlPlane:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.heartbeats.close()
+                await self.polls.close()
                 await self.waiters.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -202,25 +207,63 @@ class ControlPlane:
             body.close()
         await send_response(send, response, executor=self.bridge.executor)
 
+    async def _first_step(self, scope: dict[str, Any], body: Any) -> tuple[Any, Any] | None:
+        """The batched first step of a plain poll (`poll_channel.Hold` or `Answer`, with the request
+        its answer's headers are made for); None: the view takes it."""
+        try:
+            claimed = poll_channel.poll_claim(scope, body.read(1))
+        except Exception:  # a request it cannot read is the view's to answer, never a 500 here
+            logger.exception("command poll fast path could not read a request; the view answers it")
+            return None
+        if claimed is None or not self.polls.admit(claimed[0].key_hash):
+            return None
+        claim, request = claimed
+        step = await self.polls.record(claim)
+        return None if step is None else (step, request)
+
     async def commands(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         started = time.monotonic()
         body = await self.bridge.receive_body(scope, receive, send)
         if body is None:
             return
         try:
-            # In the agent channel's pool, not the views': a herd of agents re-polling at once
-            # queues there, not ahead of webhooks and the dashboard.
-            first = await self.bridge.call(scope, body, extra={HELD_BY_AGENT_CHANNEL: True},
-                                           executor=self.agent_executor)
+            batched = await self._first_step(scope, body)
+            if batched is None:
+                body.seek(0)
+                # In the agent channel's pool, not the views': a herd of agents re-polling at once
+                # queues there, not ahead of webhooks and the dashboard.
+                first = await self.bridge.call(scope, body, extra={HELD_BY_AGENT_CHANNEL: True},
+                                               executor=self.agent_executor)
         finally:
             body.close()
+        version, wait = _query(scope)
+        if batched is not None:
+            step, request = batched
+            if isinstance(step, poll_channel.Answer):
+                await send_response(send, poll_channel.response(request, step.body))
+                return
+            rendered = await self._hold(receive, started, version, wait, step.instance_id, step.job_id)
+            if rendered is not None:
+                await send_response(send, poll_channel.response(request, rendered))
+            return
         hold = dict(first.headers).get(HOLD_HEADER.lower().encode())
         if first.status != 204 or hold is None:
             await send_response(send, first)  # a stale version, no wait, or an error: the view's answer
             return
-        version, wait = _query(scope)
         instance_id, job_text = hold.decode().split()
-        instance_id, job_id = int(instance_id), (int(job_text) if job_text.isdigit() else None)
+        rendered = await self._hold(receive, started, version, wait, int(instance_id),
+                                    int(job_text) if job_text.isdigit() else None)
+        if rendered is None:
+            return
+        dropped = (b"content-length", b"content-type", HOLD_HEADER.lower().encode())
+        headers = [(k, v) for k, v in first.headers if k not in dropped]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(rendered)).encode())]
+        await send_response(send, WSGIResponse(200, headers, rendered))
+
+    async def _hold(self, receive: Callable, started: float, version: str, wait: float, instance_id: int,
+                    job_id: int | None) -> bytes | None:
+        """Hold a poll whose version is current until a wake-up changes it or its time is up; the
+        answer's body then, or None when the agent hung up."""
         # Up to `wait`, less a random part: polls that started together (a restart, a mass
         # enrolment) do not all come back together for ever.
         deadline = started + wait * random.uniform(1.0 - HOLD_JITTER, 1.0)
@@ -234,20 +277,16 @@ class ControlPlane:
                 done, _ = await asyncio.wait({held, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if gone in done:
                     held.cancel()
-                    return  # the agent hung up: nobody to answer
+                    return None  # the agent hung up: nobody to answer
                 read_at = time.monotonic()
                 new_version, rendered = await self.answers.answer(instance_id)
                 # A wake-up that changed nothing for this agent (another field of its job): hold on.
                 if not held.result() or new_version != version or time.monotonic() >= deadline:
-                    break
+                    return rendered
         finally:
             gone.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await gone
-        dropped = (b"content-length", b"content-type", HOLD_HEADER.lower().encode())
-        headers = [(k, v) for k, v in first.headers if k not in dropped]
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(rendered)).encode())]
-        await send_response(send, WSGIResponse(200, headers, rendered))
 
 
 application = ControlPlane(wsgi_application)

@@ -3,7 +3,7 @@
 An agent's plain heartbeat (`POST /api/v1/instances/{id}/heartbeat/`, body empty, `{}` or the
 address the instance already has, its own agent token) is answered without Django's request
 handling: the ASGI layer reads the request (`heartbeat_claim`), hashes the token's key at once and
-drops it, and parks the claim in this worker's `HeartbeatBatches`. Every `window_s` (tunable
+drops it, and parks the claim in this worker's `common.window_batches.WindowBatches`. Every `window_s` (tunable
 `SPOTPIPE_HEARTBEAT_BATCH_S`, 0.1 s) the claims of the window go to the pool together:
 `fleet.heartbeats.instance_heartbeats_record_batch` reads their tokens, instances and jobs in one
 query, stamps `last_heartbeat_at` of all of them in ONE conditional UPDATE, and only then are the
@@ -23,15 +23,11 @@ docs/orchestration.md, "The heartbeat fast path", has the measured cost."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import io
 import json
-import logging
 import re
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import DisallowedHost, PermissionDenied
@@ -45,8 +41,6 @@ from django.urls import resolve, reverse
 from controlplane.accounts.authentication import hash_key
 from controlplane.common.wsgi_bridge import WSGIResponse, wsgi_environ
 from controlplane.fleet.heartbeats import HeartbeatClaim, instance_heartbeats_record_batch
-
-logger = logging.getLogger(__name__)
 
 # One instance's heartbeats take the fast path at most once in this time (agents send one every 0.5
 # to 10 s); more go to the view and its throttle.
@@ -69,9 +63,10 @@ def heartbeat_instance(scope: dict[str, Any]) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def heartbeat_claim(scope: dict[str, Any], body: bytes, instance_id: int) -> tuple[HeartbeatClaim, WSGIRequest] | None:
-    """The claim of a plain heartbeat, with a request Django checked the host and scheme of; None
-    for anything the view must answer."""
+def agent_headers(scope: dict[str, Any]) -> tuple[dict[bytes, bytes], str] | None:
+    """The headers of a plain agent request (no cookie, Accept JSON or anything, one `Token` or
+    `Bearer` key, none of authorization, content-type, accept and host twice) and its token's key;
+    None for anything the view must answer. Also the command poll's (orchestration/poll_channel.py)."""
     seen: dict[bytes, bytes] = {}
     for name, value in scope.get("headers", ()):
         name = name.lower()
@@ -83,6 +78,32 @@ def heartbeat_claim(scope: dict[str, Any], body: bytes, instance_id: int) -> tup
     parts = seen.get(b"authorization", b"").split()
     if len(parts) != 2 or parts[0].lower() not in _KEYWORDS:
         return None
+    try:
+        return seen, parts[1].decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def checked_request(scope: dict[str, Any], body: bytes) -> WSGIRequest | None:
+    """The request, when Django's middlewares let it through to a view (ALLOWED_HOSTS,
+    DISALLOWED_USER_AGENTS, PREPEND_WWW, SECURE_SSL_REDIRECT); None: their answer is the view's."""
+    request = WSGIRequest(wsgi_environ(scope, io.BytesIO(body)))
+    _, common, security = _middlewares()
+    try:
+        if common.process_request(request) is not None or security.process_request(request) is not None:
+            return None
+    except (DisallowedHost, PermissionDenied):
+        return None
+    return request
+
+
+def heartbeat_claim(scope: dict[str, Any], body: bytes, instance_id: int) -> tuple[HeartbeatClaim, WSGIRequest] | None:
+    """The claim of a plain heartbeat, with a request Django checked the host and scheme of; None
+    for anything the view must answer."""
+    plain = agent_headers(scope)
+    if plain is None:
+        return None
+    seen, key = plain
     address = ""
     if body:
         if len(body) > MAX_BODY or seen.get(b"content-type", b"").strip().lower() not in _JSON:
@@ -96,17 +117,8 @@ def heartbeat_claim(scope: dict[str, Any], body: bytes, instance_id: int) -> tup
         address = data.get("agent_address", "")
         if not isinstance(address, str):  # a string other than the instance's address: the batch hands it over
             return None
-    try:
-        key = parts[1].decode()
-    except UnicodeDecodeError:
-        return None
-    request = WSGIRequest(wsgi_environ(scope, io.BytesIO(body)))
-    _, common, security = _middlewares()
-    try:
-        # ALLOWED_HOSTS, DISALLOWED_USER_AGENTS, PREPEND_WWW; SECURE_SSL_REDIRECT: the view's answer.
-        if common.process_request(request) is not None or security.process_request(request) is not None:
-            return None
-    except (DisallowedHost, PermissionDenied):
+    request = checked_request(scope, body)
+    if request is None:
         return None
     return HeartbeatClaim(key_hash=hash_key(key), instance_id=instance_id, agent_address=address), request
 
@@ -119,12 +131,16 @@ def _middlewares() -> tuple[XFrameOptionsMiddleware, CommonMiddleware, SecurityM
 
 
 @functools.cache
-def view_headers() -> dict[str, str]:
-    """The headers DRF gives the heartbeat view's answer (`APIView.default_response_headers`): its
-    methods, and `Vary: Accept` when it has more than one renderer (development's browsable API)."""
-    match = resolve(_URL)
-    view, actions = match.func.cls, match.func.actions
-    allowed = [m.upper() for m in view.http_method_names if m in actions or (m != "head" and hasattr(view, m))]
+def view_headers(url: str = _URL) -> dict[str, str]:
+    """The headers DRF gives the answer of the view at `url` (`APIView.default_response_headers`):
+    its methods, and `Vary: Accept` when it has more than one renderer (development's browsable API)."""
+    match = resolve(url)
+    view, actions = match.func.cls, getattr(match.func, "actions", None)
+    if actions is None:  # a plain APIView: Django's View.setup() answers HEAD with get
+        allowed = [m.upper() for m in view.http_method_names
+                   if hasattr(view, m) or (m == "head" and hasattr(view, "get"))]
+    else:
+        allowed = [m.upper() for m in view.http_method_names if m in actions or (m != "head" and hasattr(view, m))]
     vary = {"Vary": "Accept"} if len(view.renderer_classes) > 1 else {}
     return {**vary, "Allow": ", ".join(allowed)}  # in DRF's order (`APIView.finalize_response`)
 
@@ -146,88 +162,13 @@ def record_and_render(claims: Sequence[HeartbeatClaim]) -> list[bytes | None]:
     return render_results(instance_heartbeats_record_batch(claims))
 
 
-def response(request: WSGIRequest, body: bytes) -> WSGIResponse:
-    """The view's 200 for `body`: DRF's headers, then the middlewares' (frame options, length,
-    security headers, HSTS on https), as they add them to the view's answer."""
+def response(request: WSGIRequest, body: bytes, url: str = _URL) -> WSGIResponse:
+    """The 200 of the view at `url` for `body`: DRF's headers, then the middlewares' (frame
+    options, length, security headers, HSTS on https), as they add them to the view's answer."""
     answer = HttpResponse(body, content_type="application/json")
-    for name, value in view_headers().items():
+    for name, value in view_headers(url).items():
         answer[name] = value
     for middleware in _middlewares():
         answer = middleware.process_response(request, answer)
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in answer.items()]
     return WSGIResponse(200, headers, body)
-
-
-class HeartbeatBatches:
-    """Heartbeats of one worker, recorded and answered together every `window_s`.
-
-    `record_batch(claims) -> [body or None]` runs in `executor` (with Django's connection
-    hygiene: the caller wraps it)."""
-
-    def __init__(self, *, record_batch: Callable[[list[HeartbeatClaim]], list[bytes | None]], executor: Executor,
-                 window_s: float, max_batch: int = 500) -> None:
-        self.record_batch = record_batch
-        self.executor = executor
-        self.window_s = window_s
-        self.max_batch = max_batch
-        self.pending: list[tuple[HeartbeatClaim, asyncio.Future]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._flushes: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak ones)
-        self._last: dict[int, float] = {}  # instance id -> its last fast heartbeat (monotonic)
-        self.answered = 0  # heartbeats the fast path answered
-        self.handed_over = 0  # heartbeats it gave to the view
-        self.flushes = 0
-
-    def admit(self, instance_id: int) -> bool:
-        """Whether this instance's heartbeat may take the fast path now (at most one per MIN_INTERVAL_S)."""
-        now = time.monotonic()
-        if now - self._last.get(instance_id, -MIN_INTERVAL_S) < MIN_INTERVAL_S:
-            return False
-        if len(self._last) > 100_000:  # only recent entries matter
-            self._last = {k: t for k, t in self._last.items() if now - t < MIN_INTERVAL_S}
-        self._last[instance_id] = now
-        return True
-
-    async def record(self, claim: HeartbeatClaim) -> bytes | None:
-        """The answer's body once the batch holding `claim` is written; None: the view answers."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.pending.append((claim, future))
-        if len(self.pending) >= self.max_batch:
-            self._flush_now()
-        elif self._timer is None:
-            self._timer = loop.call_later(self.window_s, self._flush_now)
-        body = await future
-        if body is None:
-            self.handed_over += 1
-        else:
-            self.answered += 1
-        return body
-
-    def _flush_now(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch, self.pending = self.pending, []
-        if batch:
-            task = asyncio.ensure_future(self._flush(batch))
-            self._flushes.add(task)
-            task.add_done_callback(self._flushes.discard)
-
-    async def _flush(self, batch: list[tuple[HeartbeatClaim, asyncio.Future]]) -> None:
-        self.flushes += 1
-        try:
-            bodies = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.record_batch, [claim for claim, _ in batch])
-        except Exception:
-            logger.exception("heartbeat batch of %d failed; the view answers them", len(batch))
-            bodies = [None] * len(batch)
-        for (_, future), body in zip(batch, bodies, strict=True):
-            if not future.done():
-                future.set_result(body)
-
-    async def close(self) -> None:
-        """Write and answer what is pending now (a clean shutdown loses no heartbeat)."""
-        self._flush_now()
-        await asyncio.gather(*list(self._flushes), return_exceptions=True)
-

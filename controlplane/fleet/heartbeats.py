@@ -72,7 +72,7 @@ def instance_heartbeats_record_batch(claims: Sequence[HeartbeatClaim]) -> list[d
     from controlplane.accounts.models import ApiToken
 
     now = timezone.now()
-    rows = {row[0]: row for row in _tokens_with_their_instances(sorted({c.key_hash for c in claims}))}
+    rows = {row[0]: row for row in agent_tokens_with_their_instances(sorted({c.key_hash for c in claims}))}
     accepted: dict[int, tuple] = {}  # instance id -> its token's row
     for claim in claims:
         row = rows.get(claim.key_hash)
@@ -120,10 +120,11 @@ def _aware(value: datetime | None) -> datetime | None:
     return value if value is None or timezone.is_aware(value) else timezone.make_aware(value, UTC)
 
 
-def _tokens_with_their_instances(key_hashes: list[str]) -> list[tuple]:
+def agent_tokens_with_their_instances(key_hashes: list[str]) -> list[tuple]:
     """Live agent tokens with these hashes, each with its instance and the instance's job: (key_hash,
     token id, team, instance id, expires_at, last_used_at, the instance's team, state, agent_address,
-    job id, job status, job current_generation), in ONE query."""
+    job id, job status, job current_generation), in ONE query (also the command poll's batched first step,
+    `controlplane/orchestration/poll_channel.py`)."""
     from controlplane.accounts.models import ApiToken, TokenKind
     from controlplane.jobs.models import TrainingJob
 

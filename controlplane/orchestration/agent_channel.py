@@ -1,8 +1,8 @@
 """Where held agent command long-polls wait, one hub per web worker process (asyncio).
 
 A held poll costs a future here, not a thread: the ASGI entry point (`controlplane/asgi.py`) answers
-at once through the usual Django view when the agent's version is stale, else parks the request
-in `CommandWaiters.wait` until one of:
+at once when the agent's version is stale (through the usual Django view, or for a plain poll its
+batched first step, `poll_channel.py`), else parks the request in `CommandWaiters.wait` until one of:
 - a Redis message on `common.agent_wake.CHANNEL` names its instance or its job (published on commit
   by the writers of what the version is made of): the prompt path, production stack;
 - the hub's database poll, ONE query for every poll held in this process

@@ -100,7 +100,7 @@ def agent_command_version(*, instance_id: int) -> tuple[str, int | None]:
     )
     if row is None:
         return "gone", None
-    return _version(*row), row[1]
+    return command_version(*row), row[1]
 
 
 def agent_command_versions(instance_ids: list[int]) -> dict[int, str]:
@@ -108,10 +108,12 @@ def agent_command_versions(instance_ids: list[int]) -> dict[int, str]:
     held long-poll of a web worker); an unknown id is left out (its version is `gone`)."""
     rows = Instance.objects.filter(pk__in=instance_ids).values_list(
         "pk", "state", "job_id", "job__current_generation", "job__status")
-    return {pk: _version(*rest) for pk, *rest in rows}
+    return {pk: command_version(*rest) for pk, *rest in rows}
 
 
-def _version(state: str, job_id: int | None, generation: int | None, status: str | None) -> str:
+def command_version(state: str, job_id: int | None, generation: int | None, status: str | None) -> str:
+    """The version of an instance's command from its state and its job's id, generation and status
+    (the one formula: the poll's batched first step, `controlplane/orchestration/poll_channel.py`, uses it too)."""
     return f"{state}:{job_id}:{generation}:{status}"
 
 
@@ -120,5 +122,5 @@ def instance_command_version(*, instance: Instance) -> str:
     version of the very rows it was built from, or an agent that got an answer built before a new
     generation but versioned after it would hold its long-poll on that version forever."""
     job = instance.job
-    return _version(instance.state, instance.job_id, job.current_generation if job else None,
+    return command_version(instance.state, instance.job_id, job.current_generation if job else None,
                     job.status if job else None)

@@ -258,3 +258,45 @@ def test_granian_answers_an_agents_heartbeat_and_refuses_it_once_its_token_is_re
     status, body = _post(url, b"{}", headers)
     assert status == 401 and body["detail"] == "invalid, revoked or expired token"
     assert Instance.objects.get(pk=instance.pk).last_heartbeat_at == stamp
+
+
+def _get(url: str, headers: dict[str, str]) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_granian_takes_an_agents_plain_poll_and_refuses_it_once_its_token_is_revoked(server):
+    """Through the real server, a plain command poll (the shape whose first step the batched path
+    takes, controlplane/orchestration/poll_channel.py): a stale version answered at once, a current
+    one held for its wait (less up to 25%); the same token revoked is refused at the next poll."""
+    from controlplane.accounts.models import ApiToken
+    from controlplane.accounts.services import api_token_revoke
+    from controlplane.fleet.services import instance_transition
+    from controlplane.orchestration import services
+    from tests.controlplane.api_helpers import make_api_token
+    from tests.controlplane.factories import make_instance, make_job
+
+    team = make_team(TEAM)
+    instance = make_instance(team, job=make_job(team))
+    instance_transition(instance=instance, to="running")
+    key = make_api_token(team, instance=instance)
+    url = f"{server}/api/v1/agents/commands/"
+    headers = {"Authorization": f"Token {key}"}
+
+    started = time.monotonic()
+    status, answer = _get(f"{url}?version=&wait=20", headers)
+    assert status == 200 and time.monotonic() - started < 5, answer
+    expected = services.agent_commands(instance_id=instance.pk)
+    assert (answer["instance"], answer["version"], answer["action"]) == (
+        instance.pk, expected["version"], expected["action"])
+    started = time.monotonic()
+    status, held = _get(f"{url}?version={answer['version'].replace(':', '%3A')}&wait=1", headers)
+    assert status == 200 and held == answer and time.monotonic() - started >= 0.7
+
+    api_token_revoke(token=ApiToken.objects.get(instance=instance, revoked_at__isnull=True))
+    status, body = _get(f"{url}?version=&wait=20", headers)
+    assert status == 401 and body["detail"] == "invalid, revoked or expired token"

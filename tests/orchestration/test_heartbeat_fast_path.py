@@ -20,6 +20,7 @@ from django.utils import timezone
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.services import api_token_revoke
 from controlplane.asgi import ControlPlane, _in_request
+from controlplane.common.window_batches import WindowBatches
 from controlplane.common.wsgi_bridge import read_body
 from controlplane.fleet import heartbeat_channel
 from controlplane.fleet.models import Instance
@@ -309,7 +310,8 @@ def test_a_window_of_heartbeats_is_one_update(fleet):
 
 def test_a_flood_from_one_agent_goes_to_the_view():
     """More than one heartbeat per instance per MIN_INTERVAL_S: the rest are the view's (and its throttle's)."""
-    batches = heartbeat_channel.HeartbeatBatches(record_batch=lambda c: [], executor=None, window_s=0.1)
+    batches = WindowBatches(record_batch=lambda c: [], executor=None, window_s=0.1,
+                            min_interval_s=heartbeat_channel.MIN_INTERVAL_S)
     assert batches.admit(7) and not batches.admit(7) and batches.admit(8)
 
 
