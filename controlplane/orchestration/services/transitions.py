@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane.billing.services import billing_close, billing_open
@@ -43,6 +44,7 @@ def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict |
     alert_job_status(job=job, status="recovered" if recovered else status, message=message)
 
 
+@transaction.atomic(savepoint=False)  # the caller's transaction when it has one (it should: the locks last)
 def _transition(instance: Instance, to: str, *, detail: dict | None = None) -> bool:
     """Move an instance if the state machine allows it (and keep its billing in step). Locks its
     job and then it first (`lock_jobs_then_instances`): the event rows written here share-lock the
