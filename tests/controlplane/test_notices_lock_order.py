@@ -37,6 +37,8 @@ def _postgres_and_fakes(monkeypatch, settings):
     if connection.vendor != "postgresql":
         pytest.skip("deadlocks need PostgreSQL's row locks (set DATABASE_URL=postgres://...)")
     settings.SPOTPIPE_NOTICE_HANDOFF = "none"
+    # Fake-provider jobs: no per-job TCPStore process left behind (as in tests/orchestration/conftest.py).
+    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "none")
     set_provider("local", FakeProvider())
     for name in ("apply_reconfiguration", "instance_joined", "reconcile_job"):
         monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args: None)
