@@ -5,6 +5,10 @@ The writes go through the same services as the API (`accounts.services`, `webhoo
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
@@ -66,11 +70,20 @@ def _reveal(request: HttpRequest, team: Team, *, label: str, secret: str) -> Htt
     return response
 
 
-def _admin_post(request: HttpRequest, slug: str) -> Team | HttpResponse:
-    team = _team(request, slug)
-    if team.pk not in admin_team_ids(request):
-        return HttpResponseForbidden("only the team's admins can change it")
-    return team
+def _admin_post(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A POST that changes the team: signed in, POST only, and the team's admins only (403 for its
+    other members, 404 for another team); the view gets the team instead of its slug."""
+
+    @login_required
+    @require_POST
+    @functools.wraps(view)
+    def checked(request: HttpRequest, slug: str, **kwargs: Any) -> HttpResponse:
+        team = _team(request, slug)
+        if team.pk not in admin_team_ids(request):
+            return HttpResponseForbidden("only the team's admins can change it")
+        return view(request, team, **kwargs)
+
+    return checked
 
 
 def _done(request: HttpRequest, team: Team, error: DomainError | None, success: str) -> HttpResponse:
@@ -81,12 +94,8 @@ def _done(request: HttpRequest, team: Team, error: DomainError | None, success: 
     return redirect("frontend:team", slug=team.slug)
 
 
-@login_required
-@require_POST
-def member_add(request: HttpRequest, slug: str) -> HttpResponse:
-    team = _admin_post(request, slug)
-    if isinstance(team, HttpResponse):
-        return team
+@_admin_post
+def member_add(request: HttpRequest, team: Team) -> HttpResponse:
     username = request.POST.get("username", "").strip()
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
@@ -98,43 +107,41 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
     return _done(request, team, None, f"{username} is now {request.POST.get('role', Role.MEMBER)} of {team.name}.")
 
 
-@login_required
-@require_POST
-def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
-    team = _admin_post(request, slug)
-    if isinstance(team, HttpResponse):
-        return team
+def _member_change(request: HttpRequest, team: Team, user_id: int, change: Callable[[Any], str]) -> HttpResponse:
+    """An admin's change to one member of the team: `change(user)` makes it and returns the success
+    message; a DomainError it raises (the team's last admin) becomes the error message."""
     membership = get_object_or_404(Membership.objects.select_related("user"), team=team, user_id=user_id)
     try:
-        membership_remove(team=team, user=membership.user)
+        success = change(membership.user)
     except DomainError as error:
         return _done(request, team, error, "")
-    return _done(request, team, None, f"{membership.user.username} removed; their tokens of this team are revoked.")
+    return _done(request, team, None, success)
 
 
-@login_required
-@require_POST
-def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
+@_admin_post
+def member_remove(request: HttpRequest, team: Team, user_id: int) -> HttpResponse:
+    def remove(user: Any) -> str:
+        membership_remove(team=team, user=user)
+        return f"{user.username} removed; their tokens of this team are revoked."
+
+    return _member_change(request, team, user_id, remove)
+
+
+@_admin_post
+def member_role(request: HttpRequest, team: Team, user_id: int) -> HttpResponse:
     """Change a member's role (the API's PATCH of a member); the team's last admin stays one."""
-    team = _admin_post(request, slug)
-    if isinstance(team, HttpResponse):
-        return team
-    membership = get_object_or_404(Membership.objects.select_related("user"), team=team, user_id=user_id)
     role = request.POST.get("role", "")
-    try:
-        membership_add(team=team, user=membership.user, role=role)
-    except DomainError as error:
-        return _done(request, team, error, "")
-    return _done(request, team, None, f"{membership.user.username} is now {role} of {team.name}.")
+
+    def set_role(user: Any) -> str:
+        membership_add(team=team, user=user, role=role)
+        return f"{user.username} is now {role} of {team.name}."
+
+    return _member_change(request, team, user_id, set_role)
 
 
-@login_required
-@require_POST
-def token_create(request: HttpRequest, slug: str) -> HttpResponse:
+@_admin_post
+def token_create(request: HttpRequest, team: Team) -> HttpResponse:
     """A user token for the requesting admin; the key is shown once, in this response's page."""
-    team = _admin_post(request, slug)
-    if isinstance(team, HttpResponse):
-        return team
     try:
         token, key = api_token_create(team=team, kind=TokenKind.USER, user=request.user,
                                       name=request.POST.get("name", "")[:100])
@@ -144,23 +151,15 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
                    secret=key)
 
 
-@login_required
-@require_POST
-def token_revoke(request: HttpRequest, slug: str, token_id: int) -> HttpResponse:
-    team = _admin_post(request, slug)
-    if isinstance(team, HttpResponse):
-        return team
+@_admin_post
+def token_revoke(request: HttpRequest, team: Team, token_id: int) -> HttpResponse:
     token = get_object_or_404(ApiToken, pk=token_id, team=team)
     api_token_revoke(token=token)
     return _done(request, team, None, f"Token {token.prefix}… revoked.")
 
 
-@login_required
-@require_POST
-def alert_add(request: HttpRequest, slug: str) -> HttpResponse:
-    team = _admin_post(request, slug)
-    if isinstance(team, HttpResponse):
-        return team
+@_admin_post
+def alert_add(request: HttpRequest, team: Team) -> HttpResponse:
     url = request.POST.get("url", "").strip()
     try:
         endpoint = alert_endpoint_create(team=team, url=url, format=request.POST.get("format", AlertFormat.GENERIC))

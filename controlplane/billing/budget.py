@@ -10,6 +10,7 @@ from decimal import Decimal
 from django.db import transaction
 
 from controlplane.billing.reports import job_cost_report
+from controlplane.fleet.locks import lock_job
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, TrainingJob
 from controlplane.jobs.services import job_record_event
 from controlplane.webhooks.alerts import alert_budget_threshold
@@ -26,7 +27,7 @@ def job_budget_check(*, job: TrainingJob) -> list[int]:
     if not crossed:
         return []
     with transaction.atomic():
-        locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        locked = lock_job(job)
         seen = {event.data.get("threshold_pct") for event in
                 JobEvent.objects.filter(job=locked, kind="budget_threshold")}
         new = [pct for pct in crossed if pct not in seen]

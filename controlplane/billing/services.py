@@ -60,7 +60,8 @@ def _new_segment(instance: Instance, start: datetime, end: datetime | None, pric
 
 
 def _lock(instance: Instance) -> Instance:
-    """Lock the instance row so that concurrent ledger writes on it serialise."""
+    """Lock the instance row so that concurrent ledger writes on it serialise (its callers, the
+    orchestration's instance moves, took it and its job already, in `fleet.locks`' order)."""
     return Instance.objects.select_for_update().select_related("instance_type").get(pk=instance.pk)
 
 

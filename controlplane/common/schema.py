@@ -14,13 +14,15 @@ from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from controlplane.common.fields import CharField
+
 
 class ApiErrorSerializer(serializers.Serializer):
     """Every 4xx answer: a one-line summary and the messages per field (flattened paths such as
     `samples[3].loss`; empty when no one field is at fault)."""
 
-    detail = serializers.CharField()
-    errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+    detail = CharField()
+    errors = serializers.DictField(child=serializers.ListField(child=CharField()))
 
 
 # Answers any operation may give, with what they mean here.

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from controlplane.accounts.services import agent_tokens_revoke
 from controlplane.common.agent_wake import commands_changed
+from controlplane.fleet.locks import lock_instance
 from controlplane.fleet.models import Instance, InstanceEvent
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState, check_transition
 
@@ -30,7 +31,7 @@ def instance_transition(
     stamp the matching timestamp and append an InstanceEvent. Locks the row, so two concurrent
     callers serialise and the second sees the first's result."""
     at = at or timezone.now()
-    locked = Instance.objects.select_for_update().get(pk=instance.pk)
+    locked = lock_instance(instance)  # its job first: the one lock order (fleet.locks)
     check_transition(locked.state, to)
     previous = locked.state
     locked.state = to

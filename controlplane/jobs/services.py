@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from controlplane.common.agent_wake import commands_changed
 from controlplane.common.errors import Conflict
+from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import Instance
 from controlplane.jobs.data_checks import check_data
 from controlplane.jobs.models import (
@@ -195,7 +196,7 @@ def job_submit(
 
 
 def _lock(job: TrainingJob) -> TrainingJob:
-    return TrainingJob.objects.select_for_update().get(pk=job.pk)
+    return lock_job(job)
 
 
 def _sync(job: TrainingJob, locked: TrainingJob, fields: list[str]) -> None:

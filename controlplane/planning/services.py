@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.common.errors import DomainError
+from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import ProviderKind
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool
@@ -378,7 +379,7 @@ def job_replan(*, job: TrainingJob, at: datetime | None = None) -> JobPlan | Non
     from controlplane.jobs.models import JobStatus
     from controlplane.jobs.services import job_record_event
 
-    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    job = lock_job(job)
     stored = JobPlan.from_dict(job.plan)
     if not (stored.replan and stored.chosen_by == "planner") or job.status not in (
         JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING,

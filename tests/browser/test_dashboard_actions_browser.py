@@ -13,18 +13,11 @@ from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotic
 from controlplane.orchestration.services import liveness  # instance_terminate looks get_provider up here
 from frontend import browser
 from tests.controlplane.factories import make_instance, make_team, make_user
+from tests.orchestration.fakes import FakeProvider
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]
 
 PASSWORD = "correct-horse-battery-staple"  # what tests.controlplane.factories.make_user sets
-
-
-class FakeProvider:
-    def __init__(self) -> None:
-        self.terminated: list[str] = []
-
-    def terminate(self, ids: list[str]) -> None:
-        self.terminated.extend(ids)
 
 
 @pytest.fixture

@@ -13,22 +13,11 @@ from django.utils import timezone
 from controlplane.billing.models import BillingSegment, PriceSource
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import JobEvent, JobStatus
-from controlplane.orchestration.providers.base import ProviderError
 from controlplane.orchestration.services import liveness as orchestration  # instance_terminate's get_provider
 from tests.controlplane.api_helpers import make_team_world
+from tests.orchestration.fakes import FakeProvider
 
 pytestmark = pytest.mark.django_db
-
-
-class FakeProvider:
-    def __init__(self, fail: bool = False):
-        self.terminated: list[str] = []
-        self.fail = fail
-
-    def terminate(self, ids):
-        if self.fail:
-            raise ProviderError("UnauthorizedOperation")
-        self.terminated.extend(ids)
 
 
 @pytest.fixture
@@ -87,7 +76,7 @@ def test_members_agents_and_other_teams_cannot(worlds, provider):
 
 def test_a_refusing_provider_is_502_and_nothing_changes(worlds, monkeypatch):
     alpha, _ = worlds
-    monkeypatch.setattr(orchestration, "get_provider", lambda kind: FakeProvider(fail=True))
+    monkeypatch.setattr(orchestration, "get_provider", lambda kind: FakeProvider(refuse_terminate=True))
     response = alpha.admin_client.post(f"/api/v1/instances/{alpha.instance.pk}/terminate/")
     assert response.status_code == 502
     assert Instance.objects.get(pk=alpha.instance.pk).state == "running"

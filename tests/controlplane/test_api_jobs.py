@@ -93,6 +93,8 @@ PAST = "2001-01-01T00:00:00Z"
         ({"budget_usd": _DROP}, "non_field_errors"),  # neither deadline nor budget
         ({"name": ""}, "name"),
         ({"name": _DROP}, "name"),
+        ({"name": 5}, "name"),
+        ({"name": 2.5}, "name"),
     ],
 )
 def test_bad_submission_names_the_field_and_writes_nothing(world, changes, field):

@@ -72,6 +72,9 @@ def test_only_staff_create_teams():
     ({"name": "T", "admin": "ann", "slug": "not a slug"}, "slug"),
     ({"name": "T", "admin": "ann", "admin_email": "nope"}, "admin_email"),
     ({"name": "x" * 101, "admin": "ann"}, "name"),
+    ({"name": 7, "admin": "ann"}, "name"),  # string fields take only strings
+    ({"name": "T", "admin": 1}, "admin"),
+    ({"name": "T", "admin": "ann", "slug": 12}, "slug"),
 ])
 def test_bad_input_is_400_naming_the_field_and_writes_nothing(staff_client, body, field):
     teams, users, tokens = Team.objects.count(), User.objects.count(), ApiToken.objects.count()

@@ -80,6 +80,8 @@ def test_admin_creates_an_agent_token_bound_to_an_instance(world):
         ({"instance": 10**9, "kind": "agent"}, "instance"),
         ({"instance": "one"}, "instance"),
         ({"name": "x" * 101}, "name"),
+        ({"name": 0}, "name"),  # a string field takes only strings (DRF would store "0")
+        ({"name": ["a"]}, "name"),
         ({"team": "a"}, "team"),
     ],
 )

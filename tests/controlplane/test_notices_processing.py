@@ -428,9 +428,9 @@ def _db_error(sqlstate: str):
 
 @pytest.mark.parametrize("sqlstate", ["40P01", "40001"])
 def test_a_batch_chosen_as_a_deadlock_victim_is_processed_again_at_once(monkeypatch, sqlstate):
-    """PostgreSQL aborts one side of a deadlock (the batch locks instances and, at commit, its rows'
-    foreign keys share-lock their jobs; orchestration locks a job, then its instances): the batch
-    runs again at once instead of waiting for the sweep, so the node's job reacts in time."""
+    """PostgreSQL aborts one side of a deadlock (the batch takes orchestration's lock order now, see
+    test_notices_lock_order; this is the safety net for a path outside it): the batch runs again
+    at once instead of waiting for the sweep, so the node's job reacts in time."""
     team = make_team()
     job = make_job(team)
     instance = running(team, job=job)

@@ -18,23 +18,12 @@ from django.utils import timezone
 from controlplane.accounts.models import Membership, Role
 from controlplane.billing.models import BillingSegment, PriceSource
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeStatus
-from controlplane.orchestration.providers.base import ProviderError
 from controlplane.orchestration.services import liveness  # instance_terminate looks get_provider up here
 from tests.controlplane.api_helpers import make_api_token
 from tests.controlplane.factories import make_instance, make_job, make_team, make_user
+from tests.orchestration.fakes import FakeProvider
 
 pytestmark = pytest.mark.django_db
-
-
-class FakeProvider:
-    def __init__(self, fail: bool = False):
-        self.terminated: list[str] = []
-        self.fail = fail
-
-    def terminate(self, ids):
-        if self.fail:
-            raise ProviderError("UnauthorizedOperation: not allowed to terminate")
-        self.terminated.extend(ids)
 
 
 @pytest.fixture
@@ -110,7 +99,7 @@ def test_another_teams_instance_is_not_found(client, world, provider):
 
 
 def test_a_refusing_provider_is_a_message_and_nothing_changes(client, world, monkeypatch):
-    monkeypatch.setattr(liveness, "get_provider", lambda kind: FakeProvider(fail=True))
+    monkeypatch.setattr(liveness, "get_provider", lambda kind: FakeProvider(refuse_terminate=True))
     client.force_login(world["admin"])
     response = client.post(reverse("frontend:instance-terminate", args=[world["instance"].pk]), {}, follow=True)
     assert response.status_code == 200

@@ -61,9 +61,14 @@ def test_a_member_sees_the_team_but_cannot_change_it(client, teams):
     page = client.get(reverse("frontend:team", args=[alpha.slug])).content.decode()
     assert "its admins manage" in page and "Add alert URL" not in page
     for name, args, data in [("team-member-add", [], {"username": "max", "role": "admin"}),
+                             ("team-member-role", [member.pk], {"role": "admin"}),
+                             ("team-member-remove", [member.pk], {}),
                              ("team-token-create", [], {"name": "x"}),
+                             ("team-token-revoke", [1], {}),
                              ("team-alert-add", [], {"url": "https://x.example"})]:
-        assert client.post(reverse(f"frontend:{name}", args=[alpha.slug, *args]), data).status_code == 403
+        url = reverse(f"frontend:{name}", args=[alpha.slug, *args])
+        assert client.post(url, data).status_code == 403
+        assert client.get(url).status_code == 405  # POST only, for admins and members alike
     assert Membership.objects.get(team=alpha, user=member).role == Role.MEMBER
     assert not AlertEndpoint.objects.exists() and not ApiToken.objects.exists()
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from controlplane.orchestration.providers.base import LaunchRequest, NodeInfo
+from controlplane.orchestration.providers.base import LaunchRequest, NodeInfo, ProviderError
 
 
 class FakeProvider:
+    """`refuse_terminate`: every terminate raises ProviderError, as a provider that denies it
+    (UnauthorizedOperation) does; nothing is recorded."""
+
     kind = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, *, refuse_terminate: bool = False) -> None:
+        self.refuse_terminate = refuse_terminate
         self.launches: list[LaunchRequest] = []
         self.terminated: list[str] = []
         self.nodes: dict[str, NodeInfo] = {}
@@ -36,6 +40,8 @@ class FakeProvider:
                 for i in ids]
 
     def terminate(self, ids: Sequence[str]) -> None:
+        if self.refuse_terminate:
+            raise ProviderError("UnauthorizedOperation: not allowed to terminate")
         for node_id in ids:
             self.terminated.append(node_id)
             if node_id in self.nodes:

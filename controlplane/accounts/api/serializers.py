@@ -6,10 +6,11 @@ from rest_framework import serializers
 
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
 from controlplane.common.api import NamedChoiceField
+from controlplane.common.fields import CharField, EmailField, ModelSerializer, SlugField
 from controlplane.common.limits import MAX_ID
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(ModelSerializer):
     my_role = serializers.ChoiceField(choices=Role.choices, read_only=True, allow_null=True,
                                       help_text="The requester's role in the team.")
     member_count = serializers.IntegerField(read_only=True)
@@ -20,9 +21,9 @@ class TeamSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
+class ApiTokenSerializer(ModelSerializer):
     kind = NamedChoiceField(choices=TokenKind.choices, enum_name="TokenKindEnum", read_only=True)
-    username = serializers.CharField(source="user.username", read_only=True, allow_null=True, default=None)
+    username = CharField(source="user.username", read_only=True, allow_null=True, default=None)
 
     class Meta:
         model = ApiToken
@@ -32,7 +33,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
-    key = serializers.CharField(read_only=True, help_text="The secret key. Shown once, never stored.")
+    key = CharField(read_only=True, help_text="The secret key. Shown once, never stored.")
 
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "key"]
@@ -44,7 +45,7 @@ class ApiTokenCreateSerializer(serializers.Serializer):
 
     team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     kind = NamedChoiceField(choices=TokenKind.choices, enum_name="TokenKindEnum", default=TokenKind.USER)
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    name = CharField(max_length=100, required=False, allow_blank=True, default="")
     instance = serializers.IntegerField(
         required=False, min_value=1, max_value=MAX_ID,
         help_text="Required for agent tokens.",
@@ -55,16 +56,16 @@ class ApiTokenCreateSerializer(serializers.Serializer):
 class TeamCreateSerializer(serializers.Serializer):
     """Input of `POST /teams/` (staff only): the team and its first admin."""
 
-    name = serializers.CharField(max_length=100)
-    slug = serializers.SlugField(max_length=60, required=False, help_text="Default: from the name.")
-    admin = serializers.CharField(max_length=150, help_text="Username of the first admin; created when new.")
-    admin_email = serializers.EmailField(required=False, allow_blank=True, default="", max_length=254)
-    token_name = serializers.CharField(max_length=100, required=False, default="first token")
+    name = CharField(max_length=100)
+    slug = SlugField(max_length=60, required=False, help_text="Default: from the name.")
+    admin = CharField(max_length=150, help_text="Username of the first admin; created when new.")
+    admin_email = EmailField(required=False, allow_blank=True, default="", max_length=254)
+    token_name = CharField(max_length=100, required=False, default="first token")
 
 
 class TeamAdminSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    username = serializers.CharField()
+    username = CharField()
     created = serializers.BooleanField(help_text="true: a new user (no usable password) was made.")
 
 
@@ -76,10 +77,10 @@ class TeamCreatedSerializer(serializers.Serializer):
     token = ApiTokenCreatedSerializer()
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(ModelSerializer):
     user = serializers.IntegerField(source="user_id", read_only=True)
-    username = serializers.CharField(source="user.username", read_only=True)
-    email = serializers.CharField(source="user.email", read_only=True)
+    username = CharField(source="user.username", read_only=True)
+    email = CharField(source="user.email", read_only=True)
     role = NamedChoiceField(choices=Role.choices, enum_name="RoleEnum", read_only=True)
 
     class Meta:
@@ -91,7 +92,7 @@ class MembershipSerializer(serializers.ModelSerializer):
 class MembershipCreateSerializer(serializers.Serializer):
     """Input of `POST /teams/{id}/members/`: an existing user by username."""
 
-    username = serializers.CharField(max_length=150)
+    username = CharField(max_length=150)
     role = NamedChoiceField(choices=Role.choices, enum_name="RoleEnum", default=Role.MEMBER)
 
 

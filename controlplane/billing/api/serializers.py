@@ -8,10 +8,11 @@ from rest_framework import serializers
 
 from controlplane.billing.models import BillingSegment
 from controlplane.billing.reports import spend_window_problem
+from controlplane.common.fields import CharField, ModelSerializer
 
 
-class BillingSegmentSerializer(serializers.ModelSerializer):
-    instance_type = serializers.CharField(source="instance.instance_type.name", read_only=True)
+class BillingSegmentSerializer(ModelSerializer):
+    instance_type = CharField(source="instance.instance_type.name", read_only=True)
     zone = serializers.SerializerMethodField()
 
     class Meta:
@@ -41,25 +42,25 @@ class _BreakdownSerializer(_CostLineSerializer):
 
 
 class TypeBreakdownSerializer(_BreakdownSerializer):
-    instance_type = serializers.CharField()
+    instance_type = CharField()
 
 
 class ZoneBreakdownSerializer(_BreakdownSerializer):
-    zone = serializers.CharField()
+    zone = CharField()
 
 
 class SegmentCostSerializer(serializers.Serializer):
     segment_id = serializers.IntegerField()
     instance_id = serializers.IntegerField()
-    provider_instance_id = serializers.CharField()
-    instance_type = serializers.CharField()
-    zone = serializers.CharField()
-    lifecycle = serializers.CharField()
+    provider_instance_id = CharField()
+    instance_type = CharField()
+    zone = CharField()
+    lifecycle = CharField()
     start = serializers.DateTimeField()
     end = serializers.DateTimeField(allow_null=True)
     hours = serializers.DecimalField(max_digits=14, decimal_places=4)
     price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6)
-    price_source = serializers.CharField()
+    price_source = CharField()
     cost_usd = serializers.DecimalField(max_digits=16, decimal_places=6)
     on_demand_cost_usd = serializers.DecimalField(max_digits=16, decimal_places=6)
 
@@ -68,7 +69,7 @@ class _CostTotalsSerializer(serializers.Serializer):
     """The totals a job's cost report and a team's spend report both carry."""
 
     as_of = serializers.DateTimeField()
-    currency = serializers.CharField()
+    currency = CharField()
     total_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
     billed_hours = serializers.DecimalField(max_digits=14, decimal_places=4)
     on_demand_equivalent_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
@@ -79,7 +80,7 @@ class CostReportSerializer(_CostTotalsSerializer):
     """Schema of `CostReport.to_dict()` (amounts as decimal strings)."""
 
     job = serializers.IntegerField()
-    job_name = serializers.CharField()
+    job_name = CharField()
     savings_pct = serializers.DecimalField(max_digits=6, decimal_places=2, allow_null=True)
     preemption_events = serializers.IntegerField()
     preemption_lost_seconds = serializers.FloatField()
@@ -115,14 +116,14 @@ class SpendDaySerializer(_CostLineSerializer):
 
 class SpendJobSerializer(_CostLineSerializer):
     job = serializers.IntegerField(allow_null=True, help_text="null: instances bought for no job.")
-    job_name = serializers.CharField()
+    job_name = CharField()
 
 
 class TeamSpendReportSerializer(_CostTotalsSerializer):
     """Schema of `TeamSpendReport.to_dict()` (amounts as decimal strings)."""
 
     team = serializers.IntegerField()
-    team_slug = serializers.CharField()
+    team_slug = CharField()
     start = serializers.DateTimeField()
     end = serializers.DateTimeField(help_text="Exclusive: midnight UTC after the last day.")
     by_day = SpendDaySerializer(many=True)

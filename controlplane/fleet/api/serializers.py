@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.fields import CharField, ModelSerializer
 from controlplane.fleet.models import (
     Instance,
     InstanceEvent,
@@ -12,11 +13,11 @@ from controlplane.fleet.models import (
 from controlplane.fleet.states import InstanceState
 
 
-class InstanceSerializer(serializers.ModelSerializer):
-    instance_type = serializers.CharField(source="instance_type.name", read_only=True)
-    cloud = serializers.CharField(source="instance_type.cloud.code", read_only=True)
-    zone = serializers.CharField(source="zone.code", read_only=True, allow_null=True, default=None)
-    region = serializers.CharField(source="zone.region.code", read_only=True, allow_null=True, default=None)
+class InstanceSerializer(ModelSerializer):
+    instance_type = CharField(source="instance_type.name", read_only=True)
+    cloud = CharField(source="instance_type.cloud.code", read_only=True)
+    zone = CharField(source="zone.code", read_only=True, allow_null=True, default=None)
+    region = CharField(source="zone.region.code", read_only=True, allow_null=True, default=None)
 
     class Meta:
         model = Instance
@@ -28,14 +29,14 @@ class InstanceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class InstanceEventSerializer(serializers.ModelSerializer):
+class InstanceEventSerializer(ModelSerializer):
     class Meta:
         model = InstanceEvent
         fields = ["id", "kind", "from_state", "to_state", "at", "detail"]
         read_only_fields = fields
 
 
-class NoticeSerializer(serializers.ModelSerializer):
+class NoticeSerializer(ModelSerializer):
     class Meta:
         model = InterruptionNotice
         fields = [
@@ -49,7 +50,7 @@ class NoticeSerializer(serializers.ModelSerializer):
 class HeartbeatSerializer(serializers.Serializer):
     """Input of `POST /instances/{id}/heartbeat/` (the body may be empty)."""
 
-    agent_address = serializers.CharField(max_length=200, required=False, allow_blank=True,
+    agent_address = CharField(max_length=200, required=False, allow_blank=True,
                                           help_text="host:port where the control plane can reach the agent.")
 
 
@@ -61,12 +62,12 @@ class HeartbeatResultSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=InstanceState.choices)
     last_heartbeat_at = serializers.DateTimeField()
     job = serializers.IntegerField(allow_null=True)
-    job_status = serializers.CharField(allow_null=True)
+    job_status = CharField(allow_null=True)
     current_generation = serializers.IntegerField(allow_null=True)
 
 
 class TerminateSerializer(serializers.Serializer):
     """Input of `POST /instances/{id}/terminate/`."""
 
-    reason = serializers.CharField(max_length=200, required=False, allow_blank=True,
+    reason = CharField(max_length=200, required=False, allow_blank=True,
                                    help_text="Recorded on the instance's and the job's events.")

@@ -15,6 +15,7 @@ from django.utils import timezone
 from controlplane.accounts.services import agent_tokens_revoke
 from controlplane.common.agent_wake import commands_changed
 from controlplane.fleet.bulk import bulk_update_by_pk
+from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeSource, NoticeStatus
 from controlplane.fleet.notices.handoff import notices_handoff
 from controlplane.fleet.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
@@ -82,28 +83,31 @@ def notice_process(*, notice_id: int) -> InterruptionNotice | None:
 
 
 def _lock_instances(rows: list[InterruptionNotice]) -> InstanceMap:
-    """Lock and load every instance the batch may move, in id order, before touching any: two
-    drains then queue on the same order instead of deadlocking on each other's rows. Only the
-    notices' teams' instances, unless a notice has no team (its instance is looked up by id alone)."""
+    """Lock and load every instance the batch may move, and their jobs before them
+    (`lock_jobs_then_instances`, the order orchestration locks in): the batch's rows share-lock
+    those jobs when it commits, so locking the instances alone first deadlocked against
+    orchestration, which locks a job and then its instances. Only the notices' teams' instances,
+    unless a notice has no team (its instance is looked up by id alone)."""
     keys = {key for notice in rows for key in instance_keys(notice)}
     if not keys:
         return {}
-    qs = Instance.objects.select_for_update(of=("self",)).select_related("job").filter(provider_instance_id__in=keys)
+    qs = Instance.objects.filter(provider_instance_id__in=keys)
     teams = {notice.team_id for notice in rows}
     if None not in teams:
         qs = qs.filter(team_id__in=teams)
+    _jobs, instances = lock_jobs_then_instances(instances=qs)
     known: InstanceMap = {}
-    for instance in qs.order_by("id"):
+    for instance in instances:
         known.setdefault(instance.provider_instance_id, []).append(instance)
     return known
 
 
 def _process_together(notice_ids: list[int]) -> None:
     """Process notices in one transaction with a constant number of statements for the batch's own
-    rows: lock the notices, lock and load their instances (and read their jobs' current
-    generations, when any has one), then one insert each for the instance and job events, one
-    query for the reconfigurations already decided and one insert for the new ones, and one
-    update each for the instances and the notices. Orchestration applies the new
+    rows: lock the notices, then their instances' jobs and the instances (the one lock order,
+    `_lock_instances`), read the jobs' current generations when any has one, then one insert each
+    for the instance and job events, one query for the reconfigurations already decided and one
+    insert for the new ones, and one update each for the instances and the notices. Orchestration applies the new
     reconfigurations together once this commits."""
     with transaction.atomic():
         rows = list(
@@ -132,9 +136,10 @@ def _process_together(notice_ids: list[int]) -> None:
         bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
 
 
-# PostgreSQL's answers that mean "run the transaction again": a deadlock (40P01; the batch locks
-# instances and, at commit, its events' foreign keys take a share lock on their jobs, while
-# orchestration locks a job and then its instances) and a serialization failure (40001).
+# PostgreSQL's answers that mean "run the transaction again": a deadlock (40P01) and a
+# serialization failure (40001). The batch takes its locks in orchestration's order
+# (`lock_jobs_then_instances`), so a deadlock is left only to a path outside that rule; this
+# stays as the safety net.
 RETRY_SQLSTATES = frozenset({"40P01", "40001"})
 RETRIES = 3
 

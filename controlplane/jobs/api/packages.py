@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from controlplane.accounts.models import ApiToken
 from controlplane.common.api import AgentActionsOnly, TeamScopedViewSetMixin, resolve_team, validate_or_400
+from controlplane.common.fields import CharField
 from controlplane.jobs import packages
 from controlplane.jobs.models import Package
 
@@ -25,10 +26,10 @@ class PackageUploadSerializer(serializers.Serializer):
 
 
 class PackageSerializer(serializers.Serializer):
-    sha256 = serializers.CharField()
-    requirement = serializers.CharField(help_text="What to put in config.requirements: upload:<sha256>.")
+    sha256 = CharField()
+    requirement = CharField(help_text="What to put in config.requirements: upload:<sha256>.")
     size = serializers.IntegerField()
-    filename = serializers.CharField()
+    filename = CharField()
 
 
 class PackageViewSet(TeamScopedViewSetMixin, viewsets.GenericViewSet):

@@ -7,6 +7,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from controlplane.common.api import JSONObjectField
+from controlplane.common.fields import CharField, ModelSerializer
 from controlplane.common.limits import MAX_COUNT, MAX_ID
 from controlplane.jobs.models import (
     JobEvent,
@@ -20,8 +21,8 @@ from controlplane.jobs.services import MAX_METRIC_BATCH
 from runtime.config import model_spec_view
 
 
-class JobSerializer(serializers.ModelSerializer):
-    created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
+class JobSerializer(ModelSerializer):
+    created_by = CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
     model_spec = serializers.SerializerMethodField(
         help_text="Deprecated: the contract in the first API's names (layers, d_model, ...); read `config`."
     )
@@ -53,7 +54,7 @@ class JobSubmitSerializer(serializers.Serializer):
         required=False, min_value=1, max_value=MAX_ID,
         help_text="Needed if you belong to several teams.",
     )
-    name = serializers.CharField(max_length=120)
+    name = CharField(max_length=120)
     config = JSONObjectField(
         required=False,
         help_text="The runtime's JobConfig fields but the layout: {model: {kind, n_layer, n_embd, n_head, seq_len, "
@@ -77,15 +78,15 @@ class JobSubmitSerializer(serializers.Serializer):
     )
 
 
-class JobGenerationSerializer(serializers.ModelSerializer):
+class JobGenerationSerializer(ModelSerializer):
     class Meta:
         model = JobGeneration
         fields = ["number", "membership", "layout", "reason", "created_at"]
         read_only_fields = fields
 
 
-class ReconfigurationSerializer(serializers.ModelSerializer):
-    provider_instance_id = serializers.CharField(
+class ReconfigurationSerializer(ModelSerializer):
+    provider_instance_id = CharField(
         source="instance.provider_instance_id", read_only=True, allow_null=True, default=None
     )
 
@@ -99,14 +100,14 @@ class ReconfigurationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class JobEventSerializer(serializers.ModelSerializer):
+class JobEventSerializer(ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["id", "kind", "message", "data", "at"]
         read_only_fields = fields
 
 
-class MetricSampleSerializer(serializers.ModelSerializer):
+class MetricSampleSerializer(ModelSerializer):
     class Meta:
         model = MetricSample
         fields = ["step", "generation", "instance", "at", "loss", "val_loss", "samples_per_s", "stage_times"]
@@ -149,18 +150,18 @@ class MetricBatchResultSerializer(serializers.Serializer):
 
 
 class ArtifactSerializer(serializers.Serializer):
-    name = serializers.CharField(help_text="File name in the job's folder (model.safetensors, spotpipe.json, ...).")
+    name = CharField(help_text="File name in the job's folder (model.safetensors, spotpipe.json, ...).")
     size = serializers.IntegerField(help_text="Bytes.")
-    sha256 = serializers.CharField(help_text="Hex digest of the file's bytes.")
-    url = serializers.CharField(help_text="Where to download it (GET, same token).")
+    sha256 = CharField(help_text="Hex digest of the file's bytes.")
+    url = CharField(help_text="Where to download it (GET, same token).")
 
 
 class ArtifactListSerializer(serializers.Serializer):
-    location = serializers.CharField(help_text="The job's folder in the artifact store (SPOTPIPE_ARTIFACTS).")
+    location = CharField(help_text="The job's folder in the artifact store (SPOTPIPE_ARTIFACTS).")
     complete = serializers.BooleanField(
         help_text="The export is whole (its index is in place); files is empty until then."
     )
     files = ArtifactSerializer(many=True)
-    load_snippet = serializers.CharField(help_text="Python lines that load the weights with spotpipe.load_model.")
+    load_snippet = CharField(help_text="Python lines that load the weights with spotpipe.load_model.")
 
 

@@ -7,14 +7,15 @@ from typing import Any
 
 from rest_framework import serializers
 
+from controlplane.common.fields import CharField, ModelSerializer
 from controlplane.market.models import InstanceType, Zone
 from controlplane.market.selectors import LINUX
 
 MAX_BUCKET_SECONDS = 366 * 86400
 
 
-class InstanceTypeSerializer(serializers.ModelSerializer):
-    cloud = serializers.CharField(source="cloud.code", read_only=True)
+class InstanceTypeSerializer(ModelSerializer):
+    cloud = CharField(source="cloud.code", read_only=True)
 
     class Meta:
         model = InstanceType
@@ -22,9 +23,9 @@ class InstanceTypeSerializer(serializers.ModelSerializer):
                   "accelerator_memory_gib", "network_gbps", "on_demand_price"]
 
 
-class ZoneSerializer(serializers.ModelSerializer):
-    region = serializers.CharField(source="region.code", read_only=True)
-    cloud = serializers.CharField(source="region.cloud.code", read_only=True)
+class ZoneSerializer(ModelSerializer):
+    region = CharField(source="region.code", read_only=True)
+    cloud = CharField(source="region.cloud.code", read_only=True)
 
     class Meta:
         model = Zone
@@ -34,9 +35,9 @@ class ZoneSerializer(serializers.ModelSerializer):
 class SpotPriceQuery(serializers.Serializer):
     """Query parameters of /spot-prices/."""
 
-    instance_type = serializers.CharField(max_length=60, help_text="Instance type name, e.g. p3.2xlarge.")
-    zone = serializers.CharField(max_length=40, help_text="Zone ID (use1-az4) or zone name (us-east-1a).")
-    product = serializers.CharField(max_length=40, required=False, default=LINUX)
+    instance_type = CharField(max_length=60, help_text="Instance type name, e.g. p3.2xlarge.")
+    zone = CharField(max_length=40, help_text="Zone ID (use1-az4) or zone name (us-east-1a).")
+    product = CharField(max_length=40, required=False, default=LINUX)
     start = serializers.DateTimeField(required=False, help_text="ISO 8601; inclusive.")
     end = serializers.DateTimeField(required=False, help_text="ISO 8601; exclusive.")
     bucket = serializers.IntegerField(
@@ -60,9 +61,9 @@ class PricePointSerializer(serializers.Serializer):
 
 
 class SpotPriceHistorySerializer(serializers.Serializer):
-    instance_type = serializers.CharField()
-    zone = serializers.CharField()
-    product = serializers.CharField()
+    instance_type = CharField()
+    zone = CharField()
+    product = CharField()
     bucket_seconds = serializers.IntegerField(allow_null=True)
     points = PricePointSerializer(many=True)
 
@@ -71,10 +72,10 @@ class CheapestQuery(serializers.Serializer):
     """Query parameters of /spot-prices/cheapest/."""
 
     at = serializers.DateTimeField(required=False, help_text="Moment of the prices (default: now).")
-    instance_type = serializers.CharField(
+    instance_type = CharField(
         required=False, max_length=2000, help_text="Comma-separated instance type names to consider."
     )
-    product = serializers.CharField(max_length=40, required=False, default=LINUX)
+    product = CharField(max_length=40, required=False, default=LINUX)
     limit = serializers.IntegerField(required=False, default=10, min_value=1, max_value=500)
     per_accelerator = serializers.BooleanField(
         required=False, default=False, help_text="Order by price per accelerator (GPU types only)."
@@ -88,13 +89,13 @@ class CheapestQuery(serializers.Serializer):
 
 
 class PoolSerializer(serializers.Serializer):
-    instance_type = serializers.CharField()
-    zone = serializers.CharField()
-    zone_aws_id = serializers.CharField(allow_null=True)
-    region = serializers.CharField()
+    instance_type = CharField()
+    zone = CharField()
+    zone_aws_id = CharField(allow_null=True)
+    region = CharField()
     price = serializers.DecimalField(max_digits=12, decimal_places=6)
     since = serializers.DateTimeField(help_text="When this price came into force.")
     on_demand_price = serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True)
     savings_pct = serializers.DecimalField(max_digits=6, decimal_places=2, allow_null=True)
-    accelerator_name = serializers.CharField()
+    accelerator_name = CharField()
     accelerator_count = serializers.IntegerField()

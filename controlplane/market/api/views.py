@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.common.api import UsersOnly, validate_or_400, validated_query
+from controlplane.common.fields import CharField
 from controlplane.common.filters import FilterBackend
 from controlplane.market import selectors
 from controlplane.market.api.filters import InstanceTypeFilter, ZoneFilter
@@ -109,11 +110,11 @@ class PriceUploadSerializer(serializers.Serializer):
 
 class _BadRowSerializer(serializers.Serializer):
     line = serializers.IntegerField()
-    reason = serializers.CharField()
+    reason = CharField()
 
 
 class PriceUploadResultSerializer(serializers.Serializer):
-    filename = serializers.CharField()
+    filename = CharField()
     header = serializers.BooleanField()
     good_rows = serializers.IntegerField()
     bad_row_count = serializers.IntegerField()

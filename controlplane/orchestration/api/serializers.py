@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.fields import CharField
 from controlplane.fleet.models import NoticeKind
 
 
 class EnrollSerializer(serializers.Serializer):
-    enroll_key = serializers.CharField(max_length=200)
-    provider_instance_id = serializers.CharField(max_length=100)
-    agent_address = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    enroll_key = CharField(max_length=200)
+    provider_instance_id = CharField(max_length=100)
+    agent_address = CharField(max_length=200, required=False, allow_blank=True)
     # Exact bytes matter for the signature: no whitespace trimming.
-    identity_document = serializers.CharField(
+    identity_document = CharField(
         max_length=8000, required=False, allow_blank=True, trim_whitespace=False, default="",
         help_text="AWS: the instance identity document, as IMDSv2 serves it (required when the provider is aws).")
-    identity_signature = serializers.CharField(
+    identity_signature = CharField(
         max_length=4000, required=False, allow_blank=True, default="",
         help_text="AWS: `/latest/dynamic/instance-identity/signature` (base64 RSA-SHA256 over the document).")
 
@@ -23,7 +24,7 @@ class EnrollSerializer(serializers.Serializer):
 class EnrollResultSerializer(serializers.Serializer):
     instance = serializers.IntegerField()
     job = serializers.IntegerField(allow_null=True)
-    token = serializers.CharField(help_text="Agent token (shown once): `Authorization: Token <token>`.")
+    token = CharField(help_text="Agent token (shown once): `Authorization: Token <token>`.")
     expires_at = serializers.DateTimeField(
         help_text="When the token stops working (SPOTPIPE_AGENT_TOKEN_TTL_S after issue); rotate it before "
                   "with `POST /agents/token/`.")
@@ -31,7 +32,7 @@ class EnrollResultSerializer(serializers.Serializer):
 
 class AgentTokenRotatedSerializer(serializers.Serializer):
     instance = serializers.IntegerField()
-    token = serializers.CharField(help_text="The new agent token (shown once); the one used for this call is "
+    token = CharField(help_text="The new agent token (shown once); the one used for this call is "
                                             "revoked.")
     expires_at = serializers.DateTimeField()
 
@@ -43,14 +44,14 @@ COMMANDS_MAX_WAIT_S = 60
 class CommandsQuerySerializer(serializers.Serializer):
     wait = serializers.FloatField(required=False, min_value=0, max_value=COMMANDS_MAX_WAIT_S, default=0,
                                   help_text="Seconds to hold the request while nothing changed (long-poll).")
-    version = serializers.CharField(required=False, max_length=200, allow_blank=True, default="",
+    version = CharField(required=False, max_length=200, allow_blank=True, default="",
                                     help_text="The `version` of the last answer the agent acted on.")
 
 
 class CommandsSerializer(serializers.Serializer):
-    version = serializers.CharField()
+    version = CharField()
     instance = serializers.IntegerField()
-    provider_instance_id = serializers.CharField(allow_null=True)
+    provider_instance_id = CharField(allow_null=True)
     action = serializers.ChoiceField(choices=["run", "standby", "idle", "stop"])
     job = serializers.JSONField(allow_null=True)
     generation = serializers.JSONField(allow_null=True)
@@ -59,7 +60,7 @@ class CommandsSerializer(serializers.Serializer):
 
 class AgentNoticeSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=[NoticeKind.INTERRUPTION, NoticeKind.REBALANCE, NoticeKind.PREEMPTED])
-    action = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
+    action = CharField(max_length=20, required=False, allow_blank=True, default="")
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     cloud = serializers.ChoiceField(choices=["aws", "gcp", "azure"], required=False, default="aws")
     raw = serializers.JSONField(required=False, default=dict)
@@ -76,4 +77,4 @@ class AgentEventSerializer(serializers.Serializer):
     generation = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     step = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     code = serializers.IntegerField(required=False, allow_null=True, default=None)
-    message = serializers.CharField(required=False, allow_blank=True, max_length=300, default="")
+    message = CharField(required=False, allow_blank=True, max_length=300, default="")

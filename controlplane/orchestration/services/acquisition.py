@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
+from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance, Lifecycle, ProviderKind
 from controlplane.fleet.states import InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
@@ -152,8 +153,8 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
     """Give each requested instance of the acquisition a launched node (in order), move it to
     pending, and mark the acquisition fulfilled. Instances left without a node have failed."""
     locked = Acquisition.objects.select_for_update().get(pk=acquisition.pk)
-    instances = list(
-        Instance.objects.select_for_update().filter(request_token__startswith=f"{locked.request_token}/").order_by("id")
+    _jobs, instances = lock_jobs_then_instances(
+        job_ids=[locked.job_id], instances=Instance.objects.filter(request_token__startswith=f"{locked.request_token}/")
     )
     known = {i.provider_instance_id for i in instances if i.provider_instance_id}
     fresh = [n for n in nodes if n.provider_instance_id not in known]

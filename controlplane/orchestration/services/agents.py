@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from controlplane.common.errors import DomainError
+from controlplane.fleet.locks import lock_instance
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES
@@ -70,6 +71,8 @@ def agent_enroll(
             policy=policy,
         )
     with transaction.atomic():
+        # Its job, then it (the one lock order): the token's row and the move below need both.
+        instance = lock_instance(instance)
         _token, key = api_token_create(
             team=instance.team, kind=TokenKind.AGENT, instance=instance, name=f"agent {provider_instance_id}"
         )

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
+from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
 from controlplane.jobs.artifacts import job_latest_checkpoint
@@ -222,8 +223,8 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
     job_ids = sorted({r.job_id for r in reconfigurations})
     if not job_ids:
         return {}
-    # Jobs first, then reconfigurations: the lock order of reconfiguration_apply (no deadlock).
-    jobs = {job.pk: job for job in TrainingJob.objects.select_for_update().filter(pk__in=job_ids).order_by("pk")}
+    # Jobs first (`lock_jobs_then_instances`), then reconfigurations: one order for every applier.
+    jobs, _instances = lock_jobs_then_instances(job_ids=job_ids)
     rows = list(
         Reconfiguration.objects.select_for_update(of=("self",))
         .select_related("notice", "instance")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane.billing.services import billing_close, billing_open
+from controlplane.fleet.locks import lock_instance, lock_job
 from controlplane.fleet.models import Instance
 from controlplane.fleet.services import instance_transition
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, InstanceState
@@ -24,7 +26,7 @@ def _now() -> datetime:
 
 
 def _lock_job(job: TrainingJob) -> TrainingJob:
-    return TrainingJob.objects.select_for_update().get(pk=job.pk)
+    return lock_job(job)
 
 
 def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict | None = None) -> None:
@@ -42,8 +44,12 @@ def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict |
     alert_job_status(job=job, status="recovered" if recovered else status, message=message)
 
 
+@transaction.atomic(savepoint=False)  # the caller's transaction when it has one (it should: the locks last)
 def _transition(instance: Instance, to: str, *, detail: dict | None = None) -> bool:
-    """Move an instance if the state machine allows it (and keep its billing in step)."""
+    """Move an instance if the state machine allows it (and keep its billing in step). Locks its
+    job and then it first (`lock_jobs_then_instances`): the event rows written here share-lock the
+    job at commit, and a notice batch or a publish holds the job while it needs the instance."""
+    lock_instance(instance)
     instance.refresh_from_db(fields=["state"])
     if instance.state == to or to not in ALLOWED_TRANSITIONS[instance.state]:
         return False

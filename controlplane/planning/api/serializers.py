@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from controlplane.common.fields import CharField
 from controlplane.common.limits import MAX_ID
 from runtime.config import FAULT_TOLERANT_STRATEGIES, MODEL_KINDS, ModelSpec
 
@@ -45,8 +46,8 @@ class PlanRequestSerializer(serializers.Serializer):
     deadline_hours = serializers.FloatField(required=False, min_value=0.001)
     budget_usd = serializers.FloatField(required=False, min_value=0.01)
     strategy = serializers.ChoiceField(choices=FAULT_TOLERANT_STRATEGIES, required=False)
-    instance_types = serializers.ListField(child=serializers.CharField(max_length=60), min_length=1, max_length=40)
-    zones = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=100)
+    instance_types = serializers.ListField(child=CharField(max_length=60), min_length=1, max_length=40)
+    zones = serializers.ListField(child=CharField(max_length=40), required=False, max_length=100)
     max_nodes = serializers.IntegerField(required=False, min_value=1, max_value=1024, default=32)
     microbatch_size = serializers.IntegerField(required=False, min_value=0, max_value=4096, default=0)
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from controlplane.common.api import NamedChoiceField
+from controlplane.common.fields import CharField, EmailField, ModelSerializer
 from controlplane.common.limits import MAX_ID
 from controlplane.webhooks.alerts import ROTATION_GRACE_DEFAULT, ROTATION_GRACE_MAX, URL_MAX_LENGTH
 from controlplane.webhooks.models import (
@@ -40,7 +41,7 @@ def _alert_events_field(**kwargs: object) -> serializers.ListField:
     )
 
 
-class AlertEndpointSerializer(serializers.ModelSerializer):
+class AlertEndpointSerializer(ModelSerializer):
     format = NamedChoiceField(choices=AlertFormat.choices, enum_name="AlertFormatEnum", read_only=True)
     events = _alert_events_field(read_only=True)
     previous_secret_valid_until = serializers.DateTimeField(
@@ -56,7 +57,7 @@ class AlertEndpointSerializer(serializers.ModelSerializer):
 
 
 class AlertEndpointCreatedSerializer(AlertEndpointSerializer):
-    signing_secret = serializers.CharField(
+    signing_secret = CharField(
         read_only=True, help_text="The Standard Webhooks `whsec_...` secret deliveries are signed with. Shown once."
     )
 
@@ -70,7 +71,7 @@ class AlertEndpointCreateSerializer(serializers.Serializer):
     The URL is checked by the service (http(s), a host, no credentials)."""
 
     team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
-    url = serializers.CharField(max_length=URL_MAX_LENGTH, trim_whitespace=False, validators=[ALERT_URL_SHAPE])
+    url = CharField(max_length=URL_MAX_LENGTH, trim_whitespace=False, validators=[ALERT_URL_SHAPE])
     format = NamedChoiceField(choices=AlertFormat.choices, enum_name="AlertFormatEnum", default=AlertFormat.GENERIC)
     events = _alert_events_field(required=False, default=list)
 
@@ -78,7 +79,7 @@ class AlertEndpointCreateSerializer(serializers.Serializer):
 class AlertEndpointUpdateSerializer(serializers.Serializer):
     """Input of `PATCH /alert-endpoints/{id}/`: only the fields given change."""
 
-    url = serializers.CharField(max_length=URL_MAX_LENGTH, required=False, trim_whitespace=False,
+    url = CharField(max_length=URL_MAX_LENGTH, required=False, trim_whitespace=False,
                                 validators=[ALERT_URL_SHAPE])
     format = NamedChoiceField(choices=AlertFormat.choices, enum_name="AlertFormatEnum", required=False)
     events = _alert_events_field(required=False)
@@ -93,7 +94,7 @@ class SecretRotateSerializer(serializers.Serializer):
     )
 
 
-class WebhookCredentialSerializer(serializers.ModelSerializer):
+class WebhookCredentialSerializer(ModelSerializer):
     """A credential without its secret (nor its hash)."""
 
     source = NamedChoiceField(choices=WebhookSource.choices, enum_name="WebhookSourceEnum", read_only=True)
@@ -111,7 +112,7 @@ class WebhookCredentialSerializer(serializers.ModelSerializer):
 
 
 class WebhookCredentialCreatedSerializer(WebhookCredentialSerializer):
-    secret = serializers.CharField(
+    secret = CharField(
         read_only=True,
         help_text="The API key, password, token or `whsec_...` signing secret, shown once (empty for sns_topic "
                   "and oidc). Only a hash is kept for keys, passwords and tokens.",
@@ -123,11 +124,11 @@ class WebhookCredentialCreatedSerializer(WebhookCredentialSerializer):
 
 
 class OidcConfigSerializer(serializers.Serializer):
-    audience = serializers.CharField(max_length=500)
-    email = serializers.EmailField(
+    audience = CharField(max_length=500)
+    email = EmailField(
         max_length=254, help_text="The push subscription's service account: tokens of any other account are refused.")
     public_keys = serializers.DictField(
-        child=serializers.CharField(max_length=10_000), allow_empty=False, required=False,
+        child=CharField(max_length=10_000), allow_empty=False, required=False,
         help_text="Optional pinned signing keys {kid: PEM}, the only ones then accepted. Leave out to use "
                   "Google's published keys, fetched and cached (they rotate).",
     )
@@ -141,17 +142,17 @@ class WebhookCredentialCreateSerializer(serializers.Serializer):
     team = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID)
     source = NamedChoiceField(choices=WebhookSource.choices, enum_name="WebhookSourceEnum")
     scheme = NamedChoiceField(choices=CredentialScheme.choices, enum_name="CredentialSchemeEnum")
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
-    header_name = serializers.CharField(max_length=100, required=False, default="x-api-key",
+    name = CharField(max_length=100, required=False, allow_blank=True, default="")
+    header_name = CharField(max_length=100, required=False, default="x-api-key",
                                         help_text="api_key: the header the EventBridge connection sends.")
-    username = serializers.CharField(max_length=150, required=False, allow_blank=True, default="",
+    username = CharField(max_length=150, required=False, allow_blank=True, default="",
                                      help_text="basic: the user name.")
-    secret = serializers.CharField(
+    secret = CharField(
         min_length=MIN_CLIENT_SECRET_LENGTH, max_length=200, required=False, write_only=True, trim_whitespace=False,
         help_text=f"Optional: use this secret instead of a generated one (at least {MIN_CLIENT_SECRET_LENGTH} "
                   "characters; standard_webhooks: `whsec_` + base64).",
     )
-    topic_arn = serializers.CharField(max_length=300, required=False, allow_blank=True, default="",
+    topic_arn = CharField(max_length=300, required=False, allow_blank=True, default="",
                                       help_text="sns_topic: the allowed topic ARN.")
     oidc = OidcConfigSerializer(required=False, help_text="oidc: the push subscription's token settings.")
 
