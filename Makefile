@@ -20,7 +20,9 @@ PYTEST_ARGS ?=
 # end-to-end scenarios, the chaos soak, real servers and workers, the fuzz run's count); everything
 # else on TEST_WORKERS pytest-xdist workers (a file's tests together, in order), each with its own
 # var folder and Redis database (tests/xdist_isolation.py). PYTEST_MARKS narrows both parts (CI's
-# embedded pass); a part that selects nothing (pytest's exit status 5) is not a failure.
+# embedded pass leaves out the tests the backend cannot change: markers chaos, runtime, scenario and
+# tests/conftest.py's `backend_independent`); a part that selects nothing (pytest's exit status 5)
+# is not a failure.
 TEST_WORKERS ?= 2
 SERIAL_MARKS := runtime or scenario or chaos or integration or serial
 PYTEST_MARKS ?=
