@@ -77,8 +77,8 @@ schema = schemathesis.openapi.from_wsgi("/api/v1/schema/", application)
 # common/json_input.py; test_job_contract.py and test_webhooks_hostile_bodies.py send NULs).
 # OpenAPI 3.0 can say so for string values but not for object keys, so the fuzz generates none.
 schema.config.generation.update(allow_x00=False)
-# test_fuzz_volume counts what the module's fuzz cases sent: one process, in file order, which
-# `make test`'s xdist part keeps (`--dist loadfile`: a file's tests on one worker, in order).
+# test_fuzz_volume counts what the module's fuzz cases sent: one process, in file order.
+pytestmark = pytest.mark.serial
 
 SENT: list[str] = []  # "METHOD path -> status" of every request, for the total below
 SERVER_ERRORS: list[str] = []
