@@ -19,9 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("SPOTPIPE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 # The `backend_independent` marker: tests of the training runtime, the simulator and the planner's
-# cost model (these folders of tests/) that use neither the database nor Django's settings. The code
+# cost model (these folders of tests/) that use neither the database nor Django's settings and are
+# not `runtime` tests (multi-process runs, which `make test` runs in its one-process part). The code
 # they reach imports no Django, Celery or Redis (tests/runtime/test_backend_independent.py holds
-# both to that), so the database and broker under test cannot change what they prove: CI's embedded
+# them to that), so the database and broker under test cannot change what they prove: CI's embedded
 # pass deselects them (`-m "not backend_independent"`) and they run once, in the PostgreSQL pass.
 BACKEND_INDEPENDENT_DIRS = ("runtime", "sim", "planner", "usermodels")
 BACKEND_FIXTURES = frozenset({
@@ -38,6 +39,8 @@ def is_backend_independent(item: pytest.Item) -> bool:
     except ValueError:
         return False
     if folder not in BACKEND_INDEPENDENT_DIRS or item.get_closest_marker("django_db") is not None:
+        return False
+    if item.get_closest_marker("runtime") is not None:
         return False
     return not BACKEND_FIXTURES.intersection(getattr(item, "fixturenames", ()))
 

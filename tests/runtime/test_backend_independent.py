@@ -40,6 +40,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in %r)))
 
 
 def test_backend_independent_test_modules_load_no_backend_code(request: pytest.FixtureRequest) -> None:
+    # The marked tests this run collected: in `make test`'s xdist part, where this test runs, all of them.
     modules = sorted({
         ".".join(item.path.relative_to(REPO_ROOT).with_suffix("").parts)
         for item in request.session.items if item.get_closest_marker("backend_independent")
