@@ -20,7 +20,7 @@ SHARED_DATA = Path(os.environ.get("SPOTPIPE_SHARED_DATA", REPO_ROOT.parent / "sh
 
 # The `backend_independent` marker: tests of the training runtime, the simulator and the planner's
 # cost model (these folders of tests/) that use neither the database nor Django's settings and are
-# not `runtime` tests (multi-process runs, which `make test` runs in its one-process part). The code
+# not `runtime` tests (multi-process runs: .ci/run leaves them out by their own marker). The code
 # they reach imports no Django, Celery or Redis (tests/runtime/test_backend_independent.py holds
 # them to that), so the database and broker under test cannot change what they prove: CI's embedded
 # pass deselects them (`-m "not backend_independent"`) and they run once, in the PostgreSQL pass.
