@@ -18,6 +18,38 @@ os.environ.setdefault("SPOTPIPE_THROTTLE_PLANS", "0")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("SPOTPIPE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
+# The `backend_independent` marker: tests of the training runtime, the simulator and the planner's
+# cost model (these folders of tests/) that use neither the database nor Django's settings and are
+# not `runtime` tests (multi-process runs: .ci/run leaves them out by their own marker). The code
+# they reach imports no Django, Celery or Redis (tests/runtime/test_backend_independent.py holds
+# them to that), so the database and broker under test cannot change what they prove: CI's embedded
+# pass deselects them (`-m "not backend_independent"`) and they run once, in the PostgreSQL pass.
+BACKEND_INDEPENDENT_DIRS = ("runtime", "sim", "planner", "usermodels")
+BACKEND_FIXTURES = frozenset({
+    "db", "transactional_db", "django_db_setup", "django_db_reset_sequences", "django_db_serialized_rollback",
+    "settings", "client", "async_client", "admin_client", "admin_user", "django_user_model", "live_server",
+    "rf", "async_rf", "mailoutbox", "django_assert_num_queries", "django_capture_on_commit_callbacks",
+})
+
+
+def is_backend_independent(item: pytest.Item) -> bool:
+    """Whether `item` is one of the tests the `backend_independent` marker names (see above)."""
+    try:
+        folder = item.path.relative_to(REPO_ROOT / "tests").parts[0]
+    except ValueError:
+        return False
+    if folder not in BACKEND_INDEPENDENT_DIRS or item.get_closest_marker("django_db") is not None:
+        return False
+    if item.get_closest_marker("runtime") is not None:
+        return False
+    return not BACKEND_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Before `-m` selects: the marker is derived from the rule, never written by hand.
+    if is_backend_independent(item):
+        item.add_marker(pytest.mark.backend_independent)
+
 
 @pytest.fixture(autouse=True)
 def _example_names_do_not_resolve(monkeypatch):

@@ -78,6 +78,7 @@ schema = schemathesis.openapi.from_wsgi("/api/v1/schema/", application)
 # OpenAPI 3.0 can say so for string values but not for object keys, so the fuzz generates none.
 schema.config.generation.update(allow_x00=False)
 # test_fuzz_volume counts what the module's fuzz cases sent: one process, in file order.
+# Not on the xdist workers: even with `--dist loadfile` the volume test counted 38 requests there.
 pytestmark = pytest.mark.serial
 
 SENT: list[str] = []  # "METHOD path -> status" of every request, for the total below
