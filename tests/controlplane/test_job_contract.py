@@ -53,6 +53,14 @@ def test_the_link_bandwidth_a_job_states_reaches_the_runtime(world):
     assert JobConfig.from_dict(TrainingJob.objects.get(pk=default["id"]).config).link_gbps == JobConfig().link_gbps
 
 
+def test_the_joiner_batching_bound_a_job_states_reaches_the_runtime(world):
+    # checkpoint-restart and oobleck regroup for joiners at most this long after the first waits
+    # (runtime.distributed.membership.joiners_worth_a_regroup).
+    stated = _submit(world, plan={"dp": 2, "pp": 2, "microbatches": 4}, config={**CONFIG, "join_batch_wait_s": 120.0})
+    assert stated.status_code == 201, stated.content
+    assert JobConfig.from_dict(TrainingJob.objects.get(pk=stated.json()["id"]).config).join_batch_wait_s == 120.0
+
+
 def test_auto_plan_meets_the_deadline_with_more_nodes_when_one_cannot(world):
     relaxed = _submit(world, plan="auto").json()
     one_node = relaxed["plan"]
@@ -103,6 +111,7 @@ def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world)
         ({"config": {**CONFIG, "schedule": "zigzag"}}, "config.schedule"),
         ({"config": {**CONFIG, "precision": "fp16"}}, "config.precision"),
         ({"config": {**CONFIG, "link_gbps": -1}}, "config.link_gbps"),
+        ({"config": {**CONFIG, "join_batch_wait_s": -5}}, "config.join_batch_wait_s"),
         ({"config": None, "model_spec": {"kind": "gpt", "layers": 2, "heads": 3, "d_model": 32}},
          "model_spec.heads"),
     ],
