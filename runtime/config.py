@@ -342,7 +342,9 @@ class JobConfig:
     """`fp32` or `bf16`: each layer's forward (and its recompute) under bfloat16 autocast
     (`runtime.models.rng.forward_layer`); parameters, gradients and AdamW state stay float32."""
     layer_costs: list[float] | None = None
-    """Measured relative cost per layer (forward+backward) for balancing stages; None = estimate."""
+    """Cost per layer (forward+backward) for balancing stages, read as seconds per micro-batch where
+    a time scale is needed (`runtime.strategies.links`); None = estimate. Measured, or for a job the
+    control plane plans, the planner's seconds on the chosen type (`links.stated_by_cost_models`)."""
     device_time: DeviceTime | None = None
     """Emulated device time per action (None: real compute time only)."""
     op_timeout_s: float = 1.5
@@ -393,7 +395,8 @@ class JobConfig:
     stage's gradient all-reduce, so spill moves a hop off the same-stage peers only where the compute
     it saves outweighs that. Stated, not measured: every survivor must compute the same plan, so its
     inputs are the contract's. 10 (the default) is the simulator's cost model and the "up to 10
-    Gigabit" of the p3.2xlarge / g5.xlarge class; 0 scores compute only (spill before 2026-11-27)."""
+    Gigabit" of the p3.2xlarge / g5.xlarge class; 0 scores compute only (spill before 2026-11-27).
+    A job the control plane plans states its instance type's bandwidth (`links.stated_by_cost_models`)."""
     min_stages: int = 1
     """oobleck: the fewest nodes a pipeline template may have (the model must fit on them)."""
     init_from: str = ""

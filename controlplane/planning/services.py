@@ -43,6 +43,7 @@ from runtime.planner.predictor import default_predictor
 from runtime.planner.profile import DeviceSpec, ModelProfile, ProfileStore
 from runtime.planner.search import Candidate, Plan, PlanError, Planner, PlanRequest, default_microbatch_size
 from runtime.planner.search import Pool as PricedPool
+from runtime.strategies.links import stated_by_cost_models
 
 _PLANNER: Planner | None = None
 
@@ -302,10 +303,16 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
     contract = {k: v for k, v in contract.items() if k != "schedule"}
     if base.device_time is not None:
         contract["device_time"] = dataclasses.asdict(base.device_time)
+    pools = [PlanPool(instance_type=best.instance_type, zone=best.zone)]
+    # The job states the per-layer seconds and link bandwidth the plan was priced with (replacing any
+    # the contract gave): its stages are cut as the planner cut them, and recycle's spill prices a
+    # new host's traffic on real instances too (`runtime.strategies.links.stated_by_cost_models`).
+    contract.update(stated_by_cost_models(
+        [planner.cost_model(base.model, t, mbs) for t in dict.fromkeys(p.instance_type for p in pools)]))
     config = build_job_config(contract, dp=best.dp, pp=best.pp, microbatches=best.microbatches,
                               schedule=best.schedule, strategy=base.strategy, steps=base.steps)
     plan = JobPlan(
-        provider=ask.provider, pools=[PlanPool(instance_type=best.instance_type, zone=best.zone)],
+        provider=ask.provider, pools=pools,
         nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=base.strategy,
         chosen_by="planner", objective=chosen.objective, predicted=_prediction(best),
         runner_ups=_runner_ups(chosen), min_stages=config.min_stages, replan=ask.replan, max_nodes=ask.max_nodes,

@@ -33,6 +33,7 @@ from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import ScheduleError, independent_parts
 from runtime.planner.throughput import CostModel
 from runtime.strategies import get_strategy
+from runtime.strategies.links import stated_by_cost_models
 
 SCHEDULE = {"checkpoint": "1f1b", "bamboo": "1f1b", "oobleck": "1f1b", "recycle": "fiw"}
 """The schedule each strategy runs in the simulator (recycle's re-routed work fits F-I-W's bubbles)."""
@@ -118,8 +119,7 @@ class PlanSteps:
             schedule=SCHEDULE[strategy],
             # What a worker of this job states: its layers' device time (seconds per micro-batch) and
             # the links' bandwidth, from which recycle prices a spill host's traffic as it would.
-            layer_costs=[c * self.cost.compute_scale for c in self.cost.layer_costs()],
-            link_gbps=self.cost.network.bandwidth_gbps,
+            **stated_by_cost_models([self.cost]),
             min_stages=min(self.min_stages, self.pp),
             **({} if self.recycle_spill is None else {"recycle_spill": self.recycle_spill}),
         )

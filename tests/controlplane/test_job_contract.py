@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from controlplane.jobs.models import JobEvent, TrainingJob
 from runtime.config import JobConfig
+from runtime.strategies.links import link_costs
 from tests.controlplane.api_helpers import make_team_world
 
 pytestmark = pytest.mark.django_db
@@ -76,6 +77,12 @@ def test_auto_plan_meets_the_deadline_with_more_nodes_when_one_cannot(world):
     assert plan["runner_ups"], "the runner-up plans are stored for the job page"
     config = TrainingJob.objects.get(pk=tight.json()["id"]).config
     assert (config["dp"], config["pp"], config["microbatches"]) == (plan["dp"], plan["pp"], plan["microbatches"])
+    # It states what the plan was priced with (runtime.strategies.links.stated_by_cost_models): the
+    # local node's per-layer seconds (its emulated device time) and bandwidth, so spill prices links.
+    stated = JobConfig.from_dict(config)
+    layer_s = sum(CONFIG["device_time"].values()) / 1000
+    assert stated.layer_costs == pytest.approx([layer_s] * stated.model.num_layers)
+    assert stated.link_gbps > 0 and link_costs(stated) is not None
 
 
 def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world):

@@ -15,7 +15,7 @@ from runtime.planner.throughput import CostModel, Network, allreduce_time
 from runtime.sim.iteration import IterationModel
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
-from runtime.strategies.links import link_costs
+from runtime.strategies.links import link_costs, stated_by_cost_models
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,6 +76,18 @@ def measured_costs(config: JobConfig) -> CostModel:
     costs = link_costs(config)
     assert isinstance(costs, CostModel)
     return costs
+
+
+def test_a_job_priced_on_several_types_states_the_slowest_layers_and_the_smallest_bandwidth() -> None:
+    # A step, and each stage's ring all-reduce, goes at its slowest member's pace.
+    fast = CostModel(fiw=[(1.0, 1.0, 1.0), (1.0, 2.0, 3.0)], output_bytes=[0.0] * 2, param_bytes=[0.0] * 2,
+                     network=Network(bandwidth_gbps=25.0))
+    slow = CostModel(fiw=[(2.0, 2.0, 2.0), (1.0, 1.0, 1.0)], output_bytes=[0.0] * 2, param_bytes=[0.0] * 2,
+                     network=Network(bandwidth_gbps=10.0), compute_scale=0.5)
+    assert stated_by_cost_models([fast]) == {"layer_costs": fast.layer_costs(), "link_gbps": 25.0}
+    assert stated_by_cost_models([fast, slow]) == {"layer_costs": [3.0, 6.0], "link_gbps": 10.0}
+    with pytest.raises(ValueError):
+        stated_by_cost_models([])
 
 
 def test_link_gbps_is_validated() -> None:
