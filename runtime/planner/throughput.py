@@ -1,8 +1,9 @@
 """Throughput model: the iteration time of a layout, from the runtime's own schedule.
 
 The layout comes from the runtime (`runtime.parallel.layout` / `runtime.strategies`), the per-node action lists
-from `runtime.parallel.schedule.build_schedule`, and their replay from `runtime.parallel.schedule.simulate`; this module
-only supplies per-action durations:
+from `runtime.parallel.schedule.build_schedule` (as tuples: `schedule_rows`), and their replay from
+`runtime.parallel.schedule.simulate` (its twin without objects: `replay_end`); this module only supplies
+per-action durations:
 
 * F, I, W, B, RF: the profiled per-layer times summed over the stage's layers (`stage_durations`),
   times `compute_scale` (CPU contention, or a device-speed ratio);
