@@ -46,11 +46,11 @@ PUBLISHED = [
 PEERS = "recycle-peers"
 """The extra row: recycle as ReCycle publishes it (`JobConfig.recycle_spill=False`: a lost hop goes
 to same-stage peers only), beside the runtime's default (spill) under the name recycle."""
-SCALE_RECYCLE_HOURS = 0.25
+SCALE_RECYCLE_HOURS = 1.0
 """Simulated hours of the 1,000-node trace that recycle replays (the others replay all 24 h): each
-new recycle state re-plans 1,000 nodes and re-schedules the pipelines spill couples (0.19-0.28 s
-of CPU per state on this host with the job's link costs, 0.56-0.64 s scoring compute only), so the
-whole day (about 3,000 distinct states) would take about 14 minutes."""
+new recycle state re-plans 1,000 nodes and re-schedules the pipelines spill couples (about 60 ms
+of CPU per state on this host: 136 states in the first hour took 8.4 s, 1.5 h took 10.0 s), so the
+whole day (about 3,000 distinct states) would take about 3 minutes."""
 MODEL = ModelSpec(kind="gpt", n_layer=24, n_embd=1024, n_head=16, seq_len=512, vocab_size=8192)
 OUT_DIR = Path("var/bench/simulate")
 

@@ -177,18 +177,22 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
     order_key = [(t.priority * mbs + t.mb) * hops + t.hop for t in tasks]
     node_of = [t.node for t in tasks]
     duration = [t.duration for t in tasks]
-    caps = _in_flight_caps(layout)
-    slot_of = [(t.node, layout.pipeline_of[t.mb]) for t in tasks]
+    # (node, pipeline) memory slots numbered, so the hot loop indexes lists instead of hashing tuples.
+    slot_ids: dict[tuple[int, int], int] = {}
+    slot_of = [slot_ids.setdefault((t.node, layout.pipeline_of[t.mb]), len(slot_ids)) for t in tasks]
+    by_slot = _in_flight_caps(layout)
+    caps = [by_slot[slot] for slot in slot_ids]
     needs_slot = [t.first_on_node for t in tasks]  # only a micro-batch's first forward on a node takes memory
     delta = [int(t.first_on_node) - int(t.releases) for t in tasks]
     waiting = [len(t.deps) for t in tasks]
     dependents: list[list[int]] = [[] for _ in range(n)]
-    for i, t in enumerate(tasks):
-        for d in t.deps:
+    deps_of = [t.deps for t in tasks]
+    for i, deps in enumerate(deps_of):
+        for d in deps:
             dependents[d].append(i)
     finish = [0.0] * n
-    in_flight: dict[tuple[int, int], int] = defaultdict(int)
-    held: dict[tuple[int, int], list[tuple[float, int, int]]] = defaultdict(list)
+    in_flight = [0] * len(slot_ids)
+    held: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
     nodes = sorted(set(node_of))
     free = dict.fromkeys(nodes, 0.0)
     avail: dict[int, list[tuple[int, int, float]]] = {v: [] for v in nodes}  # (order key, task, ready at)
@@ -252,7 +256,7 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
             if not waiting[child]:
                 other = node_of[child]
                 ready_at = end
-                for d in tasks[child].deps:
+                for d in deps_of[child]:
                     if finish[d] > ready_at:
                         ready_at = finish[d]
                 heappush(pend[other], (ready_at, order_key[child], child))
@@ -328,60 +332,85 @@ def build_schedule(layout: Layout, kind: str = "1f1b", durations: Durations | No
     `kind` is `1f1b` (fused backward) or `fiw` (backward-input on the critical path, backward-weight
     deferred into bubbles). `durations` (stage -> F, I, W) steer the order; default unit costs per layer.
     """
+    return {node: [Action(*row) for row in rows] for node, rows in schedule_rows(layout, kind, durations).items()}
+
+
+Row = tuple[str, int, int, int, int, tuple[int, int], tuple[int, ...]]
+"""An action as a plain tuple, fields in `Action`'s order (kind, stage, microbatch, peer, pipeline,
+layers, group): what `replay_end` reads, `Action(*row)` what the executor runs."""
+
+
+def schedule_rows(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> dict[int, list[Row]]:
+    """`build_schedule`'s lists as `Row` tuples (the simulator replays tens of thousands of actions
+    per coupled group; a frozen dataclass costs about 0.5 us each to build, a tuple almost nothing)."""
     if kind not in ("1f1b", "fiw"):
         raise LayoutError(f"schedule {kind!r} is unknown; expected '1f1b' or 'fiw'")
     layout.validate()
     durations = durations or stage_durations(layout)
     order = _list_schedule(layout, kind, durations)
     runs = [(lo, hi, owners) for lo, hi, owners in layout.owner_runs() if owners]
-    out: dict[int, list[Action]] = {}
+    run_members = [frozenset(owners) for _, _, owners in runs]
+    # The runs a backward of (node, stage) touches, found once per pair (a thousand-node group has
+    # tens of thousands of backwards and few pairs).
+    touched: dict[tuple[int, int], tuple[int, ...]] = {}
+    stages, routes, pipeline_of = layout.stages, layout.routes, layout.pipeline_of
+    none = (0, 0)
+    out: dict[int, list[Row]] = {}
     for node in layout.nodes():
-        acts: list[Action] = []
+        acts: list[Row] = []
+        append = acts.append
         grad_touch: dict[int, int] = {}  # run index -> position after the node's last backward touching it
-        for _, task in order.get(node, []):
-            route = layout.routes[task.mb]
-            stage = route[task.hop][0]
-            pipe = layout.pipeline_of[task.mb]
-            prev_node = route[task.hop - 1][1] if task.hop else -1
-            next_node = route[task.hop + 1][1] if task.hop + 1 < len(route) else -1
-            if task.kind == FORWARD:
-                if task.hop and prev_node != node:
-                    acts.append(Action(RECV_ACT, stage, task.mb, prev_node, pipe))
-                acts.append(Action(FORWARD, stage, task.mb, -1, pipe))
+        for _, task in order.get(node, ()):
+            tkind, mb, hop = task.kind, task.mb, task.hop
+            route = routes[mb]
+            stage = route[hop][0]
+            pipe = pipeline_of[mb]
+            prev_node = route[hop - 1][1] if hop else -1
+            next_node = route[hop + 1][1] if hop + 1 < len(route) else -1
+            if tkind == FORWARD:
+                if hop and prev_node != node:
+                    append((RECV_ACT, stage, mb, prev_node, pipe, none, ()))
+                append((FORWARD, stage, mb, -1, pipe, none, ()))
                 if next_node >= 0 and next_node != node:
-                    acts.append(Action(SEND_ACT, stage, task.mb, next_node, pipe))
-            elif task.kind in (BACKWARD, BACKWARD_INPUT):
+                    append((SEND_ACT, stage, mb, next_node, pipe, none, ()))
+            elif tkind in (BACKWARD, BACKWARD_INPUT):
                 if next_node >= 0 and next_node != node:
-                    acts.append(Action(RECV_GRAD, stage, task.mb, next_node, pipe))
-                acts.append(Action(task.kind, stage, task.mb, -1, pipe))
-                if task.hop and prev_node != node:
-                    acts.append(Action(SEND_GRAD, stage, task.mb, prev_node, pipe))
-            elif task.kind == REDUNDANT_FORWARD:
-                succ_stage = route[(task.hop + 1) % len(route)][0]
-                acts.append(Action(REDUNDANT_FORWARD, succ_stage, task.mb, -1, pipe))
+                    append((RECV_GRAD, stage, mb, next_node, pipe, none, ()))
+                append((tkind, stage, mb, -1, pipe, none, ()))
+                if hop and prev_node != node:
+                    append((SEND_GRAD, stage, mb, prev_node, pipe, none, ()))
+            elif tkind == REDUNDANT_FORWARD:
+                succ_stage = route[(hop + 1) % len(route)][0]
+                append((REDUNDANT_FORWARD, succ_stage, mb, -1, pipe, none, ()))
             else:
-                acts.append(Action(task.kind, stage, task.mb, -1, pipe))
-            if task.kind in (BACKWARD, BACKWARD_WEIGHT):
-                lo, hi = layout.stages[stage]
-                for r, (rlo, rhi, owners) in enumerate(runs):
-                    if node in owners and rlo < hi and lo < rhi:
-                        grad_touch[r] = len(acts)
+                append((tkind, stage, mb, -1, pipe, none, ()))
+            if tkind in (BACKWARD, BACKWARD_WEIGHT):
+                hit = touched.get((node, stage))
+                if hit is None:
+                    lo, hi = stages[stage]
+                    hit = touched[(node, stage)] = tuple(
+                        r for r, (rlo, rhi, _) in enumerate(runs) if node in run_members[r] and rlo < hi and lo < rhi
+                    )
+                for r in hit:
+                    grad_touch[r] = len(acts)
         # Insert all-reduces after the last backward touching each run (replica-only runs: at the end).
-        inserts: dict[int, list[Action]] = defaultdict(list)
+        inserts: dict[int, list[Row]] = defaultdict(list)
         issued = []
         for r, (lo, hi, owners) in enumerate(runs):
-            if node in owners:
+            if node in run_members[r]:
                 at = grad_touch.get(r, len(acts))
-                inserts[at].append(Action(ALL_REDUCE, layers=(lo, hi), group=owners))
+                inserts[at].append((ALL_REDUCE, -1, -1, -1, -1, (lo, hi), owners))
                 issued.append((at, r))
-        merged: list[Action] = []
-        for pos in range(len(acts) + 1):
-            merged.extend(inserts.get(pos, []))
-            if pos < len(acts):
-                merged.append(acts[pos])
+        merged: list[Row] = []
+        done = 0
+        for pos in sorted(inserts):  # a few positions: copy the slices between them
+            merged.extend(acts[done:pos])
+            merged.extend(inserts[pos])
+            done = pos
+        merged.extend(acts[done:])
         for _, r in sorted(issued):
             lo, hi, owners = runs[r]
-            merged.append(Action(OPTIMIZER, layers=(lo, hi), group=owners))
+            merged.append((OPTIMIZER, -1, -1, -1, -1, (lo, hi), owners))
         out[node] = merged
     return out
 
@@ -476,6 +505,78 @@ def simulate(
     if leftovers:
         raise ScheduleError(f"sends without a matching receive (direction, mb, src, dst): {leftovers}")
     return timeline
+
+
+def replay_end(
+    rows: dict[int, list[Row]],
+    stage_price: dict[str, list[float]],
+    group_price: Callable[[Row], float],
+    *,
+    allreduce_time: float = 0.0,
+    send_latency: float = 0.0,
+) -> float:
+    """When the last action of `schedule_rows`' lists ends: `simulate`'s replay (same rules, same
+    arithmetic, so the same float) without building a timeline. A row's duration is
+    `stage_price[kind][stage]`, or `group_price(row)` for ALLREDUCE and OPT. The simulator calls
+    this for every coupled group; `tests/runtime/test_replay.py` checks it against `simulate`."""
+    nodes = list(rows)
+    pos = dict.fromkeys(nodes, 0)
+    clock = dict.fromkeys(nodes, 0.0)
+    sent: dict[tuple, deque[float]] = defaultdict(deque)
+    issued: dict[tuple, dict[int, float]] = defaultdict(dict)
+    last = 0.0
+    progress = True
+    while progress:
+        progress = False
+        heap = [(clock[n], n) for n in nodes if pos[n] < len(rows[n])]
+        heapq.heapify(heap)
+        while heap:
+            _, node = heapq.heappop(heap)
+            acts = rows[node]
+            p, now, count = pos[node], clock[node], len(acts)
+            first = p
+            while p < count:
+                act = acts[p]
+                kind = act[0]
+                start = now
+                if kind in (SEND_ACT, SEND_GRAD):
+                    sent[(kind == SEND_ACT, act[2], node, act[3])].append(start)
+                elif kind in (RECV_ACT, RECV_GRAD):
+                    queue = sent.get((kind == RECV_ACT, act[2], act[3], node))
+                    if not queue:
+                        break
+                    ready = queue.popleft() + send_latency
+                    if ready > start:
+                        start = ready
+                elif kind == ALL_REDUCE:
+                    issued[(act[5], act[6])][node] = start
+                    now = start + group_price(act)
+                    p += 1
+                    continue
+                elif kind == OPTIMIZER:
+                    members = issued.get((act[5], act[6]))
+                    if members is None or len(members) < len(act[6]):
+                        break
+                    ready = max(members.values()) + allreduce_time
+                    if ready > start:
+                        start = ready
+                    now = start + group_price(act)
+                    p += 1
+                    continue
+                now = start + stage_price[kind][act[1]]
+                p += 1
+            if p > first:
+                progress = True
+                pos[node], clock[node] = p, now
+                if now > last:
+                    last = now
+    stuck = {n: str(Action(*rows[n][pos[n]])) for n in nodes if pos[n] < len(rows[n])}
+    if stuck:
+        raise ScheduleError(f"schedule deadlocks; blocked nodes and their next action: {stuck}")
+    leftovers = {k: len(v) for k, v in sent.items() if v}
+    if leftovers:
+        raise ScheduleError(f"sends without a matching receive (forward, mb, src, dst): {leftovers}")
+    return last
 
 
 def validate_schedule(layout: Layout, schedule: dict[int, list[Action]], kind: str = "1f1b") -> None:

@@ -1,8 +1,9 @@
 """Throughput model: the iteration time of a layout, from the runtime's own schedule.
 
 The layout comes from the runtime (`runtime.parallel.layout` / `runtime.strategies`), the per-node action lists
-from `runtime.parallel.schedule.build_schedule`, and their replay from `runtime.parallel.schedule.simulate`; this module
-only supplies per-action durations:
+from `runtime.parallel.schedule.build_schedule` (as tuples: `schedule_rows`), and their replay from
+`runtime.parallel.schedule.simulate` (its twin without objects: `replay_end`); this module only supplies
+per-action durations:
 
 * F, I, W, B, RF: the profiled per-layer times summed over the stage's layers (`stage_durations`),
   times `compute_scale` (CPU contention, or a device-speed ratio);
@@ -16,6 +17,7 @@ many micro-batches the replay runs at pp and 2 pp micro-batches and extrapolates
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.config import JobConfig, ModelSpec
@@ -30,9 +32,12 @@ from runtime.parallel.schedule import (
     RECV_ACT,
     RECV_GRAD,
     REDUNDANT_FORWARD,
+    SEND_ACT,
+    SEND_GRAD,
     Action,
-    build_schedule,
-    simulate,
+    Row,
+    replay_end,
+    schedule_rows,
     stage_durations,
 )
 
@@ -123,46 +128,66 @@ class CostModel:
         the update (a node runs its OPTs one after another; `duration_fn` prices the same action)."""
         return {stage: self.optimizer_time(lo, hi, holders.get(stage, 0) + 1) for stage, (lo, hi) in enumerate(stages)}
 
-    def duration_fn(self, layout: Layout, *, allreduce_scale: int = 1):  # type: ignore[no-untyped-def]
-        """Duration of each action of `layout`'s schedule. `allreduce_scale` multiplies the all-reduce
-        group size (a one-pipeline stand-in for `dp` identical pipelines)."""
+    def action_prices(
+        self, layout: Layout, *, allreduce_scale: int = 1
+    ) -> tuple[dict[str, list[float]], Callable[[Row], float]]:
+        """Durations of `layout`'s actions, computed once per layout rather than per action:
+        kind -> per-stage seconds for compute and point-to-point actions (sends are non-blocking:
+        0), and a function of an ALLREDUCE / OPT row (`Row` fields: layers at 5, group at 6)."""
         per_stage = stage_durations(layout, self.fiw)
         scale = self.compute_scale
         net = self.network
+        fiw = [per_stage[s] for s in range(len(layout.stages))]
+        recv_act = [net.latency_s + self.output_bytes[lo - 1] / net.bytes_per_s for lo, _ in layout.stages]
+        recv_grad = [net.latency_s + self.output_bytes[hi - 1] / net.bytes_per_s for _, hi in layout.stages]
+        forward = [f * scale for f, _, _ in fiw]
+        zeros = [0.0] * len(fiw)
+        by_stage = {
+            FORWARD: forward,
+            REDUNDANT_FORWARD: forward,
+            BACKWARD_INPUT: [i * scale for _, i, _ in fiw],
+            BACKWARD_WEIGHT: [w * scale for _, _, w in fiw],
+            BACKWARD: [(i + w) * scale for _, i, w in fiw],
+            RECV_ACT: recv_act,
+            RECV_GRAD: recv_grad,
+            SEND_ACT: zeros,
+            SEND_GRAD: zeros,
+        }
+        optimizer: dict[tuple[tuple[int, int], int], float] = {}
+
+        def by_group(row: Row) -> float:
+            if row[0] != OPTIMIZER:
+                return 0.0  # the all-reduce's time is priced into the OPT that waits for it
+            key = (row[5], len(row[6]))
+            found = optimizer.get(key)
+            if found is None:
+                lo, hi = row[5]
+                found = optimizer[key] = self.optimizer_time(lo, hi, len(row[6]) * allreduce_scale)
+            return found
+
+        return by_stage, by_group
+
+    def duration_fn(self, layout: Layout, *, allreduce_scale: int = 1) -> Callable[[Action], float]:
+        """Duration of each action of `layout`'s schedule (`action_prices` per `Action`). `allreduce_scale`
+        multiplies the all-reduce group size (a one-pipeline stand-in for `dp` identical pipelines)."""
+        by_stage, by_group = self.action_prices(layout, allreduce_scale=allreduce_scale)
 
         def duration(act: Action) -> float:
-            kind = act.kind
-            if kind in (FORWARD, REDUNDANT_FORWARD):
-                return per_stage[act.stage][0] * scale
-            if kind == BACKWARD_INPUT:
-                return per_stage[act.stage][1] * scale
-            if kind == BACKWARD_WEIGHT:
-                return per_stage[act.stage][2] * scale
-            if kind == BACKWARD:
-                return (per_stage[act.stage][1] + per_stage[act.stage][2]) * scale
-            if kind == RECV_ACT:
-                lo = layout.stages[act.stage][0]
-                return net.latency_s + self.output_bytes[lo - 1] / net.bytes_per_s
-            if kind == RECV_GRAD:
-                hi = layout.stages[act.stage][1]
-                return net.latency_s + self.output_bytes[hi - 1] / net.bytes_per_s
-            if kind == OPTIMIZER:
-                lo, hi = act.layers
-                return self.optimizer_time(lo, hi, len(act.group) * allreduce_scale)
-            if kind == ALL_REDUCE:
-                return 0.0
-            return 0.0
+            if act.kind in (ALL_REDUCE, OPTIMIZER):
+                return by_group((act.kind, act.stage, act.microbatch, act.peer, act.pipeline, act.layers, act.group))
+            prices = by_stage.get(act.kind)
+            return prices[act.stage] if prices is not None else 0.0
 
         return duration
 
     # -- step time ------------------------------------------------------------------------------
     def step_time(self, layout: Layout, *, schedule: str = "1f1b", allreduce_scale: int = 1) -> float:
-        """Seconds of one training step of `layout` (replay of the runtime's schedule)."""
-        per_stage = stage_durations(layout, self.fiw)
-        actions = build_schedule(layout, schedule, per_stage)
-        timeline = simulate(actions, self.duration_fn(layout, allreduce_scale=allreduce_scale))
-        end = max((e for row in timeline.values() for _, e, _ in row), default=0.0)
-        return end + self.step_overhead_s
+        """Seconds of one training step of `layout`: the end of the replay of the runtime's schedule
+        (`replay_end`, what `simulate` would give for `build_schedule`'s lists, without building
+        `Action`s or a timeline: the simulator replays thousands of coupled groups)."""
+        rows = schedule_rows(layout, schedule, stage_durations(layout, self.fiw))
+        by_stage, by_group = self.action_prices(layout, allreduce_scale=allreduce_scale)
+        return replay_end(rows, by_stage, by_group) + self.step_overhead_s
 
     def pipeline_layout(self, spec: ModelSpec, *, pp: int, microbatches: int, microbatch_size: int = 1) -> Layout:
         """One pipeline of `pp` nodes running `microbatches` micro-batches, balanced stages."""

@@ -1,6 +1,7 @@
 """The list scheduler as it was before the heap (a scan of every ready task per pick; code as of
 main fd69199), kept as the reference the heap version must reproduce exactly
-(`test_list_schedule.py`)."""
+(`test_list_schedule.py`); and the action lists and step time as they were before the simulator's
+fast path (`schedule_rows`, `replay_end`), the reference for `test_replay.py`."""
 
 from __future__ import annotations
 
@@ -9,14 +10,25 @@ from dataclasses import dataclass
 
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import (
+    ALL_REDUCE,
     BACKWARD,
     BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,
+    OPTIMIZER,
+    RECV_ACT,
+    RECV_GRAD,
     REDUNDANT_FORWARD,
+    SEND_ACT,
+    SEND_GRAD,
+    Action,
     Durations,
     ScheduleError,
+    _list_schedule,
+    simulate,
+    stage_durations,
 )
+from runtime.planner.throughput import CostModel
 
 
 @dataclass(slots=True)
@@ -148,3 +160,88 @@ def reference_list_schedule(layout: Layout, kind: str, durations: Durations) -> 
             if not waiting[child]:
                 ready[tasks[child].node][child] = max(finish[d] for d in tasks[child].deps)
     return order
+
+
+def reference_build_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int, list[Action]]:
+    """`build_schedule` as it was before it was built from `schedule_rows` (main 2026-11-27): the
+    per-node action lists, communication inserted around the list schedule's order."""
+    order = _list_schedule(layout, kind, durations)
+    runs = [(lo, hi, owners) for lo, hi, owners in layout.owner_runs() if owners]
+    out: dict[int, list[Action]] = {}
+    for node in layout.nodes():
+        acts: list[Action] = []
+        grad_touch: dict[int, int] = {}
+        for _, task in order.get(node, []):
+            route = layout.routes[task.mb]
+            stage = route[task.hop][0]
+            pipe = layout.pipeline_of[task.mb]
+            prev_node = route[task.hop - 1][1] if task.hop else -1
+            next_node = route[task.hop + 1][1] if task.hop + 1 < len(route) else -1
+            if task.kind == FORWARD:
+                if task.hop and prev_node != node:
+                    acts.append(Action(RECV_ACT, stage, task.mb, prev_node, pipe))
+                acts.append(Action(FORWARD, stage, task.mb, -1, pipe))
+                if next_node >= 0 and next_node != node:
+                    acts.append(Action(SEND_ACT, stage, task.mb, next_node, pipe))
+            elif task.kind in (BACKWARD, BACKWARD_INPUT):
+                if next_node >= 0 and next_node != node:
+                    acts.append(Action(RECV_GRAD, stage, task.mb, next_node, pipe))
+                acts.append(Action(task.kind, stage, task.mb, -1, pipe))
+                if task.hop and prev_node != node:
+                    acts.append(Action(SEND_GRAD, stage, task.mb, prev_node, pipe))
+            elif task.kind == REDUNDANT_FORWARD:
+                succ_stage = route[(task.hop + 1) % len(route)][0]
+                acts.append(Action(REDUNDANT_FORWARD, succ_stage, task.mb, -1, pipe))
+            else:
+                acts.append(Action(task.kind, stage, task.mb, -1, pipe))
+            if task.kind in (BACKWARD, BACKWARD_WEIGHT):
+                lo, hi = layout.stages[stage]
+                for r, (rlo, rhi, owners) in enumerate(runs):
+                    if node in owners and rlo < hi and lo < rhi:
+                        grad_touch[r] = len(acts)
+        inserts: dict[int, list[Action]] = defaultdict(list)
+        issued = []
+        for r, (lo, hi, owners) in enumerate(runs):
+            if node in owners:
+                at = grad_touch.get(r, len(acts))
+                inserts[at].append(Action(ALL_REDUCE, layers=(lo, hi), group=owners))
+                issued.append((at, r))
+        merged: list[Action] = []
+        for pos in range(len(acts) + 1):
+            merged.extend(inserts.get(pos, []))
+            if pos < len(acts):
+                merged.append(acts[pos])
+        for _, r in sorted(issued):
+            lo, hi, owners = runs[r]
+            merged.append(Action(OPTIMIZER, layers=(lo, hi), group=owners))
+        out[node] = merged
+    return out
+
+
+def reference_step_time(cost: CostModel, layout: Layout, kind: str, allreduce_scale: int) -> float:
+    """`CostModel.step_time` as it was (main 2026-11-27): `simulate` of the action lists with a
+    duration computed per action."""
+    per_stage = stage_durations(layout, cost.fiw)
+    scale, net = cost.compute_scale, cost.network
+
+    def duration(act: Action) -> float:
+        k = act.kind
+        if k in (FORWARD, REDUNDANT_FORWARD):
+            return per_stage[act.stage][0] * scale
+        if k == BACKWARD_INPUT:
+            return per_stage[act.stage][1] * scale
+        if k == BACKWARD_WEIGHT:
+            return per_stage[act.stage][2] * scale
+        if k == BACKWARD:
+            return (per_stage[act.stage][1] + per_stage[act.stage][2]) * scale
+        if k == RECV_ACT:
+            return net.latency_s + cost.output_bytes[layout.stages[act.stage][0] - 1] / net.bytes_per_s
+        if k == RECV_GRAD:
+            return net.latency_s + cost.output_bytes[layout.stages[act.stage][1] - 1] / net.bytes_per_s
+        if k == OPTIMIZER:
+            lo, hi = act.layers
+            return cost.optimizer_time(lo, hi, len(act.group) * allreduce_scale)
+        return 0.0
+
+    timeline = simulate(reference_build_schedule(layout, kind, per_stage), duration)
+    return max((e for row in timeline.values() for _, e, _ in row), default=0.0) + cost.step_overhead_s

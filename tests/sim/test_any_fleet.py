@@ -170,3 +170,19 @@ def test_grouped_step_equals_whole_replay(strategy, tolerance):
         grouped = model.plans.layout_step(model.plans.layout(strategy, pattern), SCHEDULE[strategy])
         assert grouped == pytest.approx(whole, rel=tolerance)
         assert grouped <= whole * (1 + 1e-9)
+
+
+def test_planning_a_state_leaves_the_garbage_collector_as_it_was() -> None:
+    import gc
+
+    model = make_model(4, 4)
+    pattern = ((True,) * 4, (True, False, True, True), (True,) * 4, (True,) * 4)
+    assert gc.isenabled()
+    step = model.plans.step("recycle", pattern)
+    assert gc.isenabled() and math.isfinite(step) and step > 0
+    gc.disable()
+    try:
+        assert model.plans.step("bamboo", pattern) > 0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
