@@ -270,6 +270,15 @@ def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strat
     layout = explicit_layout(dp=ask.dp, pp=ask.pp, microbatches=ask.microbatches,
                              total_microbatches=total_microbatches)
     config = build_job_config(contract, **layout, strategy=strategy, steps=target_steps)
+    if (ask.provider != ProviderKind.LOCAL and config.model.kind != USER_MODEL_KIND and ask.instance_types
+            and all(t in (planner := _planner()).catalog for t in ask.instance_types)
+            and config.device_time is None and not config.layer_costs):
+        # Real instances and no time scale of the user's: state what the planner would price the
+        # types with, so recycle's spill prices a new host's traffic (the user's `link_gbps` wins).
+        stated = _stated_costs(planner, config.model, ask.instance_types, config.microbatch_size)
+        contract = {**contract, "layer_costs": stated["layer_costs"],
+                    "link_gbps": contract.get("link_gbps", stated["link_gbps"])}
+        config = build_job_config(contract, **layout, strategy=strategy, steps=target_steps)
     pools = [PlanPool(instance_type=t, zone=z) for t in ask.instance_types for z in (ask.zones or [""])]
     plan = JobPlan(provider=ask.provider, pools=pools, nodes=ask.nodes or config.num_nodes, dp=config.dp,
                    pp=config.pp, microbatches=config.microbatches, strategy=strategy, chosen_by="user",
@@ -307,8 +316,7 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
     # The job states the per-layer seconds and link bandwidth the plan was priced with (replacing any
     # the contract gave): its stages are cut as the planner cut them, and recycle's spill prices a
     # new host's traffic on real instances too (`runtime.strategies.links.stated_by_cost_models`).
-    contract.update(stated_by_cost_models(
-        [planner.cost_model(base.model, t, mbs) for t in dict.fromkeys(p.instance_type for p in pools)]))
+    contract.update(_stated_costs(planner, base.model, [p.instance_type for p in pools], mbs))
     config = build_job_config(contract, dp=best.dp, pp=best.pp, microbatches=best.microbatches,
                               schedule=best.schedule, strategy=base.strategy, steps=base.steps)
     plan = JobPlan(
@@ -318,6 +326,13 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
         runner_ups=_runner_ups(chosen), min_stages=config.min_stages, replan=ask.replan, max_nodes=ask.max_nodes,
     )
     return plan, config
+
+
+def _stated_costs(planner: Planner, model: ModelSpec, instance_types: Iterable[str], microbatch_size: int
+                  ) -> dict[str, float | list[float]]:
+    """The `layer_costs` and `link_gbps` of a job that may run on `instance_types`, from the cost
+    models `planner` prices them with (`runtime.strategies.links.stated_by_cost_models`)."""
+    return stated_by_cost_models([planner.cost_model(model, t, microbatch_size) for t in dict.fromkeys(instance_types)])
 
 
 def _plan_error(exc: PlanError, *, deadline: datetime | None, deadline_hours: float | None) -> LayoutError:
