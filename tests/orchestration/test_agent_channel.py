@@ -20,6 +20,7 @@ from controlplane.orchestration import services
 from controlplane.orchestration.providers import set_provider
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.factories import make_job, make_team, make_webhook_credential
+from tests.orchestration.asgi_client import asgi_request, http_scope
 from tests.orchestration.fakes import FakeProvider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,27 +35,9 @@ PATH = "/api/v1/agents/commands/"
 async def _call(app, *, method: str, path: str, query: str = "", headers: dict[str, str] | None = None,
                 body: bytes = b"") -> tuple[int, bytes]:
     """One HTTP request through the ASGI app; the client stays connected until it has the answer."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": query.encode(), "root_path": "",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
-             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000)}
-    sent = []
-    answered = asyncio.Event()
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await answered.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        sent.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            answered.set()
-
-    await app(scope, receive, send)
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+    status, _headers, content = await asgi_request(app, http_scope(method=method, path=path, headers=headers,
+                                                                   query=query), body)
+    return status, content
 
 
 @pytest.fixture

@@ -29,32 +29,18 @@ from controlplane.orchestration.services import instances_detect_dead
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
+from tests.orchestration.asgi_client import asgi_request, http_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _scope(path: str, headers: dict[str, str], *, method: str = "POST", query: str = "") -> dict:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": query.encode(), "root_path": "",
-            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000)}
+    return http_scope(method=method, path=path, headers=headers, query=query)
 
 
 async def _call(app, path: str, headers: dict[str, str], body: bytes = b"", **kwargs) -> tuple[int, dict, bytes]:
     """One request through the ASGI app: (status, headers, body)."""
-    sent = []
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await asyncio.sleep(3600)
-
-    async def send(message):
-        sent.append(message)
-
-    await app(_scope(path, headers, **kwargs), receive, send)
-    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+    return await asgi_request(app, _scope(path, headers, **kwargs), body)
 
 
 async def _view(app, path: str, headers: dict[str, str], body: bytes = b"", **kwargs) -> tuple[int, dict, bytes]:

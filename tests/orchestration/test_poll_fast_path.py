@@ -29,6 +29,7 @@ from controlplane.orchestration import poll_channel, selectors, services
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
+from tests.orchestration.asgi_client import asgi_request, http_scope
 from tests.orchestration.test_agent_channel import agent  # noqa: F401  (the fixture: a started job's agent)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,31 +39,12 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 
 
 def _scope(headers: dict[str, str], query: str, *, method: str = "GET", path: str = PATH) -> dict:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": query.encode(), "root_path": "",
-            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000)}
+    return http_scope(method=method, path=path, headers=headers, query=query)
 
 
 async def _call(app, headers: dict[str, str], query: str, body: bytes = b"", **kwargs) -> tuple[int, dict, bytes]:
     """One request through the ASGI app, the client connected until it has its answer: (status, headers, body)."""
-    sent = []
-    answered = asyncio.Event()
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await answered.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        sent.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            answered.set()
-
-    await app(_scope(headers, query, **kwargs), receive, send)
-    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+    return await asgi_request(app, _scope(headers, query, **kwargs), body)
 
 
 def _app(**kwargs) -> ControlPlane:

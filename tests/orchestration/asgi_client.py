@@ -1,0 +1,37 @@
+"""One HTTP request through an ASGI application, for the tests of the ASGI entry point's fast
+paths (heartbeats, command polls) and of the agent channel: the scope a server would build, and a
+client that stays connected until it has its whole answer (a disconnect would end a held poll)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+def http_scope(*, method: str, path: str, headers: dict[str, str] | None = None, query: str = "") -> dict[str, Any]:
+    """The ASGI scope of a plain HTTP/1.1 request from 127.0.0.1 (header names lower-cased)."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": query.encode(), "root_path": "",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000)}
+
+
+async def asgi_request(app: Any, scope: dict[str, Any], body: bytes = b"") -> tuple[int, dict, bytes]:
+    """Send one request (`body` in one message) and return (status, headers, body) of the answer."""
+    sent: list[dict] = []
+    answered = asyncio.Event()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await answered.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    await app(scope, receive, send)
+    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
