@@ -22,6 +22,7 @@ import argparse
 import io
 import json
 import time
+from collections.abc import Awaitable, Callable
 
 from bench import fleet
 
@@ -130,6 +131,21 @@ def main() -> None:
     print(json.dumps(figures, indent=1))
 
 
+def _cpu_ms_per_request(window: Callable[[], Awaitable[None]], *, rounds: int, per_window: int) -> float:
+    """ms of this process's CPU per request: one window to warm up, then `rounds` windows of
+    `per_window` requests each (`window` is the coroutine function of one)."""
+    import asyncio
+
+    async def run() -> float:
+        await window()  # warm
+        started = time.process_time()
+        for _ in range(rounds):
+            await window()
+        return (time.process_time() - started) / (rounds * per_window) * 1000
+
+    return asyncio.run(run())
+
+
 def _fast_path_ms(team, agents: int, n: int) -> float:
     """CPU per heartbeat through the ASGI app's fast path, `agents` agents heartbeating in each
     window of 0.1 s (at least `n` heartbeats in all)."""
@@ -169,15 +185,7 @@ def _fast_path_ms(team, agents: int, n: int) -> float:
         statuses = await asyncio.gather(*(beat(pk) for pk in keys), asyncio.sleep(MIN_INTERVAL_S))
         assert statuses[:-1] == [200] * len(keys), statuses
 
-    async def run() -> float:
-        await window()  # warm
-        rounds = max(3, n // agents)
-        started = time.process_time()
-        for _ in range(rounds):
-            await window()
-        return (time.process_time() - started) / (rounds * agents) * 1000
-
-    ms = asyncio.run(run())
+    ms = _cpu_ms_per_request(window, rounds=max(3, n // agents), per_window=agents)
     assert app.heartbeats.handed_over == 0, "a heartbeat went to the view: not the fast path's cost"
     return round(ms, 3)
 
@@ -243,15 +251,7 @@ def _poll_held_ms(team, agents: int, n: int, *, batched: bool) -> float:
         hang_up.set()
         await asyncio.gather(*polls, pause)
 
-    async def run() -> float:
-        await window()  # warm
-        rounds = max(3, n // agents)
-        started = time.process_time()
-        for _ in range(rounds):
-            await window()
-        return (time.process_time() - started) / (rounds * agents) * 1000
-
-    ms = asyncio.run(run())
+    ms = _cpu_ms_per_request(window, rounds=max(3, n // agents), per_window=agents)
     if batched:
         assert app.polls.handed_over == 0 and app.polls.answered > 0, "a poll went to the view"
     else:
