@@ -4,7 +4,7 @@ instances: `fleet.locks.lock_jobs_then_instances`), so neither is chosen as a de
 
 The control case locks as the batch did before: its instances only, its rows share-locking their
 job at commit. Against `job_grow` (which holds the job and, at commit, share-locks the node that
-joins) that deadlocks, which shows the scenario really races; the batch's retry then runs it again.
+joins) that deadlocks (once, or again on the batch's retry), which shows the scenario really races.
 SQLite has one writer at a time and cannot deadlock, so this runs on PostgreSQL only
 (DATABASE_URL=postgres://...)."""
 
@@ -167,7 +167,9 @@ def _deadlocks(attempts: int, errors: list[BaseException]) -> int:
 def test_the_old_lock_order_deadlocks_against_job_grow(monkeypatch):
     monkeypatch.setattr(processing, "_lock_instances", _instances_first)
     attempts, errors = _race(monkeypatch)
-    assert _deadlocks(attempts, errors) == 1
+    # At least one: after the first victim the batch's retry (not held this time) can meet the
+    # grower again and deadlock a second time (seen in CI), which only shows the race more.
+    assert _deadlocks(attempts, errors) >= 1
 
 
 def test_a_notice_batch_and_job_grow_on_one_job_do_not_deadlock(monkeypatch):
