@@ -252,6 +252,36 @@ def test_finished_job_releases_everything(fake):
     assert all(s.end is not None for i in instances for s in i.billing_segments.all())
 
 
+def test_a_release_and_its_event_commit_together(fake, monkeypatch):
+    """The nodes' ends and the timeline's "released" event are one transaction: a failure between
+    them leaves every node live, and the next reconcile releases them with the event (seen in CI:
+    a reader saw every node terminated before the event existed)."""
+    from controlplane.orchestration.services import reconcile
+
+    job = _job(dp=1, pp=2)
+    instances = _start(job, fake)
+    job.refresh_from_db()
+    job.status = JobStatus.CANCELLED
+    job.save(update_fields=["status"])
+
+    def event_fails(**kwargs):
+        raise RuntimeError("the event's write failed")
+
+    monkeypatch.setattr(reconcile, "job_record_event", event_fails)
+    with pytest.raises(RuntimeError):
+        services.capacity_release(job=job)
+    assert Instance.objects.filter(job=job, state=InstanceState.RUNNING).count() == len(instances)
+    assert not job.events.filter(kind="released").exists()
+
+    monkeypatch.undo()
+    assert sorted(services.capacity_release(job=job)) == sorted(i.pk for i in instances)
+    assert not Instance.objects.filter(job=job, state=InstanceState.RUNNING).exists()
+    (event,) = job.events.filter(kind="released")
+    assert sorted(event.data["instances"]) == sorted(i.pk for i in instances)
+    assert services.capacity_release(job=job) == []  # nothing left: no second event
+    assert job.events.filter(kind="released").count() == 1
+
+
 def test_cheapest_pool_first_and_a_pool_that_just_preempted_us_is_avoided():
     team = make_team()
     itype = make_instance_type("p3.2xlarge")

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import transaction
 
+from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import LIVE_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, Reconfiguration, TrainingJob
@@ -37,15 +38,17 @@ def capacity_release(*, job: TrainingJob) -> list[int]:
         ids = [i.provider_instance_id for i in group if i.provider_instance_id]
         if ids:
             get_provider(provider_kind).terminate(ids)
-    released = []
-    for instance in instances:
-        with transaction.atomic():
-            if _transition(instance, InstanceState.TERMINATED, detail={"reason": f"job {job.status}"}):
-                released.append(instance.pk)
-    if released:
-        job_record_event(
-            job=job, kind="released", message=f"released {len(released)} node(s)", data={"instances": released}
-        )
+    # The nodes' ends and the timeline's "released" event commit together: no reader (the API, the
+    # dashboard, a test) sees the nodes gone without the event, and a crash in between leaves the
+    # nodes live for the next reconcile to release, event and all.
+    with transaction.atomic():
+        lock_jobs_then_instances(job_ids=[job.pk], instances=Instance.objects.filter(pk__in=[i.pk for i in instances]))
+        released = [i.pk for i in instances
+                    if _transition(i, InstanceState.TERMINATED, detail={"reason": f"job {job.status}"})]
+        if released:
+            job_record_event(
+                job=job, kind="released", message=f"released {len(released)} node(s)", data={"instances": released}
+            )
     from controlplane.orchestration.rendezvous import rendezvous_release
 
     rendezvous_release(job=job)
