@@ -27,6 +27,19 @@ def _generation(number: int, nodes: list[int]) -> str:
     return json.dumps({"number": number, "membership": [{"node": n} for n in nodes]})
 
 
+class _CountedReads:
+    """The control file as the watcher sees it (it only calls `read_text`), counting its reads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reads = 0
+
+    def read_text(self) -> str:
+        text = self.path.read_text()
+        self.reads += 1
+        return text
+
+
 @pytest.mark.timeout(30)
 def test_watcher_marks_dead_only_dropped_members_that_never_started(tmp_path) -> None:
     coordinator = Coordinator(serve(0), "job-w")
@@ -34,10 +47,14 @@ def test_watcher_marks_dead_only_dropped_members_that_never_started(tmp_path) ->
     store.set("hb/1", str(time.time()))  # node 1's worker started; node 3's never did
     control = tmp_path / "control.json"
     control.write_text(_generation(1, [0, 1, 2, 3]))
-    watcher = _Watcher(control, tmp_path / "notice", 0, coordinator)
+    reads = _CountedReads(control)
+    watcher = _Watcher(reads, tmp_path / "notice", 0, coordinator)
     watcher.start()
     try:
-        time.sleep(0.2)  # the watcher read generation 1
+        # Generation 1 must be what the watcher read first: a watcher whose first read is already
+        # generation 2 has no earlier membership to drop anyone from. (A fixed 0.2 s pause was not
+        # always enough for its thread to get there on a loaded machine.)
+        assert wait_for(lambda: reads.reads >= 1)
         assert not store.check(["dead/3"]), "nothing is dropped yet"
         control.write_text(_generation(2, [0, 2, 4]))  # 1 and 3 dropped, 4 a replacement
         assert wait_for(lambda: store.check(["dead/3"]))
