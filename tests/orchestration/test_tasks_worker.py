@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from celery.signals import task_postrun
 from django.db import OperationalError, connection
 from django.utils import timezone
 
@@ -61,14 +62,30 @@ def worker(orchestration_worker):
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
-def test_acquire_twice_acquires_once_and_death_publishes_a_generation(worker):
+def test_acquire_twice_acquires_once_and_death_publishes_a_generation(worker, monkeypatch):
+    # Only the node the test makes silent may be found dead: with the 2 s default, the live nodes'
+    # heartbeats (stamped by the test, no agents here) went stale too whenever the detection task
+    # reached the worker more than 2 s later, as it can on a loaded 2-core machine.
+    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "60")
     job = make_job(make_team(), strategy="recycle", target_steps=10, plan={"dp": 2, "pp": 2, "provider": "local"})
 
-    tasks.acquire_capacity.delay(job.pk)
-    tasks.acquire_capacity.delay(job.pk)  # a duplicate delivery
-    wait_for(lambda: Instance.objects.filter(job=job, state=InstanceState.PENDING).count() == 4, what="4 pending")
-    time.sleep(0.3)  # let the duplicate run to the end too
-    wait_for(lambda: not Acquisition.objects.filter(job=job, status="launching").exists(), what="launch done")
+    finished: list[str] = []
+
+    def count_acquisitions(sender=None, state=None, **kwargs) -> None:
+        if sender is not None and sender.name == tasks.acquire_capacity.name and state == "SUCCESS":
+            finished.append(state)
+
+    task_postrun.connect(count_acquisitions, weak=False)
+    try:
+        tasks.acquire_capacity.delay(job.pk)
+        tasks.acquire_capacity.delay(job.pk)  # a duplicate delivery
+        # Both deliveries ran to the end (a fixed pause did not make sure of the duplicate), so what
+        # follows is what the duplicate left, not what it had yet to do.
+        wait_for(lambda: len(finished) >= 2, what="both deliveries to run")
+    finally:
+        task_postrun.disconnect(count_acquisitions)
+    assert retrying(Instance.objects.filter(job=job, state=InstanceState.PENDING).count) == 4
+    assert not retrying(Acquisition.objects.filter(job=job, status="launching").exists)
     assert retrying(Acquisition.objects.filter(job=job).count) == 1
     assert len(worker.by_token) == 1 and sum(len(v) for v in worker.by_token.values()) == 4
 
@@ -81,7 +98,7 @@ def test_acquire_twice_acquires_once_and_death_publishes_a_generation(worker):
 
     retrying(Instance.objects.filter(job=job).update, last_heartbeat_at=timezone.now())
     retrying(Instance.objects.filter(pk=instances[3].pk).update,
-             last_heartbeat_at=timezone.now() - timedelta(seconds=10))
+             last_heartbeat_at=timezone.now() - timedelta(seconds=120))
     tasks.detect_dead_agents.delay()
     wait_for(lambda: job.generations.filter(number=2).exists(), what="generation 2 after the death")
     generation = retrying(job.generations.get, number=2)
