@@ -133,9 +133,9 @@ def logs(job_id: int, *, follow: bool, out: TextIO = sys.stdout) -> int:
     seen: set[int] = set()
     since: str | None = None
 
-    def print_new() -> None:
+    def print_new(*, whole: bool = False) -> None:
         nonlocal since
-        for event in client.events(job_id, since=since):
+        for event in client.events(job_id, since=None if whole else since):
             if event["id"] not in seen:
                 seen.add(event["id"])
                 print(f"{event['at']}  {event['kind']:<24} {event['message']}", file=out, flush=True)
@@ -154,7 +154,10 @@ def logs(job_id: int, *, follow: bool, out: TextIO = sys.stdout) -> int:
                 loss += f" val loss {job['last_val_loss']:.4f}"
             print(f"-- step {job['steps_done']}/{job['target_steps']}{loss} ({job['status']})", file=out, flush=True)
         if job["status"] in ENDED:
-            print_new()  # events written with the final status
+            # The whole timeline, not from `since`: an event is stamped when it is written but seen
+            # when its transaction commits, so one stamped before `since` (the job's final status
+            # and its job_finished event among them) can commit after a later one was printed.
+            print_new(whole=True)
             return 0 if job["status"] == "finished" else 1
         time.sleep(FOLLOW_POLL_S)
 

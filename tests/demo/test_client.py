@@ -95,3 +95,33 @@ def test_every_client_command_says_when_no_control_plane_is_configured(monkeypat
         err = io.StringIO()
         assert call(err) == 1
         assert "no control plane configured" in err.getvalue()
+
+
+class _LateCommit:
+    """A control plane whose `job_finished` event, stamped before an event `logs --follow` already
+    printed, commits with the job's final status after that print (its transaction was still open)."""
+
+    def __init__(self) -> None:
+        self.committed = [{"id": 1, "at": "2026-11-25T12:00:01Z", "kind": "generation", "message": "generation 1"},
+                          {"id": 3, "at": "2026-11-25T12:00:03Z", "kind": "agent_worker_exit", "message": "exited"}]
+        self.polls = 0
+
+    def events(self, job_id: int, *, since: str | None = None) -> list[dict]:
+        return sorted((e for e in self.committed if since is None or e["at"] >= since), key=lambda e: e["at"])
+
+    def job(self, job_id: int) -> dict:
+        self.polls += 1
+        if self.polls == 1:
+            return {"steps_done": 5, "target_steps": 10, "status": "running"}
+        self.committed.append({"id": 2, "at": "2026-11-25T12:00:02Z", "kind": "job_finished",
+                               "message": "finished 10 steps"})
+        return {"steps_done": 10, "target_steps": 10, "status": "finished"}
+
+
+def test_follow_prints_an_event_that_committed_after_a_later_stamped_one(monkeypatch) -> None:
+    monkeypatch.setattr(commands, "_client", _LateCommit)
+    monkeypatch.setattr(commands, "FOLLOW_POLL_S", 0.0)
+    out = io.StringIO()
+    assert commands.logs(7, follow=True, out=out) == 0
+    printed = [line.split()[1] for line in out.getvalue().splitlines() if not line.startswith("--")]
+    assert sorted(printed) == ["agent_worker_exit", "generation", "job_finished"]  # each once
