@@ -109,7 +109,10 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
     set_provider("local", provider)
     monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "process")
     monkeypatch.setenv("SPOTPIPE_PUBLIC_URL", server.url)
-    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "2.0")
+    # Not the 2 s default: on a loaded 2-core host a node starting up (a replacement importing torch)
+    # can miss 2 s of heartbeats and be declared dead while it lives (as the hand-over tests saw);
+    # this test times neither the detection nor the start-up.
+    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "5.0")
     beat = Beat()
     job = None
     try:
@@ -138,8 +141,8 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
         victim = _node_of(job, 1, 0)
         provider.kill(victim.provider_instance_id)
         # Bounded, not timed: how fast a death is detected is `python -m bench reconfigure`'s figure
-        # (a 4 s bound here failed at 4.06 s with the machine at load 29).
-        wait_for(lambda: Instance.objects.get(pk=victim.pk).state == "preempted", 10, "the death to be detected")
+        # (a 4 s bound here failed at 4.06 s with the machine at load 29, with a 2 s heartbeat timeout).
+        wait_for(lambda: Instance.objects.get(pk=victim.pk).state == "preempted", 20, "the death to be detected")
 
         # The job keeps training, replacements join, the job finishes.
         wait_for(lambda: TrainingJob.objects.get(pk=job.pk).steps_done > steps_at_notice + 5, 60, "training on")
