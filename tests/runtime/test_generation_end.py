@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,11 +25,20 @@ from runtime.train.trainer import JobCannotContinue, Worker, WorkerSpec
 from tests.runtime.conftest import gloo_pair, small_config
 
 
+def _ended(pid: int) -> bool:
+    """The process has exited (a zombie its parent has not reaped yet has closed its sockets too)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 def _last_commit(rank: int, port: int, settled: bool, results) -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=20))
     comm = Comm(dist.PrefixStore("t", store), prefix="pg", node=rank, members=[0, 1], timeout_s=5.0)
     vector = torch.full((4,), float(rank + 1), dtype=torch.float64)
     if rank == 0:  # the first member: commits the last step and ends, as a finished worker does
+        store.set("first_pid", str(os.getpid()))
         comm.commit(vector)
         if settled:
             results.put(("failed_sends", comm.settle_sends()))
@@ -40,7 +50,15 @@ def _last_commit(rank: int, port: int, settled: bool, results) -> None:
     # busy machine), by which time the first member may be gone.
     comm.send(vector, 0, _COMMIT_TAG)
     comm.wait_sends()
-    time.sleep(1.0)
+    if settled:
+        time.sleep(1.0)
+    else:
+        # Gone for sure, not after a fixed 1 s: on a loaded machine the first member could still be
+        # alive then, and the total reached this member after all.
+        first = int(store.get("first_pid"))
+        deadline = time.monotonic() + 20
+        while not _ended(first) and time.monotonic() < deadline:
+            time.sleep(0.01)
     total = torch.empty_like(vector)
     try:
         comm.recv(total, 0, _COMMIT_TAG)
