@@ -121,9 +121,15 @@ def sweep(var_dir: Path, *, grace_s: float = 3.0) -> list[int]:
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and stray_pids(var_dir):
         time.sleep(0.1)
-    for pid in stray_pids(var_dir):
+    killed = stray_pids(var_dir)
+    for pid in killed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    # A SIGKILLed process still runs for a moment while it exits: return once it is gone, so that
+    # "everything stopped" is true when the demo says it (and a check right after finds nothing).
+    deadline = time.monotonic() + 5.0
+    while killed and stray_pids(var_dir) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return pids
 
 

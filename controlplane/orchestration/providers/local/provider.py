@@ -268,6 +268,11 @@ class LocalProvider:
             time.sleep(0.05)
         for pgid in groups:
             _signal_group(pgid, signal.SIGKILL)
+        # A SIGKILLed process still runs for a moment while it exits (a torch worker unmaps a lot):
+        # return once it is gone, so that a caller checking for leftovers right after finds none.
+        deadline = time.monotonic() + 5.0
+        while any(group_pids(g) for g in groups) and time.monotonic() < deadline:
+            time.sleep(0.02)
         _reap()
 
     # --- local extras ---------------------------------------------------------------------------------
