@@ -67,7 +67,11 @@ def test_a_user_models_weights_come_out_through_the_api_after_a_notice(
             "config": {"model": {"kind": "py", "path": f"{M}:resmlp", "loss": f"{M}:huber",
                                  "args": {"width": 16, "blocks": 2}},
                        "data": {"source": f"py:{M}:regression"},
-                       "global_batch": 8, "seed": 5, "lr": 0.01, "op_timeout_s": 2.0},
+                       "global_batch": 8, "seed": 5, "lr": 0.01, "op_timeout_s": 2.0,
+                       # Paced (about 0.1 s a step): unpaced, the 200 steps took 4 s, and the job
+                       # could end before a loaded host's worker had applied the notice's
+                       # reconfiguration (the check after it).
+                       "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}},
             "plan": {"dp": 2, "pp": 1, "microbatches": 2, "provider": "local"},
         })
         assert body["config"]["model"]["layers"] == 4
