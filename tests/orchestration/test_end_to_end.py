@@ -24,7 +24,12 @@ from runtime.train.reference import train_reference
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
-STEPS = 150
+# Long enough that a replacement joins before the job ends even when starting one (a node process,
+# its agent, a worker importing torch) is slow: steps are paced by emulated device time, start-up
+# is CPU work that a loaded host slows down. With 150 the replacement joined at step 46, 8 s before
+# the end, on a host at load 4 (CI, 2026-11-27 17:12 UTC); with 250, at step 58 and 16 s before the end
+# (load 4.8, 17:19 UTC).
+STEPS = 250
 
 
 STORY: list = []
