@@ -45,3 +45,51 @@ def test_a_failed_attach_releases_the_claim_and_the_retry_attaches_the_same_node
         assert acquisition.status == AcquisitionStatus.FULFILLED and acquisition.attempts == 2
     finally:
         set_provider("local", None)
+
+
+def _ended_and_released(job) -> None:
+    """What a job's end does to its capacity: the status, then the release of its instances."""
+    from controlplane.jobs.models import JobStatus, TrainingJob
+
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.FAILED)
+    job.refresh_from_db()
+    services.capacity_release(job=job)
+
+
+def test_a_launch_queued_past_its_jobs_end_launches_nothing():
+    fake = FakeProvider()
+    set_provider("local", fake)
+    try:
+        job = make_job(make_team(), strategy="recycle", plan={"dp": 1, "pp": 2, "provider": "local"})
+        acquisition = services.job_start(job=job)
+        _ended_and_released(job)
+        assert services.acquisition_launch(acquisition=acquisition) == []  # the task ran late
+        assert fake.launches == []
+        acquisition.refresh_from_db()
+        assert acquisition.status == AcquisitionStatus.FAILED and "ended" in acquisition.error
+    finally:
+        set_provider("local", None)
+
+
+def test_nodes_launched_while_their_job_was_released_are_terminated(django_capture_on_commit_callbacks):
+    """The job ended while the provider call was in flight: its release found the instances still
+    requested (no node to terminate yet) and ended them; the nodes that launch then come back are
+    terminated when the attach commits, not left running with no instance to be released by."""
+    fake = FakeProvider()
+    set_provider("local", fake)
+    try:
+        job = make_job(make_team(), strategy="recycle", plan={"dp": 1, "pp": 2, "provider": "local"})
+        acquisition = services.job_start(job=job)
+        launch = fake.launch
+
+        def released_meanwhile(request):
+            _ended_and_released(job)
+            return launch(request)
+
+        fake.launch = released_meanwhile
+        with django_capture_on_commit_callbacks(execute=True):
+            assert services.acquisition_launch(acquisition=acquisition) == []
+        assert sorted(fake.terminated) == ["fake-1", "fake-2"]
+        assert set(Instance.objects.filter(job=job).values_list("state", flat=True)) == {"terminated"}
+    finally:
+        set_provider("local", None)

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance, Lifecycle, ProviderKind
-from controlplane.fleet.states import InstanceState
+from controlplane.fleet.states import TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
@@ -114,6 +114,12 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
     acquisition.refresh_from_db()
     if acquisition.status in (AcquisitionStatus.FULFILLED, AcquisitionStatus.FAILED):
         return list(Instance.objects.filter(request_token__startswith=f"{acquisition.request_token}/"))
+    if TrainingJob.objects.filter(pk=acquisition.job_id).exclude(status__in=ACTIVE_JOB_STATUSES).exists():
+        # Its job ended (and was released) since this was requested, a task still queued runs it
+        # now: no nodes, and no rendezvous store started again for nobody.
+        Acquisition.objects.filter(pk=acquisition.pk, status=AcquisitionStatus.REQUESTED).update(
+            status=AcquisitionStatus.FAILED, error="the job ended before its nodes were launched")
+        return []
     # The store first: by the time the nodes enrol, the first generation can name it.
     rendezvous_ensure(job=acquisition.job)
     if not _claim_launch(acquisition):
@@ -153,12 +159,13 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
     """Give each requested instance of the acquisition a launched node (in order), move it to
     pending, and mark the acquisition fulfilled. Instances left without a node have failed."""
     locked = Acquisition.objects.select_for_update().get(pk=acquisition.pk)
-    _jobs, instances = lock_jobs_then_instances(
+    jobs, instances = lock_jobs_then_instances(
         job_ids=[locked.job_id], instances=Instance.objects.filter(request_token__startswith=f"{locked.request_token}/")
     )
     known = {i.provider_instance_id for i in instances if i.provider_instance_id}
     fresh = [n for n in nodes if n.provider_instance_id not in known]
     attached = []
+    unwanted: list[str] = []
     for instance in instances:
         if instance.provider_instance_id:
             attached.append(instance)
@@ -167,6 +174,11 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
             _transition(instance, InstanceState.FAILED, detail={"reason": "provider launched fewer nodes"})
             continue
         node = fresh.pop(0)
+        if instance.state in TERMINAL_STATES:
+            # Released while the provider launched (its job ended): nothing will ever look at this
+            # instance again, so its node is terminated here rather than left running unbilled.
+            unwanted.append(node.provider_instance_id)
+            continue
         instance.provider_instance_id = node.provider_instance_id
         instance.instance_type = _instance_type_row(locked.provider, node.instance_type or "unknown")
         instance.zone = _zone_row(locked.provider, node.zone)
@@ -193,7 +205,22 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
             "provider_ids": [i.provider_instance_id for i in attached],
         },
     )
+    if unwanted:
+        ended = jobs[locked.job_id].status not in ACTIVE_JOB_STATUSES
+        transaction.on_commit(lambda: _end_unwanted(locked, unwanted, release_store=ended))
     return attached
+
+
+def _end_unwanted(acquisition: Acquisition, node_ids: list[str], *, release_store: bool) -> None:
+    """Terminate nodes launched for instances released meanwhile, and the rendezvous store the
+    launch started again for a job that had ended (its release ran before and will not run again)."""
+    from controlplane.orchestration.rendezvous import rendezvous_release
+
+    logger.warning("acquisition %s: terminating %d node(s) launched after their job's release: %s",
+                   acquisition.pk, len(node_ids), node_ids)
+    get_provider(acquisition.provider).terminate(node_ids)
+    if release_store:
+        rendezvous_release(job=acquisition.job)
 
 
 def job_start(*, job: TrainingJob) -> Acquisition | None:
