@@ -24,7 +24,8 @@ Where the machine's CPU goes in each window (bench/_cpu_account.py: CPU seconds 
 process tree from /proc, and the machine's busy and idle time from /proc/stat): the web server, the
 Celery worker, this process (the simulated agents' loop), the webhook load generator, PostgreSQL
 (the whole server: other users' queries included) and Redis, during phase 1's burst, phase 2's agents
-with their notices before the burst, and phase 2's burst beside the agents -- what bounds each figure."""
+alone (the 10 s before the first notice), with their notices before the burst, and phase 2's burst
+beside the agents -- what bounds each figure."""
 
 from __future__ import annotations
 
@@ -56,10 +57,12 @@ TARGET_INTAKE_RATIO, TARGET_WEBHOOK_P99_MS, TARGET_NOTICE_P99_MS = 0.9, 50.0, 50
 PP = 4
 CPU_WINDOWS = {  # key in the JSON: what the window holds
     "no_agents_burst": "phase 1: the webhook burst, no agents",
+    "agents_idle": "phase 2: the agents alone (heartbeats, held polls), the 10 s before the first notice",
     "agents_only_with_notices": "phase 2: the agents and their notices, no webhooks",
     "agents_and_burst": "phase 2: the same burst beside the agents, and their notices",
 }
-CPU_WINDOW_HEADERS = {"no_agents_burst": "no agents + burst", "agents_only_with_notices": "agents + notices",
+CPU_WINDOW_HEADERS = {"no_agents_burst": "no agents + burst", "agents_idle": "agents idle",
+                      "agents_only_with_notices": "agents + notices",
                       "agents_and_burst": "agents + burst"}
 CPU_COMPONENTS = {  # key prefix in the JSON: what it counts
     "web_server": "granian web server (master and workers)",
@@ -244,7 +247,10 @@ async def _with_agents(port: int, agents: list[tuple[int, int, str]], *, heartbe
     progress.step(f"{len(agents)} agents: waiting for every first answer")
     await asyncio.wait_for(fleet.first_answer.wait(), timeout=300)
     # Let the heartbeats spread over a whole period before measuring.
+    cpu, cpu_windows = CpuWindow(), {}
+    cpu.begin(roots(None))
     await asyncio.sleep(min(heartbeat_s, 10.0))
+    cpu_windows["agents_idle"] = cpu.end(roots(None))
     jobs: dict[int, list[tuple[int, str]]] = {}
     for iid, job, token in agents:
         jobs.setdefault(job, []).append((iid, token))
@@ -266,7 +272,6 @@ async def _with_agents(port: int, agents: list[tuple[int, int, str]], *, heartbe
         progress.step(f"agent notice ({phase}) for job {job}: {status}", len(noticed), 2 * notices)
 
     # Agents only (no webhook load): the channel's own figure.
-    cpu, cpu_windows = CpuWindow(), {}
     cpu.begin(roots(None))
     for job in order[:notices]:
         await notice(job, "quiet")
