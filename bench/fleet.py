@@ -18,7 +18,14 @@ Two phases on the same server, one run:
    offered N/10 s, latency, longest gap between an agent's acknowledged heartbeats: a backlog shows
    as gaps beyond the period), and notice -> new command delivered to every agent of the job.
 Targets (issue 20, at 1,024 agents): intake >= 90% of the baseline, webhook p99 < 50 ms, no
-heartbeat backlog, notice -> command p99 < 500 ms. Output: table, JSON, plot in var/bench/fleet/."""
+heartbeat backlog, notice -> command p99 < 500 ms. Output: table, JSON, plot in var/bench/fleet/.
+
+Where the machine's CPU goes in each window (bench/_cpu_account.py: CPU seconds of each component's
+process tree from /proc, and the machine's busy and idle time from /proc/stat): the web server, the
+Celery worker, this process (the simulated agents' loop), the webhook load generator, PostgreSQL
+(the whole server: other users' queries included) and Redis, during phase 1's burst, phase 2's agents
+alone (the 10 s before the first notice), with their notices before the burst, and phase 2's burst
+beside the agents -- what bounds each figure."""
 
 from __future__ import annotations
 
@@ -29,11 +36,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from bench import webhooks as wh
+from bench._cpu_account import CpuWindow, Root, exited_unreaped, read_processes
 from bench._fleet_agents import Fleet, HTTPConnection
 from bench.report import Progress, print_table
 
@@ -46,6 +55,23 @@ FLEET_TEAM = "fleet-team"
 WEBHOOK_TARGETS = 200  # instances the webhook burst's notices name (bench.webhooks._seed)
 TARGET_INTAKE_RATIO, TARGET_WEBHOOK_P99_MS, TARGET_NOTICE_P99_MS = 0.9, 50.0, 500.0
 PP = 4
+CPU_WINDOWS = {  # key in the JSON: what the window holds
+    "no_agents_burst": "phase 1: the webhook burst, no agents",
+    "agents_idle": "phase 2: the agents alone (heartbeats, held polls), the 10 s before the first notice",
+    "agents_only_with_notices": "phase 2: the agents and their notices, no webhooks",
+    "agents_and_burst": "phase 2: the same burst beside the agents, and their notices",
+}
+CPU_WINDOW_HEADERS = {"no_agents_burst": "no agents + burst", "agents_idle": "agents idle",
+                      "agents_only_with_notices": "agents + notices",
+                      "agents_and_burst": "agents + burst"}
+CPU_COMPONENTS = {  # key prefix in the JSON: what it counts
+    "web_server": "granian web server (master and workers)",
+    "celery_worker": "Celery worker (master and pool)",
+    "simulated_agents": "bench process (the simulated agents' asyncio loop; idle in phase 1)",
+    "webhook_load_generator": "webhook load generator (bench._fleet_webhooks)",
+    "postgresql_all_processes": "PostgreSQL (every backend: other users' queries included)",
+    "redis": "Redis (redis-server; other users' databases included)",
+}
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -86,6 +112,30 @@ def _prepare(progress: Progress) -> None:
     import django
 
     django.setup()
+
+
+def _server_pids() -> tuple[int | None, int | None]:
+    """(PostgreSQL's postmaster, redis-server) pids, when they run on this machine: the parent of
+    this process's backend, and the pid Redis reports."""
+    import redis
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
+    procs = read_processes()
+    postmaster = procs[backend].ppid if backend in procs and procs[backend].comm == "postgres" else None
+    redis_pid = int(redis.Redis.from_url(REDIS_URL).info("server")["process_id"])
+    return postmaster, redis_pid if redis_pid in procs and procs[redis_pid].comm.startswith("redis") else None
+
+
+def _cpu_roots(web: subprocess.Popen, worker: subprocess.Popen, burst: subprocess.Popen | None,
+               servers: tuple[int | None, int | None]) -> dict[str, Root]:
+    return {"web_server": Root(web.pid), "celery_worker": Root(worker.pid),
+            # Own threads only: the load generator is this process's child, and counted on its own.
+            "simulated_agents": Root(os.getpid(), children=False),
+            "webhook_load_generator": Root(burst.pid if burst else None),
+            "postgresql_all_processes": Root(servers[0]), "redis": Root(servers[1])}
 
 
 def _seed_fleet(agents: int, job_size: int, progress: Progress) -> list[tuple[int, int, str]]:
@@ -190,13 +240,17 @@ def _pct(values: list[float], p: float) -> float:
 
 
 async def _with_agents(port: int, agents: list[tuple[int, int, str]], *, heartbeat_s: float, requests: int,
-                       connections: int, notices: int, progress: Progress) -> dict:
+                       connections: int, notices: int, progress: Progress,
+                       roots: Callable[[subprocess.Popen | None], dict[str, Root]]) -> dict:
     fleet = Fleet(port, agents, heartbeat_s=heartbeat_s)
     fleet.start()
     progress.step(f"{len(agents)} agents: waiting for every first answer")
     await asyncio.wait_for(fleet.first_answer.wait(), timeout=300)
     # Let the heartbeats spread over a whole period before measuring.
+    cpu, cpu_windows = CpuWindow(), {}
+    cpu.begin(roots(None))
     await asyncio.sleep(min(heartbeat_s, 10.0))
+    cpu_windows["agents_idle"] = cpu.end(roots(None))
     jobs: dict[int, list[tuple[int, str]]] = {}
     for iid, job, token in agents:
         jobs.setdefault(job, []).append((iid, token))
@@ -218,22 +272,27 @@ async def _with_agents(port: int, agents: list[tuple[int, int, str]], *, heartbe
         progress.step(f"agent notice ({phase}) for job {job}: {status}", len(noticed), 2 * notices)
 
     # Agents only (no webhook load): the channel's own figure.
+    cpu.begin(roots(None))
     for job in order[:notices]:
         await notice(job, "quiet")
     await asyncio.sleep(2.0)
+    cpu_windows["agents_only_with_notices"] = cpu.end(roots(None))
+    cpu.begin(roots(None))
     window_start = time.monotonic()
     burst = _webhook_burst(port, requests, connections, seed=2)
     for job in order[notices:2 * notices]:
         await notice(job, "burst")
     conn.close()
-    while burst.poll() is None:
-        await asyncio.sleep(0.2)
+    while not exited_unreaped(burst.pid):  # its CPU is read before it is reaped
+        await asyncio.sleep(0.05)
+    cpu_windows["agents_and_burst"] = cpu.end(roots(burst))
     burst_figures = _burst_result(burst)
     # Every agent's heartbeat period is covered at least once past the burst; deliveries land.
     await asyncio.sleep(max(3.0, heartbeat_s + 1 - (time.monotonic() - window_start)))
     window_end = time.monotonic()
     await fleet.stop()
     return {"burst": burst_figures, "fleet": fleet, "notices": noticed, "window": (window_start, window_end),
+            "cpu": cpu_windows,
             "jobs": {j: [i for i, _ in members] for j, members in jobs.items()}}
 
 
@@ -336,6 +395,7 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
     from spotpipe.processes import granian_args
 
     progress = progress or Progress()
+    started_utc, load_at_start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()
     agents = agents or (128 if quick else 1024)
     requests = requests or (1500 if quick else 6000)
     # Each notice goes to a job of its own (half before the burst, half during it).
@@ -366,11 +426,20 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         wh._wait_ready(port, web)
         wh._warm_up(port, connections)
         progress.step(f"phase 1: webhook burst of {requests}, no agents")
-        baseline = _burst_result(_webhook_burst(port, requests, connections, seed=1))
+        servers = _server_pids()
+        cpu = CpuWindow()
+        cpu.begin(_cpu_roots(web, worker, None, servers))
+        burst = _webhook_burst(port, requests, connections, seed=1)
+        while not exited_unreaped(burst.pid):  # its CPU is read before it is reaped
+            time.sleep(0.05)
+        cpu_windows = {"no_agents_burst": cpu.end(_cpu_roots(web, worker, burst, servers))}
+        baseline = _burst_result(burst)
         _reset_webhook_rows(worker_running=True)
         progress.step(f"phase 2: {agents} agents + the same burst + {notices} agent notices")
         loaded = asyncio.run(_with_agents(port, fleet_agents, heartbeat_s=heartbeat_s, requests=requests,
-                                          connections=connections, notices=notices, progress=progress))
+                                          connections=connections, notices=notices, progress=progress,
+                                          roots=lambda burst: _cpu_roots(web, worker, burst, servers)))
+        cpu_windows.update(loaded["cpu"])
     finally:
         wh._stop(worker)
         wh._stop(web)
@@ -382,8 +451,10 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
     poll_errors = sum(r.poll_errors for r in fleet.records.values())
     ratio = burst["notices_per_s"] / baseline["notices_per_s"] if baseline["notices_per_s"] else float("nan")
     figures: dict[str, Any] = {
-        "machine": f"{os.cpu_count()} cores, shared with other engineers' sessions (load average at the end "
-                   f"{os.getloadavg()[0]:.1f})",
+        "machine": f"{os.cpu_count()} cores, shared with other engineers' sessions (load average at the start "
+                   f"{load_at_start[0]:.1f}, at the end {os.getloadavg()[0]:.1f})",
+        "started_utc": started_utc,
+        "load_average_1_5_15_at_start": [round(x, 2) for x in load_at_start],
         "agents": agents, "job_size": job_size, "heartbeat_period_s": heartbeat_s, "webhook_requests": requests,
         "webhook_connections": connections, "web_workers": web_workers, "view_threads_per_worker": threads,
         "server": "granian --interface asgi controlplane.asgi:application (docker-compose's)",
@@ -397,6 +468,15 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         "notice_to_command_with_agents_no_webhooks": quiet,
         "notice_to_command_with_agents_during_webhook_burst": notice,
         "command_poll_errors": poll_errors,
+        "cpu_by_component": {
+            "how": "CPU seconds (utime+stime from /proc/<pid>/stat, each component's process tree, reaped "
+                   "children included) over each window, and as cores (CPU s / window s); machine busy and idle "
+                   "from /proc/stat; other_processes = machine busy minus the components (other sessions on a "
+                   "shared machine). Windows: " + "; ".join(f"{k} = {v}" for k, v in CPU_WINDOWS.items())
+                   + " (the burst windows run from the load generator's start to its exit)",
+            "components": CPU_COMPONENTS,
+            **cpu_windows,
+        },
         "targets": {"webhook_intake_ratio_min": TARGET_INTAKE_RATIO, "webhook_p99_ms_max": TARGET_WEBHOOK_P99_MS,
                     "notice_to_command_p99_ms_max": TARGET_NOTICE_P99_MS},
         "met": {
@@ -450,8 +530,29 @@ def _print(f: dict) -> None:
             *_notice_rows(notice, "during the webhook burst"),
         ],
     )
+    _print_cpu(f["cpu_by_component"])
     print("met: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in f["met"].items()))
     print(f"plot: {f['plots']}")
+
+
+def _print_cpu(cpu: dict) -> None:
+    windows = [w for w in CPU_WINDOWS if w in cpu]
+
+    def cell(w: str, key: str) -> str:
+        return f"{cpu[w][key + '_cpu_s']:.1f} / {cpu[w][key + '_cores']:.2f}"
+
+    rows = [[label, *(cell(w, key) for w in windows)] for key, label in CPU_COMPONENTS.items()]
+    rows += [
+        ["all of the above", *(cell(w, "components_total") for w in windows)],
+        ["other processes (machine busy minus the above), cores", *(cpu[w]["other_processes_cores"] for w in windows)],
+        ["machine busy, cores", *(cpu[w]["machine_busy_cores"] for w in windows)],
+        ["machine idle, cores (share)", *(f"{cpu[w]['machine_idle_cores']:.2f} ({cpu[w]['machine_idle_share']:.0%})"
+                                          for w in windows)],
+        ["window (s)", *(cpu[w]["window_s"] for w in windows)],
+    ]
+    cores = cpu[windows[0]]["cores"] if windows else "?"
+    print_table(f"where the CPU went: CPU s / cores of {cores} per window (PostgreSQL and Redis: the whole "
+                "servers, other users' work included)", ["component", *(CPU_WINDOW_HEADERS[w] for w in windows)], rows)
 
 
 def _notice_rows(n: dict, label: str) -> list[list[Any]]:

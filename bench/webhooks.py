@@ -50,6 +50,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench._cpu_account import CLK_TCK, read_processes
 from bench.report import Progress, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -432,23 +433,10 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
 def _session_cpu_s(session_id: int) -> float:
     """User+system CPU seconds of every live process in a session (gunicorn master and workers;
     celery and its pool). Independent of what else loads the machine."""
-    total = 0.0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session_id:  # field 6 (session) counted after the comm field
-            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    return total
+    return sum(p.own_ticks for p in read_processes().values() if p.session == session_id) / CLK_TCK
 
 
 def _wait_ready(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
