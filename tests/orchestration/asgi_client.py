@@ -1,10 +1,12 @@
 """One HTTP request through an ASGI application, for the tests of the ASGI entry point's fast
 paths (heartbeats, command polls) and of the agent channel: the scope a server would build, and a
-client that stays connected until it has its whole answer (a disconnect would end a held poll)."""
+client that stays connected until it has its whole answer (a disconnect would end a held poll);
+and the SQL each batch of a fast path runs."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 
@@ -35,3 +37,20 @@ async def asgi_request(app: Any, scope: dict[str, Any], body: bytes = b"") -> tu
 
     await app(scope, receive, send)
     return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def capturing_sql(fn: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], list[list[str]]]:
+    """`fn` (a fast path's batch step, called with the window's claims) wrapped to record the SQL
+    of each call: returns (the wrapper, the list it appends each call's statements to)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    statements: list[list[str]] = []
+
+    def capturing(claims: Any) -> Any:
+        with CaptureQueriesContext(connection) as queries:
+            result = fn(claims)
+        statements.append([q["sql"] for q in queries.captured_queries])
+        return result
+
+    return capturing, statements

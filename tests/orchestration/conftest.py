@@ -237,3 +237,15 @@ def _mark_children(_session_marker, monkeypatch):
     """Every process a test of this directory starts inherits the session's marker (and only
     those: other test directories' processes are not counted)."""
     monkeypatch.setenv("SPOTPIPE_TEST_SESSION", _session_marker)
+
+
+@pytest.fixture
+def fake():
+    """A FakeProvider registered as the `local` provider for the test, unregistered after."""
+    from controlplane.orchestration.providers import set_provider
+    from tests.orchestration.fakes import FakeProvider
+
+    provider = FakeProvider()
+    set_provider("local", provider)
+    yield provider
+    set_provider("local", None)

@@ -13,8 +13,6 @@ from datetime import timedelta
 
 import pytest
 from django.core.wsgi import get_wsgi_application
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.accounts.models import ApiToken
@@ -29,7 +27,7 @@ from controlplane.orchestration.services import instances_detect_dead
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
-from tests.orchestration.asgi_client import asgi_request, http_scope
+from tests.orchestration.asgi_client import asgi_request, capturing_sql, http_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -264,14 +262,7 @@ def test_a_token_revoked_or_expired_is_refused_at_its_next_heartbeat(fleet, how)
 def test_a_window_of_heartbeats_is_one_update(fleet):
     nodes, _ = fleet
     app = _app(heartbeat_batch_s=0.2)
-    statements: list[list[str]] = []
-
-    def capturing(claims):
-        with CaptureQueriesContext(connection) as queries:
-            bodies = heartbeat_channel.record_and_render(claims)
-        statements.append([q["sql"] for q in queries.captured_queries])
-        return bodies
-
+    capturing, statements = capturing_sql(heartbeat_channel.record_and_render)
     app.heartbeats.record_batch = lambda claims: _in_request(capturing, claims)
 
     async def scenario():

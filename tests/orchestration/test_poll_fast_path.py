@@ -15,9 +15,7 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import connection
 from django.test import override_settings
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.accounts.models import ApiToken
@@ -29,7 +27,7 @@ from controlplane.orchestration import poll_channel, selectors, services
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
-from tests.orchestration.asgi_client import asgi_request, http_scope
+from tests.orchestration.asgi_client import asgi_request, capturing_sql, http_scope
 from tests.orchestration.test_agent_channel import agent  # noqa: F401  (the fixture: a started job's agent)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -149,14 +147,7 @@ def test_a_poll_on_its_current_version_parks_in_the_hub(fleet):
 def test_a_window_of_polls_is_one_read_of_their_tokens_and_versions(fleet):
     nodes, _ = fleet
     app = _app(poll_batch_s=0.2)
-    statements: list[list[str]] = []
-
-    def capturing(claims):
-        with CaptureQueriesContext(connection) as queries:
-            steps = poll_channel.first_steps(claims)
-        statements.append([q["sql"] for q in queries.captured_queries])
-        return steps
-
+    capturing, statements = capturing_sql(poll_channel.first_steps)
     app.polls.record_batch = lambda claims: _in_request(capturing, claims)
     # The first 5 hold a version never issued: answered at once, together; the others are held.
     queries = [_query("idle:0:None:None" if n < 5 else _version(instance), "0.2")

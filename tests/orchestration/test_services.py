@@ -15,22 +15,12 @@ from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration
 from controlplane.market.models import SpotPrice
 from controlplane.orchestration import services
 from controlplane.orchestration.models import Acquisition
-from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.selectors import pools_ranked
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertDelivery
 from tests.controlplane.factories import make_instance_type, make_job, make_team, make_zone
-from tests.orchestration.fakes import FakeProvider
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fake():
-    provider = FakeProvider()
-    set_provider("local", provider)
-    yield provider
-    set_provider("local", None)
 
 
 def _job(strategy: str = "recycle", dp: int = 2, pp: int = 2, **plan):
