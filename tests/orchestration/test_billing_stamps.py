@@ -12,12 +12,12 @@ from django.utils import timezone
 from controlplane.billing.models import BillingSegment
 from controlplane.fleet.models import Instance
 from controlplane.orchestration import services
-from tests.orchestration.test_services import _job, _start, fake  # noqa: F401 - the fixture
+from tests.orchestration.test_services import _job, _start
 
 pytestmark = pytest.mark.django_db
 
 
-def test_segments_start_at_running_at_and_end_at_ended_at(fake):  # noqa: F811
+def test_segments_start_at_running_at_and_end_at_ended_at(fake):
     job = _job()
     instances = _start(job, fake)
     Instance.objects.filter(job=job).update(last_heartbeat_at=timezone.now())
