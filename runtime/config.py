@@ -36,6 +36,9 @@ SCHEDULES = ("1f1b", "fiw")
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("fp32", "bf16")
 """Compute precisions of the forward (`JobConfig.precision`); parameters and optimizer state stay float32."""
+DEVICES = ("cpu", "cuda")
+"""Where a job computes (`JobConfig.device`); each node resolves `cuda` to one of its own GPUs
+(`runtime.parallel.device.resolve_device`)."""
 """Learning-rate schedules after the warmup (`runtime.train.optim.lr_at`)."""
 MODEL_KINDS = ("gpt", "mlp")
 """The built-in models (what the planner can estimate without building anything)."""
@@ -341,6 +344,11 @@ class JobConfig:
     precision: str = "fp32"
     """`fp32` or `bf16`: each layer's forward (and its recompute) under bfloat16 autocast
     (`runtime.models.rng.forward_layer`); parameters, gradients and AdamW state stay float32."""
+    device: str = "cpu"
+    """`cpu` or `cuda`: where every node keeps its layers, optimizer state, activations and the data's
+    micro-batches (`runtime.parallel.device`). With `cuda` each node uses one GPU of its own VM (the
+    agent's device index, in `CUDA_VISIBLE_DEVICES` numbering); messages between nodes still travel
+    over gloo through pinned host memory, and a node without a usable GPU fails the job naming why."""
     layer_costs: list[float] | None = None
     """Cost per layer (forward+backward) for balancing stages, read as seconds per micro-batch where
     a time scale is needed (`runtime.strategies.links`); None = estimate. Measured, or for a job the
@@ -543,6 +551,9 @@ class JobConfig:
             bad(f"eps={self.eps} must be > 0", "eps")
         if self.precision not in PRECISIONS:
             bad(f"precision {self.precision!r} is unknown; expected one of {PRECISIONS}", "precision")
+        if self.device not in DEVICES:
+            bad(f"device {self.device!r} is unknown; expected one of {DEVICES} (a node picks its own GPU "
+                "for cuda)", "device")
         if self.lr_schedule not in LR_SCHEDULES:
             bad(f"lr_schedule {self.lr_schedule!r} is unknown; expected one of {LR_SCHEDULES}", "lr_schedule")
         if self.warmup_steps < 0:

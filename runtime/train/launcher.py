@@ -201,6 +201,7 @@ def run_local(
             "joining": joining,
             "out_dir": str(out),
             "export_dir": str(export_dir or ""),
+            "device_index": node,  # the nodes share this host's GPUs (resolve_device wraps it)
             "faults": own,
         }
         proc = ctx.Process(target=_child, args=(spec,), name=f"spotpipe-node-{node}", daemon=True)

@@ -73,6 +73,10 @@ class WorkerSpec:
     """If set: the job's final weights and optimizer state go here as safetensors (`runtime.checkpointing.export`),
     each designated writer writing its layers' shards, with spotpipe.json beside them; and its
     checkpoints, in the same format, under `checkpoints/step-N/` (`runtime.checkpointing.checkpoints`)."""
+    device_index: int = 0
+    """Which of this VM's GPUs a `device = "cuda"` job uses (in `CUDA_VISIBLE_DEVICES` numbering; the
+    agent's `--gpu-index`; local runs, whose nodes share the host's GPUs, use the node id modulo the
+    GPU count). Ignored on the CPU."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     """Injected faults: {"kind": "kill"|"stop"|"notice"|"delay", "step": k, "at": action index or -1
     (mid-step), "delay_s": seconds for "delay"}; with "phase": "transfer", during a state hand-over
