@@ -25,14 +25,22 @@ def layer_seed(seed: int, step: int, microbatch: int, layer: int) -> int:
 
 @contextlib.contextmanager
 def layer_rng(seed: int, step: int, microbatch: int, layer: int) -> Iterator[None]:
-    """Run a layer's forward with the CPU generator seeded by `layer_seed`, then restore it."""
+    """Run a layer's forward with the CPU generator seeded by `layer_seed`, then restore it; in a
+    process that computes on a GPU, that GPU's generator too (dropout on the GPU draws from it)."""
     generator = torch.default_generator
     saved = generator.get_state()
-    generator.manual_seed(layer_seed(seed, step, microbatch, layer))
+    value = layer_seed(seed, step, microbatch, layer)
+    generator.manual_seed(value)
+    cuda = torch.cuda.is_initialized()
+    if cuda:
+        saved_cuda = torch.cuda.get_rng_state()
+        torch.cuda.manual_seed(value)
     try:
         yield
     finally:
         generator.set_state(saved)
+        if cuda:
+            torch.cuda.set_rng_state(saved_cuda)
 
 
 def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -40,8 +48,9 @@ def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torc
     but recomputed in the backward (`torch.utils.checkpoint`, non-reentrant), replaying the random
     state the forward had (`preserve_rng_state`) and the autocast state (checkpoint records it): the
     same bits as keeping them. With `config.precision == "bf16"` the forward runs under bfloat16
-    autocast; the parameters (and so their gradients and the optimizer state) stay float32."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+    autocast (on the device `x` is on); the parameters (and so their gradients and the optimizer
+    state) stay float32."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
         if config.recompute and torch.is_grad_enabled():
             out = torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
         else:

@@ -24,6 +24,7 @@ from runtime.distributed.grad_order import GradAccumulator, RunSum, grad_plan, h
 from runtime.models.rng import evaluating, forward_layer, layer_rng
 from runtime.models.usermodel import boundary_shapes, loss_for
 from runtime.parallel import _pipelining
+from runtime.parallel.device import ComputeTimer, Staging
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import (
     ALL_REDUCE,
@@ -69,8 +70,11 @@ class Executor:
         held: dict[int, LayerState],
         comm: Comm | None,
         batches: Batches | None = None,
+        staging: Staging | None = None,
     ) -> None:
         self.config = config
+        self.staging = staging or Staging(torch.device("cpu"))
+        """Where this node computes, and the copies of messages between it and gloo's host buffers."""
         self.batches = batches or Batches(config)
         self._val_batch: int | None = None
         self._last_data: tuple[tuple[int | None, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -86,7 +90,7 @@ class Executor:
         self.boundaries = boundary_shapes(config, first_input)
         """(shape, dtype) of the activation entering each layer (what boundary `b` sends)."""
         self.loss_fn = loss_for(config.model)
-        self.device = config.device_time
+        self.device_time = config.device_time
         self.plan = grad_plan(layout, home_pipelines(config))
         self.layer_numel = {i: sum(p.numel() for p in state.params) for i, state in held.items()}
         self.grads: GradAccumulator | None = None
@@ -101,6 +105,8 @@ class Executor:
         """This step's all-reduces started and not finished (`Comm.abandon_allreduce` on failure)."""
         self._update: tuple[dict, float | None, bool, object] | None = None
         """This step's reduced gradients by run, clip factor, skip and optimizer settings."""
+        self._losses: list[torch.Tensor] = []
+        """This step's per-micro-batch losses, read from the device once, at the step's end."""
 
     # -- helpers ------------------------------------------------------------------------------
     def _layers(self, stage: int) -> list[nn.Module]:
@@ -114,22 +120,22 @@ class Executor:
     def _buffer(self, boundary: int) -> torch.Tensor:
         """An empty tensor shaped like what crosses `boundary` (the input of layer `boundary`)."""
         shape, dtype = self.boundaries[boundary]
-        return torch.empty(shape, dtype=dtype)
+        return self.staging.host_buffer(shape, dtype)
 
     def _tag(self, mb: int, boundary: int, backward: bool) -> int:
         return (mb * (self.layout.num_layers + 1) + boundary) * 2 + int(backward)
 
     def _pad(self, act: Action, started: float) -> None:
         """Sleep until the action has taken its emulated device time."""
-        if self.device is None:
+        if self.device_time is None:
             return
         lo, hi = self.layout.stages[act.stage]
         per_layer = {
-            FORWARD: self.device.forward_ms,
-            REDUNDANT_FORWARD: self.device.forward_ms,
-            BACKWARD_INPUT: self.device.backward_input_ms,
-            BACKWARD_WEIGHT: self.device.backward_weight_ms,
-            BACKWARD: self.device.backward_input_ms + self.device.backward_weight_ms,
+            FORWARD: self.device_time.forward_ms,
+            REDUNDANT_FORWARD: self.device_time.forward_ms,
+            BACKWARD_INPUT: self.device_time.backward_input_ms,
+            BACKWARD_WEIGHT: self.device_time.backward_weight_ms,
+            BACKWARD: self.device_time.backward_input_ms + self.device_time.backward_weight_ms,
         }[act.kind]
         left = per_layer * (hi - lo) / 1000.0 - (time.perf_counter() - started)
         if left > 0:
@@ -144,6 +150,7 @@ class Executor:
             data = self.batches.val(batch=self._val_batch, index=mb, size=size)
         else:
             data = self.batches.train(step=step, index=mb, size=size)
+        data = (self.staging.to_device(data[0]), self.staging.to_device(data[1]))
         self._last_data = (key, data)
         return data
 
@@ -180,6 +187,8 @@ class Executor:
         self._norm_done = self._val_batch is not None or not norm_needed(self.config)
         self._update = None
         self._open_reduces = []
+        self._losses = []
+        timer = ComputeTimer(self.staging.device)
         try:
             self._loop(
                 step,
@@ -192,6 +201,7 @@ class Executor:
                 rf_inputs,
                 keep_alive,
                 reduces,
+                timer,
             )
         except RuntimeError as exc:
             self._poison(actions, started_reduces=reduces, consumed=isinstance(exc, PeerAborted))
@@ -203,6 +213,9 @@ class Executor:
         if comm is not None:
             comm.wait_sends()
         del keep_alive
+        if self._losses:  # one read from the device per step, summed in micro-batch order as before
+            result.loss_sum = sum(torch.stack(self._losses).tolist())
+        result.stage_time_s.update(timer.seconds())
         return result
 
     def _poison(self, actions: list[Action], *, started_reduces: dict, consumed: bool) -> None:
@@ -235,7 +248,7 @@ class Executor:
                 self.comm.drain_allreduce(act.group, act.layers[0], self._run_sum(act), replicas)
 
     def _loop(
-        self, step, actions, result, inputs, outputs, out_grads, param_groups, rf_inputs, keep_alive, reduces
+        self, step, actions, result, inputs, outputs, out_grads, param_groups, rf_inputs, keep_alive, reduces, timer
     ):
         comm = self.comm
         for index, act in enumerate(actions):
@@ -244,20 +257,21 @@ class Executor:
                 self.hook(index, len(actions))
             key = (act.stage, act.microbatch)
             started = time.perf_counter()
+            mark = timer.start()
             if act.kind == RECV_ACT:
                 buf = self._buffer(self.layout.stages[act.stage][0])
                 comm.recv(buf, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][0], False))
-                inputs[key] = buf.requires_grad_()
+                inputs[key] = self.staging.to_device(buf).requires_grad_()
             elif act.kind == SEND_ACT:
-                out = outputs[key].detach()
+                out = self.staging.to_host(outputs[key].detach())
                 keep_alive.append(out)
                 comm.send(out, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][1], False))
             elif act.kind == RECV_GRAD:
                 buf = self._buffer(self.layout.stages[act.stage][1])
                 comm.recv(buf, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][1], True))
-                out_grads[key] = buf
+                out_grads[key] = self.staging.to_device(buf)
             elif act.kind == SEND_GRAD:
-                grad = inputs.pop(key).grad
+                grad = self.staging.to_host(inputs.pop(key).grad)
                 keep_alive.append(grad)
                 comm.send(grad, act.peer, self._tag(act.microbatch, self.layout.stages[act.stage][0], True))
             elif act.kind == FORWARD:
@@ -287,7 +301,7 @@ class Executor:
                 REDUNDANT_FORWARD,
             ):
                 self._pad(act, started)
-                result.stage_time_s[act.stage] += time.perf_counter() - started
+                timer.stop(act.stage, mark)
         if not self._norm_done:  # no optimizer action here: still take part in the norm exchange
             self._exchange_norms({}, result)
 
@@ -302,7 +316,7 @@ class Executor:
         out = self._run_layers(step, act, x)
         if hop == len(route) - 1:
             loss = self.loss_fn(out, self._data(step, act.microbatch)[1])
-            result.loss_sum += loss.item()
+            self._losses.append(loss.detach())
             result.loss_count += 1
             outputs[key] = loss / self.num_mb
         else:
@@ -363,7 +377,9 @@ class Executor:
         if self.node in replicas:  # computes nothing here: receives the finished sum
             flat = torch.zeros(sum(self.layer_numel[i] for i in range(lo, hi)))
         else:
-            flat = self.grads.contribution(lo, hi)
+            # Summed on the host in the fixed order (`grad_order`): what gloo sends is there anyway,
+            # and float32 additions give the same bits on either side.
+            flat = self.staging.to_host(self.grads.contribution(lo, hi))
             if self.comm is None or len(act.group) == 1:
                 return flat, None
         handle = self.comm.allreduce(flat, act.group, lo, self._run_sum(act), replicas)
@@ -402,6 +418,7 @@ class Executor:
             self._open_reduces.remove(handle)
         else:
             flat = self._run_sum(act).fold({self.node: flat})
+        flat = self.staging.to_device(flat)
         out: dict[int, list[torch.Tensor]] = {}
         offset = 0
         for i in range(*act.layers):

@@ -118,8 +118,9 @@ class LayerState:
         return sum(t.numel() for t in self.tensors())
 
     def flat(self) -> torch.Tensor:
-        """All state tensors concatenated, plus the version as the last element (float64)."""
-        body = torch.cat([t.reshape(-1).double() for t in self.tensors()])
+        """All state tensors concatenated, plus the version as the last element (float64), in host
+        memory (a hand-over sends it over gloo; on a GPU node it is copied once, here)."""
+        body = torch.cat([t.reshape(-1).double() for t in self.tensors()]).cpu()
         return torch.cat([body, torch.tensor([float(self.version)], dtype=torch.float64)])
 
     def load_flat(self, flat: torch.Tensor) -> None:

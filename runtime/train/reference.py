@@ -12,6 +12,7 @@ from runtime.distributed.grad_order import home_pipelines
 from runtime.models.model import build_layer
 from runtime.models.rng import evaluating, forward_layer, layer_rng
 from runtime.models.usermodel import loss_for
+from runtime.parallel.device import resolve_device, use_device
 from runtime.train.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
 
 
@@ -20,7 +21,7 @@ def named_parameters(states: dict[int, LayerState]) -> dict[str, torch.Tensor]:
     out = {}
     for i in sorted(states):
         for name, p in states[i].module.named_parameters():
-            out[f"layer{i}.{name}"] = p.detach().clone()
+            out[f"layer{i}.{name}"] = p.detach().to("cpu", copy=True)  # host copies, from any device
     return out
 
 
@@ -65,10 +66,11 @@ def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: B
     """Mean loss over the held-out micro-batches a validation pass reads (no gradients, eval mode)."""
     total, count = 0.0, 0
     loss_fn = loss_for(config.model)
+    device = next(layers[0].parameters()).device
     with torch.no_grad(), evaluating(layers):
         for batch in range(config.data.val_batches):
             for mb in range(config.num_microbatches):
-                x, y = batches.val(batch=batch, index=mb, size=config.microbatch_size)
+                x, y = (t.to(device) for t in batches.val(batch=batch, index=mb, size=config.microbatch_size))
                 for i, layer in enumerate(layers):
                     with layer_rng(config.seed, -1 - batch, mb, i):
                         x = forward_layer(config, layer, x)  # the executor's forward (bf16 autocast too)
@@ -81,7 +83,9 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
     config.validate()
     spec = config.model
     loss_fn = loss_for(spec)
-    states = {i: LayerState(i, build_layer(spec, i, config.seed)) for i in range(spec.num_layers)}
+    device = resolve_device(config)  # a cuda job's reference runs on this host's first GPU
+    use_device(device)
+    states = {i: LayerState(i, build_layer(spec, i, config.seed).to(device)) for i in range(spec.num_layers)}
     params = [p for i in range(spec.num_layers) for p in states[i].params]
     home = home_pipelines(config)
     batches = Batches(config)
@@ -93,7 +97,7 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
         # order; then the pipelines in order. The distributed runs reproduce it bit for bit.
         sums: dict[int, list[torch.Tensor]] = {}
         for mb in range(config.num_microbatches):
-            x, y = batches.train(step=step, index=mb, size=config.microbatch_size)
+            x, y = (t.to(device) for t in batches.train(step=step, index=mb, size=config.microbatch_size))
             for i in range(spec.num_layers):
                 with layer_rng(config.seed, step, mb, i):  # dropout: the executor's random state
                     x = forward_layer(config, states[i].module, x)

@@ -41,6 +41,7 @@ from runtime.distributed.comm import Comm, bury, reap
 from runtime.distributed.coordinator import Coordinator, Heartbeat, connect, wait_ready
 from runtime.distributed.membership import Plan, initial_plan, joiners_worth_a_regroup, make_plan
 from runtime.models.model import build_layer
+from runtime.parallel.device import DeviceUnavailable, Staging, resolve_device, use_device
 from runtime.parallel.executor import Executor
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import build_schedule, forward_schedule, schedule_length, stage_durations
@@ -138,6 +139,9 @@ class Worker:
         self.init_step = 0
         """The step generation 0 starts at: the `init_from` export's steps_done when it continues one."""
         self.layout: Layout | None = None
+        self.device = torch.device("cpu")
+        """Where this node computes (`_open_device`)."""
+        self.staging: Staging | None = None
 
     # -- reporting ----------------------------------------------------------------------------
     def _emit(self, record: dict[str, Any]) -> None:
@@ -202,6 +206,7 @@ class Worker:
         self.store = store
         heartbeat = Heartbeat(spec.rendezvous, spec.job_id, self.node, cfg.heartbeat_timeout_s / 5)
         try:
+            self._open_device()
             self.batches = self._open_data()
             self._open_init()
             self._check_model()
@@ -275,6 +280,20 @@ class Worker:
             heartbeat.stop()
             self._emit({"event": "heartbeat_stats", "max_gap_s": heartbeat.max_gap_s})
             self._close_comm()
+
+    def _open_device(self) -> None:
+        """This node's device (`JobConfig.device`, the spec's GPU index). A node that cannot use the
+        device the job asks for fails the job: every node of a job gets the same kind of VM, so a
+        replacement would fail the same way."""
+        try:
+            self.device = resolve_device(self.config, self.spec.device_index)
+        except DeviceUnavailable as exc:
+            reason = f"device: {exc}"
+            self.coord.mark_failed(reason)
+            self._emit({"event": "job_failed", "reason": reason})
+            raise JobCannotContinue(reason) from None
+        use_device(self.device)
+        self.staging = Staging(self.device)
 
     def _open_data(self) -> Batches:
         """The job's data on this node (tokenized into the node's cache by the first rank to get
@@ -494,7 +513,7 @@ class Worker:
                 "schedule_s": time.perf_counter() - built,
             }
         )
-        executor = Executor(cfg, layout, self.node, self.held, self.comm, self.batches)
+        executor = Executor(cfg, layout, self.node, self.held, self.comm, self.batches, self.staging)
         # Hang detection scales with the step (docs/runtime.md "Timeouts"): every call of a step is
         # bounded by a few times the step time this layout is expected to take, from the slowest
         # step measured so far; a wait bounded by more than the heartbeat timeout also gives up as
@@ -672,7 +691,8 @@ class Worker:
 
     # -- state across generations -------------------------------------------------------------
     def _new_layer(self, index: int) -> LayerState:
-        return LayerState(index, build_layer(self.config.model, index, self.config.seed))
+        # Built on the CPU (the seeded init is the CPU generator's), then moved: the same start on any device.
+        return LayerState(index, build_layer(self.config.model, index, self.config.seed).to(self.device))
 
     def _initial_layer(self, index: int) -> LayerState:
         """Layer `index` as the job starts: seeded, or loaded from `init_from`."""
