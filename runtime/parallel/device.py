@@ -59,6 +59,11 @@ def use_device(device: torch.device) -> None:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.cuda.set_device(device)
+    # Create the CUDA context and the cuBLAS handle now, before the node meets its peers: done in
+    # step 0 they take seconds when several processes share a GPU, which the step's bound would
+    # otherwise have to allow for.
+    ones = torch.ones(8, 8, device=device)
+    (ones @ ones).sum().item()
 
 
 class Staging:
