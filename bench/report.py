@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from controlplane.common.tables import print_table
+from spotpipe.tables import print_table
 
 __all__ = ["Progress", "growth_exponent", "print_table"]
 
