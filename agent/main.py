@@ -378,7 +378,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--address", default="", help="address peers dial (default: detected)")
     parser.add_argument("--no-requirements", action="store_true",
                         help="run jobs on this environment, without installing their requirements (local nodes)")
-    parser.add_argument("--gpu-index", type=_gpu_index, default=os.environ.get("SPOTPIPE_GPU_INDEX", "0"),
+    parser.add_argument("--gpu-index", type=_gpu_index, metavar="N", default=os.environ.get("SPOTPIPE_GPU_INDEX", "0"),
                         help="which of this VM's GPUs (CUDA_VISIBLE_DEVICES numbering) a cuda job uses "
                              "(default: SPOTPIPE_GPU_INDEX, else 0)")
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
