@@ -56,6 +56,9 @@ class AgentConfig:
     install_requirements: bool = True
     """Install a job's `requirements` into a per-job venv; False (the local provider's nodes, which
     share the control plane's host): run every job on the agent's own environment."""
+    gpu_index: int = 0
+    """Which of this VM's GPUs a `device = "cuda"` job's worker uses (`CUDA_VISIBLE_DEVICES`
+    numbering): the worker's spec carries it to `WorkerSpec.device_index`. Ignored on the CPU."""
 
 
 def _local_address(control_plane: str) -> str:
@@ -81,6 +84,7 @@ class Agent:
         self.address = config.address or _local_address(config.control_plane)
         self.metrics: queue.Queue[dict] = queue.Queue()
         self.supervisor = WorkerSupervisor(config.work_dir, worker_module=config.worker_module,
+                                           gpu_index=config.gpu_index,
                                            on_message=self._on_worker_message, on_exit=self._on_worker_exit)
         self.last_command: dict | None = None
         self.notices_forwarded: list[dict] = []
@@ -346,6 +350,17 @@ class Agent:
             logger.info("dropped %d metric samples: %s", len(batch), exc)
 
 
+def _gpu_index(text: str) -> int:
+    try:
+        index = int(text)
+    except ValueError:
+        index = -1
+    if index < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a GPU number, 0 or more (CUDA_VISIBLE_DEVICES "
+                                         "numbering)")
+    return index
+
+
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser = argparse.ArgumentParser(prog="spotpipe-agent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -363,6 +378,9 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--address", default="", help="address peers dial (default: detected)")
     parser.add_argument("--no-requirements", action="store_true",
                         help="run jobs on this environment, without installing their requirements (local nodes)")
+    parser.add_argument("--gpu-index", type=_gpu_index, metavar="N", default=os.environ.get("SPOTPIPE_GPU_INDEX", "0"),
+                        help="which of this VM's GPUs (CUDA_VISIBLE_DEVICES numbering) a cuda job uses "
+                             "(default: SPOTPIPE_GPU_INDEX, else 0)")
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent %(message)s")
@@ -371,6 +389,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         instance=args.instance, cloud=args.cloud, metadata_url=args.metadata_url, heartbeat_s=args.heartbeat,
         metadata_poll_s=args.metadata_poll, commands_wait_s=args.commands_wait, work_dir=args.work_dir,
         worker_module=args.worker_module, address=args.address, install_requirements=not args.no_requirements,
+        gpu_index=args.gpu_index,
     )
 
 

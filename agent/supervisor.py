@@ -1,7 +1,8 @@
 """Starts and supervises this node's runtime worker, and hands it new generations.
 
 Protocol with the worker process (`python -m <worker module> --spec SPEC --control CONTROL`):
-- SPEC (JSON, written once): job, model spec, plan, the generation and this node's assignment.
+- SPEC (JSON, written once): job, model spec, plan, the generation, this node's assignment and
+  `device_index` (the agent's `--gpu-index`: the GPU a `cuda` job uses on this VM).
 - CONTROL (JSON, rewritten atomically by the agent): the newest generation. The worker reads it at
   every iteration boundary and switches to it there; a worker that is not a member of the new
   generation finishes its iteration and exits 0 (a graceful leave).
@@ -52,7 +53,7 @@ class WorkerSupervisor:
 
     def __init__(self, work_dir: Path, *, worker_module: str = "agent.worker_entry", python: str | None = None,
                  on_message: Callable[[dict], None] | None = None, on_exit: Callable[[int, bool], None] | None = None,
-                 stop_grace_s: float = 5.0) -> None:
+                 stop_grace_s: float = 5.0, gpu_index: int = 0) -> None:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.worker_module = worker_module
@@ -60,6 +61,8 @@ class WorkerSupervisor:
         self.on_message = on_message or (lambda message: None)
         self.on_exit = on_exit or (lambda code, deliberate: None)
         self.stop_grace_s = stop_grace_s
+        self.gpu_index = gpu_index
+        """The GPU of this VM a `cuda` job's worker uses (`CUDA_VISIBLE_DEVICES` numbering)."""
         self.proc: subprocess.Popen | None = None
         self.generation: int | None = None
         self.job_id: int | None = None
@@ -108,7 +111,7 @@ class WorkerSupervisor:
     def _start(self, command: dict, *, python: str) -> None:
         generation = command["generation"]
         spec = {"job": command["job"], "generation": generation, "assignment": command["assignment"],
-                "instance": command["instance"], "work_dir": str(self.work_dir)}
+                "instance": command["instance"], "work_dir": str(self.work_dir), "device_index": self.gpu_index}
         spec_path = self.work_dir / f"spec-{generation['number']}.json"
         write_json_atomic(spec_path, spec)
         write_json_atomic(self.control_path, generation)

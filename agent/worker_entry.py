@@ -133,6 +133,23 @@ class _Watcher(threading.Thread):
                 return
 
 
+def build_worker_spec(spec: dict[str, Any], *, node: int, joining: bool, out_dir: Path) -> Any:
+    """The runtime's `WorkerSpec` for the agent's SPEC (see `agent/supervisor.py`) as runtime node
+    `node` (`runtime_node()`: differs from the assignment's node after a restart)."""
+    from runtime.train.trainer import WorkerSpec
+
+    job, layout = spec["job"], spec["generation"]["layout"]
+    # The job's stored contract is the runtime's JobConfig: handed over unchanged.
+    return WorkerSpec(
+        job_id=f"job{job['id']}", node=node, rendezvous=layout["rendezvous"], config=job["config"],
+        generation=0, joining=joining, out_dir=str(out_dir),
+        # The job's folder in the control plane's artifact store: the final weights go there.
+        export_dir=str(job.get("artifacts") or ""),
+        # The agent's --gpu-index: the GPU of this VM a `cuda` job uses (a spec without it: the first).
+        device_index=int(spec.get("device_index", 0)),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", type=Path, required=True)
@@ -148,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from runtime.distributed.coordinator import Coordinator, connect
-    from runtime.train.trainer import Fenced, JobCannotContinue, Worker, WorkerSpec
+    from runtime.train.trainer import Fenced, JobCannotContinue, Worker
 
     node = int(assignment["node"])
     initial_nodes = int(layout["dp"]) * int(layout["pp"])
@@ -169,13 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         coordinator.mark_dead(runtime_node(node, incarnation - 1))
         emit({"type": "rejoining", "incarnation": incarnation, "runtime_node": runtime_node(node, incarnation)})
     me = runtime_node(node, incarnation)
-    # The job's stored contract is the runtime's JobConfig: handed over unchanged.
-    worker_spec = WorkerSpec(
-        job_id=job_id, node=me, rendezvous=layout["rendezvous"], config=job["config"],
-        generation=0, joining=incarnation > 0 or node >= initial_nodes, out_dir=str(out_dir),
-        # The job's folder in the control plane's artifact store: the final weights go there.
-        export_dir=str(job.get("artifacts") or ""),
-    )
+    worker_spec = build_worker_spec(spec, node=me, joining=incarnation > 0 or node >= initial_nodes,
+                                    out_dir=out_dir)
 
     class AgentWorker(Worker):
         def _emit(self, record: dict[str, Any]) -> None:

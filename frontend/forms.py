@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from controlplane.accounts.models import Team
 from controlplane.jobs.models import Strategy
 from runtime.config import (
+    DEVICES,
     LR_SCHEDULES,
     MODEL_KINDS,
     MODEL_PRESETS,
@@ -37,7 +38,7 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobConfig)}
 DEFAULT_VAL_EVERY = _DEFAULTS["val_every"]
 # The advanced training fields: JobConfig fields of the same name, sent only when filled in (else the
 # runtime's defaults hold).
-TRAINING_FIELDS = ("init_from", "lr", "lr_schedule", "warmup_steps", "lr_min", "clip", "precision")
+TRAINING_FIELDS = ("init_from", "lr", "lr_schedule", "warmup_steps", "lr_min", "clip", "precision", "device")
 # Contract fields whose form field has another name (the rest land on the field named like their last part).
 FIELD_FOR = {"config.model": "model", "config.model.path": "model",
              "config.model.args": "model_args", "config.model.layers": "model_layers"}
@@ -86,6 +87,10 @@ class JobSubmitForm(forms.Form):
     precision = forms.ChoiceField(choices=[(name, name) for name in PRECISIONS], initial=_DEFAULTS["precision"],
                                   label="Forward precision", required=False,
                                   help_text="bf16: bfloat16 autocast; weights and optimizer state stay float32")
+    device = forms.ChoiceField(choices=[(name, name) for name in DEVICES], initial=_DEFAULTS["device"],
+                               label="Device", required=False,
+                               help_text="cuda: every node trains on one GPU of its own (its layers, optimizer state, "
+                                         "activations and micro-batches); a node without a usable GPU fails the job")
     source = forms.CharField(
         required=False, max_length=1000, label="Data source (FORMAT:LOCATION)",
         widget=forms.TextInput(attrs={"placeholder": "text:s3://bucket/corpus/ (empty: synthetic tokens)"}),

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.config import AUTO_STRATEGY, JOB_STRATEGIES, PRECISIONS
+from runtime.config import AUTO_STRATEGY, DEVICES, JOB_STRATEGIES, PRECISIONS
 
 CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train", "sample")
 
@@ -106,6 +106,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        help="recompute each layer's activations in the backward (less memory, same math)")
     train.add_argument("--precision", choices=PRECISIONS,
                        help="forward compute: fp32 (default) or bf16 autocast (weights and optimizer stay fp32)")
+    train.add_argument("--device", choices=DEVICES,
+                       help="where each node computes: cpu (default) or cuda (one GPU per node: its layers, optimizer "
+                            "state, activations and micro-batches; messages still go over gloo)")
     train.add_argument("--skip-nonfinite", action="store_true", default=None,
                        help="skip (and count) a step whose global gradient norm is inf/NaN (always on with --clip)")
     train.add_argument("--init-from", metavar="DIR", help="start from a weights folder an earlier run wrote: with its "
@@ -146,7 +149,7 @@ def run_client(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, model_args=args.model_args, lr_schedule=args.lr_schedule, warmup=args.warmup,
         lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
         betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
-        precision=args.precision,
+        precision=args.precision, device=args.device,
     ))
 
 

@@ -84,11 +84,13 @@ class TrainOptions:
     """`--betas B1,B2`."""
     eps: float | None = None
     recompute: bool | None = None
+    """`--recompute`: activation recomputation per layer."""
     skip_nonfinite: bool | None = None
     """`--skip-nonfinite`: skip (and count) a step whose gradient norm is not finite."""
     precision: str | None = None
     """`--precision bf16`: the forward under bfloat16 autocast."""
-    """`--recompute`: activation recomputation per layer."""
+    device: str | None = None
+    """`--device cuda`: every node on one GPU of its own (`JobConfig.device`)."""
     init_from: str | None = None
     fails: list[str] = field(default_factory=list)
     out: Path = Path("var/train")
@@ -139,7 +141,7 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     if preset in MODEL_PRESETS:
         contract["model"]["vocab_size"] = preset_vocabulary(_tokenizer_vocabulary(data), preset)
     for key in ("global_batch", "seed", "val_every", "lr", "init_from", "lr_schedule", "lr_min", "clip",
-                "weight_decay", "eps", "recompute", "skip_nonfinite", "precision"):
+                "weight_decay", "eps", "recompute", "skip_nonfinite", "precision", "device"):
         if getattr(options, key) is not None:
             contract[key] = getattr(options, key)
     for key, flag in (("warmup_steps", "warmup"), ("weight_decay_min_dim", "decay_min_dim")):

@@ -62,6 +62,22 @@ def test_the_joiner_batching_bound_a_job_states_reaches_the_runtime(world):
     assert JobConfig.from_dict(TrainingJob.objects.get(pk=stated.json()["id"]).config).join_batch_wait_s == 120.0
 
 
+def test_the_device_a_job_states_reaches_the_runtime(world):
+    # cuda: every node on one GPU of its own VM (the agent's --gpu-index); a device the runtime does
+    # not know is a 400 naming config.device (JobConfig.problems), and nothing is written.
+    stated = _submit(world, plan={"dp": 2, "pp": 2, "microbatches": 4}, config={**CONFIG, "device": "cuda"})
+    assert stated.status_code == 201, stated.content
+    assert stated.json()["config"]["device"] == "cuda"
+    assert JobConfig.from_dict(TrainingJob.objects.get(pk=stated.json()["id"]).config).device == "cuda"
+    default = _submit(world, plan={"dp": 2, "pp": 2, "microbatches": 4}).json()
+    assert JobConfig.from_dict(TrainingJob.objects.get(pk=default["id"]).config).device == JobConfig().device == "cpu"
+    before = TrainingJob.objects.count()
+    refused = _submit(world, plan={"dp": 1, "pp": 1}, config={**CONFIG, "device": "tpu"})
+    assert refused.status_code == 400, refused.content
+    assert "'tpu' is unknown" in " ".join(refused.json()["errors"]["config.device"])
+    assert TrainingJob.objects.count() == before
+
+
 def test_auto_plan_meets_the_deadline_with_more_nodes_when_one_cannot(world):
     relaxed = _submit(world, plan="auto").json()
     one_node = relaxed["plan"]
@@ -117,6 +133,7 @@ def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world)
         ({"config": {**CONFIG, "wings": 2}}, "config.wings"),
         ({"config": {**CONFIG, "schedule": "zigzag"}}, "config.schedule"),
         ({"config": {**CONFIG, "precision": "fp16"}}, "config.precision"),
+        ({"config": {**CONFIG, "device": "tpu"}}, "config.device"),
         ({"config": {**CONFIG, "link_gbps": -1}}, "config.link_gbps"),
         ({"config": {**CONFIG, "join_batch_wait_s": -5}}, "config.join_batch_wait_s"),
         ({"config": None, "model_spec": {"kind": "gpt", "layers": 2, "heads": 3, "d_model": 32}},

@@ -350,14 +350,17 @@ def test_submit_a_preset_with_requirements_and_a_cosine_schedule(client_a, world
     form = {**ADVANCED_BASE, "team": world["a"][0].pk, "name": "preset-cosine", "model": "gpt-nano",
             "requirements": "numpy>=1.26\r\n\r\n  s3://bucket/pkgs/mypkg-1.0-py3-none-any.whl  \r\n",
             "init_from": "s3://bucket/runs/first", "lr": "0.003", "lr_schedule": "cosine", "warmup_steps": "10",
-            "lr_min": "0.0003", "clip": "1.0", "precision": "bf16"}
+            "lr_min": "0.0003", "clip": "1.0", "precision": "bf16", "device": "cuda"}
     response = client_a.post(reverse("frontend:job-new"), form)
     assert response.status_code == 302, response.context["form"].errors if response.context else response
     config = TrainingJob.objects.get(name="preset-cosine").config
     assert {k: config["model"][k] for k in MODEL_PRESETS["gpt-nano"]} == MODEL_PRESETS["gpt-nano"]
     assert config["requirements"] == ["numpy>=1.26", "s3://bucket/pkgs/mypkg-1.0-py3-none-any.whl"]
     assert (config["init_from"], config["lr"], config["lr_schedule"], config["warmup_steps"], config["lr_min"],
-            config["clip"], config["precision"]) == ("s3://bucket/runs/first", 0.003, "cosine", 10, 0.0003, 1.0, "bf16")
+            config["clip"], config["precision"], config["device"]) == (
+        "s3://bucket/runs/first", 0.003, "cosine", 10, 0.0003, 1.0, "bf16", "cuda")
+    # The device choice is the runtime's (DEVICES), offered with JobConfig's default selected.
+    assert '<option value="cpu" selected>cpu</option>' in page and '<option value="cuda">cuda</option>' in page
 
 
 def test_submit_a_model_function_with_its_arguments(client_a, world):
@@ -384,6 +387,7 @@ def test_submit_a_model_function_with_its_arguments(client_a, world):
         ({"lr_schedule": "linear"}, "lr_schedule", "Select a valid choice"),
         ({"lr_schedule": "cosine", "lr_min": "0.5"}, "lr_min", "lr_min=0.5 must be between 0 and lr=0.01"),
         ({"clip": "-1"}, "clip", "clip=-1.0 must be >= 0"),
+        ({"device": "tpu"}, "device", "Select a valid choice"),
     ],
 )
 def test_advanced_errors_show_on_their_field_and_write_nothing(client_a, world, changes, field, message):

@@ -192,3 +192,37 @@ def test_a_validation_pass_reaches_the_control_plane_as_its_own_sample(tmp_path:
     assert first["loss"] == 2.5 and "val_loss" not in first
     assert {k: v for k, v in second.items() if k != "at"} == {"step": 10, "val_loss": 2.75, "stage_times": {},
                                                               "generation": 3}
+
+
+def test_the_agents_gpu_index_reaches_the_workers_spec(tmp_path: Path, monkeypatch):
+    # `--gpu-index` (else SPOTPIPE_GPU_INDEX, else 0): which of the VM's GPUs a `device = "cuda"` job
+    # uses. The agent writes it into the worker's spec file; agent/worker_entry.py makes it the
+    # runtime's WorkerSpec.device_index. No GPU needed: nothing here touches CUDA.
+    from agent.main import parse_args
+    from agent.worker_entry import build_worker_spec
+
+    monkeypatch.delenv("SPOTPIPE_GPU_INDEX", raising=False)
+    assert parse_args([]).gpu_index == 0
+    monkeypatch.setenv("SPOTPIPE_GPU_INDEX", "3")
+    assert parse_args([]).gpu_index == 3
+    assert parse_args(["--gpu-index", "2"]).gpu_index == 2  # the flag wins
+    for bad in ("-1", "first"):
+        with pytest.raises(SystemExit):
+            parse_args(["--gpu-index", bad])
+
+    agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1",
+                              worker_module="tests.orchestration.fake_worker", gpu_index=2))
+    layout = {"dp": 1, "pp": 1, "rendezvous": "127.0.0.1:1"}
+    command = {"instance": 1, "job": {"id": 5, "target_steps": 0, "config": {"device": "cuda"}},
+               "assignment": {"node": 0}, "generation": {"number": 1, "membership": [{"instance": 1}],
+                                                         "layout": layout}}
+    try:
+        assert agent.supervisor.apply(command) == "started"
+    finally:
+        agent.supervisor.stop()
+    spec = json.loads((tmp_path / "spec-1.json").read_text())
+    assert spec["device_index"] == 2
+    worker_spec = build_worker_spec(spec, node=0, joining=False, out_dir=tmp_path / "out")
+    assert (worker_spec.device_index, worker_spec.job_id, worker_spec.config) == (2, "job5", {"device": "cuda"})
+    del spec["device_index"]  # a spec an older agent wrote: the VM's first GPU
+    assert build_worker_spec(spec, node=0, joining=False, out_dir=tmp_path / "out").device_index == 0

@@ -163,6 +163,18 @@ def test_train_flags_set_the_new_fields() -> None:
     assert resolve_config(TrainOptions(skip_nonfinite=True)).skip_nonfinite is True
 
 
+def test_train_flag_sets_device() -> None:
+    from spotpipe.cli import build_parser
+    from spotpipe.train import TrainOptions, resolve_config
+
+    args = build_parser().parse_args(["train", "--device", "cuda"])
+    assert resolve_config(TrainOptions(device=args.device)).device == "cuda"
+    assert build_parser().parse_args(["train"]).device is None  # the job file's value, else JobConfig's
+    assert resolve_config(TrainOptions()).device == "cpu"
+    with pytest.raises(SystemExit):  # argparse refuses it: DEVICES are the choices
+        build_parser().parse_args(["train", "--device", "tpu"])
+
+
 def _norm_exchange(rank: int, port: int, results) -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=20))
     comm = Comm(dist.PrefixStore("t", store), prefix="pg", node=rank, members=[0, 1], timeout_s=10.0)
