@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 from controlplane.orchestration.providers.local.metadata import IdentitySigner, MetadataServer
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     # one: the control plane's code never shares an interpreter with it. A local node shares the
     # control plane's host and environment, so jobs' requirements are not installed there
     # (docs/runtime.md, "Your code on the nodes").
+    if "--gpu-index" not in agent_args and "SPOTPIPE_GPU_INDEX" not in os.environ:
+        # Local nodes share this host's GPUs: spread them by node id (the runtime wraps the index
+        # around the GPUs it sees), as `spotpipe train` spreads its nodes.
+        agent_args = [*agent_args, "--gpu-index", str(zlib.crc32(args.node_id.encode()) % 1024)]
     agent = subprocess.Popen([sys.executable, "-m", "agent.main", *agent_args, "--metadata-url", server.url,
                               "--work-dir", str(args.node_dir / "work"), "--no-requirements"])
     # The provider stops a node by signalling its whole process group: the agent gets the signal

@@ -8,10 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.common.errors import DomainError
-from spotpipe.tables import print_table
 from controlplane.jobs.models import TrainingJob
 from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_input_from_job
 from runtime.config import AUTO_STRATEGY, FAULT_TOLERANT_STRATEGIES, ModelSpec
+from spotpipe.tables import print_table
 
 
 class Command(BaseCommand):
