@@ -29,7 +29,7 @@ from bench import runtime_ranks
 from bench.report import Progress, print_table
 from runtime.checkpointing.durability import checkpoint_interval_steps
 from runtime.checkpointing.youngdaly import young_interval
-from runtime.config import DeviceTime, JobConfig, ModelSpec
+from runtime.config import DEVICES, DeviceTime, JobConfig, ModelSpec
 from runtime.parallel.schedule import action_duration, build_schedule, simulate, stage_durations
 from runtime.strategies import get_strategy
 from runtime.train.launcher import Fault, Join, RunResult, faults_from_trace, run_local
@@ -41,6 +41,8 @@ def parse_args(extra: list[str]) -> dict[str, Any]:
     """Extra flags: `--trace FILE` also runs recycle under kills/joins replayed from a Bamboo trace."""
     parser = argparse.ArgumentParser(prog="python -m bench runtime")
     parser.add_argument("--trace", type=Path, default=None, help="Bamboo-format preemption trace (t_ms,op,node)")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="cuda: measure the GPU path for real instead (bench/_runtime_device.py)")
     return vars(parser.parse_args(extra))
 
 
@@ -167,10 +169,14 @@ def _checkpoint_cost_s(config: JobConfig) -> float:
         return time.perf_counter() - start
 
 
-def run(*, quick: bool, progress: Progress, trace: Path | None = None) -> dict[str, Any]:
+def run(*, quick: bool, progress: Progress, trace: Path | None = None, device: str = "cpu") -> dict[str, Any]:
     """Per strategy, one run of 8 real processes: failure-free steps, then one node SIGKILLed
     mid-step (recycle: then a replacement joins). Plus recycle's hang and notice cases. Prints the
-    tables and returns the figures."""
+    tables and returns the figures. `device="cuda"`: the GPU path instead (`bench._runtime_device`)."""
+    if device != "cpu":
+        from bench._runtime_device import run_device
+
+        return run_device(quick=quick, progress=progress, device=device)
     steps = 14 if quick else 30
     fault_step = 7 if quick else 14
     # The replacement joins halfway through the rest of the run, so the degraded phase it ends has

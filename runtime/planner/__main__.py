@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime.config import ModelSpec
+from runtime.config import DEVICES, ModelSpec
 from runtime.planner.profile import ProfileStore, profile_model
 
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--threads", type=int, default=1)
     prof.add_argument("--repeats", type=int, default=5)
     prof.add_argument("--store", default="var/profiles")
+    prof.add_argument("--device", choices=DEVICES, default="cpu", help="measure on the CPU or this host's first GPU")
     args = parser.parse_args(argv)
     spec = ModelSpec(
         kind=args.kind,
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         instance_type=args.instance_type,
         threads=args.threads,
         repeats=args.repeats,
+        on=args.device,
     )
     path = ProfileStore(args.store).save(profile)
     total = sum(sum(x) for x in profile.fiw())

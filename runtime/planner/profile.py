@@ -94,36 +94,68 @@ def model_key(spec: ModelSpec, microbatch_size: int) -> str:
     return f"{spec.kind}-{spec.n_layer}x{spec.n_embd}-b{microbatch_size}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
 
 
-def measure_local_device(*, threads: int = 1, name: str | None = None, dtype: str = "float32") -> DeviceSpec:
-    """Peak matmul throughput and copy bandwidth of this machine's CPU with `threads` threads."""
+def measure_local_device(
+    *, threads: int = 1, name: str | None = None, dtype: str = "float32", on: str = "cpu"
+) -> DeviceSpec:
+    """Peak matmul throughput and copy bandwidth of this machine's CPU with `threads` threads, or of
+    its first GPU (`on="cuda"`, timed with CUDA events; a bigger product, so the GPU is busy)."""
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     kind = getattr(torch, dtype)
+    size = 4096 if on == "cuda" else 512
     try:
-        a = torch.randn(512, 512, dtype=kind)
-        b = torch.randn(512, 512, dtype=kind)
+        a = torch.randn(size, size, dtype=kind, device=on)
+        b = torch.randn(size, size, dtype=kind, device=on)
         torch.mm(a, b)
-        best = min(_timed(lambda: torch.mm(a, b)) for _ in range(20))
-        tflops = 2 * 512**3 / best / 1e12
-        big = torch.empty(8_000_000, dtype=kind)
-        src = torch.randn(8_000_000, dtype=kind)
+        best = min(_timed(lambda: torch.mm(a, b), on) for _ in range(20))
+        tflops = 2 * size**3 / best / 1e12
+        big = torch.empty(8_000_000 * (16 if on == "cuda" else 1), dtype=kind, device=on)
+        src = torch.randn(big.numel(), dtype=kind, device=on)
         big.copy_(src)
-        best = min(_timed(lambda: big.copy_(src)) for _ in range(10))
+        best = min(_timed(lambda: big.copy_(src), on) for _ in range(10))
         gbs = 2 * src.numel() * src.element_size() / best / 1e9
     finally:
         torch.set_num_threads(previous)
     suffix = "" if dtype == "float32" else f"-{dtype}"
+    if on == "cuda":
+        gpu = torch.cuda.get_device_name(0).replace(" ", "-").lower()
+        return DeviceSpec(name=name or f"local-{gpu}{suffix}", peak_tflops=tflops, memory_bandwidth_gbs=gbs,
+                          dtype=dtype)
     return DeviceSpec(
         name=name or f"local-cpu-{threads}t{suffix}", peak_tflops=tflops, memory_bandwidth_gbs=gbs, dtype=dtype
     )
 
 
-def _timed(fn) -> float:
+def _timed(fn, on: str = "cpu") -> float:
+    """Seconds `fn` takes: wall time on the CPU; on a GPU, CUDA events around the kernels it
+    queues (the same measure the runtime reports per stage, `runtime.parallel.device.ComputeTimer`)."""
+    if on == "cuda":
+        import torch
+
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1000.0
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def _time_layer(layer, inp, params, grad_out, *, takes_grad: bool, on: str):
+    """One round of a layer: its output and the seconds of its forward, backward-input (0 for the
+    first layer, whose input takes no gradient) and backward-weight."""
+    import torch
+
+    outs: list = []
+    t_f = _timed(lambda: outs.append(layer(inp)), on)
+    out = outs[0]
+    t_i = _timed(lambda: torch.autograd.grad(out, inp, grad_out, retain_graph=True), on) if takes_grad else 0.0
+    t_w = _timed(lambda: torch.autograd.grad(out, params, grad_out), on)
+    return out, t_f, t_i, t_w
 
 
 def profile_model(
@@ -136,9 +168,10 @@ def profile_model(
     threads: int = 1,
     seed: int = 0,
     dtype: str = "float32",
+    on: str = "cpu",
 ) -> ModelProfile:
-    """Measure every layer of `spec` on this machine's CPU with `threads` torch threads, computing in
-    `dtype` (the device's dtype when a device is given)."""
+    """Measure every layer of `spec` on this machine's CPU with `threads` torch threads, or on its
+    first GPU (`on="cuda"`, CUDA events), computing in `dtype` (the device's dtype when a device is given)."""
     import torch
 
     from runtime.models.model import build_layer, microbatch_data
@@ -147,7 +180,7 @@ def profile_model(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        device = device or measure_local_device(threads=threads, dtype=dtype)
+        device = device or measure_local_device(threads=threads, dtype=dtype, on=on)
         kind = getattr(torch, device.dtype)
         from runtime.planner.predictor import (
             layer_features,
@@ -157,9 +190,10 @@ def profile_model(
         x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=microbatch_size)
         if x.is_floating_point():
             x = x.to(kind)
+        x = x.to(on)
         layers = []
         for index in range(spec.num_layers):
-            layer = build_layer(spec, index, seed).to(kind)
+            layer = build_layer(spec, index, seed).to(kind).to(on)
             params = [p for p in layer.parameters() if p.requires_grad]
             takes_grad = x.is_floating_point() and index > 0
             inp = x.detach().requires_grad_(takes_grad)
@@ -167,17 +201,7 @@ def profile_model(
             grad_out = torch.randn_like(out)
             fwd, bwi, bww = [], [], []
             for rep in range(repeats + 1):
-                start = time.perf_counter()
-                out = layer(inp)
-                t_f = time.perf_counter() - start
-                t_i = 0.0
-                if takes_grad:
-                    start = time.perf_counter()
-                    torch.autograd.grad(out, inp, grad_out, retain_graph=True)
-                    t_i = time.perf_counter() - start
-                start = time.perf_counter()
-                torch.autograd.grad(out, params, grad_out)
-                t_w = time.perf_counter() - start
+                out, t_f, t_i, t_w = _time_layer(layer, inp, params, grad_out, takes_grad=takes_grad, on=on)
                 if rep:  # the first round warms caches and the allocator up
                     fwd.append(t_f)
                     bwi.append(t_i)
