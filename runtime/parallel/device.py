@@ -58,6 +58,12 @@ def use_device(device: torch.device) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
+    # Attention: the fused kernels (flash, memory-efficient, cuDNN) accumulate the backward with
+    # atomics, so a step redone elsewhere would not repeat its bits; the math kernel does.
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
     torch.cuda.set_device(device)
     # Create the CUDA context and the cuBLAS handle now, before the node meets its peers: done in
     # step 0 they take seconds when several processes share a GPU, which the step's bound would
