@@ -34,7 +34,7 @@ STRATEGY_LABELS = {
 }
 SCHEDULES = ("1f1b", "fiw")
 LR_SCHEDULES = ("constant", "cosine")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 """Compute precisions of the forward (`JobConfig.precision`); parameters and optimizer state stay float32."""
 DEVICES = ("cpu", "cuda")
 """Where a job computes (`JobConfig.device`); each node resolves `cuda` to one of its own GPUs
@@ -342,8 +342,15 @@ class JobConfig:
     """Activation recomputation per layer: keep only each layer's input, recompute its activations in
     the backward (less memory, about one more forward of compute); the same math."""
     precision: str = "fp32"
-    """`fp32` or `bf16`: each layer's forward (and its recompute) under bfloat16 autocast
-    (`runtime.models.rng.forward_layer`); parameters, gradients and AdamW state stay float32."""
+    """`fp32`, `bf16` or `fp16`: each layer's forward (and its recompute) under bfloat16 or float16
+    autocast (`runtime.models.rng.forward_layer`); parameters, gradients and AdamW state stay float32.
+    fp16 (GPUs without bf16: the V100 and T4 of the p3 and g4dn fleets) scales the loss dynamically
+    (`runtime.train.loss_scale`) and skips, on every node alike, a step whose gradients overflowed."""
+    loss_scale_init: float = 65536.0
+    """fp16: the loss scale of the first step (a power of two; torch's GradScaler's default)."""
+    loss_scale_growth_interval: int = 2000
+    """fp16: the scale doubles after this many steps in a row without an overflow, and halves at each
+    overflow (a skipped step), as torch's GradScaler does."""
     device: str = "cpu"
     """`cpu` or `cuda`: where every node keeps its layers, optimizer state, activations and the data's
     micro-batches (`runtime.parallel.device`). With `cuda` each node uses one GPU of its own VM (the
@@ -551,6 +558,13 @@ class JobConfig:
             bad(f"eps={self.eps} must be > 0", "eps")
         if self.precision not in PRECISIONS:
             bad(f"precision {self.precision!r} is unknown; expected one of {PRECISIONS}", "precision")
+        if not (self.loss_scale_init >= 1 and math.isfinite(self.loss_scale_init)
+                and math.frexp(self.loss_scale_init)[0] == 0.5):
+            bad(f"loss_scale_init={self.loss_scale_init} must be a power of two >= 1 (scaling by it is exact)",
+                "loss_scale_init")
+        if self.loss_scale_growth_interval < 1:
+            bad(f"loss_scale_growth_interval={self.loss_scale_growth_interval} must be >= 1",
+                "loss_scale_growth_interval")
         if self.device not in DEVICES:
             bad(f"device {self.device!r} is unknown; expected one of {DEVICES} (a node picks its own GPU "
                 "for cuda)", "device")

@@ -133,6 +133,10 @@ class Checkpoints:
         """Load layer `state.index` (parameters, AdamW moments, version) of the job's model `spec`
         from the checkpoint of `step` into a `LayerState`, as `init_from` does (one reader per step,
         so an S3 checkpoint is downloaded once)."""
+        self.reader(step, spec).apply(state)
+
+    def reader(self, step: int, spec: ModelSpec) -> InitialState:
+        """The checkpoint of `step` as an `InitialState` (read once per step)."""
         if step not in self._readers:
             self._readers[step] = InitialState(self.step_dir(step), spec)
-        self._readers[step].apply(state)
+        return self._readers[step]

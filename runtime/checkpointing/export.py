@@ -507,6 +507,15 @@ class InitialState:
     def start_step(self) -> int:
         return self.optimizer.steps_done if self.optimizer is not None else 0
 
+    @property
+    def skipped_at(self) -> list[int]:
+        """The steps before `start_step` that the exporting job skipped (non-finite gradients): the
+        history its fp16 loss scale continues from (`runtime.train.loss_scale`); none for weights only."""
+        if self.optimizer is None:
+            return []
+        info = read_info(_local(self.directory))
+        return [int(s) for s in info.get("skipped_steps_at", []) if int(s) < self.start_step]
+
     def apply(self, state: Any) -> None:
         """Load layer `state.index`'s parameters (and moments and version) into a `LayerState`."""
         i = state.index

@@ -47,10 +47,11 @@ def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torc
     """One layer's forward; with `config.recompute` (and gradients on), its activations are not kept
     but recomputed in the backward (`torch.utils.checkpoint`, non-reentrant), replaying the random
     state the forward had (`preserve_rng_state`) and the autocast state (checkpoint records it): the
-    same bits as keeping them. With `config.precision == "bf16"` the forward runs under bfloat16
-    autocast (on the device `x` is on); the parameters (and so their gradients and the optimizer
-    state) stay float32."""
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+    same bits as keeping them. With `config.precision` `bf16` or `fp16` the forward runs under
+    bfloat16 or float16 autocast (on the device `x` is on); the parameters (and so their gradients and
+    the optimizer state) stay float32."""
+    low = _AUTOCAST.get(config.precision)
+    with torch.autocast(x.device.type, dtype=low or torch.bfloat16, enabled=low is not None):
         if config.recompute and torch.is_grad_enabled():
             out = torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
         else:
@@ -60,7 +61,11 @@ def forward_layer(config: JobConfig, module: nn.Module, x: torch.Tensor) -> torc
     # computed outside autocast. Casting here, in the one forward both the executor and the
     # reference run, keeps every boundary the same wherever the stages are cut; the cast is part of
     # the autograd graph, so the gradient sent back is float32 too.
-    return out.float() if out.dtype == torch.bfloat16 else out
+    return out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
+
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""`JobConfig.precision` -> the autocast dtype of a layer's forward (fp32: none)."""
 
 
 @contextlib.contextmanager

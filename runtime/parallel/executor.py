@@ -106,6 +106,7 @@ class Executor:
         self._update: tuple[dict, float | None, bool, object] | None = None
         """This step's reduced gradients by run, clip factor, skip and optimizer settings."""
         self._losses: list[torch.Tensor] = []
+        self._loss_scale = 1.0
         """This step's per-micro-batch losses, read from the device once, at the step's end."""
 
     # -- helpers ------------------------------------------------------------------------------
@@ -166,9 +167,12 @@ class Executor:
             self._val_batch = None
 
     # -- the step -----------------------------------------------------------------------------
-    def run_step(self, step: int, actions: list[Action]) -> StepResult:
-        """Run `actions` for `step`: compute, communicate, all-reduce and apply the optimizer."""
+    def run_step(self, step: int, actions: list[Action], loss_scale: float = 1.0) -> StepResult:
+        """Run `actions` for `step`: compute, communicate, all-reduce and apply the optimizer.
+        `loss_scale` (fp16, `runtime.train.loss_scale`): the losses are multiplied by it before the
+        backward and the reduced gradients by its inverse before the norm and the optimizer."""
         result = StepResult()
+        self._loss_scale = loss_scale
         inputs: dict[tuple[int, int], torch.Tensor] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}
         out_grads: dict[tuple[int, int], torch.Tensor] = {}
@@ -318,7 +322,7 @@ class Executor:
             loss = self.loss_fn(out, self._data(step, act.microbatch)[1])
             self._losses.append(loss.detach())
             result.loss_count += 1
-            outputs[key] = loss / self.num_mb
+            outputs[key] = loss / self.num_mb if self._loss_scale == 1.0 else (loss / self.num_mb) * self._loss_scale
         else:
             outputs[key] = out
             nxt_stage, nxt_node = route[hop + 1]
@@ -419,6 +423,8 @@ class Executor:
         else:
             flat = self._run_sum(act).fold({self.node: flat})
         flat = self.staging.to_device(flat)
+        if self._loss_scale != 1.0:  # exact (a power of two); out of place: the sum may still be going to a replica
+            flat = flat * (1.0 / self._loss_scale)
         out: dict[int, list[torch.Tensor]] = {}
         offset = 0
         for i in range(*act.layers):

@@ -58,9 +58,15 @@ def hyper_at(config: JobConfig, step: int) -> Hyper:
                  decay_min_dim=config.weight_decay_min_dim)
 
 
+def skips_nonfinite(config: JobConfig) -> bool:
+    """Whether a step whose global gradient norm is not finite is skipped: asked for, implied by
+    clipping (a non-finite norm would spread NaN), or fp16 (an overflow lowers the loss scale)."""
+    return config.skip_nonfinite or config.clip > 0 or config.precision == "fp16"
+
+
 def norm_needed(config: JobConfig) -> bool:
     """Whether a step computes the global gradient norm (clipping, or skipping non-finite steps)."""
-    return config.clip > 0 or config.skip_nonfinite
+    return config.clip > 0 or skips_nonfinite(config)
 
 
 def layer_sumsq(grads: Sequence[torch.Tensor]) -> float:
@@ -81,7 +87,7 @@ def clip_decision(config: JobConfig, per_layer: Sequence[float]) -> tuple[float,
         total += float(v)
     norm = math.sqrt(total) if total >= 0 else math.nan
     if not math.isfinite(norm):  # clipping by a non-finite norm would spread NaN: skip then too
-        return norm, None, config.skip_nonfinite or config.clip > 0
+        return norm, None, skips_nonfinite(config)
     if config.clip > 0:
         coef = config.clip / (norm + CLIP_EPS)
         if coef < 1.0:

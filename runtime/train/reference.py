@@ -13,6 +13,7 @@ from runtime.models.model import build_layer
 from runtime.models.rng import evaluating, forward_layer, layer_rng
 from runtime.models.usermodel import loss_for
 from runtime.parallel.device import resolve_device, use_device
+from runtime.train.loss_scale import loss_scale_at
 from runtime.train.optim import LayerState, clip_decision, hyper_at, layer_sumsq, norm_needed, scale_grads
 
 
@@ -93,6 +94,7 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
     last = config.steps if steps is None else steps
     for step in range(last):
         total = 0.0
+        scale = loss_scale_at(config, step, run.skipped)
         # Sum the gradients in `grad_order`'s fixed order: per home pipeline, micro-batches in
         # order; then the pipelines in order. The distributed runs reproduce it bit for bit.
         sums: dict[int, list[torch.Tensor]] = {}
@@ -105,13 +107,16 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
             total += loss.item()
             for p, grad in zip(params, sums.get(home[mb], [None] * len(params)), strict=True):
                 p.grad = grad
-            (loss / config.num_microbatches).backward()
+            scaled = loss / config.num_microbatches
+            (scaled if scale == 1.0 else scaled * scale).backward()  # the executor's loss scaling
             sums[home[mb]] = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         first, *rest = sorted(sums)
         grads = [s.clone() for s in sums[first]]
         for g in rest:
             for summed, part in zip(grads, sums[g], strict=True):
                 summed.add_(part)
+        if scale != 1.0:
+            grads = [g * (1.0 / scale) for g in grads]
         per_layer, at = [], 0
         for i in range(spec.num_layers):
             per_layer.append(grads[at : at + len(states[i].params)])

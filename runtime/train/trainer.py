@@ -46,6 +46,7 @@ from runtime.parallel.executor import Executor
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import build_schedule, forward_schedule, schedule_length, stage_durations
 from runtime.strategies import get_strategy
+from runtime.train.loss_scale import loss_scale_at
 from runtime.train.optim import LayerState, held_bytes
 from runtime.train.reference import named_parameters
 
@@ -118,6 +119,10 @@ class Worker:
         self.committed = 0
         self.skipped_steps = 0
         """Committed steps this process saw skipped for a non-finite gradient (every node skips alike)."""
+        self.skipped_at: list[int] = []
+        """The job's committed steps skipped for a non-finite gradient, from its start (not only this
+        process's): the history an fp16 loss scale is computed from (`runtime.train.loss_scale`),
+        handed to joiners in each plan and recorded in checkpoints."""
         self.notice = False
         self.fired: set[int] = set()
         self._state_bytes: dict[int, int] = {}
@@ -319,6 +324,7 @@ class Worker:
             self._emit({"event": "job_failed", "reason": reason})
             raise JobCannotContinue(reason) from None
         self.init_step = self.init.start_step
+        self.skipped_at = self.init.skipped_at
 
     def _check_model(self) -> None:
         """A user's model is validated again here, before any generation forms (its import, return
@@ -378,6 +384,7 @@ class Worker:
             # What the next checkpoint interval is computed from (`runtime.checkpointing.durability`).
             "checkpoint_cost_s": self.ckpt_cost_s,
             "step_time_s": sorted(recent)[len(recent) // 2] if recent else None,
+            "skipped_at": self.skipped_at,
         }
 
         decided: list[float] = []
@@ -396,7 +403,7 @@ class Worker:
             step = self.ckpt.latest()
             if self.init_step and (step is None or step < self.init_step):
                 step = self.init_step  # nothing saved since the job's start from init_from
-            return make_plan(
+            plan = make_plan(
                 cfg,
                 generation=generation,
                 previous=previous,
@@ -409,6 +416,10 @@ class Worker:
                 # A joiner told to stand by (no slot, or held for a batch) may have died since.
                 gone_joiners=[n for n in joiners if self.coord.is_gone(n, cfg.heartbeat_timeout_s)],
             )
+            if "start_step" in plan:  # the skips before it, which every member that committed them knows
+                plan["skipped_at"] = sorted({int(s) for rec in records.values() for s in rec.get("skipped_at", ())
+                                             if int(s) < plan["start_step"]})
+            return plan
 
         began = time.perf_counter()
         plan = self.coord.form_generation(
@@ -476,6 +487,7 @@ class Worker:
         layout = Layout.from_dict(plan["layout"])
         self.layout = layout
         self._apply_state(plan, layout)
+        self._take_history(plan)
         handover = any(src in plan["leaving"] for _, src, _ in plan["transfers"])
         if self.node in plan["leaving"]:
             if any(src == self.node for _, src, _ in plan["transfers"]):
@@ -545,7 +557,7 @@ class Worker:
             started = time.perf_counter()
             if self.spec.faults:
                 executor.hook = lambda i, n, s=step: self._fault_hook(s, i, n)
-            result = executor.run_step(step, actions)
+            result = executor.run_step(step, actions, loss_scale_at(cfg, step, self.skipped_at))
             if not self.notice and self.coord.notice_pending(self.node):
                 self.notice = True
             vector = torch.zeros(3 + len(members), dtype=torch.float64)
@@ -573,6 +585,8 @@ class Worker:
                     self.coord.mark_started(generation)  # a node that handed its state over may go
             elif step == plan["start_step"] + 1:
                 reap()  # groups given up after failures, beyond a few (off the recovery path)
+            if result.skipped:
+                self.skipped_at.append(step)
             step += 1
             self.committed = step
             self.skipped_steps += int(result.skipped)
@@ -610,6 +624,18 @@ class Worker:
             if vector[2] > 0 or vector[3:].sum() > 0:
                 return "graceful", "notice" if vector[3:].sum() > 0 else "join"
         return "done", ""
+
+    def _take_history(self, plan: Plan) -> None:
+        """The job's skipped steps before the plan's start: a checkpoint's own record when the plan
+        restores one (its members may all be replacements), else the plan's (a joiner learns them
+        there); the first generation keeps what `init_from` recorded."""
+        restore = plan.get("restore_step")
+        if restore is not None and restore > self.init_step:
+            self.skipped_at = self.ckpt.reader(restore, self.config.model).skipped_at
+        elif restore is not None:
+            self.skipped_at = self.init.skipped_at if self.init is not None else []
+        elif "skipped_at" in plan:
+            self.skipped_at = [int(s) for s in plan["skipped_at"]]
 
     def _step_timeout(self, unit: float, executor: Executor) -> float:
         """The bound of every call of this node's next step (`JobConfig.step_timeout`): from the
@@ -831,6 +857,7 @@ class Worker:
             "config": cfg.to_dict(),
             "tokenizer": cfg.data.tokenizer if cfg.data.source else None,
             "steps_done": steps_done,
+            "skipped_steps_at": [s for s in self.skipped_at if s < steps_done],
         }
 
     def _save_checkpoint(self, layout: Layout, step: int, generation: int) -> None:

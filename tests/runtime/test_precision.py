@@ -18,9 +18,10 @@ GPT = ModelSpec(kind="gpt", n_layer=2, n_embd=16, n_head=2, seq_len=8, vocab_siz
 def test_precision_is_validated_by_name() -> None:
     assert JobConfig().precision == "fp32"
     assert JobConfig(precision="bf16").problems() == []
+    assert JobConfig(precision="fp16").problems() == []
     with pytest.raises(LayoutError) as info:  # what the control plane builds: a 400 naming the field
-        build_job_config({"precision": "fp16"}, dp=1, pp=1, microbatches=1, strategy="recycle", steps=1)
-    assert info.value.field == "precision" and "'fp16' is unknown" in info.value.message
+        build_job_config({"precision": "fp8"}, dp=1, pp=1, microbatches=1, strategy="recycle", steps=1)
+    assert info.value.field == "precision" and "'fp8' is unknown" in info.value.message
 
 
 def test_train_flag_sets_precision() -> None:
@@ -30,8 +31,9 @@ def test_train_flag_sets_precision() -> None:
     args = build_parser().parse_args(["train", "--precision", "bf16"])
     assert resolve_config(TrainOptions(precision=args.precision)).precision == "bf16"
     assert resolve_config(TrainOptions()).precision == "fp32"
+    assert build_parser().parse_args(["train", "--precision", "fp16"]).precision == "fp16"
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["train", "--precision", "fp16"])
+        build_parser().parse_args(["train", "--precision", "fp8"])
 
 
 def test_bf16_computes_in_bf16_and_keeps_float32_state() -> None:
