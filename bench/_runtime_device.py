@@ -54,6 +54,7 @@ def run_device(*, quick: bool, progress: Progress, device: str) -> dict[str, Any
     """One run per strategy on `device` (`cuda`; `cpu` runs the same job on the CPU, real compute, as
     a dry run of this code); prints the table, writes the plot, returns the figures."""
     from bench.runtime import analyze  # the CPU bench's analysis of a run: one owner of its figures
+    from bench.runtime_ranks import breakdown
 
     cuda = device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -84,6 +85,8 @@ def run_device(*, quick: bool, progress: Progress, device: str) -> dict[str, Any
         result = run_local(cfg, faults=faults, timeout_s=300)
         row = analyze(result, cfg, fault_step=fault_step if faults else None)
         row["stage_busy_s_per_step"] = _stage_busy(result, 2, fault_step)
+        if faults:  # where kill -> next commit went, phase by phase (the CPU bench's breakdown)
+            row["kill_breakdown"] = (breakdown(result) or [{}])[0]
         row["exit_codes"] = {str(n): c for n, c in result.exit_codes.items()}
         figures["strategies"][strategy] = row
     base = figures["strategies"]["none"]["failure_free_samples_per_s"]
@@ -93,6 +96,7 @@ def run_device(*, quick: bool, progress: Progress, device: str) -> dict[str, Any
         row["failure_free_overhead_vs_none"] = base / ff - 1 if ff and base else None
         row["with_failures_ratio_to_none"] = wf / base if wf and base else None
     _print(figures)
+    _print_breakdown(figures)
     figures["plot"] = _plot(figures)
     print(f"plot: {figures['plot']}")
     return figures
@@ -114,6 +118,14 @@ def _print(figures: dict[str, Any]) -> None:
          "steps lost", "stage busy per step"],
         rows,
     )
+
+
+def _print_breakdown(figures: dict[str, Any]) -> None:
+    from bench.runtime_ranks import PHASES
+
+    rows = [[name, *(r["kill_breakdown"].get(key) for key, _ in PHASES)]
+            for name, r in figures["strategies"].items() if r.get("kill_breakdown")]
+    print_table("kill -> next commit, by phase (seconds)", ["strategy", *(label for _, label in PHASES)], rows)
 
 
 def _plot(figures: dict[str, Any]) -> dict[str, str]:

@@ -18,7 +18,7 @@ import torch
 from runtime.config import JobConfig, ModelSpec
 from runtime.parallel.device import cuda_problem
 from runtime.train.launcher import Fault, RunResult, run_local
-from runtime.train.reference import train_reference
+from runtime.train.reference import reference_run, train_reference
 from tests.runtime.conftest import small_config
 
 pytestmark = [
@@ -81,6 +81,26 @@ def kill_and_notice_keep_the_math(strategy: str, device: str, tmp_path) -> dict[
     return {"max_abs_diff_to_reference": worst}
 
 
+def low_precision_keeps_the_math(precision: str, device: str) -> dict[str, object]:
+    """recycle in bf16 or fp16 (a first loss scale that overflows, so steps are skipped) with node 1
+    SIGKILLed in step 2: the failure-free run's bits, the reference's skipped steps, and within
+    float32 tolerance of the reference. Returns the skipped steps and the largest difference."""
+    extra = {"loss_scale_init": 2.0**21} if precision == "fp16" else {}
+    config = gpu_config("recycle", device, precision=precision, **extra)
+    free = run_local(config, timeout_s=150)
+    faulted = run_local(config, faults=[Fault(node=1, kind="kill", step=2)], timeout_s=150)
+    assert faulted.exit_codes[1] == -9, faulted.exit_codes
+    _assert_bits_equal(faulted, free)
+    reference = reference_run(config)
+    skipped = sorted({r["step"] for r in faulted.steps() if r["skipped"]})
+    assert skipped == reference.skipped, (skipped, reference.skipped)
+    worst = 0.0
+    for name, expected in reference.params.items():
+        torch.testing.assert_close(faulted.params[name], expected, msg=lambda m, n=name: f"{n}: {m}")
+        worst = max(worst, float((faulted.params[name] - expected).abs().max()))
+    return {"skipped": skipped, "max_abs_diff_to_reference": worst}
+
+
 def one_node_follows_the_cpu(device: str) -> tuple[list[float], list[float]]:
     """One node alone on `device` against the same job on the CPU: the loss per step of each."""
     config = gpu_config("none", device, dp=1, pp=1, steps=8)
@@ -98,6 +118,13 @@ def _losses(result: RunResult) -> list[float]:
 def test_kill_and_notice_keep_the_math_on_one_shared_gpu(strategy: str, tmp_path) -> None:
     diff = kill_and_notice_keep_the_math(strategy, "cuda", tmp_path)
     print(f"{strategy}: largest difference from the single-process reference {diff['max_abs_diff_to_reference']:.3g}")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_under_a_kill_keeps_the_math_on_one_shared_gpu(precision: str) -> None:
+    found = low_precision_keeps_the_math(precision, "cuda")
+    print(f"{precision}: skipped steps {found['skipped']}, largest difference from the reference "
+          f"{found['max_abs_diff_to_reference']:.3g}")
 
 
 def test_none_is_the_reference_on_the_gpu_and_a_kill_ends_it_naming_why() -> None:
