@@ -2,6 +2,7 @@
 # The GPU path's checks on a host with a CUDA GPU and a CUDA build of torch (no Django, Celery or
 # database needed): the `gpu` tests, `bench runtime --device cuda --quick` and a CUDA-event profile.
 # Usage: bash tests/gpu_host/run_checks.sh OUT_DIR   (docs/runtime.md, "The GPU path", has the results)
+#        BENCH_FLAGS= bash tests/gpu_host/run_checks.sh OUT_DIR   the benchmark's full length (default --quick)
 set -u
 out=${1:-var/gpu-checks}
 mkdir -p "$out"
@@ -14,8 +15,9 @@ $py -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torc
 step "gpu tests"
 timeout 330 $py -m pytest -q -o timeout=150 -p no:cacheprovider tests/runtime/test_gpu.py tests/runtime/test_device.py \
   -rA -s --durations=0 --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | grep -v "^$" | tail -60
-step "bench runtime --device cuda --quick"
-timeout 240 $py -m bench runtime --device cuda --quick --json "$out/bench-runtime-cuda.json" 2>&1 | tee "$out/bench.log" | tail -30
+bench_flags=${BENCH_FLAGS-"--quick"}
+step "bench runtime --device cuda $bench_flags"
+timeout 300 $py -m bench runtime --device cuda $bench_flags --json "$out/bench-runtime-cuda.json" 2>&1 | tee "$out/bench.log" | tail -30
 cp var/bench/runtime_device/runtime_gpu.html "$out/" 2>/dev/null
 step "planner profile on the GPU (CUDA events)"
 timeout 60 $py -m runtime.planner profile --device cuda --instance-type gpu-check --kind gpt --n-layer 8 --n-embd 512 \
