@@ -100,6 +100,7 @@ def demo_env(var_dir, db: DemoDatabase, *, redis_db: int) -> dict[str, str]:
 
 
 @pytest.mark.integration
+@pytest.mark.demo
 @pytest.mark.timeout(TIMEOUT_S + 10)
 def test_headless_demo_trains_through_preemptions_and_leaves_nothing_behind(tmp_path):
     var_dir = tmp_path / "var"
