@@ -132,7 +132,7 @@ def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world)
         ({"config": {**CONFIG, "checkpoint_dir": "x" * 2000}}, "config.checkpoint_dir"),
         ({"config": {**CONFIG, "wings": 2}}, "config.wings"),
         ({"config": {**CONFIG, "schedule": "zigzag"}}, "config.schedule"),
-        ({"config": {**CONFIG, "precision": "fp16"}}, "config.precision"),
+        ({"config": {**CONFIG, "precision": "fp8"}}, "config.precision"),
         ({"config": {**CONFIG, "device": "tpu"}}, "config.device"),
         ({"config": {**CONFIG, "link_gbps": -1}}, "config.link_gbps"),
         ({"config": {**CONFIG, "join_batch_wait_s": -5}}, "config.join_batch_wait_s"),
