@@ -86,7 +86,8 @@ class JobSubmitForm(forms.Form):
     clip = forms.FloatField(required=False, initial=_DEFAULTS["clip"], label="Clip gradient norm (0: no)")
     precision = forms.ChoiceField(choices=[(name, name) for name in PRECISIONS], initial=_DEFAULTS["precision"],
                                   label="Forward precision", required=False,
-                                  help_text="bf16: bfloat16 autocast; weights and optimizer state stay float32")
+                                  help_text="bf16: bfloat16 autocast; fp16: float16 autocast with dynamic loss "
+                                            "scaling (GPUs without bf16); weights and optimizer state stay float32")
     device = forms.ChoiceField(choices=[(name, name) for name in DEVICES], initial=_DEFAULTS["device"],
                                label="Device", required=False,
                                help_text="cuda: every node trains on one GPU of its own (its layers, optimizer state, "

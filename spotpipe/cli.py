@@ -105,7 +105,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--recompute", action="store_true", default=None,
                        help="recompute each layer's activations in the backward (less memory, same math)")
     train.add_argument("--precision", choices=PRECISIONS,
-                       help="forward compute: fp32 (default) or bf16 autocast (weights and optimizer stay fp32)")
+                       help="forward compute: fp32 (default), bf16 autocast, or fp16 autocast with dynamic loss "
+                            "scaling for GPUs without bf16 (weights and optimizer stay fp32)")
     train.add_argument("--device", choices=DEVICES,
                        help="where each node computes: cpu (default) or cuda (one GPU per node: its layers, optimizer "
                             "state, activations and micro-batches; messages still go over gloo)")

@@ -88,7 +88,8 @@ class TrainOptions:
     skip_nonfinite: bool | None = None
     """`--skip-nonfinite`: skip (and count) a step whose gradient norm is not finite."""
     precision: str | None = None
-    """`--precision bf16`: the forward under bfloat16 autocast."""
+    """`--precision bf16` or `fp16`: the forward under bfloat16 or float16 autocast (fp16 with dynamic
+    loss scaling)."""
     device: str | None = None
     """`--device cuda`: every node on one GPU of its own (`JobConfig.device`)."""
     init_from: str | None = None
