@@ -100,13 +100,19 @@ class Fleet:
         self.first_answer = asyncio.Event()
         self._answered: set[int] = set()
 
-    def _headers(self, iid: int) -> dict[str, str]:
-        return {"Authorization": f"Token {self.tokens[iid]}", "Accept": "application/json",
-                "Content-Type": "application/json"}
+    def poll_headers(self, iid: int) -> dict[str, str]:
+        """What `agent/client.py` sends with a command poll (requests, a GET with no body): no
+        Content-Type, so the poll is a plain one that the batched fast path takes, as a real
+        agent's is (`controlplane.orchestration.poll_channel.poll_claim`)."""
+        return {"Authorization": f"Token {self.tokens[iid]}", "Accept": "application/json"}
+
+    def heartbeat_headers(self, iid: int) -> dict[str, str]:
+        """What it sends with a heartbeat (a JSON body)."""
+        return {**self.poll_headers(iid), "Content-Type": "application/json"}
 
     async def _poll(self, iid: int) -> None:
         conn, record, version = HTTPConnection(self.port), self.records[iid], ""
-        headers = self._headers(iid)
+        headers = self.poll_headers(iid)
         while not self.stopping.is_set():
             try:
                 status, body = await conn.request(
@@ -129,7 +135,7 @@ class Fleet:
 
     async def _heartbeat(self, iid: int) -> None:
         conn, record = HTTPConnection(self.port), self.records[iid]
-        headers = self._headers(iid)
+        headers = self.heartbeat_headers(iid)
         path = f"/api/v1/instances/{iid}/heartbeat/"
         # Agents start at random moments: spread the period's heartbeats evenly.
         next_at = time.monotonic() + self.rng.uniform(0, self.heartbeat_s)
