@@ -148,6 +148,21 @@ def test_one_node_on_the_gpu_follows_the_cpu_loss_curve() -> None:
     assert gpu[-1] < gpu[0]  # it trains
 
 
+def test_sixteen_nodes_on_one_gpu_keep_the_math_through_kills_and_a_notice() -> None:
+    # tests/runtime/test_sixteen_ranks.py's job and faults (one owner of each), on the GPU.
+    from tests.runtime.test_sixteen_ranks import FAULTS, _config
+
+    config = dataclasses.replace(_config(), device="cuda", op_timeout_s=10.0, heartbeat_timeout_s=10.0)
+    free = run_local(config, timeout_s=200)
+    faulted = run_local(config, faults=FAULTS, timeout_s=200)
+    assert all(code == 0 for code in free.exit_codes.values()), free.exit_codes
+    assert [faulted.exit_codes[f.node] for f in FAULTS] == [-9, -9, -9, 0], faulted.exit_codes
+    _assert_bits_equal(faulted, free)
+    reference, _ = train_reference(config)
+    for name, expected in reference.items():
+        torch.testing.assert_close(faulted.params[name], expected, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_stage_times_come_from_cuda_events() -> None:
     config = gpu_config("none", "cuda", steps=3)
     result = run_local(config, timeout_s=120)
