@@ -495,6 +495,8 @@ class InitialState:
             raise ExportError(f"init_from {str(directory)!r} is not a folder; expected a folder of weights "
                               "that a spotpipe job wrote (model*.safetensors) or a Hugging Face GPT-2 folder")
         self.directory = str(directory)
+        self.local = Path(local)
+        """The folder on this machine (an S3 export's download)."""
         self.optimizer: WeightsFolder | None = None
         if is_hf_gpt2(local):  # weights only, under our names
             self.weights: WeightsFolder | HFGPT2Weights = HFGPT2Weights(local, spec)
@@ -513,7 +515,7 @@ class InitialState:
         history its fp16 loss scale continues from (`runtime.train.loss_scale`); none for weights only."""
         if self.optimizer is None:
             return []
-        info = read_info(_local(self.directory))
+        info = read_info(self.local)
         return [int(s) for s in info.get("skipped_steps_at", []) if int(s) < self.start_step]
 
     def apply(self, state: Any) -> None:

@@ -106,8 +106,9 @@ class Executor:
         self._update: tuple[dict, float | None, bool, object] | None = None
         """This step's reduced gradients by run, clip factor, skip and optimizer settings."""
         self._losses: list[torch.Tensor] = []
-        self._loss_scale = 1.0
         """This step's per-micro-batch losses, read from the device once, at the step's end."""
+        self._loss_scale = 1.0
+        """This step's loss scale (`run_step`)."""
 
     # -- helpers ------------------------------------------------------------------------------
     def _layers(self, stage: int) -> list[nn.Module]:
