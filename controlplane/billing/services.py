@@ -9,6 +9,7 @@ marked `fallback`, so the gap in knowledge is visible rather than silently coste
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -99,6 +100,18 @@ def billing_close(*, instance: Instance, at: datetime | None = None) -> BillingS
     segment.end = max(at, segment.start)
     segment.save(update_fields=["end"])
     return segment
+
+
+def billing_close_many(*, instances: Sequence[Instance]) -> int:
+    """`billing_close` of many ended instances, each at its own `ended_at`, for a caller that locked
+    their rows in its transaction: one read of their open segments (locked) and one update.
+    Returns how many segments it closed."""
+    ended = {i.pk: i.ended_at for i in instances if i.ended_at is not None}
+    segments = list(BillingSegment.objects.select_for_update().filter(instance_id__in=list(ended), end__isnull=True))
+    for segment in segments:
+        segment.end = max(ended[segment.instance_id], segment.start)
+    BillingSegment.objects.bulk_update(segments, ["end"])
+    return len(segments)
 
 
 @transaction.atomic

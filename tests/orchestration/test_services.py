@@ -272,6 +272,35 @@ def test_a_release_and_its_event_commit_together(fake, monkeypatch):
     assert job.events.filter(kind="released").count() == 1
 
 
+def _release_queries(fake, dp: int) -> tuple[int, Instance]:
+    """SQL statements of releasing a started, cancelled job of dp x 2 nodes, and one of its nodes."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job = _job(dp=dp, pp=2)
+    instances = _start(job, fake)
+    job.refresh_from_db()
+    job.status = JobStatus.CANCELLED
+    job.save(update_fields=["status"])
+    with CaptureQueriesContext(connection) as queries:
+        assert len(services.capacity_release(job=job)) == len(instances)
+    return len(queries), instances[-1]
+
+
+def test_a_release_ends_its_nodes_in_bulk_whatever_their_number(fake):
+    """A job's release holds its lock while it ends the nodes: statements per node made that 6 s
+    for 1,024 nodes on PostgreSQL. It is a fixed number of statements now, with every node ended as
+    one by one was: its state event, its billing closed at its end, its agent token revoked."""
+    few, _ = _release_queries(fake, dp=1)
+    many, node = _release_queries(fake, dp=8)
+    assert many == few, (few, many)
+    node.refresh_from_db()
+    assert node.state == InstanceState.TERMINATED and node.ended_at is not None
+    assert node.events.filter(kind="state", to_state=InstanceState.TERMINATED).count() == 1
+    assert [s.end for s in node.billing_segments.all()] == [node.ended_at]
+    assert not node.agent_tokens.filter(revoked_at__isnull=True).exists()
+
+
 def test_cheapest_pool_first_and_a_pool_that_just_preempted_us_is_avoided():
     team = make_team()
     itype = make_instance_type("p3.2xlarge")

@@ -25,7 +25,7 @@ from controlplane.orchestration.services.generations import (
 )
 from controlplane.orchestration.services.job_end import job_fail_if_stalled, job_finish
 from controlplane.orchestration.services.liveness import instance_mark_lost
-from controlplane.orchestration.services.transitions import _transition
+from controlplane.orchestration.services.transitions import _end_locked_many, _transition
 
 
 def capacity_release(*, job: TrainingJob) -> list[int]:
@@ -42,9 +42,10 @@ def capacity_release(*, job: TrainingJob) -> list[int]:
     # dashboard, a test) sees the nodes gone without the event, and a crash in between leaves the
     # nodes live for the next reconcile to release, event and all.
     with transaction.atomic():
-        lock_jobs_then_instances(job_ids=[job.pk], instances=Instance.objects.filter(pk__in=[i.pk for i in instances]))
-        released = [i.pk for i in instances
-                    if _transition(i, InstanceState.TERMINATED, detail={"reason": f"job {job.status}"})]
+        _jobs, locked = lock_jobs_then_instances(
+            job_ids=[job.pk], instances=Instance.objects.filter(pk__in=[i.pk for i in instances]))
+        released = [i.pk for i in _end_locked_many(locked, InstanceState.TERMINATED,
+                                                   detail={"reason": f"job {job.status}"})]
         if released:
             job_record_event(
                 job=job, kind="released", message=f"released {len(released)} node(s)", data={"instances": released}

@@ -9,10 +9,13 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.billing.services import billing_close, billing_open
+from controlplane.accounts.services import agent_tokens_revoke
+from controlplane.billing.services import billing_close, billing_close_many, billing_open
+from controlplane.common.agent_wake import commands_changed
+from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.locks import lock_instance, lock_job
-from controlplane.fleet.models import Instance
-from controlplane.fleet.services import instance_transition
+from controlplane.fleet.models import Instance, InstanceEvent
+from controlplane.fleet.services import TRANSITION_FIELDS, instance_transition, instance_transition_locked
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import JOB_TRANSITIONS, JobStatus, TrainingJob
 from controlplane.jobs.services import job_set_status
@@ -61,3 +64,24 @@ def _transition(instance: Instance, to: str, *, detail: dict | None = None) -> b
     elif to in TERMINAL_STATES:
         billing_close(instance=instance, at=instance.ended_at)
     return True
+
+
+def _end_locked_many(instances: list[Instance], to: str, *, detail: dict | None = None) -> list[Instance]:
+    """`_transition` to the terminal state `to` of many instances whose rows (and jobs) the caller
+    locked and loaded in this transaction (`lock_jobs_then_instances`), in bulk: one insert of their
+    events, one update of their rows, one of their billing, one token revocation and one wake-up,
+    not a round of each per instance (a 1,024-node job's release held its job lock 6 s that way).
+    Returns the instances it moved."""
+    assert to in TERMINAL_STATES
+    at = _now()
+    moved = [i for i in instances if i.state != to and to in ALLOWED_TRANSITIONS[i.state]]
+    events = [instance_transition_locked(instance=i, to=to, at=at, detail=detail or {}) for i in moved]
+    if not moved:
+        return []
+    InstanceEvent.objects.bulk_create(events)
+    bulk_update_by_pk(Instance, moved, TRANSITION_FIELDS)
+    ids = [i.pk for i in moved]
+    agent_tokens_revoke(instance_ids=ids, at=at)  # an ended node keeps no access
+    billing_close_many(instances=moved)  # billed to its `ended_at`, as `_transition` does
+    commands_changed(instance_ids=ids)
+    return moved
