@@ -39,8 +39,11 @@ def reconfiguration_decision_input(
     generation: JobGeneration | object | None = _QUERY,
     now: datetime | None = None,
 ) -> dict:
-    """What the decision needs to know, as JSON: strategy, the leaving instance, the membership of
-    the job's current generation, and how long is left before the VM goes (the notice's lead time).
+    """What the decision needs to know, as JSON: strategy, the leaving instance and its place in the
+    job's current generation (its number; the membership itself is that generation's, not copied:
+    a zone that reclaims 64 of a 1,024-node job's nodes decides 64 reconfigurations at once, and 64
+    copies of a 1,024-member list made their insert take a second), the number of survivors, and
+    how long is left before the VM goes (the notice's lead time).
 
     `generation` is the job's current generation when the caller already read it (a batch reads
     them all in one query); otherwise it is looked up."""
@@ -55,7 +58,7 @@ def reconfiguration_decision_input(
         "strategy": job.strategy,
         "job_status": job.status,
         "generation": job.current_generation,
-        "membership": membership,
+        "members": len(membership),
         "leaving_instance": None
         if instance is None
         else {
