@@ -12,15 +12,12 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from controlplane.accounts.services import agent_tokens_revoke
-from controlplane.common.agent_wake import commands_changed
 from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.locks import lock_jobs_then_instances
-from controlplane.fleet.models import Instance, InstanceEvent, InterruptionNotice, NoticeSource, NoticeStatus
+from controlplane.fleet.models import Instance, InterruptionNotice, NoticeSource, NoticeStatus
 from controlplane.fleet.notices.handoff import notices_handoff
 from controlplane.fleet.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
-from controlplane.fleet.services import TRANSITION_FIELDS
-from controlplane.fleet.states import TERMINAL_STATES
+from controlplane.fleet.services import instances_moved_save
 from controlplane.jobs.models import JobEvent
 from controlplane.jobs.reconfiguration import current_generations, reconfigurations_create
 from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
@@ -124,12 +121,7 @@ def _process_together(notice_ids: list[int]) -> None:
         for notice in rows:
             react(notice, batch)
             _mark_processed(notice, batch.now)
-        InstanceEvent.objects.bulk_create(batch.instance_events)
-        bulk_update_by_pk(Instance, list(batch.moved.values()), TRANSITION_FIELDS)
-        commands_changed(instance_ids=list(batch.moved))
-        agent_tokens_revoke(
-            instance_ids=[pk for pk, i in batch.moved.items() if i.state in TERMINAL_STATES], at=batch.now
-        )
+        instances_moved_save(moved=list(batch.moved.values()), events=batch.instance_events, at=batch.now)
         JobEvent.objects.bulk_create(batch.job_events)
         # One reconfiguration per leaving node, applied by orchestration once this commits.
         reconfigurations_apply_after_commit(reconfigurations=reconfigurations_create(drafts=batch.drafts))

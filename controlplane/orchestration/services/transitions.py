@@ -9,13 +9,10 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.accounts.services import agent_tokens_revoke
 from controlplane.billing.services import billing_close, billing_close_many, billing_open
-from controlplane.common.agent_wake import commands_changed
-from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.locks import lock_instance, lock_job
-from controlplane.fleet.models import Instance, InstanceEvent
-from controlplane.fleet.services import TRANSITION_FIELDS, instance_transition, instance_transition_locked
+from controlplane.fleet.models import Instance
+from controlplane.fleet.services import instance_transition, instance_transition_locked, instances_moved_save
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import JOB_TRANSITIONS, JobStatus, TrainingJob
 from controlplane.jobs.services import job_set_status
@@ -76,12 +73,6 @@ def _end_locked_many(instances: list[Instance], to: str, *, detail: dict | None 
     at = _now()
     moved = [i for i in instances if i.state != to and to in ALLOWED_TRANSITIONS[i.state]]
     events = [instance_transition_locked(instance=i, to=to, at=at, detail=detail or {}) for i in moved]
-    if not moved:
-        return []
-    InstanceEvent.objects.bulk_create(events)
-    bulk_update_by_pk(Instance, moved, TRANSITION_FIELDS)
-    ids = [i.pk for i in moved]
-    agent_tokens_revoke(instance_ids=ids, at=at)  # an ended node keeps no access
+    instances_moved_save(moved=moved, events=events, at=at)  # an ended node keeps no access
     billing_close_many(instances=moved)  # billed to its `ended_at`, as `_transition` does
-    commands_changed(instance_ids=ids)
     return moved
