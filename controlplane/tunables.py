@@ -99,6 +99,8 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0, "silence after which a node is declared dead", kind=float),
     Tunable("SPOTPIPE_JOB_STALL_TIMEOUT_S", 600.0, "a running job with no progress for this long is failed",
             kind=float),
+    Tunable("SPOTPIPE_LOCK_WAIT_WARN_MS", 1000.0, "a transaction that waited longer than this for its jobs' and "
+            "instances' row locks logs a warning naming them and the wait (`controlplane.fleet.locks`)", kind=float),
     Tunable("SPOTPIPE_RENDEZVOUS", "process", "`process`: the control plane hosts each job's rendezvous store in "
             "a process of its own; `none`: the nodes bring their own"),
     Tunable("SPOTPIPE_RENDEZVOUS_HOST", "127.0.0.1", "the address nodes use to reach that store"),
