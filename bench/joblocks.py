@@ -11,6 +11,9 @@ in the notice drain). Nodes come from an in-memory provider: nothing is launched
 1. **release**: a finished job of N running nodes (32, 128, 512, 1,024; quick 32, 128) released by
    `capacity_release`; 20 ms into it another connection asks for the job's lock, as a notice batch
    does first. Release time, that lock's wait, growth exponent in N.
+   **acquisition**: a new job of N nodes starts: `job_start` requests its capacity (one transaction
+   holding the job's lock), `acquisition_launch` launches and attaches the nodes (the provider call,
+   then one transaction holding it); the same lock asked for 20 ms into each.
 2. **zone reclaim**: K agent notices (1, 8, 64; quick 1, 8, 16) for nodes spread over a running
    recycle job of N nodes (pp=4; 256 and 1,024; quick 256), stored and drained as the worker drains
    them: one batch decided and applied, up to the job's next generation. Baseline: K = 1 on the
@@ -146,31 +149,38 @@ class _MemoryProvider:
 _job_counter = iter(range(1, 10**9))
 
 
+def _submitted_job(nodes: int) -> Any:
+    """A submitted (pending) recycle job of `nodes` nodes, dp x pp=4, on the in-memory provider."""
+    from controlplane.accounts.models import Team
+    from controlplane.jobs.services import job_submit
+
+    team, _ = Team.objects.get_or_create(slug="joblocks", defaults={"name": "Job locks"})
+    config = {"model": {"kind": "gpt", "n_layer": 8, "n_embd": 64, "n_head": 4, "seq_len": 32, "vocab_size": 128},
+              "global_batch": nodes // PP * MICROBATCHES}
+    job = job_submit(team=team, user=None, config=config, model_spec=None,
+                     plan={"dp": nodes // PP, "pp": PP, "provider": PROVIDER, "microbatches": MICROBATCHES,
+                           "instance_types": ["p3.2xlarge"]},
+                     name=f"joblocks-{next(_job_counter)}", strategy="recycle", target_steps=10**6, budget_usd="100000")
+    return job
+
+
 def _running_job(nodes: int, progress: Progress | None = None) -> tuple[Any, list[Any]]:
     """A running recycle job of `nodes` nodes (dp x pp=4) with its first generation."""
     from django.utils import timezone
 
-    from controlplane.accounts.models import Team
     from controlplane.fleet.models import Instance
     from controlplane.jobs.models import TrainingJob
-    from controlplane.jobs.services import job_submit
     from controlplane.market.models import InstanceType
     from controlplane.orchestration.services import job_grow
 
-    team, _ = Team.objects.get_or_create(slug="joblocks", defaults={"name": "Job locks"})
+    job = _submitted_job(nodes)
     itype = InstanceType.objects.get(name="p3.2xlarge")
-    config = {"model": {"kind": "gpt", "n_layer": 8, "n_embd": 64, "n_head": 4, "seq_len": 32, "vocab_size": 128},
-              "global_batch": nodes // PP * MICROBATCHES}
-    j = next(_job_counter)
-    job = job_submit(team=team, user=None, config=config, model_spec=None,
-                     plan={"dp": nodes // PP, "pp": PP, "provider": PROVIDER, "microbatches": MICROBATCHES,
-                           "instance_types": ["p3.2xlarge"]},
-                     name=f"joblocks-{j}", strategy="recycle", target_steps=10**6, budget_usd="100000")
+    j = job.pk
     now = timezone.now()
     TrainingJob.objects.filter(pk=job.pk).update(status="running", started_at=now)
     job.refresh_from_db()
     made = Instance.objects.bulk_create([
-        Instance(team=team, job=job, provider=PROVIDER, provider_instance_id=f"i-jl{j:04d}{n:05d}",
+        Instance(team_id=job.team_id, job=job, provider=PROVIDER, provider_instance_id=f"i-jl{j:04d}{n:05d}",
                  instance_type=itype, state="running", state_changed_at=now, running_at=now, last_heartbeat_at=now)
         for n in range(nodes)
     ])
@@ -233,16 +243,13 @@ def _summary(values: list[float]) -> dict[str, Any]:
 # --- 1. release ----------------------------------------------------------------------------------
 
 
-def _release(nodes: int, progress: Progress) -> dict[str, Any]:
+def _timed_with_a_lock_asker(job: Any, operation: Callable[[], Any]) -> tuple[Any, float, float]:
+    """Run `operation` while another connection asks for `job`'s lock `LOCK_ASK_AFTER_S` into it
+    (what a notice batch takes first). Returns (its result, its ms, that lock's wait in ms)."""
     from django.db import connection, transaction
 
     from controlplane.fleet.locks import lock_job
-    from controlplane.jobs.models import TrainingJob
-    from controlplane.orchestration.services import capacity_release
 
-    job, _ = _running_job(nodes)
-    TrainingJob.objects.filter(pk=job.pk).update(status="finished")
-    job.refresh_from_db()
     waited: list[float] = []
 
     def ask_for_the_lock() -> None:
@@ -256,15 +263,42 @@ def _release(nodes: int, progress: Progress) -> dict[str, Any]:
             connection.close()
 
     asker = threading.Thread(target=ask_for_the_lock, name="lock-asker")
-    progress.step(f"release: {nodes} nodes")
     started = time.perf_counter()
     asker.start()
-    released = capacity_release(job=job)
-    release_ms = (time.perf_counter() - started) * 1000.0
+    result = operation()
+    took = (time.perf_counter() - started) * 1000.0
     asker.join()
+    return result, took, waited[0]
+
+
+def _release(nodes: int, progress: Progress) -> dict[str, Any]:
+    from controlplane.jobs.models import TrainingJob
+    from controlplane.orchestration.services import capacity_release
+
+    job, _ = _running_job(nodes)
+    TrainingJob.objects.filter(pk=job.pk).update(status="finished")
+    job.refresh_from_db()
+    progress.step(f"release: {nodes} nodes")
+    released, release_ms, waited = _timed_with_a_lock_asker(job, lambda: capacity_release(job=job))
     assert len(released) == nodes, f"released {len(released)} of {nodes} nodes"
-    return {"nodes": nodes, "release_ms": release_ms, "lock_wait_ms": waited[0],
+    return {"nodes": nodes, "release_ms": release_ms, "lock_wait_ms": waited,
             "release_ms_per_node": release_ms / nodes}
+
+
+def _acquire(nodes: int, progress: Progress) -> dict[str, Any]:
+    """A new job of `nodes` nodes starts: its capacity is requested (one transaction holding the
+    job's lock), then launched and attached (the provider call, then one transaction holding it)."""
+    from controlplane.orchestration.services import acquisition_launch, job_start
+
+    job = _submitted_job(nodes)
+    progress.step(f"acquisition: {nodes} nodes")
+    acquisition, request_ms, request_wait = _timed_with_a_lock_asker(job, lambda: job_start(job=job))
+    attached, launch_ms, launch_wait = _timed_with_a_lock_asker(
+        job, lambda: acquisition_launch(acquisition=acquisition))
+    assert len(attached) == nodes, f"attached {len(attached)} of {nodes} nodes"
+    _finish(job)
+    return {"nodes": nodes, "request_ms": request_ms, "request_lock_wait_ms": request_wait,
+            "launch_and_attach_ms": launch_ms, "attach_lock_wait_ms": launch_wait}
 
 
 def _finish(job: Any) -> None:
@@ -505,6 +539,26 @@ def run(*, quick: bool = False, progress: Progress | None = None, load_nodes: in
     )
     print(f"growth exponent of the release in nodes: {figures['release']['growth_exponent_release_ms_vs_nodes']:.2f}")
 
+    acquire = [_acquire(n, progress) for n in (RELEASE_SIZES_QUICK if quick else RELEASE_SIZES)]
+    figures["acquisition"] = {
+        "rows": acquire,
+        "growth_exponent_request_ms_vs_nodes": growth_exponent([(r["nodes"], r["request_ms"]) for r in acquire]),
+        "growth_exponent_launch_and_attach_ms_vs_nodes": growth_exponent(
+            [(r["nodes"], r["launch_and_attach_ms"]) for r in acquire]),
+    }
+    smallest = acquire[0]["request_ms"] + acquire[0]["launch_and_attach_ms"]
+    print_table(
+        "A new job's nodes: capacity requested (one transaction holding the job's lock), then launched by the "
+        "in-memory provider and attached (one transaction holding it); another connection asks for the job's lock "
+        f"{LOCK_ASK_AFTER_S * 1000:g} ms into each. Baseline of the ratio: the smallest job",
+        ["nodes", "request ms", "its lock wait ms", "launch + attach ms", "its lock wait ms",
+         f"request + attach / {acquire[0]['nodes']} nodes"],
+        [[r["nodes"], r["request_ms"], r["request_lock_wait_ms"], r["launch_and_attach_ms"], r["attach_lock_wait_ms"],
+          (r["request_ms"] + r["launch_and_attach_ms"]) / smallest] for r in acquire],
+    )
+
+    # The first reclaim in a process also imports and warms the strategies' planners: not measured.
+    _reclaim((RECLAIM_SIZES_QUICK if quick else RECLAIM_SIZES)[0], 1, progress)
     reclaim = []
     for n in RECLAIM_SIZES_QUICK if quick else RECLAIM_SIZES:
         rows = [_reclaim(n, k, progress) for k in (RECLAIM_NOTICES_QUICK if quick else RECLAIM_NOTICES)]

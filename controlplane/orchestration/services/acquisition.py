@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 
+from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance, Lifecycle, ProviderKind
-from controlplane.fleet.states import TERMINAL_STATES, InstanceState
+from controlplane.fleet.services import instance_transition_locked, instances_moved_save
+from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
@@ -19,10 +22,13 @@ from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM
 from controlplane.orchestration.selectors import job_counted_instances, job_shape, pools_ranked
 from controlplane.orchestration.services.catalogue import _instance_type_row, _pool_json, _zone_row
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key
-from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now, _transition
+from controlplane.orchestration.services.transitions import _end_locked_many, _job_set_status, _lock_job, _now
 from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
+
+ATTACH_FIELDS = ("provider_instance_id", "instance_type", "zone", "agent_address", "updated_at")
+"""What attaching a launched node writes on its instance (its state move is written apart)."""
 
 # A launch claimed this long ago and never finished is assumed dead (its worker crashed).
 LAUNCH_STALE_AFTER = timedelta(seconds=120)
@@ -56,8 +62,9 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     )
     itype = _instance_type_row(shape.provider, pools[0].instance_type)
     zone = _zone_row(shape.provider, pools[0].zone)
-    for index in range(missing):
-        Instance.objects.create(
+    # One insert for all of them: a 1,024-node start held the job's lock for one insert a node.
+    Instance.objects.bulk_create([
+        Instance(
             team_id=locked.team_id,
             job=locked,
             provider=shape.provider,
@@ -66,6 +73,8 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
             lifecycle=Lifecycle.SPOT,
             request_token=f"{acquisition.request_token}/{index}",
         )
+        for index in range(missing)
+    ])
     if locked.status == JobStatus.PENDING:
         _job_set_status(locked, JobStatus.PROVISIONING, f"acquiring {shape.nodes} node(s) from {shape.provider}")
     job_record_event(
@@ -157,21 +166,32 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
 @transaction.atomic
 def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> list[Instance]:
     """Give each requested instance of the acquisition a launched node (in order), move it to
-    pending, and mark the acquisition fulfilled. Instances left without a node have failed."""
+    pending, and mark the acquisition fulfilled. Instances left without a node have failed.
+
+    In bulk, under the job's lock: one update of the nodes' ids, one insert of their events, one
+    update of their states (`instances_moved_save`), one ending of those left without a node; a
+    round of each per node held a 128-node job's lock for 1.4 s (`python -m bench joblocks`)."""
     locked = Acquisition.objects.select_for_update().get(pk=acquisition.pk)
     jobs, instances = lock_jobs_then_instances(
         job_ids=[locked.job_id], instances=Instance.objects.filter(request_token__startswith=f"{locked.request_token}/")
     )
     known = {i.provider_instance_id for i in instances if i.provider_instance_id}
     fresh = [n for n in nodes if n.provider_instance_id not in known]
-    attached = []
+    at = _now()
+    attached: list[Instance] = []
+    given: list[Instance] = []  # got a node here
+    moved: list[Instance] = []
+    events = []
+    without_node: list[Instance] = []
     unwanted: list[str] = []
+    types: dict[str, Any] = {}
+    zones: dict[str, Any] = {}
     for instance in instances:
         if instance.provider_instance_id:
             attached.append(instance)
             continue
         if not fresh:
-            _transition(instance, InstanceState.FAILED, detail={"reason": "provider launched fewer nodes"})
+            without_node.append(instance)
             continue
         node = fresh.pop(0)
         if instance.state in TERMINAL_STATES:
@@ -179,17 +199,25 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
             # instance again, so its node is terminated here rather than left running unbilled.
             unwanted.append(node.provider_instance_id)
             continue
+        type_name = node.instance_type or "unknown"
+        if type_name not in types:
+            types[type_name] = _instance_type_row(locked.provider, type_name)
+        if node.zone not in zones:
+            zones[node.zone] = _zone_row(locked.provider, node.zone)
         instance.provider_instance_id = node.provider_instance_id
-        instance.instance_type = _instance_type_row(locked.provider, node.instance_type or "unknown")
-        instance.zone = _zone_row(locked.provider, node.zone)
+        instance.instance_type = types[type_name]
+        instance.zone = zones[node.zone]
         instance.agent_address = node.address[:200]
-        instance.save(update_fields=["provider_instance_id", "instance_type", "zone", "agent_address", "updated_at"])
-        _transition(
-            instance,
-            InstanceState.PENDING,
-            detail={"acquisition": locked.pk, "pool": f"{node.instance_type}@{node.zone}"},
-        )
+        instance.updated_at = at
+        given.append(instance)
+        if instance.state != InstanceState.PENDING and InstanceState.PENDING in ALLOWED_TRANSITIONS[instance.state]:
+            detail = {"acquisition": locked.pk, "pool": f"{node.instance_type}@{node.zone}"}
+            events.append(instance_transition_locked(instance=instance, to=InstanceState.PENDING, at=at, detail=detail))
+            moved.append(instance)
         attached.append(instance)
+    bulk_update_by_pk(Instance, given, ATTACH_FIELDS)
+    instances_moved_save(moved=moved, events=events, at=at)
+    _end_locked_many(without_node, InstanceState.FAILED, detail={"reason": "provider launched fewer nodes"})
     locked.status = AcquisitionStatus.FULFILLED
     locked.launched = len(attached)
     locked.fulfilled_at = _now()
