@@ -357,6 +357,32 @@ def _reclaim(nodes: int, notices: int, progress: Progress) -> dict[str, Any]:
             "drain_to_generation_ms": (done - stored) * 1000.0, "generations": after - before}
 
 
+def _silent_loss(nodes: int, lost: int, progress: Progress) -> dict[str, Any]:
+    """`lost` nodes of a running job stop heartbeating (a zone gone without notices): the dead-node
+    check's service marks them lost and the job reacts."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.fleet.models import Instance
+    from controlplane.orchestration.services import instances_detect_dead
+
+    job, members = _running_job(nodes)
+    silent = _spread(members, lost)
+    now = timezone.now()
+    Instance.objects.filter(job=job).update(last_heartbeat_at=now)
+    Instance.objects.filter(pk__in=[i.pk for i in silent]).update(last_heartbeat_at=now - timedelta(hours=2))
+    before = _generation(job)
+    progress.step(f"silent loss: {lost} of a {nodes}-node job's nodes stop heartbeating")
+    started = time.perf_counter()
+    found = instances_detect_dead(timeout_s=3600, now=now)
+    took = (time.perf_counter() - started) * 1000.0
+    assert sorted(found) == sorted(i.pk for i in silent), f"found {len(found)} of {lost} silent nodes"
+    generations = _generation(job) - before
+    _finish(job)
+    return {"nodes": nodes, "lost": lost, "detect_to_generation_ms": took, "generations": generations}
+
+
 # --- 3. mixed load ---------------------------------------------------------------------------------
 
 
@@ -572,6 +598,19 @@ def run(*, quick: bool = False, progress: Progress | None = None, load_nodes: in
         ["nodes", "notices", "store ms", "drain -> generation ms", "ratio to 1 notice"],
         [[r["nodes"], r["notices"], r["store_ms"], r["drain_to_generation_ms"], r["ratio_to_one_notice"]]
          for r in reclaim],
+    )
+
+    silent = [_silent_loss(n, k, progress) for n in (RECLAIM_SIZES_QUICK if quick else RECLAIM_SIZES)
+              for k in (RECLAIM_NOTICES_QUICK if quick else RECLAIM_NOTICES)[1:]]
+    figures["silent_loss"] = silent
+    print_table(
+        "Nodes of one running recycle job stop heartbeating (a zone gone without notices): the dead-node check's "
+        "service marks them lost and the job reacts, up to its last new generation. Baseline of the ratio: the "
+        "fewest nodes lost on a job of the same size",
+        ["nodes", "lost", "detect -> generation ms", "generations published", "ms / fewest lost"],
+        [[r["nodes"], r["lost"], r["detect_to_generation_ms"], r["generations"],
+          r["detect_to_generation_ms"] / next(x for x in silent if x["nodes"] == r["nodes"])["detect_to_generation_ms"]]
+         for r in silent],
     )
 
     nodes = load_nodes or (256 if quick else 1024)

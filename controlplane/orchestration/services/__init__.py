@@ -66,6 +66,7 @@ from controlplane.orchestration.services.liveness import (
     instance_mark_lost,
     instance_terminate,
     instances_detect_dead,
+    instances_mark_lost,
 )
 from controlplane.orchestration.services.reconcile import (
     active_job_ids,
@@ -95,6 +96,7 @@ __all__ = [
     "instance_mark_lost",
     "instance_terminate",
     "instances_detect_dead",
+    "instances_mark_lost",
     "job_fail",
     "job_fail_if_stalled",
     "job_finish",

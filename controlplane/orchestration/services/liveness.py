@@ -8,15 +8,21 @@ from datetime import datetime, timedelta
 from django.db import transaction
 
 from controlplane.common.errors import Conflict
+from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance, Lifecycle
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState
-from controlplane.jobs.models import ACTIVE_JOB_STATUSES, Reconfiguration, ReconfigurationTrigger
-from controlplane.jobs.reconfiguration import reconfiguration_decide
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, Reconfiguration, ReconfigurationTrigger
+from controlplane.jobs.reconfiguration import (
+    current_generations,
+    reconfiguration_decide,
+    reconfiguration_draft,
+    reconfigurations_create,
+)
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.providers import get_provider
 from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
-from controlplane.orchestration.services.generations import reconfiguration_apply
-from controlplane.orchestration.services.transitions import _now, _transition
+from controlplane.orchestration.services.generations import reconfiguration_apply, reconfigurations_apply
+from controlplane.orchestration.services.transitions import _end_locked_many, _now, _transition
 from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
@@ -41,7 +47,7 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
         job_record_event(
             job=instance.job,
             kind="instance_lost",
-            message=f"instance {instance.pk} ({instance.provider_instance_id}) lost: {reason}",
+            message=_lost_message(instance, reason),
             data={"instance": instance.pk, "reason": reason},
         )
         reconfiguration = reconfiguration_decide(
@@ -52,6 +58,48 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
         )
         reconfigurations_apply_after_commit(reconfigurations=[reconfiguration])
     return reconfiguration
+
+
+def _lost_message(instance: Instance, reason: str) -> str:
+    return f"instance {instance.pk} ({instance.provider_instance_id}) lost: {reason}"[:300]
+
+
+def instances_mark_lost(*, instances: list[Instance], reason: str) -> list[Reconfiguration]:
+    """`instance_mark_lost` for many nodes found gone together (a zone that went silent, a provider
+    that reports many ended), then their jobs' reactions applied together: one new generation per
+    job, not one per node. A fixed number of statements however many nodes (as a notice batch):
+    16 silent nodes of a 256-node job published 16 generations in 0.95 s one by one
+    (`python -m bench joblocks`). Returns the reconfigurations it decided (a node another caller
+    already marked is left alone)."""
+    if not instances:
+        return []
+    with transaction.atomic():
+        jobs, locked = lock_jobs_then_instances(instances=Instance.objects.filter(pk__in=[i.pk for i in instances]))
+        moved: list[Instance] = []
+        for target, lifecycles in ((InstanceState.PREEMPTED, {Lifecycle.SPOT}),
+                                   (InstanceState.FAILED, set(Lifecycle) - {Lifecycle.SPOT})):
+            moved += _end_locked_many([i for i in locked if i.lifecycle in lifecycles], target,
+                                      detail={"reason": reason})
+        leaving = [i for i in moved if i.job_id is not None]
+        at = _now()
+        JobEvent.objects.bulk_create([
+            JobEvent(job=jobs[i.job_id], kind="instance_lost", message=_lost_message(i, reason),
+                     data={"instance": i.pk, "reason": reason}, at=at)
+            for i in leaving
+        ])
+        generations = current_generations(jobs=[jobs[i.job_id] for i in leaving])
+        decided = reconfigurations_create(drafts=[
+            reconfiguration_draft(job=jobs[i.job_id], trigger=ReconfigurationTrigger.DEATH,
+                                  trigger_key=f"leave:instance:{i.pk}", instance=i,
+                                  generation=generations.get(i.job_id))
+            for i in leaving
+        ])
+    if decided:
+        try:
+            reconfigurations_apply(reconfigurations=decided)
+        except Exception:  # the reconciler applies decided reconfigurations nobody applied
+            logger.exception("applying %d reconfigurations for lost nodes together failed", len(decided))
+    return decided
 
 
 def instance_terminate(*, instance: Instance, reason: str) -> Reconfiguration | None:
@@ -102,12 +150,8 @@ def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | Non
             state__in=(InstanceState.REQUESTED, InstanceState.PENDING), created_at__lt=now - ENROLL_TIMEOUT
         )
     )
-    lost = []
-    for instance in dead:
-        reconfiguration = instance_mark_lost(instance=instance, reason="heartbeat timeout")
-        lost.append(instance.pk)
-        if reconfiguration is not None:
-            reconfiguration_apply(reconfiguration=reconfiguration)
+    lost = [instance.pk for instance in dead]
+    instances_mark_lost(instances=dead, reason="heartbeat timeout")
     for instance in stuck:
         with transaction.atomic():
             if _transition(instance, InstanceState.FAILED, detail={"reason": "never enrolled"}):

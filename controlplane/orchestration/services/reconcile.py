@@ -24,7 +24,7 @@ from controlplane.orchestration.services.generations import (
     reconfigurations_pending,
 )
 from controlplane.orchestration.services.job_end import job_fail_if_stalled, job_finish
-from controlplane.orchestration.services.liveness import instance_mark_lost
+from controlplane.orchestration.services.liveness import instances_mark_lost
 from controlplane.orchestration.services.transitions import _end_locked_many, _transition
 
 
@@ -88,12 +88,9 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
             n.provider_instance_id: n.state
             for n in get_provider(provider_kind).describe([i.provider_instance_id for i in group])
         }
-        for instance in group:
-            if states.get(instance.provider_instance_id) in ("terminated", "missing", "stopping"):
-                reconfiguration = instance_mark_lost(instance=instance, reason="provider reports it gone")
-                report["lost"].append(instance.pk)
-                if reconfiguration is not None:
-                    reconfiguration_apply(reconfiguration=reconfiguration)
+        gone = [i for i in group if states.get(i.provider_instance_id) in ("terminated", "missing", "stopping")]
+        instances_mark_lost(instances=gone, reason="provider reports it gone")  # one reaction for all of them
+        report["lost"] += [i.pk for i in gone]
     for pk in reconfigurations_pending(job=job):
         reconfiguration_apply(reconfiguration=Reconfiguration.objects.get(pk=pk))
     job.refresh_from_db()
