@@ -201,6 +201,25 @@ def test_nodes_the_provider_reports_gone_together_cost_one_generation(fake):
     assert not {i.pk for i in gone} & set(reactions.alive(generation.last().layout["slots"]))
 
 
+def test_launched_nodes_that_never_enrol_fail_after_the_enrolment_timeout(fake):
+    """Launched nodes that never enrolled are given up together after `ENROLL_TIMEOUT` (their
+    instances fail, one event each); nodes launched since are left to enrol."""
+    job = _job(dp=2, pp=2)
+    acquisition = services.job_start(job=job)
+    nodes = services.acquisition_launch(acquisition=acquisition)
+    old, young = nodes[:3], nodes[3]
+    Instance.objects.filter(pk__in=[i.pk for i in old]).update(
+        created_at=timezone.now() - services.ENROLL_TIMEOUT - timedelta(seconds=1))
+    assert sorted(services.instances_detect_dead(timeout_s=2.0)) == sorted(i.pk for i in old)
+    for node in old:
+        node.refresh_from_db()
+        assert node.state == InstanceState.FAILED and node.ended_at is not None
+        assert node.events.filter(to_state=InstanceState.FAILED, detail__reason="never enrolled").count() == 1
+    young.refresh_from_db()
+    assert young.state == InstanceState.PENDING
+    assert services.instances_detect_dead(timeout_s=2.0) == []
+
+
 def _replacement(job) -> Acquisition:
     services.capacity_reconcile(job=job)
     return Acquisition.objects.filter(job=job, reason="replacement").latest("id")

@@ -152,8 +152,8 @@ def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | Non
     )
     lost = [instance.pk for instance in dead]
     instances_mark_lost(instances=dead, reason="heartbeat timeout")
-    for instance in stuck:
+    if stuck:
         with transaction.atomic():
-            if _transition(instance, InstanceState.FAILED, detail={"reason": "never enrolled"}):
-                lost.append(instance.pk)
+            _jobs, locked = lock_jobs_then_instances(instances=Instance.objects.filter(pk__in=[i.pk for i in stuck]))
+            lost += [i.pk for i in _end_locked_many(locked, InstanceState.FAILED, detail={"reason": "never enrolled"})]
     return lost
