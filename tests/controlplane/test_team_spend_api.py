@@ -68,8 +68,9 @@ def test_open_segment_is_costed_until_now(worlds):
     alpha, _, _ = worlds
     now = datetime.now(UTC)
     _segment(alpha.instance, alpha.job, now - timedelta(minutes=30), None, "2.00")
-    today = now.date().isoformat()
-    data = alpha.member_client.get(f"/api/v1/teams/{alpha.team.pk}/spend/", {"start": today, "end": today}).json()
+    # From the segment's first day: in the half hour after midnight UTC it began yesterday.
+    start, end = (now - timedelta(minutes=30)).date().isoformat(), now.date().isoformat()
+    data = alpha.member_client.get(f"/api/v1/teams/{alpha.team.pk}/spend/", {"start": start, "end": end}).json()
     assert Decimal("0.90") <= Decimal(data["total_usd"]) <= Decimal("1.10")
 
 
