@@ -19,7 +19,7 @@ from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
 from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
 from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM
-from controlplane.orchestration.selectors import job_counted_instances, job_shape, pools_ranked
+from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
 from controlplane.orchestration.services.catalogue import _instance_type_row, _pool_json, _zone_row
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key
 from controlplane.orchestration.services.transitions import _end_locked_many, _job_set_status, _lock_job, _now
@@ -43,7 +43,7 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     if locked.status not in ACTIVE_JOB_STATUSES:
         return None
     shape = job_shape(job=locked)
-    missing = shape.nodes - len(job_counted_instances(job=locked))
+    missing = shape.nodes - job_counted_count(job=locked)
     if missing <= 0:
         return None
     pools, avoided = pools_ranked(job=locked, shape=shape)
