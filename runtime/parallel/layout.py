@@ -45,7 +45,7 @@ class Layout:
 
     def nodes(self) -> tuple[int, ...]:
         """Every member of the generation, sorted (their index is their process-group rank)."""
-        found = {node for route in self.routes for _, node in route}
+        found = {node for route in dict.fromkeys(self.routes) for _, node in route}  # routes repeat
         found |= {node for _, node in self.replicas} | set(self.standby)
         return tuple(sorted(found))
 
@@ -71,7 +71,7 @@ class Layout:
         """`layers_of` of every node, in one pass over the routes (`layers_of` for each node would
         rescan all routes each time: seconds at a thousand nodes)."""
         stages_of: dict[int, set[int]] = {}
-        for route in self.routes:
+        for route in dict.fromkeys(self.routes):  # a pipeline's micro-batches mostly share a route
             for stage, node in route:
                 stages_of.setdefault(node, set()).add(stage)
         for stage, node in self.replicas:
@@ -81,11 +81,14 @@ class Layout:
 
     def owner_runs(self) -> list[tuple[int, int, tuple[int, ...]]]:
         """Maximal layer runs `(lo, hi, owners)` held by the same node set: one gradient all-reduce each."""
+        holders: list[list[int]] = [[] for _ in range(self.num_layers)]
         layers = self.layers_by_node()
-        nodes = self.nodes()
-        owners_by_layer = [tuple(n for n in nodes if layer in layers.get(n, ())) for layer in range(self.num_layers)]
+        for node in sorted(layers):  # each layer's owners in node order, one pass over what nodes hold
+            for layer in layers[node]:
+                if 0 <= layer < self.num_layers:
+                    holders[layer].append(node)
         runs: list[tuple[int, int, tuple[int, ...]]] = []
-        for layer, owners in enumerate(owners_by_layer):
+        for layer, owners in enumerate(map(tuple, holders)):
             if runs and runs[-1][2] == owners and runs[-1][1] == layer:
                 runs[-1] = (runs[-1][0], layer + 1, owners)
             else:
@@ -109,21 +112,27 @@ class Layout:
                 raise LayoutError(
                     f"stage {stage} covers layers [{lo}, {hi}); expected 0 <= lo < hi <= {self.num_layers}"
                 )
-        for m, route in enumerate(self.routes):
+        # Each distinct route once (a pipeline's micro-batches mostly share one); the first failing
+        # route in order of first use is the first failing micro-batch's.
+        for route in dict.fromkeys(self.routes):
             at = 0
             for stage, _node in route:
                 if not 0 <= stage < len(self.stages):
                     raise LayoutError(
-                        f"micro-batch {m} uses stage {stage}; expected 0..{len(self.stages) - 1}"
+                        f"micro-batch {self.routes.index(route)} uses stage {stage}; "
+                        f"expected 0..{len(self.stages) - 1}"
                     )
                 lo, hi = self.stages[stage]
                 if lo != at:
                     raise LayoutError(
-                        f"micro-batch {m} jumps to layer {lo} after layer {at - 1}; expected {at}"
+                        f"micro-batch {self.routes.index(route)} jumps to layer {lo} after layer {at - 1}; "
+                        f"expected {at}"
                     )
                 at = hi
             if at != self.num_layers:
-                raise LayoutError(f"micro-batch {m} stops at layer {at}; expected {self.num_layers}")
+                raise LayoutError(
+                    f"micro-batch {self.routes.index(route)} stops at layer {at}; expected {self.num_layers}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -21,10 +21,10 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runtime.config import LayoutError
-from runtime.parallel.layout import Layout
+from runtime.parallel.layout import Hop, Layout
 
 FORWARD = "F"
 BACKWARD = "B"  # fused backward: input and weight gradients
@@ -100,64 +100,194 @@ class _Task:
 
 
 _PRIORITY = {BACKWARD_INPUT: 0, BACKWARD: 0, FORWARD: 1, BACKWARD_WEIGHT: 2, REDUNDANT_FORWARD: 3}
+_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, REDUNDANT_FORWARD)
+_RECV = {FORWARD: RECV_ACT, BACKWARD: RECV_GRAD, BACKWARD_INPUT: RECV_GRAD}  # what a task's input arrives as
+_SEND = {FORWARD: SEND_ACT, BACKWARD: SEND_GRAD, BACKWARD_INPUT: SEND_GRAD}  # what its output leaves as
 
 
-def _make_tasks(layout: Layout, kind: str, durations: Durations) -> list[_Task]:
+@dataclass(slots=True)
+class _RouteTasks:
+    """The tasks of one micro-batch on a route of a given shape (stages, which hops share a node,
+    where bamboo's redundant forwards run), numbered from 0: F of every hop, the backwards from the
+    last hop down, then the redundant forwards. Nodes are local (0, 1, ... in order of first hop),
+    links between tasks offsets (other task - this task), so every micro-batch on a route of this
+    shape shares it and a layout's tasks are a few list extends (a recycle layout has a few shapes)."""
+
+    kind: list[str]
+    hop: list[int]
+    node: list[int]  # local node
+    stage: list[int]  # the stage the action's row names (RF: the successor's stage)
+    duration: list[float]
+    key: list[int]  # priority * span + hop: the order key less the micro-batch's part
+    waiting: list[int]  # number of dependencies
+    deps: list[tuple[int, ...]]  # offsets of the dependencies
+    dependents: list[tuple[int, ...]]  # offsets of the tasks that depend on this one
+    gate: list[int]  # 1 + local node whose memory a first F needs room in, else 0
+    slot: list[int]  # 1 + local node whose memory the task takes or frees, else 0
+    delta: list[int]  # +1 takes, -1 frees, 0 neither
+    recv: list[int]  # offset of the task whose send this task receives (0: no receive)
+    sends: list[bool]  # the task's output goes to another node
+    code: list[int]  # the row's (kind, stage) as one integer: `_KINDS` index * stages + stage
+    first_hop: list[int]  # local node -> its first hop
+
+
+def _route_tasks(
+    route: tuple[Hop, ...], redundant: tuple[int, ...], split: bool, durations: Durations, span: int, stages: int
+) -> _RouteTasks:
+    """`route` with local nodes; `redundant`: the hops whose node runs the next hop's forward."""
+    last = len(route) - 1
+    first_hop_on: dict[int, int] = {}
+    for h, (_, node) in enumerate(route):
+        first_hop_on.setdefault(node, h)
+    rows: list[tuple] = []  # (kind, hop, node, stage, duration, deps, delta, recv, sends)
+
+    def add(row: tuple) -> int:
+        rows.append(row)
+        return len(rows) - 1
+
+    fwd: list[int] = []
+    for h, (stage, node) in enumerate(route):
+        recv = fwd[-1] if h > 0 and route[h - 1][1] != node else -1
+        deps = (fwd[-1],) if h else ()
+        takes = int(first_hop_on[node] == h)
+        fwd.append(add((FORWARD, h, node, stage, durations[stage][0], deps, takes, recv,
+                        h < last and route[h + 1][1] != node)))
+    downstream = -1  # the next hop's backward (input gradient), which this hop's backward needs
+    for h in range(last, -1, -1):
+        stage, node = route[h]
+        _, i, w = durations[stage]
+        deps = (fwd[h],) if downstream < 0 else (fwd[h], downstream)
+        recv = downstream if h < last and route[h + 1][1] != node else -1
+        sends = h > 0 and route[h - 1][1] != node
+        frees = -int(first_hop_on[node] == h)
+        if split and h > 0:
+            downstream = add((BACKWARD_INPUT, h, node, stage, i, deps, frees, recv, sends))
+            add((BACKWARD_WEIGHT, h, node, stage, w, (downstream,), 0, -1, False))
+        else:
+            # The first hop has no input gradient to hurry, so it always runs fused.
+            downstream = add((BACKWARD, h, node, stage, i + w, deps, frees, recv, sends))
+    for h in redundant:
+        succ_stage = route[(h + 1) % len(route)][0]
+        deps = (fwd[h],) if h < last else ()
+        add((REDUNDANT_FORWARD, h, route[h][1], succ_stage, durations[succ_stage][0], deps, 0, -1, False))
+    dependents: list[list[int]] = [[] for _ in rows]
+    for j, row in enumerate(rows):
+        for d in row[5]:
+            dependents[d].append(j - d)
+    return _RouteTasks(
+        kind=[r[0] for r in rows],
+        hop=[r[1] for r in rows],
+        node=[r[2] for r in rows],
+        stage=[r[3] for r in rows],
+        duration=[r[4] for r in rows],
+        key=[_PRIORITY[r[0]] * span + r[1] for r in rows],
+        waiting=[len(r[5]) for r in rows],
+        deps=[tuple(d - j for d in r[5]) for j, r in enumerate(rows)],
+        dependents=[tuple(d) for d in dependents],
+        gate=[r[2] + 1 if r[6] > 0 else 0 for r in rows],
+        slot=[r[2] + 1 if r[6] else 0 for r in rows],
+        delta=[r[6] for r in rows],
+        recv=[r[7] - j if r[7] >= 0 else 0 for j, r in enumerate(rows)],
+        sends=[r[8] for r in rows],
+        code=[_KINDS.index(r[0]) * stages + r[3] for r in rows],
+        first_hop=sorted(first_hop_on.values()),
+    )
+
+
+@dataclass(slots=True)
+class _Tasks:
+    """Every task of a layout as parallel lists (index = task id) and, once scheduled, the picks."""
+
+    nodes: list[int]  # dense node index -> node id
+    kind: list[str] = field(default_factory=list)
+    mb: list[int] = field(default_factory=list)
+    hop: list[int] = field(default_factory=list)
+    node: list[int] = field(default_factory=list)  # dense node index
+    stage: list[int] = field(default_factory=list)
+    duration: list[float] = field(default_factory=list)
+    key: list[int] = field(default_factory=list)  # (priority, micro-batch, hop) as one integer
+    waiting: list[int] = field(default_factory=list)
+    deps: list[tuple[int, ...]] = field(default_factory=list)  # offsets, as in `_RouteTasks`
+    dependents: list[tuple[int, ...]] = field(default_factory=list)
+    gate: list[int] = field(default_factory=list)  # memory slot a first F must find room in (0: none)
+    slot: list[int] = field(default_factory=list)  # memory slot the task takes or frees (0: none)
+    delta: list[int] = field(default_factory=list)  # +1 takes, -1 frees, 0 neither
+    recv: list[int] = field(default_factory=list)
+    sends: list[bool] = field(default_factory=list)
+    code: list[int] = field(default_factory=list)
+    caps: list[int] = field(default_factory=list)  # memory slot -> micro-batches it may hold
+    picked: list[int] = field(default_factory=list)  # task ids in the order the scheduler started them
+    start: list[float] = field(default_factory=list)  # task id -> start
+
+
+def _task_table(layout: Layout, kind: str, durations: Durations) -> _Tasks:
+    """The layout's tasks (see `_RouteTasks`) and per-(node, pipeline) memory slots: the 1F1B bound
+    of a slot is the micro-batches of that pipeline the node may hold (route length - first hop
+    index). Per pipeline, so a node that also serves re-routed micro-batches of another pipeline
+    (recycle) can keep both pipelines' warm-ups going. Slot 0 stands for no bound."""
     split = kind == "fiw"
-    replicas = defaultdict(set)
+    replicas: dict[int, set[int]] = defaultdict(set)
     for stage, node in layout.replicas:
         replicas[node].add(stage)
-    tasks: list[_Task] = []
-
-    def add(task: _Task) -> int:
-        tasks.append(task)
-        return len(tasks) - 1
-
-    for m, route in enumerate(layout.routes):
-        last = len(route) - 1
-        first_hop_on: dict[int, int] = {}
-        for h, (_, node) in enumerate(route):
-            first_hop_on.setdefault(node, h)
-        fwd: list[int] = []
-        for h, (stage, node) in enumerate(route):
-            deps = [fwd[-1]] if h else []
-            fwd.append(add(_Task(FORWARD, m, h, node, deps, 1, durations[stage][0], first_hop_on[node] == h, False)))
-        downstream = -1  # the next hop's backward (input gradient), which this hop's backward needs
-        for h in range(last, -1, -1):
-            stage, node = route[h]
-            _, i, w = durations[stage]
-            deps = [fwd[h]] if downstream < 0 else [fwd[h], downstream]
-            first = first_hop_on[node] == h
-            if split and h > 0:
-                downstream = add(_Task(BACKWARD_INPUT, m, h, node, deps, 0, i, False, first))
-                add(_Task(BACKWARD_WEIGHT, m, h, node, [downstream], 2, w, False, False))
-            else:
-                # The first hop has no input gradient to hurry, so it always runs fused.
-                downstream = add(_Task(BACKWARD, m, h, node, deps, 0, i + w, False, first))
-        for h, (_, node) in enumerate(route):
+    hops = max((len(r) for r in layout.routes), default=1)
+    span = max(len(layout.routes), 1) * hops
+    # Dense node indices in node order (the scheduler breaks ties by node).
+    nodes = sorted({node for route in dict.fromkeys(layout.routes) for _, node in route})
+    dense = {node: k for k, node in enumerate(nodes)}
+    out = _Tasks(nodes=nodes, caps=[len(layout.routes) + 1])  # slot 0 never fills
+    caps = out.caps
+    shapes: dict[tuple, _RouteTasks] = {}
+    slot_ids: dict[tuple[int, int], int] = {}
+    # (route, pipeline) -> its shape's tasks, and their dense nodes and memory slots
+    placed: dict[tuple[tuple[Hop, ...], int], tuple[_RouteTasks, list[int], list[int], list[int]]] = {}
+    for m, (route, pipe) in enumerate(zip(layout.routes, layout.pipeline_of, strict=True)):
+        found = placed.get((route, pipe))
+        if found is None:
+            local: dict[int, int] = {}
+            shape = tuple([(stage, local.setdefault(node, len(local))) for stage, node in route])
             # bamboo: the node holding the next hop's stage as a replica runs its forward eagerly.
-            succ_stage, succ_node = route[(h + 1) % len(route)]
-            if len(route) > 1 and succ_stage in replicas[node] and succ_node != node:
-                deps = [fwd[h]] if h < last else []
-                add(_Task(REDUNDANT_FORWARD, m, h, node, deps, 3, durations[succ_stage][0], False, False))
-    return tasks
+            redundant = tuple([
+                h for h, (_, node) in enumerate(route)
+                if len(route) > 1 and route[(h + 1) % len(route)][0] in replicas.get(node, ())
+                and route[(h + 1) % len(route)][1] != node
+            ]) if replicas else ()
+            t = shapes.get((shape, redundant))
+            if t is None:
+                t = _route_tasks(shape, redundant, split, durations, span, len(layout.stages))
+                shapes[(shape, redundant)] = t
+            members = [dense[node] for node in local]
+            slots = [0]
+            for v, h in zip(members, t.first_hop, strict=True):
+                s = slot_ids.setdefault((v, pipe), len(caps))
+                if s == len(caps):
+                    caps.append(0)
+                caps[s] = max(caps[s], len(route) - h)
+                slots.append(s)
+            found = placed[(route, pipe)] = (
+                t, [members[j] for j in t.node], [slots[j] for j in t.gate], [slots[j] for j in t.slot]
+            )
+        t, node, gate, slot = found
+        out.kind += t.kind
+        out.mb += [m] * len(t.kind)
+        out.hop += t.hop
+        out.node += node
+        out.stage += t.stage
+        out.duration += t.duration
+        offset = m * hops
+        out.key += [k + offset for k in t.key]
+        out.waiting += t.waiting
+        out.deps += t.deps
+        out.dependents += t.dependents
+        out.gate += gate
+        out.slot += slot
+        out.delta += t.delta
+        out.recv += t.recv
+        out.sends += t.sends
+        out.code += t.code
+    return out
 
 
-def _in_flight_caps(layout: Layout) -> dict[tuple[int, int], int]:
-    """1F1B memory bound per (node, pipeline): micro-batches of that pipeline the node may hold
-    (route length - first hop index). Per pipeline, so a node that also serves re-routed
-    micro-batches of another pipeline (recycle) can keep both pipelines' warm-ups going."""
-    caps: dict[tuple[int, int], int] = defaultdict(int)
-    for route, pipe in zip(layout.routes, layout.pipeline_of, strict=True):
-        seen = set()
-        for h, (_, node) in enumerate(route):
-            if node not in seen:
-                seen.add(node)
-                caps[(node, pipe)] = max(caps[(node, pipe)], len(route) - h)
-    return caps
-
-
-def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int, list[tuple[float, _Task]]]:
+def _schedule(layout: Layout, kind: str, durations: Durations) -> _Tasks:
     """Replay the layout in estimated time: repeatedly start, over all nodes, the ready task with the
     smallest (start, priority, micro-batch, hop, node), start = max(inputs ready, node free).
 
@@ -165,104 +295,116 @@ def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int,
     inputs are ready by the time the node is free (`avail`: they all start then, so they rank by
     (priority, mb, hop) alone) and the others (`pend`, by inputs-ready time first; a node's free time
     only grows, so tasks only move from pend to avail), and a global heap holds each node's best
-    (re-offered whenever it may have changed; stale entries are skipped when popped). A forward held
-    back by a full memory cap waits aside until a backward on that (node, pipeline) releases one.
+    (re-offered after every change to the node; an entry other than the node's latest offer is
+    stale and skipped when popped). A forward held back by a full memory cap waits aside until a
+    backward on that (node, pipeline) releases one.
     `tests/runtime/test_list_schedule.py` checks the result is the scan's, pick for pick.
     """
-    tasks = _make_tasks(layout, kind, durations)
-    n = len(tasks)
-    # (priority, mb, hop) is unique per node: one integer orders it.
-    hops = max((len(r) for r in layout.routes), default=1)
-    mbs = max(len(layout.routes), 1)
-    order_key = [(t.priority * mbs + t.mb) * hops + t.hop for t in tasks]
-    node_of = [t.node for t in tasks]
-    duration = [t.duration for t in tasks]
-    # (node, pipeline) memory slots numbered, so the hot loop indexes lists instead of hashing tuples.
-    slot_ids: dict[tuple[int, int], int] = {}
-    slot_of = [slot_ids.setdefault((t.node, layout.pipeline_of[t.mb]), len(slot_ids)) for t in tasks]
-    by_slot = _in_flight_caps(layout)
-    caps = [by_slot[slot] for slot in slot_ids]
-    needs_slot = [t.first_on_node for t in tasks]  # only a micro-batch's first forward on a node takes memory
-    delta = [int(t.first_on_node) - int(t.releases) for t in tasks]
-    waiting = [len(t.deps) for t in tasks]
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    deps_of = [t.deps for t in tasks]
-    for i, deps in enumerate(deps_of):
-        for d in deps:
-            dependents[d].append(i)
-    finish = [0.0] * n
-    in_flight = [0] * len(slot_ids)
-    held: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
-    nodes = sorted(set(node_of))
-    free = dict.fromkeys(nodes, 0.0)
-    avail: dict[int, list[tuple[int, int, float]]] = {v: [] for v in nodes}  # (order key, task, ready at)
-    pend: dict[int, list[tuple[float, int, int]]] = {v: [] for v in nodes}  # (ready at, order key, task)
+    tasks = _task_table(layout, kind, durations)
+    n = len(tasks.kind)
+    node_of, duration, key_of = tasks.node, tasks.duration, tasks.key
+    gate, slot_of, delta, caps = tasks.gate, tasks.slot, tasks.delta, tasks.caps
+    waiting, dependents = list(tasks.waiting), tasks.dependents
+    ready = [0.0] * n  # latest finish among a task's finished dependencies
+    start_of = [0.0] * n
+    picked = tasks.picked
+    count = len(tasks.nodes)
+    in_flight = [0] * len(caps)
+    held: dict[int, list[tuple[float, int, int]]] = {}
+    free = [0.0] * count
+    avail: list[list[tuple[int, int, float]]] = [[] for _ in range(count)]  # (order key, task, ready at)
+    pend: list[list[tuple[float, int, int]]] = [[] for _ in range(count)]  # (ready at, order key, task)
+    offered: list[tuple[float, int, int, int] | None] = [None] * count  # each node's latest offer
+    picks: list[tuple[float, int, int, int]] = []  # (start, order key, node, task)
     heappush, heappop = heapq.heappush, heapq.heappop
 
-    def best(node: int) -> tuple[float, int, int] | None:
-        """(start, order key, task) this node would start next, or None."""
-        av, pe, now = avail[node], pend[node], free[node]
+    def offer(v: int) -> None:
+        """Push the (start, order key, node, task) node `v` would start next (if any)."""
+        av, pe, now = avail[v], pend[v], free[v]
         while pe and pe[0][0] <= now:
             ready_at, key, i = heappop(pe)
             heappush(av, (key, i, ready_at))
+        best = None
         while av:
             key, i, ready_at = av[0]
-            if not needs_slot[i] or in_flight[slot_of[i]] < caps[slot_of[i]]:
-                return (now, key, i)
+            s = gate[i]
+            if in_flight[s] < caps[s]:
+                best = (now, key, v, i)
+                break
             heappop(av)
-            held[slot_of[i]].append((ready_at, key, i))
-        while pe:
-            ready_at, key, i = pe[0]
-            if not needs_slot[i] or in_flight[slot_of[i]] < caps[slot_of[i]]:
-                return (ready_at, key, i)
-            heappop(pe)
-            held[slot_of[i]].append((ready_at, key, i))
-        return None
-
-    picks: list[tuple[float, int, int, int]] = []  # (start, order key, node, task)
-
-    def offer(node: int) -> None:
-        b = best(node)
-        if b is not None:
-            heappush(picks, (b[0], b[1], node, b[2]))
+            held.setdefault(s, []).append((ready_at, key, i))
+        else:
+            while pe:
+                ready_at, key, i = pe[0]
+                s = gate[i]
+                if in_flight[s] < caps[s]:
+                    best = (ready_at, key, v, i)
+                    break
+                heappop(pe)
+                held.setdefault(s, []).append((ready_at, key, i))
+        offered[v] = best
+        if best is not None:
+            heappush(picks, best)
 
     for i in range(n):
         if not waiting[i]:
-            heappush(pend[node_of[i]], (0.0, order_key[i], i))
-    for node in nodes:
-        offer(node)
-    order: dict[int, list[tuple[float, _Task]]] = defaultdict(list)
+            heappush(pend[node_of[i]], (0.0, key_of[i], i))
+    for v in range(count):
+        offer(v)
     for _ in range(n):
         while True:
             if not picks:
                 raise ScheduleError("no task can start: the layout's routes form a cycle or a node's memory cap is 0")
-            start, key, node, i = heappop(picks)
-            if best(node) == (start, key, i):
+            entry = heappop(picks)
+            if offered[entry[2]] is entry:
                 break
-        av = avail[node]
+        start, _, v, i = entry
+        av = avail[v]
         if av and av[0][1] == i:
             heappop(av)
         else:
-            heappop(pend[node])
-        end = finish[i] = free[node] = start + duration[i]
-        slot = slot_of[i]
-        in_flight[slot] += delta[i]
-        if delta[i] < 0 and slot in held:
-            for ready_at, k, j in held.pop(slot):
-                heappush(pend[node], (ready_at, k, j))
-        order[node].append((start, tasks[i]))
-        for child in dependents[i]:
+            heappop(pend[v])
+        end = free[v] = start + duration[i]
+        start_of[i] = start
+        picked.append(i)
+        d = delta[i]
+        if d:
+            s = slot_of[i]
+            in_flight[s] += d
+            if d < 0 and s in held:
+                for ready_at, k, j in held.pop(s):
+                    heappush(pend[v], (ready_at, k, j))
+        for off in dependents[i]:
+            child = i + off
+            if end > ready[child]:
+                ready[child] = end
             waiting[child] -= 1
             if not waiting[child]:
-                other = node_of[child]
-                ready_at = end
-                for d in deps_of[child]:
-                    if finish[d] > ready_at:
-                        ready_at = finish[d]
-                heappush(pend[other], (ready_at, order_key[child], child))
-                if other != node:
-                    offer(other)
-        offer(node)
+                other, at, key = node_of[child], ready[child], key_of[child]
+                # Straight into avail when the node is free by then (`offer` would move it there).
+                if at <= free[other]:
+                    heappush(avail[other], (key, child, at))
+                else:
+                    heappush(pend[other], (at, key, child))
+                if other != v:
+                    # The other node's offer stands unless the child would start before it.
+                    cur = offered[other]
+                    if cur is None or (at if at > free[other] else free[other], key) < (cur[0], cur[1]):
+                        offer(other)
+        offer(v)
+    tasks.start = start_of
+    return tasks
+
+
+def _list_schedule(layout: Layout, kind: str, durations: Durations) -> dict[int, list[tuple[float, _Task]]]:
+    """Per node, (start, task) in the order `_schedule` started them."""
+    t = _schedule(layout, kind, durations)
+    order: dict[int, list[tuple[float, _Task]]] = defaultdict(list)
+    for i in t.picked:
+        order[t.nodes[t.node[i]]].append((t.start[i], _Task(
+            t.kind[i], t.mb[i], t.hop[i], t.nodes[t.node[i]], [i + d for d in t.deps[i]],
+            _PRIORITY[t.kind[i]], t.duration[i], t.delta[i] > 0, t.delta[i] < 0,
+        )))
     return order
 
 
@@ -280,16 +422,19 @@ def independent_parts(layout: Layout) -> list[Layout]:
             v = parent[v]
         return v
 
-    for route in layout.routes:
-        first = root(route[0][1]) if route else -1
+    # Micro-batches of a pipeline mostly share their route: union and relabel each route once.
+    distinct = [route for route in dict.fromkeys(layout.routes) if route]
+    for route in distinct:
+        first = root(route[0][1])
         for _, node in route[1:]:
             other = root(node)
             if other != first:
                 parent[other] = first
+    root_of = {route: root(route[0][1]) for route in distinct}
     groups: dict[int, list[int]] = defaultdict(list)
     for m, route in enumerate(layout.routes):
         if route:
-            groups[root(route[0][1])].append(m)
+            groups[root_of[route]].append(m)
     replicas_by_node: dict[int, list[int]] = defaultdict(list)
     for stage, node in layout.replicas:
         replicas_by_node[node].append(stage)
@@ -297,7 +442,15 @@ def independent_parts(layout: Layout) -> list[Layout]:
     for mbs in groups.values():
         names: dict[int, int] = {}
         pipes: dict[int, int] = {}
-        routes = tuple(tuple((s, names.setdefault(n, len(names))) for s, n in layout.routes[m]) for m in mbs)
+        relabelled: dict[tuple[Hop, ...], tuple[Hop, ...]] = {}
+        route_list = []
+        for m in mbs:
+            route = layout.routes[m]
+            new = relabelled.get(route)
+            if new is None:
+                new = relabelled[route] = tuple([(s, names.setdefault(n, len(names))) for s, n in route])
+            route_list.append(new)
+        routes = tuple(route_list)
         pipeline_of = tuple(pipes.setdefault(layout.pipeline_of[m], len(pipes)) for m in mbs)
         replicas = tuple(sorted((s, names[n]) for n in names for s in replicas_by_node.get(n, ())))
         parts.append(
@@ -321,8 +474,8 @@ def schedule_length(layout: Layout, kind: str = "1f1b", durations: Durations | N
     lengths = {}
     for part in independent_parts(layout):
         if part not in lengths:
-            order = _list_schedule(part, kind, durations)
-            lengths[part] = max((start + task.duration for row in order.values() for start, task in row), default=0.0)
+            t = _schedule(part, kind, durations)
+            lengths[part] = max(map(float.__add__, t.start, t.duration), default=0.0)
     return max(lengths.values(), default=0.0)
 
 
@@ -340,28 +493,52 @@ Row = tuple[str, int, int, int, int, tuple[int, int], tuple[int, ...]]
 layers, group): what `replay_end` reads, `Action(*row)` what the executor runs."""
 
 
-def schedule_rows(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> dict[int, list[Row]]:
-    """`build_schedule`'s lists as `Row` tuples (the simulator replays tens of thousands of actions
-    per coupled group; a frozen dataclass costs about 0.5 us each to build, a tuple almost nothing)."""
+def _checked_schedule(layout: Layout, kind: str, durations: Durations | None) -> _Tasks:
     if kind not in ("1f1b", "fiw"):
         raise LayoutError(f"schedule {kind!r} is unknown; expected '1f1b' or 'fiw'")
     layout.validate()
-    durations = durations or stage_durations(layout)
-    order = _list_schedule(layout, kind, durations)
-    runs = [(lo, hi, owners) for lo, hi, owners in layout.owner_runs() if owners]
-    run_members = [frozenset(owners) for _, _, owners in runs]
-    # The runs a backward of (node, stage) touches, found once per pair (a thousand-node group has
-    # tens of thousands of backwards and few pairs).
-    touched: dict[tuple[int, int], tuple[int, ...]] = {}
-    stages, routes, pipeline_of = layout.stages, layout.routes, layout.pipeline_of
+    return _schedule(layout, kind, durations or stage_durations(layout))
+
+
+class _Runs:
+    """The layout's gradient all-reduce runs (`Layout.owner_runs`, those with owners) and, per
+    (node, stage), the runs a backward of that stage on that node touches (found once per pair: a
+    thousand-node group has tens of thousands of backwards and few pairs)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.stages = layout.stages
+        self.runs = [(lo, hi, owners) for lo, hi, owners in layout.owner_runs() if owners]
+        self.members = [frozenset(owners) for _, _, owners in self.runs]
+        self.touched: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def touched_by(self, node: int, stage: int) -> tuple[int, ...]:
+        hit = self.touched.get((node, stage))
+        if hit is None:
+            lo, hi = self.stages[stage]
+            hit = self.touched[(node, stage)] = tuple(
+                r for r, (rlo, rhi, _) in enumerate(self.runs) if node in self.members[r] and rlo < hi and lo < rhi
+            )
+        return hit
+
+
+def schedule_rows(layout: Layout, kind: str = "1f1b", durations: Durations | None = None) -> dict[int, list[Row]]:
+    """`build_schedule`'s lists as `Row` tuples (the simulator replays tens of thousands of actions
+    per coupled group; a frozen dataclass costs about 0.5 us each to build, a tuple almost nothing)."""
+    t = _checked_schedule(layout, kind, durations)
+    order: list[list[int]] = [[] for _ in t.nodes]
+    for i in t.picked:
+        order[t.node[i]].append(i)
+    dense = {node: v for v, node in enumerate(t.nodes)}
+    runs = _Runs(layout)
+    routes, pipeline_of = layout.routes, layout.pipeline_of
     none = (0, 0)
     out: dict[int, list[Row]] = {}
     for node in layout.nodes():
         acts: list[Row] = []
         append = acts.append
         grad_touch: dict[int, int] = {}  # run index -> position after the node's last backward touching it
-        for _, task in order.get(node, ()):
-            tkind, mb, hop = task.kind, task.mb, task.hop
+        for i in order[dense[node]] if node in dense else ():
+            tkind, mb, hop = t.kind[i], t.mb[i], t.hop[i]
             route = routes[mb]
             stage = route[hop][0]
             pipe = pipeline_of[mb]
@@ -385,19 +562,13 @@ def schedule_rows(layout: Layout, kind: str = "1f1b", durations: Durations | Non
             else:
                 append((tkind, stage, mb, -1, pipe, none, ()))
             if tkind in (BACKWARD, BACKWARD_WEIGHT):
-                hit = touched.get((node, stage))
-                if hit is None:
-                    lo, hi = stages[stage]
-                    hit = touched[(node, stage)] = tuple(
-                        r for r, (rlo, rhi, _) in enumerate(runs) if node in run_members[r] and rlo < hi and lo < rhi
-                    )
-                for r in hit:
+                for r in runs.touched_by(node, stage):
                     grad_touch[r] = len(acts)
         # Insert all-reduces after the last backward touching each run (replica-only runs: at the end).
         inserts: dict[int, list[Row]] = defaultdict(list)
         issued = []
-        for r, (lo, hi, owners) in enumerate(runs):
-            if node in run_members[r]:
+        for r, (lo, hi, owners) in enumerate(runs.runs):
+            if node in runs.members[r]:
                 at = grad_touch.get(r, len(acts))
                 inserts[at].append((ALL_REDUCE, -1, -1, -1, -1, (lo, hi), owners))
                 issued.append((at, r))
@@ -409,10 +580,92 @@ def schedule_rows(layout: Layout, kind: str = "1f1b", durations: Durations | Non
             done = pos
         merged.extend(acts[done:])
         for _, r in sorted(issued):
-            lo, hi, owners = runs[r]
+            lo, hi, owners = runs.runs[r]
             merged.append((OPTIMIZER, -1, -1, -1, -1, (lo, hi), owners))
         out[node] = merged
     return out
+
+
+Prices = tuple[dict[str, list[float]], Callable[[Row], float]]
+"""`replay_end`'s `stage_price` and `group_price`."""
+
+
+def step_end(layout: Layout, kind: str, durations: Durations | None, prices: Callable[[], Prices]) -> float:
+    """`replay_end(schedule_rows(layout, kind, durations), *prices())` for prices under which an
+    ALLREDUCE row costs nothing (`CostModel.action_prices`: the all-reduce's time is in the OPT that
+    waits for it), without building the rows: one pass over the list schedule's picks. They are a
+    topological order of the rows' replay (a task starts after its inputs, and each node's list is
+    its picks in order), so every receive finds its send's time already known; the arithmetic is
+    the replay's, operation for operation, so the float is the same. `prices` is called once the
+    layout is checked (a bad layout raises `LayoutError` first, as `schedule_rows` does).
+    `tests/runtime/test_replay.py` checks it (through `CostModel.step_time`) against `simulate`."""
+    t = _checked_schedule(layout, kind, durations)
+    stage_price, group_price = prices()
+    ns = len(layout.stages)
+    # Per (kind, stage) code (`_RouteTasks.code`): the action's price, its receive's and its send's.
+    price = [stage_price[k][s] for k in _KINDS for s in range(ns)]
+    recv_price = [stage_price[_RECV.get(k, RECV_ACT)][s] for k in _KINDS for s in range(ns)]
+    send_price = [stage_price[_SEND.get(k, SEND_ACT)][s] for k in _KINDS for s in range(ns)]
+    touches = [k in (BACKWARD, BACKWARD_WEIGHT) for k in _KINDS for _ in range(ns)]
+    node_of, code_of, stage_of, recv_of, sends = t.node, t.code, t.stage, t.recv, t.sends
+    clock = [0.0] * len(t.nodes)
+    sent = [0.0] * len(node_of)  # task id -> when its output was sent
+    done = [0] * len(t.nodes)  # tasks each node has run
+    # Per (node, stage): `done` after and the clock after its last backward (B or W) touching gradients.
+    last_at = [-1] * (len(t.nodes) * ns)
+    last_clock = [0.0] * (len(t.nodes) * ns)
+    for i in t.picked:
+        v, c = node_of[i], code_of[i]
+        done[v] += 1
+        now = clock[v]
+        off = recv_of[i]
+        if off:
+            ready = sent[i + off]
+            if ready > now:
+                now = ready
+            now = now + recv_price[c]
+        now = now + price[c]
+        if sends[i]:
+            sent[i] = now
+            now = now + send_price[c]
+        clock[v] = now
+        if touches[c]:
+            k = v * ns + stage_of[i]
+            last_at[k] = done[v]
+            last_clock[k] = now
+    # A node issues a run's all-reduce after its last backward touching the run, or (replica-only
+    # runs) after its last task; the all-reduces cost nothing, so they never move a clock.
+    runs = _Runs(layout)
+    issued: dict[tuple[int, int], tuple[int, float]] = {}  # (node, run) -> (`done` then, clock)
+    for k, at in enumerate(last_at):
+        if at >= 0:
+            v, s = divmod(k, ns)
+            node = t.nodes[v]
+            for r in runs.touched_by(node, s):
+                found = issued.get((node, r))
+                if found is None or at > found[0]:
+                    issued[(node, r)] = (at, last_clock[k])
+    dense = {node: v for v, node in enumerate(t.nodes)}
+    final = {node: clock[dense[node]] if node in dense else 0.0 for node in layout.nodes()}
+    runs_of: dict[int, list[int]] = defaultdict(list)
+    ready_of = []  # run -> when its last member issued it
+    for r, (_, _, owners) in enumerate(runs.runs):
+        for node in owners:
+            runs_of[node].append(r)
+        ready_of.append(max(issued[(node, r)][1] if (node, r) in issued else final[node] for node in owners))
+    opt_rows = [(OPTIMIZER, -1, -1, -1, -1, (lo, hi), owners) for lo, hi, owners in runs.runs]
+    end = 0.0
+    for node, now in final.items():
+        # OPTs in the order their all-reduces were issued (ties: run order; a run touched by the
+        # node's last task ties with the replica-only ones, issued at the end).
+        never = (done[dense[node]] if node in dense else 0, 0.0)
+        for _, r in sorted((issued.get((node, r), never)[0], r) for r in runs_of.get(node, ())):
+            if ready_of[r] > now:
+                now = ready_of[r]
+            now = now + group_price(opt_rows[r])
+        if now > end:
+            end = now
+    return end
 
 
 def forward_schedule(layout: Layout) -> dict[int, list[Action]]:

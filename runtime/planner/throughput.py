@@ -2,8 +2,8 @@
 
 The layout comes from the runtime (`runtime.parallel.layout` / `runtime.strategies`), the per-node action lists
 from `runtime.parallel.schedule.build_schedule` (as tuples: `schedule_rows`), and their replay from
-`runtime.parallel.schedule.simulate` (its twin without objects: `replay_end`); this module only supplies
-per-action durations:
+`runtime.parallel.schedule.simulate` (its twin without objects: `replay_end`; without rows: `step_end`); this
+module only supplies per-action durations:
 
 * F, I, W, B, RF: the profiled per-layer times summed over the stage's layers (`stage_durations`),
   times `compute_scale` (CPU contention, or a device-speed ratio);
@@ -35,10 +35,10 @@ from runtime.parallel.schedule import (
     SEND_ACT,
     SEND_GRAD,
     Action,
+    Prices,
     Row,
-    replay_end,
-    schedule_rows,
     stage_durations,
+    step_end,
 )
 
 OPTIMIZER_BYTES_PER_PARAM_BYTE = 6.0
@@ -183,11 +183,13 @@ class CostModel:
     # -- step time ------------------------------------------------------------------------------
     def step_time(self, layout: Layout, *, schedule: str = "1f1b", allreduce_scale: int = 1) -> float:
         """Seconds of one training step of `layout`: the end of the replay of the runtime's schedule
-        (`replay_end`, what `simulate` would give for `build_schedule`'s lists, without building
-        `Action`s or a timeline: the simulator replays thousands of coupled groups)."""
-        rows = schedule_rows(layout, schedule, stage_durations(layout, self.fiw))
-        by_stage, by_group = self.action_prices(layout, allreduce_scale=allreduce_scale)
-        return replay_end(rows, by_stage, by_group) + self.step_overhead_s
+        (`step_end`: what `replay_end` gives for `schedule_rows`, and `simulate` for `build_schedule`'s
+        lists, without building rows, `Action`s or a timeline: the simulator replays thousands of
+        coupled groups)."""
+        def prices() -> Prices:
+            return self.action_prices(layout, allreduce_scale=allreduce_scale)
+
+        return step_end(layout, schedule, stage_durations(layout, self.fiw), prices) + self.step_overhead_s
 
     def pipeline_layout(self, spec: ModelSpec, *, pp: int, microbatches: int, microbatch_size: int = 1) -> Layout:
         """One pipeline of `pp` nodes running `microbatches` micro-batches, balanced stages."""

@@ -70,16 +70,23 @@ class RecycleStrategy:
         routes: list[list[tuple[int, int]]] = []
         lost: list[tuple[int, int]] = []  # (micro-batch, hop) whose node is gone
         turn = [0] * config.pp
-        for m, route in enumerate(base.routes):
-            p = base.pipeline_of[m]
-            hops = []
-            for h, (stage, _) in enumerate(route):
-                node = slots[p][stage]
-                if node is None:
-                    node = peers[stage][turn[stage] % len(peers[stage])] if peers[stage] else -1
-                    turn[stage] += 1
-                    lost.append((m, h))
-                hops.append((stage, node))
+        # A route without a lost hop is the same for all of its pipeline's micro-batches: built
+        # once and shared (read-only, like every route handed on from here).
+        whole: dict[tuple[tuple[tuple[int, int], ...], int], list[tuple[int, int]]] = {}
+        for m, (route, p) in enumerate(zip(base.routes, base.pipeline_of, strict=True)):
+            hops = whole.get((route, p))
+            if hops is None:
+                hops = []
+                patched = len(lost)
+                for h, (stage, _) in enumerate(route):
+                    node = slots[p][stage]
+                    if node is None:
+                        node = peers[stage][turn[stage] % len(peers[stage])] if peers[stage] else -1
+                        turn[stage] += 1
+                        lost.append((m, h))
+                    hops.append((stage, node))
+                if len(lost) == patched:
+                    whole[(route, p)] = hops
             routes.append(hops)
         if config.recycle_spill and lost:
             costs = self.costs if self.costs is not None else link_costs(config)

@@ -101,14 +101,19 @@ def place_lost_hops(
     optimizer update at the end of the step (`runtime.planner.throughput.CostModel.stage_join_times`,
     the simulator's own cost model). None: compute only (unit costs, or no network model)."""
     job = _Job(base, routes, lost, slots, durations, schedule, join or {})
-    candidates = [job.by_load(head=True), job.by_load(head=False)]
-    if all(routes[m][h][1] >= 0 for m, h in lost):
-        candidates.append({(m, h): routes[m][h][1] for m, h in lost})
-    unique: list[Placement] = []
-    for c in candidates:
-        if c not in unique:
-            unique.append(c)
-    chosen = _Exact(job).best(unique)
+    first = job.by_load(head=True)
+    exact = _Exact(job)
+    if exact.unchecked(first):
+        chosen = first  # what `best` returns then, without building the other candidates
+    else:
+        candidates = [first, job.by_load(head=False)]
+        if all(routes[m][h][1] >= 0 for m, h in lost):
+            candidates.append({(m, h): routes[m][h][1] for m, h in lost})
+        unique: list[Placement] = []
+        for c in candidates:
+            if c not in unique:
+                unique.append(c)
+        chosen = exact.best(unique)
     out = [list(r) for r in routes]
     for (m, h), node in chosen.items():
         out[m][h] = (routes[m][h][0], node)
@@ -131,6 +136,7 @@ class _Job:
         self.base, self.routes, self.lost, self.durations, self.schedule = base, routes, lost, durations, schedule
         self.join = join
         self.lost_set = set(lost)
+        self.lost_mbs = {m for m, _ in lost}
         self.cost = {stage: sum(d) for stage, d in durations.items()}
         self.first_mb: dict[int, int] = {}
         self.count: dict[int, int] = defaultdict(int)
@@ -155,12 +161,16 @@ class _Job:
         route = self.routes[m]
         return [route[k][1] for k in (h - 1, h + 1) if 0 <= k < len(route) and (m, k) not in self.lost_set]
 
-    def allowed(self, node: int, m: int, h: int, extra: dict[int, dict[int, set[int]]]) -> bool:
-        """Keeps the pipeline's node order (see the module docstring)."""
+    def allowed(
+        self, node: int, m: int, h: int, extra: dict[int, dict[int, set[int]]], near: list[int] | None = None
+    ) -> bool:
+        """Keeps the pipeline's node order (see the module docstring). `near`: `neighbours(m, h)`."""
         pipe = self.base.pipeline_of[m]
+        if near is None:
+            near = self.neighbours(m, h)
         if self.home[node][0] == pipe:
-            return node in self.neighbours(m, h)
-        return extra[pipe].get(node, set()) <= {h} or node in self.neighbours(m, h)
+            return node in near
+        return extra[pipe].get(node, set()) <= {h} or node in near
 
     def join_cost(self, node: int, stage: int, joined: set[tuple[int, int]]) -> float:
         """What `node` pays for taking on `stage` (0 for its own stage or one it already took on)."""
@@ -180,10 +190,10 @@ class _Job:
             tail[node] += self.join_cost(node, stage, set())
         return max(tail.values(), default=0.0)
 
-    def _rank(self, node: int, m: int, h: int, score: float) -> tuple:
-        stage = self.routes[m][h][0]
+    def _rank(self, node: int, stage: int, route_nodes: list[int], h: int, score: float) -> tuple:
+        """Ties: a same-stage peer, a node on the route (at a hop other than h), a later pipeline."""
         peer = self.home[node][1] == stage
-        on_route = any(n == node for k, (_, n) in enumerate(self.routes[m]) if k != h)
+        on_route = route_nodes.count(node) > (route_nodes[h] == node)
         return (round(score, 9), not peer, not on_route, self.order[node])
 
     # -- scores -----------------------------------------------------------------------------------
@@ -202,14 +212,20 @@ class _Job:
         joined: set[tuple[int, int]] = set()
         out: Placement = {}
         for m, h in self.lost:
-            stage = self.routes[m][h][0]
-            options = {self._top(heap, value, m, h, extra), self._top(peer_heaps[stage], value, m, h, extra)}
-            options |= {n for n in self.neighbours(m, h) if n in value}
+            route = self.routes[m]
+            stage = route[h][0]
+            near = self.neighbours(m, h)
+            options = {
+                self._top(heap, value, m, h, extra, near),
+                self._top(peer_heaps[stage], value, m, h, extra, near),
+            }
+            options |= {n for n in near if n in value}
             options.discard(None)
             if not options:  # every survivor would reverse this pipeline's order
                 options = set(self.survivors)
+            route_nodes = [n for _, n in route]
             node = min(options, key=lambda n: self._rank(
-                n, m, h, value[n] + self.cost[stage] + self.join_cost(n, stage, joined)))
+                n, stage, route_nodes, h, value[n] + self.cost[stage] + self.join_cost(n, stage, joined)))
             out[(m, h)] = node
             extra[self.base.pipeline_of[m]][node].add(h)
             value[node] += self.cost[stage] + self.join_cost(node, stage, joined)
@@ -218,7 +234,7 @@ class _Job:
             heapq.heappush(peer_heaps[self.home[node][1]], (value[node], self.order[node], node))
         return out
 
-    def _top(self, heap: list, value: dict, m: int, h: int, extra: dict) -> int | None:
+    def _top(self, heap: list, value: dict, m: int, h: int, extra: dict, near: list[int]) -> int | None:
         """Lowest-valued allowed node of a heap (stale entries dropped, disallowed ones kept)."""
         aside, found = [], None
         while heap:
@@ -226,7 +242,7 @@ class _Job:
             if v != value[n]:
                 heapq.heappop(heap)
                 continue
-            if self.allowed(n, m, h, extra):
+            if self.allowed(n, m, h, extra, near):
                 found = n
                 break
             aside.append(heapq.heappop(heap))
@@ -242,6 +258,7 @@ class _Exact:
         self.job = job
         self.budget = self.left = exact_budget(3 * sum(len(r) for r in job.routes))
         self.known: dict[Layout, float] = {}  # group (canonical, see independent_parts) -> its step
+        self.first_cost: tuple[Placement, int] | None = None  # `unchecked`'s last answer
 
     def groups(self, placement: Placement) -> set[Layout]:
         """The groups of pipelines sharing no node (canonical, see `independent_parts`) that make up
@@ -254,6 +271,10 @@ class _Exact:
         mbs = [m for p in keep for m in range(job.first_mb[p], job.first_mb[p] + job.count[p])]
         routes, pipes = [], []
         for m in mbs:
+            if m not in job.lost_mbs:  # nothing to place or leave out
+                routes.append(tuple(job.routes[m]))
+                pipes.append(job.base.pipeline_of[m])
+                continue
             route = list(job.routes[m])
             for h in range(len(route)):
                 if (m, h) in placement:
@@ -296,13 +317,20 @@ class _Exact:
                     self.known[part] = float("inf")
         return max((self.known[part] for part in groups), default=0.0) + self.job.join_tail(placement)
 
+    def unchecked(self, first: Placement) -> bool:
+        """Checking `first` alone would take over half the budget: nothing could be compared with
+        it, so it is the plan unchecked (from about 64 nodes of pp = 8)."""
+        if self.first_cost is None or self.first_cost[0] is not first:
+            self.first_cost = (first, self.cost(self.groups(first)))
+        return self.first_cost[1] > self.budget // 2
+
     def best(self, candidates: list[Placement]) -> Placement:
         """The shortest of: the candidates, a greedy build by exact steps (each lost hop in turn on
         the option that makes the partial plan's step shortest, twice over, as the schedule-search
         spill did), and each of these improved by single-hop moves (`improve`), best start first,
         while the budget lasts. Without budget: the first candidate, also when checking it alone
         would take more than half the budget (nothing would be left to compare it with)."""
-        if self.cost(self.groups(candidates[0])) > self.budget // 2:
+        if self.unchecked(candidates[0]):
             return candidates[0]
         starts: list[tuple[float, int, Placement]] = []
         for k, placement in enumerate(candidates):

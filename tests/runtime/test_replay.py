@@ -1,4 +1,4 @@
-"""The simulator's fast path (`schedule_rows` + `replay_end`, in `CostModel.step_time`) gives the
+"""The simulator's fast path (`step_end` in `CostModel.step_time`; `schedule_rows` + `replay_end`) gives the
 reference's action lists and bit-identical step lengths, on many small random layouts."""
 
 from __future__ import annotations
@@ -7,7 +7,14 @@ import random
 
 import pytest
 
-from runtime.parallel.schedule import ScheduleError, build_schedule, schedule_rows
+from runtime.parallel.schedule import (
+    ScheduleError,
+    build_schedule,
+    replay_end,
+    schedule_rows,
+    stage_durations,
+    step_end,
+)
 from runtime.planner.throughput import CostModel, Network
 from tests.runtime._reference_schedule import reference_build_schedule, reference_step_time
 from tests.runtime.test_list_schedule import random_layouts
@@ -62,3 +69,34 @@ def test_rows_are_the_actions_fields() -> None:
             n: [(a.kind, a.stage, a.microbatch, a.peer, a.pipeline, a.layers, a.group) for a in acts]
             for n, acts in actions.items()
         } == rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_step_end_equals_the_replay_of_the_rows_when_costs_tie(seed: int) -> None:
+    """`step_end` (what `CostModel.step_time` runs: one pass over the list schedule's picks, no rows)
+    against `replay_end(schedule_rows(...))` directly, under costs that tie often (few distinct layer
+    times, equal sizes), so receives, all-reduce issues and optimizer steps tie, bamboo's replica
+    runs and recycle's spill hosts included: ties are where the two could order the optimizer steps
+    differently (a bug of that kind was found by such a comparison while `step_end` was written)."""
+    rng = random.Random(300 + seed)
+    compared = 0
+    for layout, kind, _ in random_layouts(seed + 20, 60):
+        layers = layout.num_layers
+        cost = CostModel(
+            fiw=[tuple(rng.choice([0.0, 1e-3, 2e-3]) for _ in range(3)) for _ in range(layers)],
+            output_bytes=[1e6] * layers,
+            param_bytes=[1e7] * layers,
+            network=Network(bandwidth_gbps=10.0, latency_s=rng.choice([0.0, 5e-5])),
+        )
+        scale = rng.choice([1, 2])
+        durations = stage_durations(layout, cost.fiw)
+        prices = cost.action_prices(layout, allreduce_scale=scale)
+        try:
+            expected = replay_end(schedule_rows(layout, kind, durations), *prices)
+        except ScheduleError:
+            with pytest.raises(ScheduleError):
+                step_end(layout, kind, durations, lambda p=prices: p)
+            continue
+        assert step_end(layout, kind, durations, lambda p=prices: p) == expected, (layout, kind)
+        compared += 1
+    assert compared > 30
