@@ -46,11 +46,12 @@ PUBLISHED = [
 PEERS = "recycle-peers"
 """The extra row: recycle as ReCycle publishes it (`JobConfig.recycle_spill=False`: a lost hop goes
 to same-stage peers only), beside the runtime's default (spill) under the name recycle."""
-SCALE_RECYCLE_HOURS = 1.0
+SCALE_RECYCLE_HOURS = 2.0
 """Simulated hours of the 1,000-node trace that recycle replays (the others replay all 24 h): each
-new recycle state re-plans 1,000 nodes and re-schedules the pipelines spill couples (about 60 ms
-of CPU per state on this host: 136 states in the first hour took 8.4 s, 1.5 h took 10.0 s), so the
-whole day (about 3,000 distinct states) would take about 3 minutes."""
+new recycle state re-plans 1,000 nodes and re-schedules the pipelines spill couples (about 30 ms
+of CPU per state on this host since `schedule.step_end`: the first hour's 136 states took 4.3-4.6 s,
+2 h's 248 took 7.3 s, 2.5 h's 316 took 9.3 s), so the whole day (about 3,000 distinct states)
+would take about 90 s."""
 MODEL = ModelSpec(kind="gpt", n_layer=24, n_embd=1024, n_head=16, seq_len=512, vocab_size=8192)
 OUT_DIR = Path("var/bench/simulate")
 
