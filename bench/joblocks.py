@@ -8,6 +8,9 @@ thread and a database connection of its own, calling the services the Celery wor
 (a task's body runs as the worker runs it: `Task.apply`, so reconfigurations are applied inline as
 in the notice drain). Nodes come from an in-memory provider: nothing is launched or terminated.
 
+Parts 1 and 2 measure each case `REPEATS` times (3; quick 1), each on a job of its own, and give
+the median (every run under `runs` in the JSON).
+
 1. **release**: a finished job of N running nodes (32, 128, 512, 1,024; quick 32, 128) released by
    `capacity_release`; 20 ms into it another connection asks for the job's lock, as a notice batch
    does first. Release time, that lock's wait, growth exponent in N.
@@ -38,6 +41,7 @@ import argparse
 import logging
 import os
 import random
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -57,6 +61,8 @@ RELEASE_SIZES, RELEASE_SIZES_QUICK = (32, 128, 512, 1024), (32, 128)
 RECLAIM_SIZES, RECLAIM_SIZES_QUICK = (256, 1024), (256,)
 RECLAIM_NOTICES, RECLAIM_NOTICES_QUICK = (1, 8, 64), (1, 8, 16)
 LOCK_ASK_AFTER_S = 0.02
+REPEATS = 3
+"""Runs of each single measurement (parts 1-2; the quick run: 1); the tables give their median."""
 # The mixed load's operations: name -> (period in seconds, what it is). Periods are production's
 # (controlplane/beat.py) where beat sets them.
 LOAD = {
@@ -112,6 +118,11 @@ def _prepare(progress: Progress) -> None:
     progress.step("loading the catalogue")
     catalogue_load()
     set_provider(PROVIDER, _MemoryProvider())
+    # What a Celery worker process does once started (controlplane/celery.py): this process runs
+    # the worker's services, so it keeps the worker's heap.
+    from controlplane.common.heap import freeze_startup_heap
+
+    freeze_startup_heap()
 
 
 class _MemoryProvider:
@@ -226,6 +237,18 @@ class LockWaits(logging.Handler):
         log.removeHandler(self)
         log.setLevel(self._saved[0])
         log.propagate = self._saved[1]
+
+
+def _median_run(measure: Callable[[], dict[str, Any]], repeats: int) -> dict[str, Any]:
+    """`measure` run `repeats` times (each on a job of its own): every figure's median, the runs'
+    own figures under `runs` (one run's PostgreSQL commit or a collection can double a figure)."""
+    runs = [measure() for _ in range(repeats)]
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        numbers = [r[key] for r in runs]
+        out[key] = statistics.median(numbers) if isinstance(value, float) else value
+    out["runs"] = runs
+    return out
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -551,7 +574,9 @@ def run(*, quick: bool = False, progress: Progress | None = None, load_nodes: in
     _prepare(progress)
     figures: dict[str, Any] = {"database": "postgresql", "scratch_database": DB_NAME}
 
-    release = [_release(n, progress) for n in (RELEASE_SIZES_QUICK if quick else RELEASE_SIZES)]
+    repeats = 1 if quick else REPEATS
+    release = [_median_run(lambda n=n: _release(n, progress), repeats)
+               for n in (RELEASE_SIZES_QUICK if quick else RELEASE_SIZES)]
     figures["release"] = {
         "rows": release,
         "growth_exponent_release_ms_vs_nodes": growth_exponent([(r["nodes"], r["release_ms"]) for r in release]),
@@ -565,7 +590,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, load_nodes: in
     )
     print(f"growth exponent of the release in nodes: {figures['release']['growth_exponent_release_ms_vs_nodes']:.2f}")
 
-    acquire = [_acquire(n, progress) for n in (RELEASE_SIZES_QUICK if quick else RELEASE_SIZES)]
+    acquire = [_median_run(lambda n=n: _acquire(n, progress), repeats)
+               for n in (RELEASE_SIZES_QUICK if quick else RELEASE_SIZES)]
     figures["acquisition"] = {
         "rows": acquire,
         "growth_exponent_request_ms_vs_nodes": growth_exponent([(r["nodes"], r["request_ms"]) for r in acquire]),
@@ -587,7 +613,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, load_nodes: in
     _reclaim((RECLAIM_SIZES_QUICK if quick else RECLAIM_SIZES)[0], 1, progress)
     reclaim = []
     for n in RECLAIM_SIZES_QUICK if quick else RECLAIM_SIZES:
-        rows = [_reclaim(n, k, progress) for k in (RECLAIM_NOTICES_QUICK if quick else RECLAIM_NOTICES)]
+        rows = [_median_run(lambda n=n, k=k: _reclaim(n, k, progress), repeats)
+                for k in (RECLAIM_NOTICES_QUICK if quick else RECLAIM_NOTICES)]
         for row in rows:
             row["ratio_to_one_notice"] = row["drain_to_generation_ms"] / rows[0]["drain_to_generation_ms"]
         reclaim += rows
@@ -600,7 +627,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, load_nodes: in
          for r in reclaim],
     )
 
-    silent = [_silent_loss(n, k, progress) for n in (RECLAIM_SIZES_QUICK if quick else RECLAIM_SIZES)
+    silent = [_median_run(lambda n=n, k=k: _silent_loss(n, k, progress), repeats)
+              for n in (RECLAIM_SIZES_QUICK if quick else RECLAIM_SIZES)
               for k in (RECLAIM_NOTICES_QUICK if quick else RECLAIM_NOTICES)[1:]]
     figures["silent_loss"] = silent
     print_table(

@@ -42,6 +42,7 @@ from django.conf import settings  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
+from controlplane.common.heap import freeze_startup_heap  # noqa: E402
 from controlplane.common.request_limits import request_body_ceiling  # noqa: E402
 from controlplane.common.window_batches import WindowBatches  # noqa: E402
 from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
@@ -289,4 +290,9 @@ class ControlPlane:
                 await gone
 
 
+
 application = ControlPlane(wsgi_application)
+
+# Start-up objects out of the collector's full passes (controlplane/common/heap.py): a full
+# collection walked all of them inside whichever request triggered it.
+freeze_startup_heap()

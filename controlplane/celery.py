@@ -26,3 +26,24 @@ def _connect_connection_upkeep() -> None:
 
 
 _connect_connection_upkeep()
+
+
+# Start-up objects out of the collector's full passes, once a worker process is ready
+# (controlplane/common/heap.py): a prefork child after its fork, a threads/solo worker when ready;
+# and modules a task imported (torch, on a plan's first prediction), once, after that task.
+def _freeze_startup_heap(**_kwargs: object) -> None:
+    from controlplane.common.heap import freeze_startup_heap
+
+    freeze_startup_heap()
+
+
+def _freeze_new_modules(**_kwargs: object) -> None:
+    from controlplane.common.heap import freeze_new_modules
+
+    freeze_new_modules()
+
+
+signals.worker_process_init.connect(_freeze_startup_heap, weak=False)
+signals.worker_ready.connect(_freeze_startup_heap, weak=False)
+signals.beat_init.connect(_freeze_startup_heap, weak=False)
+signals.task_postrun.connect(_freeze_new_modules, weak=False)
