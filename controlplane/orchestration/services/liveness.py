@@ -40,8 +40,7 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
     """A node is gone (heartbeat timeout, the provider says it ended): mark it preempted (spot) or
     failed, and decide the job's reconfiguration (once per leaving node)."""
     with transaction.atomic():
-        target = InstanceState.PREEMPTED if instance.lifecycle == Lifecycle.SPOT else InstanceState.FAILED
-        moved = _transition(instance, target, detail={"reason": reason})
+        moved = _transition(instance, _lost_state(instance), detail={"reason": reason})
         if not moved or instance.job_id is None:
             return None
         job_record_event(
@@ -60,6 +59,11 @@ def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None
     return reconfiguration
 
 
+def _lost_state(instance: Instance) -> str:
+    """Where a lost node goes: a spot node was preempted, any other failed."""
+    return InstanceState.PREEMPTED if instance.lifecycle == Lifecycle.SPOT else InstanceState.FAILED
+
+
 def _lost_message(instance: Instance, reason: str) -> str:
     return f"instance {instance.pk} ({instance.provider_instance_id}) lost: {reason}"[:300]
 
@@ -76,9 +80,8 @@ def instances_mark_lost(*, instances: list[Instance], reason: str) -> list[Recon
     with transaction.atomic():
         jobs, locked = lock_jobs_then_instances(instances=Instance.objects.filter(pk__in=[i.pk for i in instances]))
         moved: list[Instance] = []
-        for target, lifecycles in ((InstanceState.PREEMPTED, {Lifecycle.SPOT}),
-                                   (InstanceState.FAILED, set(Lifecycle) - {Lifecycle.SPOT})):
-            moved += _end_locked_many([i for i in locked if i.lifecycle in lifecycles], target,
+        for target in (InstanceState.PREEMPTED, InstanceState.FAILED):
+            moved += _end_locked_many([i for i in locked if _lost_state(i) == target], target,
                                       detail={"reason": reason})
         leaving = [i for i in moved if i.job_id is not None]
         at = _now()
