@@ -5,42 +5,19 @@ baseline `python -m bench scale` and the planner's tests compare the scalable pl
 
 from __future__ import annotations
 
-from runtime.config import JobConfig, LayoutError
-from runtime.parallel.layout import Layout, pipelines_layout
+from runtime.config import JobConfig
+from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import schedule_length, stage_durations
 from runtime.strategies.base import Slots, alive_nodes
+from runtime.strategies.recycle import peer_routes
 
 
 def baseline_layout_for(config: JobConfig, slots: Slots) -> Layout:
-    """`RecycleStrategy.layout_for` with spill as it was: same routes, same placement."""
-    # Stage boundaries come from the full layout; placeholder nodes keep routes well-formed.
-    placeholder = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]
-    base = pipelines_layout(config, placeholder)
-    peers: list[list[int]] = []
-    for s in range(config.pp):
-        alive = [n for row in slots if (n := row[s]) is not None]
-        # With spill, a stage whose slot holders are all gone can still be hosted by other
-        # survivors (they fetch its layers from any node that holds a copy, e.g. an earlier
-        # spill host; the plan fails naming the layer when none does).
-        if not alive and not (config.recycle_spill and alive_nodes(slots)):
-            raise LayoutError(
-                f"recycle has no surviving node for stage {s} (slots {slots}); expected at least one per stage"
-            )
-        peers.append(alive)
-    routes: list[list[tuple[int, int]]] = []
-    lost: list[tuple[int, int]] = []  # (micro-batch, hop) whose node is gone
-    turn = [0] * config.pp
-    for m, route in enumerate(base.routes):
-        p = base.pipeline_of[m]
-        hops = []
-        for h, (stage, _) in enumerate(route):
-            node = slots[p][stage]
-            if node is None:
-                node = peers[stage][turn[stage] % len(peers[stage])] if peers[stage] else -1
-                turn[stage] += 1
-                lost.append((m, h))
-            hops.append((stage, node))
-        routes.append(hops)
+    """`RecycleStrategy.layout_for` with spill as it was: the same routes (recycle's own
+    `peer_routes`), the old placement."""
+    base, shared, lost = peer_routes(config, slots)
+    routes = [list(r) for r in shared]  # the search below writes into the routes
+    peers = [[n for row in slots if (n := row[s]) is not None] for s in range(config.pp)]
     if config.recycle_spill and lost:
         return spill_by_schedule_search(config, base, routes, lost, peers, alive_nodes(slots))
     return _layout(base, routes)

@@ -31,7 +31,7 @@ from runtime.parallel.layout import Layout, pipelines_layout
 from runtime.parallel.schedule import stage_durations
 from runtime.strategies.base import Slots, alive_nodes
 from runtime.strategies.links import link_costs
-from runtime.strategies.spill import LinkCosts, place_lost_hops
+from runtime.strategies.spill import LinkCosts, Routes, place_lost_hops
 
 
 class RecycleStrategy:
@@ -53,45 +53,54 @@ class RecycleStrategy:
         self.costs = costs
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:
-        # Stage boundaries come from the full layout; placeholder nodes keep routes well-formed.
-        placeholder = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]
-        base = pipelines_layout(config, placeholder)
-        peers: list[list[int]] = []
-        for s in range(config.pp):
-            alive = [n for row in slots if (n := row[s]) is not None]
-            # With spill, a stage whose slot holders are all gone can still be hosted by other
-            # survivors (they fetch its layers from any node that holds a copy, e.g. an earlier
-            # spill host; the plan fails naming the layer when none does).
-            if not alive and not (config.recycle_spill and alive_nodes(slots)):
-                raise LayoutError(
-                    f"recycle has no surviving node for stage {s}; expected at least one per stage"
-                )
-            peers.append(alive)
-        routes: list[list[tuple[int, int]]] = []
-        lost: list[tuple[int, int]] = []  # (micro-batch, hop) whose node is gone
-        turn = [0] * config.pp
-        # A route without a lost hop is the same for all of its pipeline's micro-batches: built
-        # once and shared (read-only, like every route handed on from here).
-        whole: dict[tuple[tuple[tuple[int, int], ...], int], list[tuple[int, int]]] = {}
-        for m, (route, p) in enumerate(zip(base.routes, base.pipeline_of, strict=True)):
-            hops = whole.get((route, p))
-            if hops is None:
-                hops = []
-                patched = len(lost)
-                for h, (stage, _) in enumerate(route):
-                    node = slots[p][stage]
-                    if node is None:
-                        node = peers[stage][turn[stage] % len(peers[stage])] if peers[stage] else -1
-                        turn[stage] += 1
-                        lost.append((m, h))
-                    hops.append((stage, node))
-                if len(lost) == patched:
-                    whole[(route, p)] = hops
-            routes.append(hops)
+        base, routes, lost = peer_routes(config, slots)
         if config.recycle_spill and lost:
             costs = self.costs if self.costs is not None else link_costs(config)
             return _spill(config, base, routes, lost, slots, costs)
         return _layout(base, routes)
+
+
+def peer_routes(config: JobConfig, slots: Slots) -> tuple[Layout, Routes, list[tuple[int, int]]]:
+    """ReCycle's re-routing before any spill: the full layout (its stage boundaries, with
+    placeholder nodes), every micro-batch's route with each hop of a lost slot given to the
+    surviving same-stage peers in turn (-1 where a stage has none left), and those lost
+    `(micro-batch, hop)`s. Raises `LayoutError` when a stage has no peer and spill cannot help."""
+    # Stage boundaries come from the full layout; placeholder nodes keep routes well-formed.
+    placeholder = [[p * config.pp + s for s in range(config.pp)] for p in range(config.dp)]
+    base = pipelines_layout(config, placeholder)
+    peers: list[list[int]] = []
+    for s in range(config.pp):
+        alive = [n for row in slots if (n := row[s]) is not None]
+        # With spill, a stage whose slot holders are all gone can still be hosted by other
+        # survivors (they fetch its layers from any node that holds a copy, e.g. an earlier
+        # spill host; the plan fails naming the layer when none does).
+        if not alive and not (config.recycle_spill and alive_nodes(slots)):
+            raise LayoutError(
+                f"recycle has no surviving node for stage {s}; expected at least one per stage"
+            )
+        peers.append(alive)
+    routes: Routes = []
+    lost: list[tuple[int, int]] = []  # (micro-batch, hop) whose node is gone
+    turn = [0] * config.pp
+    # A route without a lost hop is the same for all of its pipeline's micro-batches: built
+    # once and shared (read-only, like every route handed on from here).
+    whole: dict[tuple[tuple[tuple[int, int], ...], int], list[tuple[int, int]]] = {}
+    for m, (route, p) in enumerate(zip(base.routes, base.pipeline_of, strict=True)):
+        hops = whole.get((route, p))
+        if hops is None:
+            hops = []
+            patched = len(lost)
+            for h, (stage, _) in enumerate(route):
+                node = slots[p][stage]
+                if node is None:
+                    node = peers[stage][turn[stage] % len(peers[stage])] if peers[stage] else -1
+                    turn[stage] += 1
+                    lost.append((m, h))
+                hops.append((stage, node))
+            if len(lost) == patched:
+                whole[(route, p)] = hops
+        routes.append(hops)
+    return base, routes, lost
 
 
 def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list[int] | None = None) -> Layout:
