@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import webhooks as wh
-from bench.report import Progress, growth_exponent, print_table
+from bench.report import Progress, growth_exponent, percentile, print_table
 
 OUT_DIR = Path("var/bench/joblocks")
 DB_NAME = os.environ.get("BENCH_JOBLOCKS_DB", "h54")
@@ -251,15 +251,8 @@ def _median_run(measure: Callable[[], dict[str, Any]], repeats: int) -> dict[str
     return out
 
 
-def _pct(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
-
-
 def _summary(values: list[float]) -> dict[str, Any]:
-    return {"count": len(values), "p50_ms": _pct(values, 50), "p99_ms": _pct(values, 99),
+    return {"count": len(values), "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
             "max_ms": max(values) if values else None}
 
 

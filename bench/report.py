@@ -10,7 +10,7 @@ from typing import Any
 
 from spotpipe.tables import print_table
 
-__all__ = ["Progress", "growth_exponent", "print_table"]
+__all__ = ["Progress", "growth_exponent", "percentile", "print_table"]
 
 
 class Progress:
@@ -45,3 +45,12 @@ def growth_exponent(points: list[tuple[int, float]]) -> float | None:
     mx, my = statistics.mean(xs), statistics.mean(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank q-th percentile (0 < q <= 100) of `values`, one of them; None for none.
+    (Some older benchmarks keep their own rank rule, stated in their docs.)"""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
