@@ -45,10 +45,32 @@ def is_backend_independent(item: pytest.Item) -> bool:
     return not BACKEND_FIXTURES.intersection(getattr(item, "fixturenames", ()))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A fast password hasher for the suite's own users, as Django's testing docs advise: production's
+    PBKDF2 (1,000,000 iterations) took 0.34 s a hash here, 13 s of one pass's worker time (39 hashes in
+    the control-plane, reliability and orchestration tests, counted 2026-11-28). What is
+    tested of passwords (login, its limits) does not depend on the hash's cost; servers the tests
+    start in their own processes keep production's hashers."""
+    from django.conf import settings
+
+    if settings.configured:
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def is_browser_test(item: pytest.Item) -> bool:
+    """Whether `item` drives the dashboard in Chromium (tests/browser/): the `browser` marker."""
+    try:
+        return item.path.relative_to(REPO_ROOT / "tests").parts[0] == "browser"
+    except ValueError:
+        return False
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    # Before `-m` selects: the marker is derived from the rule, never written by hand.
+    # Before `-m` selects: the markers are derived from the rules, never written by hand.
     if is_backend_independent(item):
         item.add_marker(pytest.mark.backend_independent)
+    if is_browser_test(item):
+        item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(autouse=True)

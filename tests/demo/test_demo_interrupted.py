@@ -17,6 +17,7 @@ from tests.demo.test_demo_headless import DemoDatabase, _free_port, _spotpipe, d
 
 
 @pytest.mark.integration
+@pytest.mark.demo
 @pytest.mark.timeout(150)
 def test_sigterm_mid_training_leaves_no_process_behind(tmp_path):
     var_dir = tmp_path / "var"
