@@ -44,15 +44,16 @@ demo test migrate bench-quick: export SPOTPIPE_DEV = 1
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# --no-compile: pip's byte-compiling of every installed module was 18 of torch's 26 s and about 40 s
-# of the rest; Python compiles what it imports on first use instead. The rest is installed by uv
-# (from PyPI, like pip): about 8 s against pip's 70-110 s on a fresh clone (2026-11-28, the same
-# versions); uv ignores pip's configuration, so where PyPI is reachable only through it, pip installs.
+# Everything but torch is installed by uv (from PyPI, like pip): pip took 70-110 s for it on a fresh
+# clone, uv about 20 s with the same versions (2026-11-28). Byte-compiled at install, as pip does:
+# where PYTHONDONTWRITEBYTECODE is set (this machine sets it) nothing would ever cache the compiled
+# modules, and every process would compile torch and Django again (the suite ran 2x slower so).
+# uv ignores pip's configuration, so where PyPI is reachable only through it, pip installs.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
-		|| $(BIN)/pip install --no-compile --no-deps "$(TORCH_SPEC)" --extra-index-url $(TORCH_INDEX) $(TORCH_INDEX_OPTS)
-	{ $(BIN)/pip install -q --no-compile "$(UV_SPEC)" && $(BIN)/uv pip install --python $(BIN)/python -e ".[dev]"; } \
-		|| { echo "== uv could not install; pip installs instead" >&2; $(BIN)/pip install --no-compile -e ".[dev]"; }
+		|| $(BIN)/pip install --no-deps "$(TORCH_SPEC)" --extra-index-url $(TORCH_INDEX) $(TORCH_INDEX_OPTS)
+	{ $(BIN)/pip install -q "$(UV_SPEC)" && $(BIN)/uv pip install --compile-bytecode --python $(BIN)/python -e ".[dev]"; } \
+		|| { echo "== uv could not install; pip installs instead" >&2; $(BIN)/pip install -e ".[dev]"; }
 	touch $(STAMP)
 
 setup: $(STAMP)
