@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.runtime, pytest.mark.integration, pytest.mark.timeout(300)]
+# Not `integration`: it asserts no figure (they are measured, not asserted), so it needs no machine of
+# its own and runs on the xdist workers beside the other `runtime` tests (36 s alone, one at a time).
+pytestmark = [pytest.mark.runtime, pytest.mark.timeout(300)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
