@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import bench
-from bench.report import Progress
+from bench.report import Progress, machine_reference
 
 
 def available() -> list[str]:
@@ -39,10 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = module.parse_args(extra)
     elif extra:
         parser.error(f"unrecognised arguments for {args.name}: {' '.join(extra)}")
+    machine = machine_reference()
+    print(f"machine: {machine['cores']} cores, plain Python {machine['python_loop_ns_per_iteration']} ns a loop "
+          f"iteration, load {machine['load_average_1m']} (compare timings only between runs where these are alike)")
     progress = Progress()
     figures = module.run(quick=args.quick, progress=progress, **kwargs)
     progress.done()
-    result = {args.name: figures}
+    result = {args.name: figures, "machine": machine}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")

@@ -54,3 +54,28 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+LOOP_ITERATIONS = 400_000
+LOOP_REPEATS = 5
+
+
+def machine_reference() -> dict[str, Any]:
+    """How fast this machine runs plain Python right now, so that figures from different machines
+    or sessions are compared only where this is alike: the same loop (`total += i` in a function),
+    the fastest of a few repeats (the others carry whatever else ran), beside the core count and the
+    load. Sessions' machines have differed by about 2x (docs/reliability.md, CI's time)."""
+    import os
+
+    fastest = math.inf
+    for _ in range(LOOP_REPEATS):
+        started = time.perf_counter()
+        total = 0
+        for i in range(LOOP_ITERATIONS):
+            total += i
+        fastest = min(fastest, time.perf_counter() - started)
+    return {
+        "python_loop_ns_per_iteration": round(fastest / LOOP_ITERATIONS * 1e9, 1),
+        "cores": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }

@@ -29,7 +29,11 @@ def test_quick_training_bench_writes_positive_figures(tmp_path: Path) -> None:
     )
     output = (result.stdout + result.stderr)[-6000:]
     assert result.returncode == 0, output
-    figures = json.loads(out.read_text())["training"]
+    written = json.loads(out.read_text())
+    figures = written["training"]
+    # Every bench states the machine's plain-Python speed beside its figures (bench/report.py).
+    assert written["machine"]["python_loop_ns_per_iteration"] > 0 and written["machine"]["cores"] >= 1
+    assert result.stdout.startswith("machine: ")
     for layout in ("dp1_pp1", "dp1_pp2"):
         row = figures[layout]
         for key in ("plain_pytorch_tokens_per_s", "spotpipe_none_tokens_per_s", "spotpipe_recycle_tokens_per_s",
