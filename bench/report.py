@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
 import time
@@ -65,8 +66,6 @@ def machine_reference() -> dict[str, Any]:
     or sessions are compared only where this is alike: the same loop (`total += i` in a function),
     the fastest of a few repeats (the others carry whatever else ran), beside the core count and the
     load. Sessions' machines have differed by about 2x (docs/reliability.md, CI's time)."""
-    import os
-
     fastest = math.inf
     for _ in range(LOOP_REPEATS):
         started = time.perf_counter()
