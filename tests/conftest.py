@@ -32,13 +32,17 @@ BACKEND_FIXTURES = frozenset({
 })
 
 
+def tests_folder(item: pytest.Item) -> str | None:
+    """The folder of tests/ that holds `item` (None: a test outside tests/)."""
+    try:
+        return item.path.relative_to(REPO_ROOT / "tests").parts[0]
+    except ValueError:
+        return None
+
+
 def is_backend_independent(item: pytest.Item) -> bool:
     """Whether `item` is one of the tests the `backend_independent` marker names (see above)."""
-    try:
-        folder = item.path.relative_to(REPO_ROOT / "tests").parts[0]
-    except ValueError:
-        return False
-    if folder not in BACKEND_INDEPENDENT_DIRS or item.get_closest_marker("django_db") is not None:
+    if tests_folder(item) not in BACKEND_INDEPENDENT_DIRS or item.get_closest_marker("django_db") is not None:
         return False
     if item.get_closest_marker("runtime") is not None:
         return False
@@ -59,10 +63,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def is_browser_test(item: pytest.Item) -> bool:
     """Whether `item` drives the dashboard in Chromium (tests/browser/): the `browser` marker."""
-    try:
-        return item.path.relative_to(REPO_ROOT / "tests").parts[0] == "browser"
-    except ValueError:
-        return False
+    return tests_folder(item) == "browser"
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
