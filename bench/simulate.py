@@ -272,6 +272,19 @@ def run(
             [[r["restart_s"], r["bamboo_over_checkpoint"]] for r in sens],
         )
         figures["bamboo_over_checkpoint_by_restart_s"] = sens
+        # The restart the published ratio implies on this trace: what the author's decision needs.
+        bamboo_rate = results["bamboo"].samples_per_s
+        needed = {}
+        for target in BAMBOO_RATIOS_ASKED:
+            needed[f"{target:g}"] = restart_for_ratio(tr, model, params, bamboo_rate, target)
+        print_table(
+            "checkpoint-restart restart time at which bamboo's throughput reaches a ratio (bisection to 1 s; "
+            f"'-': not reached by {RESTART_SEARCH_MAX_S:,.0f} s)",
+            ["bamboo / checkpoint-restart", "restart s needed", "x the model's restart"],
+            [[f"{t}x", v if v is not None else "-",
+              round(v / params.restart_total_s, 1) if v is not None else "-"] for t, v in needed.items()],
+        )
+        figures["restart_s_for_bamboo_over_checkpoint"] = needed
 
     progress.step("writing plots")
     figures["plots"] = write_plots(list(results.values()), OUT_DIR, title=f"{tr.name}: {dp} x {pp} {instance_type}")
@@ -422,6 +435,38 @@ def _notes(
                 f"{why['recycle_one_hole_step_s']:.3f} s vs bamboo's takeover {why['bamboo_one_takeover_step_s']:.3f} s"
             )
     return notes
+
+
+BAMBOO_RATIOS_ASKED = (3.0, 3.7)
+"""bamboo / checkpoint-restart ratios whose implied restart time the bench reports: issue 20's
+target and the Bamboo paper's figure."""
+RESTART_SEARCH_MAX_S = 7200.0
+
+
+def restart_for_ratio(trace: Trace, model: IterationModel, params: SimParams, bamboo_samples_per_s: float,
+                      ratio: float, *, tolerance_s: float = 1.0) -> float | None:
+    """The checkpoint-restart restart time (seconds, to `tolerance_s`) at which bamboo's throughput
+    (`bamboo_samples_per_s`, which no restart time changes) is `ratio` x checkpoint-restart's on
+    `trace`, by bisection: checkpoint-restart's throughput falls as each restart grows. None when
+    even `RESTART_SEARCH_MAX_S` is not enough."""
+
+    def reached(restart_s: float) -> bool:
+        p = SimParams(**{**_params_kwargs(params), "restart_s": restart_s})
+        ck = simulate(trace, strategy="checkpoint", model=model, params=p, samples_per_microbatch=4)
+        return ck.samples_per_s <= 0 or bamboo_samples_per_s / ck.samples_per_s >= ratio
+
+    low, high = params.restart_total_s, RESTART_SEARCH_MAX_S
+    if reached(low):
+        return round(low, 1)
+    if not reached(high):
+        return None
+    while high - low > tolerance_s:
+        middle = (low + high) / 2
+        if reached(middle):
+            high = middle
+        else:
+            low = middle
+    return round(high, 1)
 
 
 def _params_kwargs(params: SimParams) -> dict:

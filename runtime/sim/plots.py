@@ -49,6 +49,10 @@ def write_plots(results: list[SimResult], out_dir: Path, *, title: str, bins: in
     return write_figure(fig, out_dir, "simulation")
 
 
+NO_REASON = ("no reason given; kaleido draws with a Chromium (`make test` installs Debian's chromium, "
+             "BROWSER_PATH names another)")
+
+
 def write_figure(fig: Any, out_dir: Path, stem: str) -> dict[str, str]:
     """`stem`.html (always) and `stem`.png (when kaleido can draw it) under `out_dir`; the paths,
     or why the PNG is missing."""
@@ -61,5 +65,7 @@ def write_figure(fig: Any, out_dir: Path, stem: str) -> dict[str, str]:
         fig.write_image(png)
         out["png"] = str(png)
     except Exception as exc:  # kaleido or Chromium missing: HTML is the artefact then
-        out["png_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        # kaleido 1.x raised a bare RuntimeError on a machine without Chromium (2026-12-01).
+        reason = str(exc).splitlines()[0] if str(exc) else NO_REASON
+        out["png_error"] = f"{type(exc).__name__}: {reason}"
     return out
