@@ -261,11 +261,8 @@ def run(
     if not quick:
         sens = []
         for restart in (params.restart_total_s, 120.0, 300.0, 600.0):
-            p = SimParams(**{**_params_kwargs(params), "restart_s": restart})
-            ck = simulate(tr, strategy="checkpoint", model=model, params=p, samples_per_microbatch=4)
-            sens.append(
-                {"restart_s": restart, "bamboo_over_checkpoint": results["bamboo"].samples_per_s / ck.samples_per_s}
-            )
+            ck_rate = checkpoint_rate_with_restart(tr, model, params, restart)
+            sens.append({"restart_s": restart, "bamboo_over_checkpoint": results["bamboo"].samples_per_s / ck_rate})
         print_table(
             "bamboo throughput / checkpoint-restart throughput vs the restart time (first row: the model's)",
             ["restart s", "bamboo / checkpoint-restart"],
@@ -443,6 +440,12 @@ target and the Bamboo paper's figure."""
 RESTART_SEARCH_MAX_S = 7200.0
 
 
+def checkpoint_rate_with_restart(trace: Trace, model: IterationModel, params: SimParams, restart_s: float) -> float:
+    """Checkpoint-restart's samples per second on `trace` with each restart taking `restart_s`."""
+    p = SimParams(**{**_params_kwargs(params), "restart_s": restart_s})
+    return simulate(trace, strategy="checkpoint", model=model, params=p, samples_per_microbatch=4).samples_per_s
+
+
 def restart_for_ratio(trace: Trace, model: IterationModel, params: SimParams, bamboo_samples_per_s: float,
                       ratio: float, *, tolerance_s: float = 1.0) -> float | None:
     """The checkpoint-restart restart time (seconds, to `tolerance_s`) at which bamboo's throughput
@@ -451,9 +454,8 @@ def restart_for_ratio(trace: Trace, model: IterationModel, params: SimParams, ba
     even `RESTART_SEARCH_MAX_S` is not enough."""
 
     def reached(restart_s: float) -> bool:
-        p = SimParams(**{**_params_kwargs(params), "restart_s": restart_s})
-        ck = simulate(trace, strategy="checkpoint", model=model, params=p, samples_per_microbatch=4)
-        return ck.samples_per_s <= 0 or bamboo_samples_per_s / ck.samples_per_s >= ratio
+        ck_rate = checkpoint_rate_with_restart(trace, model, params, restart_s)
+        return ck_rate <= 0 or bamboo_samples_per_s / ck_rate >= ratio
 
     low, high = params.restart_total_s, RESTART_SEARCH_MAX_S
     if reached(low):
