@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.simulate import RESTART_SEARCH_MAX_S, restart_for_ratio
+from bench.simulate import RESTART_SEARCH_MAX_S, checkpoint_rate_with_restart, restart_for_ratio
 from runtime.config import ModelSpec
 from runtime.planner.throughput import CostModel
 from runtime.sim.engine import SimParams, simulate
@@ -24,9 +24,7 @@ def _job() -> tuple:
 
 
 def _ratio(model, trace, params, bamboo_rate: float, restart_s: float) -> float:
-    p = SimParams(**{**{k: getattr(params, k) for k in SimParams.__slots__}, "restart_s": restart_s})
-    ck = simulate(trace, strategy="checkpoint", model=model, params=p, samples_per_microbatch=4)
-    return bamboo_rate / ck.samples_per_s
+    return bamboo_rate / checkpoint_rate_with_restart(trace, model, params, restart_s)
 
 
 def test_the_restart_found_is_the_shortest_that_reaches_the_ratio():
