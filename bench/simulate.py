@@ -434,9 +434,14 @@ def _notes(
     return notes
 
 
-BAMBOO_RATIOS_ASKED = (3.0, 3.7)
-"""bamboo / checkpoint-restart ratios whose implied restart time the bench reports: issue 20's
-target and the Bamboo paper's figure."""
+BAMBOO_ISSUE_TARGET = 3.0
+"""bamboo / checkpoint-restart throughput that issue 20 asks the p3 trace to show."""
+BAMBOO_RATIOS_ASKED = (
+    BAMBOO_ISSUE_TARGET,
+    next(ratio for top, bottom, ratio, _ in PUBLISHED if (top, bottom) == ("bamboo", "checkpoint")),
+)
+"""bamboo / checkpoint-restart ratios whose implied restart time the bench reports: the issue's target
+and the Bamboo paper's figure (`PUBLISHED`)."""
 RESTART_SEARCH_MAX_S = 7200.0
 
 
