@@ -259,10 +259,11 @@ def run(
 
     # What drives bamboo vs checkpoint: the restart cost of checkpoint-restart.
     if not quick:
+        bamboo_rate = results["bamboo"].samples_per_s  # no restart time changes it
         sens = []
         for restart in (params.restart_total_s, 120.0, 300.0, 600.0):
             ck_rate = checkpoint_rate_with_restart(tr, model, params, restart)
-            sens.append({"restart_s": restart, "bamboo_over_checkpoint": results["bamboo"].samples_per_s / ck_rate})
+            sens.append({"restart_s": restart, "bamboo_over_checkpoint": bamboo_rate / ck_rate})
         print_table(
             "bamboo throughput / checkpoint-restart throughput vs the restart time (first row: the model's)",
             ["restart s", "bamboo / checkpoint-restart"],
@@ -270,10 +271,7 @@ def run(
         )
         figures["bamboo_over_checkpoint_by_restart_s"] = sens
         # The restart the published ratio implies on this trace: what the author's decision needs.
-        bamboo_rate = results["bamboo"].samples_per_s
-        needed = {}
-        for target in BAMBOO_RATIOS_ASKED:
-            needed[f"{target:g}"] = restart_for_ratio(tr, model, params, bamboo_rate, target)
+        needed = {f"{t:g}": restart_for_ratio(tr, model, params, bamboo_rate, t) for t in BAMBOO_RATIOS_ASKED}
         print_table(
             "checkpoint-restart restart time at which bamboo's throughput reaches a ratio (bisection to 1 s; "
             f"'-': not reached by {RESTART_SEARCH_MAX_S:,.0f} s)",
