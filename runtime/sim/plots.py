@@ -49,8 +49,8 @@ def write_plots(results: list[SimResult], out_dir: Path, *, title: str, bins: in
     return write_figure(fig, out_dir, "simulation")
 
 
-NO_REASON = ("no reason given; kaleido draws with a Chromium (`make test` installs Debian's chromium, "
-             "BROWSER_PATH names another)")
+CHROMIUM_HINT = "`make test` installs Debian's chromium, BROWSER_PATH names another"
+NO_REASON = f"no reason given; kaleido draws with a Chromium ({CHROMIUM_HINT})"
 
 
 def write_figure(fig: Any, out_dir: Path, stem: str) -> dict[str, str]:
@@ -65,7 +65,10 @@ def write_figure(fig: Any, out_dir: Path, stem: str) -> dict[str, str]:
         fig.write_image(png)
         out["png"] = str(png)
     except Exception as exc:  # kaleido or Chromium missing: HTML is the artefact then
-        # kaleido 1.x raised a bare RuntimeError on a machine without Chromium (2026-12-01).
-        reason = str(exc).splitlines()[0] if str(exc) else NO_REASON
+        # kaleido 1.x opens its "requires Google Chrome" message with blank lines: say its first
+        # line of text, and where a Chromium comes from.
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), NO_REASON)
+        if "chrome" in reason.lower() and reason != NO_REASON:
+            reason = f"{reason} ({CHROMIUM_HINT})"
         out["png_error"] = f"{type(exc).__name__}: {reason}"
     return out
