@@ -1,7 +1,10 @@
 """Fleet benchmark: does the control plane hold a fleet of agents while it takes webhooks?
 
 The production-like stack on loopback: the web server as docker-compose runs it (granian, ASGI,
-3 workers, 16 view threads each, `spotpipe.processes.granian_args`), PostgreSQL (scratch database
+3 workers, 16 view threads each, `spotpipe.processes.granian_args`) and, as docker-compose runs it
+too, the agent channel's own server (the same application, `AGENT_SERVER_WORKERS` workers: the
+agents' every request goes there; `--agent-server shared` sends them to the web server instead, as
+before 2026-12-01), PostgreSQL (scratch database
 `BENCH_FLEET_DB`, default h53) and Redis (`BENCH_REDIS_URL`, default db 13, flushed), a Celery
 worker (2 processes, as docker-compose). N simulated agents (bench/_fleet_agents.py: one asyncio
 loop, two keep-alive connections each) heartbeat every 10 s and hold 20 s command long-polls, in
@@ -45,6 +48,7 @@ from bench import webhooks as wh
 from bench._cpu_account import CpuWindow, Root, exited_unreaped, read_processes
 from bench._fleet_agents import Fleet, HTTPConnection
 from bench.report import Progress, print_table
+from spotpipe.processes import AGENT_SERVER_WORKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -55,6 +59,9 @@ FLEET_TEAM = "fleet-team"
 WEBHOOK_TARGETS = 200  # instances the webhook burst's notices name (bench.webhooks._seed)
 TARGET_INTAKE_RATIO, TARGET_WEBHOOK_P99_MS, TARGET_NOTICE_P99_MS = 0.9, 50.0, 500.0
 PP = 4
+AGENT_SERVERS = ("own", "shared")
+AGENT_SERVER_LABELS = {"own": "a server of their own (docker-compose's agents service)",
+                       "shared": "the web server that takes the webhooks"}
 CPU_WINDOWS = {  # key in the JSON: what the window holds
     "no_agents_burst": "phase 1: the webhook burst, no agents",
     "agents_idle": "phase 2: the agents alone (heartbeats, held polls), the 10 s before the first notice",
@@ -68,6 +75,7 @@ CPU_COMPONENTS = {  # key prefix in the JSON: what it counts
     "web_server": "granian web server (master and workers)",
     "celery_worker": "Celery worker (master and pool)",
     "simulated_agents": "bench process (the simulated agents' asyncio loop; idle in phase 1)",
+    "agent_server": "the agent channel's own granian server (master and workers; none when shared)",
     "webhook_load_generator": "webhook load generator (bench._fleet_webhooks)",
     "postgresql_all_processes": "PostgreSQL (every backend: other users' queries included)",
     "redis": "Redis (redis-server; other users' databases included)",
@@ -85,6 +93,11 @@ def parse_args(argv: list[str]) -> dict:
                         help="agent notices before the burst, and as many during it (default 8, quick 2)")
     parser.add_argument("--web-workers", type=int, default=3)
     parser.add_argument("--threads", type=int, default=16, help="view threads per web worker")
+    parser.add_argument("--agent-server", choices=AGENT_SERVERS, default="own",
+                        help="own: the agents reach a server of their own, as docker-compose runs it; shared: the "
+                             "web server that takes the webhooks")
+    parser.add_argument("--agent-workers", type=int, default=AGENT_SERVER_WORKERS,
+                        help="workers of the agents' own server")
     return vars(parser.parse_args(argv))
 
 
@@ -129,9 +142,10 @@ def _server_pids() -> tuple[int | None, int | None]:
     return postmaster, redis_pid if redis_pid in procs and procs[redis_pid].comm.startswith("redis") else None
 
 
-def _cpu_roots(web: subprocess.Popen, worker: subprocess.Popen, burst: subprocess.Popen | None,
-               servers: tuple[int | None, int | None]) -> dict[str, Root]:
-    return {"web_server": Root(web.pid), "celery_worker": Root(worker.pid),
+def _cpu_roots(web: subprocess.Popen, agent_web: subprocess.Popen | None, worker: subprocess.Popen,
+               burst: subprocess.Popen | None, servers: tuple[int | None, int | None]) -> dict[str, Root]:
+    return {"web_server": Root(web.pid), "agent_server": Root(agent_web.pid if agent_web else None),
+            "celery_worker": Root(worker.pid),
             # Own threads only: the load generator is this process's child, and counted on its own.
             "simulated_agents": Root(os.getpid(), children=False),
             "webhook_load_generator": Root(burst.pid if burst else None),
@@ -239,10 +253,12 @@ def _pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
-async def _with_agents(port: int, agents: list[tuple[int, int, str]], *, heartbeat_s: float, requests: int,
-                       connections: int, notices: int, progress: Progress,
+async def _with_agents(port: int, agent_port: int, agents: list[tuple[int, int, str]], *, heartbeat_s: float,
+                       requests: int, connections: int, notices: int, progress: Progress,
                        roots: Callable[[subprocess.Popen | None], dict[str, Root]]) -> dict:
-    fleet = Fleet(port, agents, heartbeat_s=heartbeat_s)
+    """The agents' phase: `agent_port` takes the agents' requests (their notices included), `port` the
+    webhook burst."""
+    fleet = Fleet(agent_port, agents, heartbeat_s=heartbeat_s)
     fleet.start()
     progress.step(f"{len(agents)} agents: waiting for every first answer")
     await asyncio.wait_for(fleet.first_answer.wait(), timeout=300)
@@ -256,7 +272,7 @@ async def _with_agents(port: int, agents: list[tuple[int, int, str]], *, heartbe
         jobs.setdefault(job, []).append((iid, token))
     order = list(jobs)
     noticed: list[dict[str, Any]] = []
-    conn = HTTPConnection(port)
+    conn = HTTPConnection(agent_port)
 
     async def notice(job: int, phase: str) -> None:
         await asyncio.sleep(2.0)
@@ -391,9 +407,12 @@ def _plot(baseline: dict, loaded: dict, quiet: dict, notice: dict, agents: int) 
 
 def run(*, quick: bool = False, progress: Progress | None = None, agents: int | None = None, job_size: int = 32,
         heartbeat_s: float = 10.0, requests: int | None = None, connections: int = 8, notices: int | None = None,
-        web_workers: int = 3, threads: int = 16) -> dict:
+        web_workers: int = 3, threads: int = 16, agent_server: str = "own",
+        agent_workers: int = AGENT_SERVER_WORKERS) -> dict:
     from spotpipe.processes import granian_args
 
+    if agent_server not in AGENT_SERVERS:
+        raise ValueError(f"agent_server {agent_server!r} is unknown; expected one of {AGENT_SERVERS}")
     progress = progress or Progress()
     started_utc, load_at_start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()
     agents = agents or (128 if quick else 1024)
@@ -419,30 +438,40 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
     env = _env(SPOTPIPE_WEB_THREADS=str(threads))
     web = wh._start([PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers)], env,
                     logs / "bench-fleet-web.log")
+    # Started with the web server, so its idle cost (a Redis subscription, the 1 s fallback read) is in
+    # the baseline too, as in production.
+    agent_port = wh._free_port() if agent_server == "own" else port
+    agent_web = wh._start([PYTHON, *granian_args(host="127.0.0.1", port=agent_port, workers=agent_workers)], env,
+                          logs / "bench-fleet-agents.log") if agent_server == "own" else None
     worker = wh._start([PYTHON, "-m", "celery", "-A", "controlplane", "worker", "-c", "2", "-l", "WARNING",
                         "--prefetch-multiplier", "1", "-n", f"bench-fleet-{os.getpid()}@%h"], env,
                        logs / "bench-fleet-worker.log")
     try:
         wh._wait_ready(port, web)
         wh._warm_up(port, connections)
+        if agent_web is not None:
+            wh._wait_ready(agent_port, agent_web)
         progress.step(f"phase 1: webhook burst of {requests}, no agents")
         servers = _server_pids()
         cpu = CpuWindow()
-        cpu.begin(_cpu_roots(web, worker, None, servers))
+        cpu.begin(_cpu_roots(web, agent_web, worker, None, servers))
         burst = _webhook_burst(port, requests, connections, seed=1)
         while not exited_unreaped(burst.pid):  # its CPU is read before it is reaped
             time.sleep(0.05)
-        cpu_windows = {"no_agents_burst": cpu.end(_cpu_roots(web, worker, burst, servers))}
+        cpu_windows = {"no_agents_burst": cpu.end(_cpu_roots(web, agent_web, worker, burst, servers))}
         baseline = _burst_result(burst)
         _reset_webhook_rows(worker_running=True)
         progress.step(f"phase 2: {agents} agents + the same burst + {notices} agent notices")
-        loaded = asyncio.run(_with_agents(port, fleet_agents, heartbeat_s=heartbeat_s, requests=requests,
-                                          connections=connections, notices=notices, progress=progress,
-                                          roots=lambda burst: _cpu_roots(web, worker, burst, servers)))
+        loaded = asyncio.run(_with_agents(port, agent_port, fleet_agents, heartbeat_s=heartbeat_s,
+                                          requests=requests, connections=connections, notices=notices,
+                                          progress=progress,
+                                          roots=lambda burst: _cpu_roots(web, agent_web, worker, burst, servers)))
         cpu_windows.update(loaded["cpu"])
     finally:
         wh._stop(worker)
         wh._stop(web)
+        if agent_web is not None:
+            wh._stop(agent_web)
     fleet = loaded["fleet"]
     heart = _heartbeat_figures(fleet, loaded["window"], heartbeat_s)
     quiet = _notice_figures(fleet, [n for n in loaded["notices"] if n["phase"] == "quiet"], loaded["jobs"])
@@ -458,6 +487,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         "agents": agents, "job_size": job_size, "heartbeat_period_s": heartbeat_s, "webhook_requests": requests,
         "webhook_connections": connections, "web_workers": web_workers, "view_threads_per_worker": threads,
         "server": "granian --interface asgi controlplane.asgi:application (docker-compose's)",
+        "agent_server": agent_server,
+        "agent_server_workers": agent_workers if agent_server == "own" else None,
         "webhooks_no_agents_wsgi_server_before": wsgi,
         "webhooks_no_agents": baseline,
         "webhook_intake_ratio_asgi_vs_wsgi_server_no_agents": round(
@@ -512,7 +543,8 @@ def _print(f: dict) -> None:
     ratio = f["webhook_intake_ratio_with_agents_vs_no_agents"]
     print_table(
         f"bench fleet: {f['agents']} agents (jobs of {f['job_size']}, heartbeat every {f['heartbeat_period_s']} s) "
-        f"beside the webhook burst; baseline = the same burst with no agents, same server, same run. "
+        f"beside the webhook burst, the agents on {AGENT_SERVER_LABELS[f['agent_server']]}; baseline = the same "
+        f"burst with no agents, same servers, same run. "
         f"{f['machine']}",
         ["figure", "target", "no agents (baseline)", f"{f['agents']} agents", "agents / baseline"],
         [

@@ -38,6 +38,14 @@ def start(args: list[str], *, log_path: Path, env: dict[str, str] | None = None)
 IN_FLIGHT_PER_WORKER = 4096
 
 
+AGENT_SERVER_WORKERS = 1
+"""Workers of the agent channel's own web server (docker-compose's `agents` service; `python -m
+bench fleet --agent-server own`): nodes reach the control plane there (`SPOTPIPE_PUBLIC_URL`), so a
+fleet's heartbeats, command long-polls and notices run in processes of their own and never share a
+worker's interpreter lock or view threads with webhooks and the dashboard (docs/orchestration.md,
+"The agent channel's own server"). It is the same application: any path works on either server."""
+
+
 def granian_args(*, host: str, port: int, workers: int, kill_timeout_s: int = 3) -> list[str]:
     """`python -m granian ...` arguments for the control plane's ASGI application
     (`controlplane.asgi`): the product's web server (docker-compose, `spotpipe`'s local stacks, the
