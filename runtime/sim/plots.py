@@ -68,7 +68,7 @@ def write_figure(fig: Any, out_dir: Path, stem: str) -> dict[str, str]:
         # kaleido 1.x opens its "requires Google Chrome" message with blank lines: say its first
         # line of text, and where a Chromium comes from.
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), NO_REASON)
-        if "chrome" in reason.lower() and reason != NO_REASON:
+        if "chrome" in reason.lower():
             reason = f"{reason} ({CHROMIUM_HINT})"
         out["png_error"] = f"{type(exc).__name__}: {reason}"
     return out
