@@ -59,9 +59,10 @@ FLEET_TEAM = "fleet-team"
 WEBHOOK_TARGETS = 200  # instances the webhook burst's notices name (bench.webhooks._seed)
 TARGET_INTAKE_RATIO, TARGET_WEBHOOK_P99_MS, TARGET_NOTICE_P99_MS = 0.9, 50.0, 500.0
 PP = 4
-AGENT_SERVERS = ("own", "shared")
-AGENT_SERVER_LABELS = {"own": "a server of their own (docker-compose's agents service)",
-                       "shared": "the web server that takes the webhooks"}
+AGENT_SERVER_LABELS = {  # --agent-server: where the agents' requests go
+    "own": "a server of their own (docker-compose's agents service)",
+    "shared": "the web server that takes the webhooks",
+}
 CPU_WINDOWS = {  # key in the JSON: what the window holds
     "no_agents_burst": "phase 1: the webhook burst, no agents",
     "agents_idle": "phase 2: the agents alone (heartbeats, held polls), the 10 s before the first notice",
@@ -93,7 +94,7 @@ def parse_args(argv: list[str]) -> dict:
                         help="agent notices before the burst, and as many during it (default 8, quick 2)")
     parser.add_argument("--web-workers", type=int, default=3)
     parser.add_argument("--threads", type=int, default=16, help="view threads per web worker")
-    parser.add_argument("--agent-server", choices=AGENT_SERVERS, default="own",
+    parser.add_argument("--agent-server", choices=list(AGENT_SERVER_LABELS), default="own",
                         help="own: the agents reach a server of their own, as docker-compose runs it; shared: the "
                              "web server that takes the webhooks")
     parser.add_argument("--agent-workers", type=int, default=AGENT_SERVER_WORKERS,
@@ -411,8 +412,8 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         agent_workers: int = AGENT_SERVER_WORKERS) -> dict:
     from spotpipe.processes import granian_args
 
-    if agent_server not in AGENT_SERVERS:
-        raise ValueError(f"agent_server {agent_server!r} is unknown; expected one of {AGENT_SERVERS}")
+    if agent_server not in AGENT_SERVER_LABELS:
+        raise ValueError(f"agent_server {agent_server!r} is unknown; expected one of {list(AGENT_SERVER_LABELS)}")
     progress = progress or Progress()
     started_utc, load_at_start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), os.getloadavg()
     agents = agents or (128 if quick else 1024)
@@ -440,9 +441,11 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
                     logs / "bench-fleet-web.log")
     # Started with the web server, so its idle cost (a Redis subscription, the 1 s fallback read) is in
     # the baseline too, as in production.
-    agent_port = wh._free_port() if agent_server == "own" else port
-    agent_web = wh._start([PYTHON, *granian_args(host="127.0.0.1", port=agent_port, workers=agent_workers)], env,
-                          logs / "bench-fleet-agents.log") if agent_server == "own" else None
+    agent_port, agent_web = port, None
+    if agent_server == "own":
+        agent_port = wh._free_port()
+        agent_web = wh._start([PYTHON, *granian_args(host="127.0.0.1", port=agent_port, workers=agent_workers)],
+                              env, logs / "bench-fleet-agents.log")
     worker = wh._start([PYTHON, "-m", "celery", "-A", "controlplane", "worker", "-c", "2", "-l", "WARNING",
                         "--prefetch-multiplier", "1", "-n", f"bench-fleet-{os.getpid()}@%h"], env,
                        logs / "bench-fleet-worker.log")
