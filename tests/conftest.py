@@ -66,12 +66,53 @@ def is_browser_test(item: pytest.Item) -> bool:
     return tests_folder(item) == "browser"
 
 
+# Test modules whose collection alone takes seconds, and the markers every one of their tests
+# carries: schemathesis builds the fuzz's cases per API operation from the schema while collecting
+# (8 s of each process's 22 s of collection here). A run whose `-m` deselects those markers does
+# not import the module at all: make test's xdist workers and CI's embedded pass.
+COSTLY_TO_COLLECT: dict[str, frozenset[str]] = {
+    "reliability/test_api_fuzz.py": frozenset({"serial"}),
+}
+
+
+def _selects(markexpr: str, marks: frozenset[str] | None) -> bool:
+    """Whether `-m markexpr` selects a test carrying `marks` (None: every marker name), by pytest's
+    own evaluation."""
+    from _pytest.mark.expression import Expression
+
+    return Expression.compile(markexpr).evaluate(lambda name, /, **kwargs: marks is None or name in marks)
+
+
+def leaves_out(markexpr: str, marks: frozenset[str]) -> bool:
+    """Whether a module whose tests all carry `marks` can go uncollected under `-m markexpr`:
+    deselected with those markers alone and with every other name true too (its tests carry more,
+    `parametrize`, `timeout`: `-m "parametrize and serial"` keeps it)."""
+    return bool(markexpr) and not _selects(markexpr, marks) and not _selects(markexpr, None)
+
+
+def _costly_marks(path: Path) -> frozenset[str] | None:
+    try:
+        return COSTLY_TO_COLLECT.get(path.relative_to(REPO_ROOT / "tests").as_posix())
+    except ValueError:
+        return None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    marks = _costly_marks(collection_path)
+    return True if marks is not None and leaves_out(config.option.markexpr, marks) else None
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     # Before `-m` selects: the markers are derived from the rules, never written by hand.
     if is_backend_independent(item):
         item.add_marker(pytest.mark.backend_independent)
     if is_browser_test(item):
         item.add_marker(pytest.mark.browser)
+    declared = _costly_marks(item.path)
+    if declared is not None and not declared <= {mark.name for mark in item.iter_markers()}:
+        # Leaving the module out is right only while every one of its tests carries these markers.
+        raise pytest.UsageError(f"{item.nodeid} lacks the markers tests/conftest.py's COSTLY_TO_COLLECT "
+                                f"declares for its module ({', '.join(sorted(declared))})")
 
 
 @pytest.fixture(autouse=True)

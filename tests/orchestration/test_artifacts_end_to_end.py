@@ -1,11 +1,15 @@
-"""A team leaves with its trained weights (issue 19), end to end on the embedded default: the control
+"""A team leaves with its trained weights (issue 19), end to end on local nodes: the control
 plane (live server), a real Celery worker and two local node agents running the torch runtime
 (dp=2 x pp=1) train a USER model given by import path (`tests.usermodels.models:resmlp` on its
 `py:` dataset). One node gets an interruption notice and leaves at a step boundary; the job trains
 on and finishes. Its workers wrote the final weights into the job's folder of the artifact store
 (the control plane handed it to them in the run command); the team downloads every file through
 the API with its token (another team's token gets 404), and `spotpipe.load_model` on the downloaded
-folder gives a module whose forward equals the failure-free single-process reference's."""
+folder gives a module whose forward equals the failure-free single-process reference's.
+
+Marker `scenario`: CI runs it in the PostgreSQL pass only; on the embedded default the headless
+demo loads its job's exported weights and samples from them (tests/demo/test_demo_headless.py), and
+the download views run in both passes (tests/controlplane/test_api_artifacts.py)."""
 
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ def _get(url: str, token: str) -> tuple[int, bytes]:
 
 
 @pytest.mark.integration
+@pytest.mark.scenario
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(240)
 def test_a_user_models_weights_come_out_through_the_api_after_a_notice(

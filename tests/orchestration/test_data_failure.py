@@ -4,7 +4,10 @@ runtime (DP=1 x PP=2) on a job whose data source names a token file that does no
 nodes. The control plane cannot see the nodes' disks, so it accepts the job; each node's runtime
 raises `JobCannotContinue("data: ...")`, the agent reports exit code EXIT_JOB_FAILED with that
 message and does not start the worker again, and the control plane fails the job once, with the
-runtime's message on its timeline, and releases the nodes."""
+runtime's message on its timeline, and releases the nodes.
+
+Marker `scenario`: CI runs it in the PostgreSQL pass only, with the other end-to-end runs (what
+the database adds here, the job's failure and release, is the same service on either backend)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ MISSING = "/nonexistent/spotpipe-h18/train.bin"
 
 
 @pytest.mark.integration
+@pytest.mark.scenario
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(180)
 def test_a_token_file_missing_on_the_nodes_fails_the_job_once_without_restarts(

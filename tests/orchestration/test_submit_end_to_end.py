@@ -1,8 +1,13 @@
-"""A job file from submit to trained, on the embedded default: `spotpipe submit` (a real client
+"""A job file from submit to trained, on local nodes: `spotpipe submit` (a real client
 process) sends a job with `plan.auto` and a deadline one node cannot meet to a live control plane;
 the planner's layout (dp x pp > 1) runs on the planned number of local nodes; `spotpipe logs
 --follow` prints its timeline to the end; the job page shows the plan with its predicted and
-measured figures. A bad job file gets the API's own 400 messages from the client."""
+measured figures. A bad job file gets the API's own 400 messages from the client.
+
+Marker `scenario`: CI runs it in the PostgreSQL pass only, with the other end-to-end runs; on the
+embedded default the headless demo (tests/demo/) submits through the same service (`job_submit`,
+with an explicit plan) and the planner's choice for a deadline is tested in both passes
+(tests/controlplane/test_job_contract.py)."""
 
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ def _cli(*args: str, url: str, token: str, timeout: float = 180) -> subprocess.C
 
 
 @pytest.mark.integration
+@pytest.mark.scenario
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(240)
 def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
