@@ -345,8 +345,33 @@ def _published_after(notice: dict) -> float | None:
     return None if row is None else row.timestamp() - notice["sent_wall"]
 
 
+REACTION_STAGES = {  # key in the JSON: what the span holds, and the stamps it runs between
+    "posted_to_stored": ("the web server stores the notice", "posted", "received_at"),
+    "stored_to_claimed": ("it waits for a drain to claim it (kick, Celery queue, the drain's spacing)",
+                          "received_at", "enqueued_at"),
+    "claimed_to_locked": ("the drain takes the batch's locks (its clock, the row's processed_at, is read then)",
+                          "enqueued_at", "processed_at"),
+    "locked_to_published": ("the reaction, its commit and the new generation (applied after the commit)",
+                            "processed_at", "published"),
+}
+
+
+def _reaction_stages(notice: dict, published: float | None) -> dict[str, float] | None:
+    """Where the control plane's reaction to one agent notice went: seconds between the stamps of
+    its stored row (and the POST, and the job's next generation: `_published_after`)."""
+    from controlplane.fleet.models import InterruptionNotice, NoticeSource
+
+    row = InterruptionNotice.objects.filter(instance_id=notice["instance"], source=NoticeSource.AGENT).order_by(
+        "-received_at").values("received_at", "enqueued_at", "processed_at").first()
+    if row is None or published is None or any(v is None for v in row.values()):
+        return None
+    stamps = {"posted": 0.0, "published": published, **{k: v.timestamp() - notice["sent_wall"] for k, v in row.items()}}
+    return {key: stamps[end] - stamps[start] for key, (_, start, end) in REACTION_STAGES.items()}
+
+
 def _notice_figures(fleet: Fleet, noticed: list[dict], jobs: dict[int, list[int]]) -> dict:
     delays, missing, per_notice, reactions, deliveries = [], 0, [], [], []
+    stages: dict[str, list[float]] = {key: [] for key in REACTION_STAGES}
     for notice in noticed:
         mine = []
         for iid in jobs[notice["job"]]:
@@ -361,8 +386,12 @@ def _notice_figures(fleet: Fleet, noticed: list[dict], jobs: dict[int, list[int]
         if published is not None:
             reactions.append(published)
             deliveries += [d - published for d in mine]
+        spent = _reaction_stages(notice, published) or {}
+        for key, seconds in spent.items():
+            stages[key].append(seconds)
         per_notice.append({"job": notice["job"], "agents": len(jobs[notice["job"]]), "delivered": len(mine),
                            "generation_published_ms": None if published is None else round(published * 1000, 1),
+                           **{f"{key}_ms": round(seconds * 1000, 1) for key, seconds in spent.items()},
                            "last_delivery_ms": round(max(mine, default=float("nan")) * 1000, 1),
                            "notice_status": notice["status"]})
     return {
@@ -371,6 +400,8 @@ def _notice_figures(fleet: Fleet, noticed: list[dict], jobs: dict[int, list[int]
         "notice_to_command_max_ms": round(max(delays, default=float("nan")) * 1000, 1),
         "notice_to_generation_published_p50_ms": round(_pct(reactions, 0.5) * 1000, 1),
         "notice_to_generation_published_max_ms": round(max(reactions, default=float("nan")) * 1000, 1),
+        **{f"{key}_{stat}_ms": round(fn(values) * 1000, 1) for key, values in stages.items()
+           for stat, fn in (("p50", lambda v: _pct(v, 0.5)), ("max", lambda v: max(v, default=float("nan"))))},
         "generation_published_to_command_p50_ms": round(_pct(deliveries, 0.5) * 1000, 1),
         "generation_published_to_command_p99_ms": round(_pct(deliveries, 0.99) * 1000, 1),
         "agents_affected": sum(len(jobs[n["job"]]) for n in noticed),
@@ -596,6 +627,8 @@ def _notice_rows(n: dict, label: str) -> list[list[Any]]:
          f"{n['notice_to_command_p50_ms']} / {n['notice_to_command_p99_ms']} / {n['notice_to_command_max_ms']}", "-"],
         ["  of which notice -> generation published (Celery reaction), p50 / max (ms)", "", "-",
          f"{n['notice_to_generation_published_p50_ms']} / {n['notice_to_generation_published_max_ms']}", "-"],
+        *[[f"    {what}: p50 / max (ms)", "", "-", f"{n[f'{key}_p50_ms']} / {n[f'{key}_max_ms']}", "-"]
+          for key, (what, _, _) in REACTION_STAGES.items()],
         ["  of which generation published -> command at the agent, p50 / p99 (ms)", "", "-",
          f"{n['generation_published_to_command_p50_ms']} / {n['generation_published_to_command_p99_ms']}", "-"],
         ["  agents not delivered / affected", "0", "-", f"{n['agents_not_delivered']} / {n['agents_affected']}", "-"],
