@@ -86,7 +86,8 @@ def _selects(markexpr: str, marks: frozenset[str] | None) -> bool:
 def leaves_out(markexpr: str, marks: frozenset[str]) -> bool:
     """Whether a module whose tests all carry `marks` can go uncollected under `-m markexpr`:
     deselected with those markers alone and with every other name true too (its tests carry more,
-    `parametrize`, `timeout`: `-m "parametrize and serial"` keeps it)."""
+    `parametrize`, `timeout`: `-m "parametrize and serial"` keeps it). Exact while its other
+    markers are ones a selection does not mix with a negation (`-m "parametrize and not timeout"`)."""
     return bool(markexpr) and not _selects(markexpr, marks) and not _selects(markexpr, None)
 
 
