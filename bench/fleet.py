@@ -400,8 +400,8 @@ def _notice_figures(fleet: Fleet, noticed: list[dict], jobs: dict[int, list[int]
         "notice_to_command_max_ms": round(max(delays, default=float("nan")) * 1000, 1),
         "notice_to_generation_published_p50_ms": round(_pct(reactions, 0.5) * 1000, 1),
         "notice_to_generation_published_max_ms": round(max(reactions, default=float("nan")) * 1000, 1),
-        **{f"{key}_{stat}_ms": round(fn(values) * 1000, 1) for key, values in stages.items()
-           for stat, fn in (("p50", lambda v: _pct(v, 0.5)), ("max", lambda v: max(v, default=float("nan"))))},
+        **{f"{key}_p50_ms": round(_pct(values, 0.5) * 1000, 1) for key, values in stages.items()},
+        **{f"{key}_max_ms": round(max(values, default=float("nan")) * 1000, 1) for key, values in stages.items()},
         "generation_published_to_command_p50_ms": round(_pct(deliveries, 0.5) * 1000, 1),
         "generation_published_to_command_p99_ms": round(_pct(deliveries, 0.99) * 1000, 1),
         "agents_affected": sum(len(jobs[n["job"]]) for n in noticed),

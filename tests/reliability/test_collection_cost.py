@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import COSTLY_TO_COLLECT, REPO_ROOT, leaves_out
 
-SERIAL = frozenset({"serial"})
+SERIAL = COSTLY_TO_COLLECT["reliability/test_api_fuzz.py"]
 
 
 def _makefile(name: str) -> str:
@@ -19,10 +19,16 @@ def _makefile(name: str) -> str:
     return found.group(1)
 
 
+def _ci_pass_marks() -> list[str]:
+    """The `PYTEST_MARKS` of each of .ci/run's passes."""
+    found = re.findall(r"PYTEST_MARKS='([^']*)'", (REPO_ROOT / ".ci" / "run").read_text())
+    assert len(found) == 2, found
+    return found
+
+
 def test_make_tests_two_parts_leave_the_fuzz_out_of_the_xdist_part_only() -> None:
     serial_marks = _makefile("SERIAL_MARKS")
-    embedded = "not chaos and not runtime and not scenario and not backend_independent and not browser"
-    for narrowed in ("", f" and ({embedded})", " and (not demo)"):
+    for narrowed in ("", *(f" and ({marks})" for marks in _ci_pass_marks())):
         assert leaves_out(f"not ({serial_marks}){narrowed}", SERIAL)
         assert not leaves_out(f"({serial_marks}){narrowed}", SERIAL)
 
