@@ -54,11 +54,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     PBKDF2 (1,000,000 iterations) took 0.34 s a hash here, 13 s of one pass's worker time (39 hashes in
     the control-plane, reliability and orchestration tests, counted 2026-11-28). What is
     tested of passwords (login, its limits) does not depend on the hash's cost; servers the tests
-    start in their own processes keep production's hashers."""
+    start in their own processes keep production's hashers. And an empty static root (below)."""
     from django.conf import settings
 
     if settings.configured:
         settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+        # The suite collects no static files (the pages' scripts come from the apps' folders), and
+        # WhiteNoise warns at every handler's start when STATIC_ROOT is missing: 1,290 warnings a pass.
+        Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
 
 
 def is_browser_test(item: pytest.Item) -> bool:
