@@ -186,6 +186,7 @@ def _fast_path_ms(team, agents: int, n: int) -> float:
         assert statuses[:-1] == [200] * len(keys), statuses
 
     ms = _cpu_ms_per_request(window, rounds=max(3, n // agents), per_window=agents)
+    app.close_pools()
     assert app.heartbeats.handed_over == 0, "a heartbeat went to the view: not the fast path's cost"
     return round(ms, 3)
 
@@ -252,6 +253,7 @@ def _poll_held_ms(team, agents: int, n: int, *, batched: bool) -> float:
         await asyncio.gather(*polls, pause)
 
     ms = _cpu_ms_per_request(window, rounds=max(3, n // agents), per_window=agents)
+    app.close_pools()
     if batched:
         assert app.polls.handed_over == 0 and app.polls.answered > 0, "a poll went to the view"
     else:

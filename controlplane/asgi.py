@@ -44,6 +44,7 @@ from django.urls import reverse  # noqa: E402
 
 from controlplane.common.heap import freeze_startup_heap  # noqa: E402
 from controlplane.common.request_limits import request_body_ceiling  # noqa: E402
+from controlplane.common.thread_pools import DatabaseThreadPool  # noqa: E402
 from controlplane.common.window_batches import WindowBatches  # noqa: E402
 from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
 from controlplane.fleet import heartbeat_channel  # noqa: E402
@@ -140,7 +141,7 @@ class ControlPlane:
                  slow_poll_s: float | None = None, heartbeat_batch_s: float | None = None,
                  poll_batch_s: float | None = None) -> None:
         self.bridge = WSGIBridge(wsgi, threads=web_threads, max_body_bytes=request_body_ceiling())
-        self.agent_executor = ThreadPoolExecutor(max_workers=agent_threads, thread_name_prefix="agent-channel")
+        self.agent_executor = DatabaseThreadPool(max_workers=agent_threads, thread_name_prefix="agent-channel")
         self.answers = _AnswerReads(self.agent_executor)
         self.waiters = CommandWaiters(
             versions_of=lambda ids: _in_request(selectors.agent_command_versions, ids),
@@ -172,6 +173,12 @@ class ControlPlane:
         elif scope["type"] == "http":
             await self.bridge(scope, receive, send)
 
+    def close_pools(self) -> None:
+        """Shut both thread pools down, their threads' database connections closed (the batches and
+        waiters closed first: they submit to the agent pool)."""
+        self.agent_executor.shutdown()
+        self.bridge.executor.shutdown()
+
     async def _lifespan(self, receive: Callable, send: Callable) -> None:
         while True:
             message = await receive()
@@ -181,6 +188,7 @@ class ControlPlane:
                 await self.heartbeats.close()
                 await self.polls.close()
                 await self.waiters.close()
+                await asyncio.get_running_loop().run_in_executor(None, self.close_pools)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

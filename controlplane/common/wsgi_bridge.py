@@ -20,9 +20,10 @@ import json
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from controlplane.common.thread_pools import DatabaseThreadPool
 
 SPOOL_BYTES = 1024 * 1024
 
@@ -158,7 +159,7 @@ class WSGIBridge:
         self.app = app
         self.threads = threads
         self.max_body_bytes = max_body_bytes
-        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsgi")
+        self.executor = DatabaseThreadPool(max_workers=threads, thread_name_prefix="wsgi")
 
     async def call(self, scope: dict[str, Any], body: Any, *, extra: dict[str, Any] | None = None,
                    executor: Any = None) -> WSGIResponse:

@@ -1,13 +1,34 @@
 """One HTTP request through an ASGI application, for the tests of the ASGI entry point's fast
 paths (heartbeats, command polls) and of the agent channel: the scope a server would build, and a
 client that stays connected until it has its whole answer (a disconnect would end a held poll);
-and the SQL each batch of a fast path runs."""
+and the SQL each batch of a fast path runs. `control_plane` builds the application for one test;
+tests/orchestration/conftest.py shuts its thread pools down after the test, which closes their
+threads' database connections (else each app left PostgreSQL sessions open until the end)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from typing import Any
+
+_BUILT: list[Any] = []
+
+
+def control_plane(wsgi: Callable | None = None, **kwargs: Any) -> Any:
+    """`controlplane.asgi.ControlPlane(wsgi, **kwargs)` (default: the project's WSGI application),
+    its pools shut down after the test (`close_control_planes`)."""
+    from controlplane.asgi import ControlPlane
+    from controlplane.wsgi import application
+
+    app = ControlPlane(wsgi or application, **kwargs)
+    _BUILT.append(app)
+    return app
+
+
+def close_control_planes() -> None:
+    """Shut down the pools of every application `control_plane` built."""
+    while _BUILT:
+        _BUILT.pop().close_pools()
 
 
 def http_scope(*, method: str, path: str, headers: dict[str, str] | None = None, query: str = "") -> dict[str, Any]:

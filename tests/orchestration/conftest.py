@@ -249,3 +249,12 @@ def fake():
     set_provider("local", provider)
     yield provider
     set_provider("local", None)
+
+
+@pytest.fixture(autouse=True)
+def _control_planes_closed():
+    """The ASGI applications a test built with `asgi_client.control_plane`, shut down after it."""
+    yield
+    from tests.orchestration.asgi_client import close_control_planes
+
+    close_control_planes()

@@ -1,0 +1,66 @@
+"""`DatabaseThreadPool.shutdown` closes every pool thread's database connection (the ASGI server's
+pools; before, each application the tests built left its threads' PostgreSQL sessions open)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from controlplane.common.thread_pools import DatabaseThreadPool
+from controlplane.fleet.models import Instance
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+THREADS = 3
+
+
+def _query_on_every_thread(pool: DatabaseThreadPool) -> list:
+    """One query on each of the pool's THREADS threads; their connection wrappers."""
+    barrier = threading.Barrier(THREADS, timeout=10)
+
+    def query():
+        barrier.wait()  # every task on its own thread
+        Instance.objects.count()
+        return connections["default"]
+
+    wrappers = [f.result(timeout=20) for f in [pool.submit(query) for _ in range(THREADS)]]
+    assert len({id(w) for w in wrappers}) == THREADS
+    return wrappers
+
+
+def _other_sessions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def test_shutdown_closes_each_threads_connection():
+    pool = DatabaseThreadPool(max_workers=THREADS, thread_name_prefix="test-pool")
+    wrappers = _query_on_every_thread(pool)
+    assert all(w.connection is not None for w in wrappers)
+    pool.shutdown()
+    assert all(w.connection is None for w in wrappers)
+    pool.shutdown()  # a second shutdown is a no-op, not a submit to a closed pool
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL-only: counts the server's sessions")
+def test_shutdown_leaves_no_session_on_the_server():
+    before = _other_sessions()
+    pool = DatabaseThreadPool(max_workers=THREADS, thread_name_prefix="test-pool")
+    _query_on_every_thread(pool)
+    assert _other_sessions() == before + THREADS
+    pool.shutdown()
+    assert _other_sessions() == before
+
+
+def test_a_control_plane_closes_both_pools():
+    from controlplane.asgi import ControlPlane
+    from controlplane.wsgi import application
+
+    app = ControlPlane(application, redis_url="", web_threads=THREADS, agent_threads=THREADS)
+    wrappers = _query_on_every_thread(app.agent_executor) + _query_on_every_thread(app.bridge.executor)
+    app.close_pools()
+    assert all(w.connection is None for w in wrappers)
