@@ -3,6 +3,8 @@ the run this process would make, and recycle's slice is the start of the same tr
 
 from __future__ import annotations
 
+import os
+
 from bench import _simulate_scale as scale
 from runtime.config import ModelSpec
 from runtime.planner.throughput import CostModel
@@ -10,6 +12,7 @@ from runtime.sim.engine import SimParams
 
 SPEC = ModelSpec(kind="mlp", n_layer=6, n_embd=8)  # 8 layers: one per stage of the 125 x 8 fleet
 TIMINGS = ("wall_seconds", "cpu_seconds")
+NICENESS_HERE = os.nice(0)
 
 
 def _job() -> tuple[CostModel, SimParams]:
@@ -28,6 +31,7 @@ def test_a_worker_process_runs_what_this_process_would():
     assert pooled["simulated_hours"] == 24 and pooled["preemptions"] > 1000 and pooled["states_planned"] > 0
     assert all(pooled[k] > 0 for k in TIMINGS)
     assert runs.workers == 1  # one strategy: one worker, whatever the cores
+    assert os.nice(0) == NICENESS_HERE  # the yielding priority is the worker's, not this process's
 
 
 def test_recycle_replays_the_first_hours_of_the_same_trace():
