@@ -1,7 +1,7 @@
 """One HTTP request through an ASGI application, for the tests of the ASGI entry point's fast
 paths (heartbeats, command polls) and of the agent channel: the scope a server would build, and a
 client that stays connected until it has its whole answer (a disconnect would end a held poll);
-and the SQL each batch of a fast path runs. `control_plane` builds the application for one test;
+and the SQL each batch of a fast path runs. `asgi_control_plane` builds the application for one test;
 tests/orchestration/conftest.py shuts its thread pools down after the test, which closes their
 threads' database connections (else each app left PostgreSQL sessions open until the end)."""
 
@@ -14,7 +14,7 @@ from typing import Any
 _BUILT: list[Any] = []
 
 
-def control_plane(wsgi: Callable | None = None, **kwargs: Any) -> Any:
+def asgi_control_plane(wsgi: Callable | None = None, **kwargs: Any) -> Any:
     """`controlplane.asgi.ControlPlane(wsgi, **kwargs)` (default: the project's WSGI application),
     its pools shut down after the test (`close_control_planes`)."""
     from controlplane.asgi import ControlPlane
@@ -26,7 +26,7 @@ def control_plane(wsgi: Callable | None = None, **kwargs: Any) -> Any:
 
 
 def close_control_planes() -> None:
-    """Shut down the pools of every application `control_plane` built."""
+    """Shut down the pools of every application `asgi_control_plane` built."""
     while _BUILT:
         _BUILT.pop().close_pools()
 

@@ -166,7 +166,14 @@ def quiesce_worker(worker, timeout: float = 20.0) -> None:
 class ControlPlaneServer:
     """The control plane's WSGI app on a free port, served by threads that each open their own
     database connection. (pytest-django's `live_server` shares the test's single SQLite connection
-    with every request thread, which breaks under many concurrent agents.)"""
+    with every request thread, which breaks under many concurrent agents.)
+
+    A request thread closes its database connection when its client connection ends (Django's
+    `ThreadedWSGIServer.close_request`); one whose client keeps the connection alive waits for the
+    next request holding it. `stop` ends those client connections and waits for their threads, so
+    no PostgreSQL session outlives the test (the test database could not be dropped)."""
+
+    STOP_WAIT_S = 5.0
 
     def __init__(self) -> None:
         import threading
@@ -178,7 +185,22 @@ class ControlPlaneServer:
             def log_message(self, *args) -> None:
                 return
 
-        self.httpd = ThreadedWSGIServer(("127.0.0.1", 0), QuietHandler, allow_reuse_address=False)
+        class TrackingServer(ThreadedWSGIServer):
+            def __init__(self, *args, **kwargs) -> None:
+                super().__init__(*args, **kwargs)
+                self.open_requests: dict = {}  # client socket -> its request thread
+                self.lock = threading.Lock()
+
+            def process_request_thread(self, request, client_address) -> None:
+                with self.lock:
+                    self.open_requests[request] = threading.current_thread()
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    with self.lock:
+                        self.open_requests.pop(request, None)
+
+        self.httpd = TrackingServer(("127.0.0.1", 0), QuietHandler, allow_reuse_address=False)
         self.httpd.set_app(get_wsgi_application())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -186,7 +208,19 @@ class ControlPlaneServer:
         self.thread.start()
 
     def stop(self) -> None:
+        import contextlib
+        import socket
+        import time
+
         self.httpd.shutdown()
+        with self.httpd.lock:
+            open_requests = dict(self.httpd.open_requests)
+        for sock in open_requests:  # a kept-alive client's next read ends: its thread closes and exits
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + self.STOP_WAIT_S
+        for thread in open_requests.values():  # a request still running (a held poll) gets a bound
+            thread.join(max(0.0, deadline - time.monotonic()))
         self.httpd.server_close()
 
 
@@ -253,7 +287,7 @@ def fake():
 
 @pytest.fixture(autouse=True)
 def _control_planes_closed():
-    """The ASGI applications a test built with `asgi_client.control_plane`, shut down after it."""
+    """The ASGI applications a test built with `asgi_client.asgi_control_plane`, shut down after it."""
     yield
     from tests.orchestration.asgi_client import close_control_planes
 

@@ -20,7 +20,7 @@ from controlplane.orchestration import services
 from controlplane.orchestration.providers import set_provider
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.factories import make_job, make_team, make_webhook_credential
-from tests.orchestration.asgi_client import asgi_request, control_plane, http_scope
+from tests.orchestration.asgi_client import asgi_control_plane, asgi_request, http_scope
 from tests.orchestration.fakes import FakeProvider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,7 +54,7 @@ def agent():
 
 
 def _app(**kwargs) -> ControlPlane:
-    return control_plane(wsgi_application, **kwargs)
+    return asgi_control_plane(wsgi_application, **kwargs)
 
 
 async def _release_time(app: ControlPlane, job, headers) -> tuple[float, dict]:

@@ -27,7 +27,7 @@ from controlplane.orchestration.services import instances_detect_dead
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
-from tests.orchestration.asgi_client import asgi_request, capturing_sql, control_plane, http_scope
+from tests.orchestration.asgi_client import asgi_control_plane, asgi_request, capturing_sql, http_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,7 +70,7 @@ def fleet():
 
 
 def _app(**kwargs) -> ControlPlane:
-    return control_plane(wsgi_application, redis_url="", heartbeat_batch_s=kwargs.pop("heartbeat_batch_s", 0.02),
+    return asgi_control_plane(wsgi_application, redis_url="", heartbeat_batch_s=kwargs.pop("heartbeat_batch_s", 0.02),
                         **kwargs)
 
 
@@ -155,7 +155,7 @@ def test_https_rules_are_the_views(fleet, settings, secure):
     heartbeat_channel._middlewares.cache_clear()
     headers = {**JSON, "authorization": f"Token {key}", **({"x-forwarded-proto": "https"} if secure else {})}
     # Django's middlewares read these settings when they are built: a handler built after the change.
-    app = control_plane(get_wsgi_application(), redis_url="", heartbeat_batch_s=0.02)
+    app = asgi_control_plane(get_wsgi_application(), redis_url="", heartbeat_batch_s=0.02)
 
     async def scenario():
         return await _call(app, _url(instance), headers, b"{}"), await _view(app, _url(instance), headers, b"{}")

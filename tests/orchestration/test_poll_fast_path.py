@@ -27,7 +27,7 @@ from controlplane.orchestration import poll_channel, selectors, services
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
-from tests.orchestration.asgi_client import asgi_request, capturing_sql, control_plane, http_scope
+from tests.orchestration.asgi_client import asgi_control_plane, asgi_request, capturing_sql, http_scope
 from tests.orchestration.test_agent_channel import agent  # noqa: F401  (the fixture: a started job's agent)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,7 +46,7 @@ async def _call(app, headers: dict[str, str], query: str, body: bytes = b"", **k
 
 
 def _app(**kwargs) -> ControlPlane:
-    return control_plane(wsgi_application, redis_url=kwargs.pop("redis_url", ""),
+    return asgi_control_plane(wsgi_application, redis_url=kwargs.pop("redis_url", ""),
                         fast_poll_s=kwargs.pop("fast_poll_s", 0.05), poll_batch_s=kwargs.pop("poll_batch_s", 0.02),
                         **kwargs)
 
