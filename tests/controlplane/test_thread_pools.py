@@ -46,7 +46,9 @@ def test_shutdown_closes_each_threads_connection():
     pool.shutdown()  # a second shutdown is a no-op, not a submit to a closed pool
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL-only: counts the server's sessions")
+@pytest.mark.skipif(connection.vendor != "postgresql",
+                    reason="counts the server's sessions (pg_stat_activity): SQLite has no server; the tests "
+                           "beside it check the connections closed on both backends")
 def test_shutdown_leaves_no_session_on_the_server():
     before = _other_sessions()
     pool = DatabaseThreadPool(max_workers=THREADS, thread_name_prefix="test-pool")
