@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.orchestration.providers.base import (
+    CAPACITY_CODES,
     TAG_REQUEST,
     AgentBootstrap,
     InsufficientCapacity,
@@ -32,10 +33,6 @@ from controlplane.orchestration.providers.base import (
 TRANSIENT_CODES = frozenset({
     "RequestLimitExceeded", "Throttling", "ThrottlingException", "InternalError", "ServiceUnavailable",
     "Unavailable", "InvalidInstanceID.NotFound",
-})
-CAPACITY_CODES = frozenset({
-    "InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
-    "UnfulfillableCapacity", "InsufficientCapacity",
 })
 _STATE = {"pending": "pending", "running": "running", "shutting-down": "stopping", "stopping": "stopping",
           "stopped": "terminated", "terminated": "terminated"}

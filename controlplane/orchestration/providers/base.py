@@ -29,7 +29,32 @@ class ProviderError(Exception):
 
 
 class InsufficientCapacity(ProviderError):
-    """No pool of the request could give the capacity now (AWS InsufficientInstanceCapacity)."""
+    """Some or all offerings of a request had no capacity now (AWS InsufficientInstanceCapacity,
+    a quota, a max price too low: `CAPACITY_CODES`).
+
+    `pools` are the keys (`Pool.key`) of the offerings that said no; empty means the provider could
+    not tell which, so every pool of the request counts as failed. `nodes` are the nodes launched
+    anyway (partial fulfilment): the caller keeps them and asks elsewhere for the rest."""
+
+    def __init__(self, message: str, *, code: str = "", pools: Sequence[str] = (),
+                 nodes: Sequence[NodeInfo] = ()) -> None:
+        super().__init__(message, transient=False, code=code)
+        self.pools = tuple(pools)
+        self.nodes = list(nodes)
+
+
+CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity",
+    "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow", "VcpuLimitExceeded",
+    "InsufficientHostCapacity", "MaxFleetCountExceeded", "InstanceLimitExceeded",
+})
+"""Launch error codes that mean "no capacity in this offering now" (capacity, spot limits, quotas):
+the offering is marked unavailable for a while and the launch goes on with the next ones."""
+
+SPOT = "spot"
+ON_DEMAND = "on_demand"
+CAPACITY_TYPES = (SPOT, ON_DEMAND)
+"""How a node is bought; the spelling of `fleet.models.Lifecycle`."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,6 +64,8 @@ class Pool:
     instance_type: str
     zone: str = ""
     price: Decimal | None = None
+    region: str = ""
+    """The zone's region ("" = the provider's default region)."""
 
     @property
     def key(self) -> str:
@@ -71,13 +98,17 @@ class AgentBootstrap:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LaunchRequest:
-    """Ask for `count` spot nodes from any of `pools` (the provider picks by price and capacity)."""
+    """Ask for `count` nodes of `capacity_type` (spot or on_demand) from any of `pools` (the
+    provider picks by price and capacity). All pools of one request are in one region
+    (`region`, "" = the provider's default)."""
 
     client_token: str
     count: int
     pools: tuple[Pool, ...]
     bootstrap: AgentBootstrap
     tags: dict[str, str] = field(default_factory=dict)
+    capacity_type: str = SPOT
+    region: str = ""
 
     def all_tags(self) -> dict[str, str]:
         """The caller's tags plus the idempotency tag every provider writes on its nodes."""
@@ -93,7 +124,8 @@ class NodeInfo:
     zone: str
     state: str
     address: str = ""
-    lifecycle: str = "spot"
+    lifecycle: str = SPOT
+    region: str = ""
     tags: dict[str, str] = field(default_factory=dict)
 
     @property
