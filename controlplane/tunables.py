@@ -94,6 +94,11 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_PUBLIC_URL", "http://127.0.0.1:8000", "the control plane's address as nodes reach it"),
     Tunable("SPOTPIPE_LOCAL_NODES_DIR", _local_nodes_default, "where the local provider keeps its nodes' "
             "folders (default `var/nodes`)"),
+    Tunable("SPOTPIPE_LOCAL_CAPACITY", "", "a capacity script for the local provider: a JSON file listing "
+            "`{pool, from_s, to_s, error}` windows in which launches into `pool` (`TYPE@ZONE`) fail with `error` "
+            "(docs/orchestration.md)"),
+    Tunable("SPOTPIPE_CAPACITY_UNAVAILABLE_S", 180.0, "an offering that answered a capacity or quota error is "
+            "not asked again, by any team, for this long", kind=float),
     Tunable("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws", "which cloud's metadata formats local nodes serve"),
     Tunable("SPOTPIPE_HEARTBEAT_S", 0.5, "how often agents heartbeat (sent to them at enrolment)", kind=float),
     Tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0, "silence after which a node is declared dead", kind=float),

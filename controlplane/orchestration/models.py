@@ -30,6 +30,9 @@ class Acquisition(models.Model):
     count = models.PositiveIntegerField()
     pools = models.JSONField(default=list, help_text="[{instance_type, zone, price}] offered to the provider.")
     avoided_pools = models.JSONField(default=list, blank=True, help_text="Pools left out: they just preempted us.")
+    capacity_type = models.CharField(max_length=20, default="spot", help_text="spot or on_demand.")
+    failed_pools = models.JSONField(default=list, blank=True,
+                                    help_text="[{pool, code}] offerings that had no capacity during the launch.")
     reason = models.CharField(max_length=20, choices=AcquisitionReason.choices, default=AcquisitionReason.INITIAL)
     status = models.CharField(max_length=20, choices=AcquisitionStatus.choices, default=AcquisitionStatus.REQUESTED)
     attempts = models.PositiveIntegerField(default=0)
@@ -74,3 +77,28 @@ class HeartbeatWatch(models.Model):
 
     def __str__(self) -> str:
         return f"ran {self.last_run_at}, deaf until {self.deaf_until}"
+
+
+class UnavailableOffering(models.Model):
+    """An offering (provider, instance type, zone, capacity type) that answered "no capacity" (or a
+    quota error): no launch, of any team, asks it again before `until` (Karpenter's unavailable
+    offerings cache). Read together with the team-scoped cool-down after a preemption by
+    `controlplane.orchestration.offerings`, the one reader of both."""
+
+    provider = models.CharField(max_length=20)
+    instance_type = models.CharField(max_length=64)
+    zone = models.CharField(max_length=64, blank=True, help_text='"" when the launch named no zone.')
+    capacity_type = models.CharField(max_length=20, help_text="spot or on_demand (fleet.models.Lifecycle).")
+    region = models.CharField(max_length=40, blank=True)
+    code = models.CharField(max_length=100, help_text="The provider's error code, e.g. InsufficientInstanceCapacity.")
+    marked_at = models.DateTimeField()
+    until = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "instance_type", "zone", "capacity_type"],
+                                               name="unavailable_offering_unique")]
+        indexes = [models.Index(fields=["until"], name="unavailable_offering_until_idx")]
+        ordering = ["until", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.instance_type}@{self.zone or '*'}/{self.capacity_type} until {self.until}"

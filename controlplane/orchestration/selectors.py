@@ -4,23 +4,19 @@ agent should run now."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from decimal import Decimal
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
-from django.utils import timezone
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
 from controlplane.jobs.models import JobGeneration, TrainingJob
-from controlplane.market.models import SpotPrice
-from controlplane.orchestration.providers.base import Pool
+from controlplane.market.models import InstanceType, SpotPrice
+from controlplane.orchestration.offerings import pool_unavailability
+from controlplane.orchestration.providers.base import ON_DEMAND, SPOT, Pool
 
 # Instances that count towards a job's capacity (a node under notice is already leaving).
 COUNTED_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING})
-# A pool that preempted one of the team's nodes this recently is not asked again (Karpenter's
-# "unavailable offerings" cache does the same, for 3 minutes).
-POOL_COOLDOWN = timedelta(minutes=3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,24 +43,24 @@ def job_shape(*, job: TrainingJob) -> JobShape:
     )
 
 
-def recently_preempted_pools(*, team_id: int, now=None) -> set[str]:
-    """Pool keys (`type@zone`) where one of the team's nodes was preempted or got a notice lately."""
-    since = (now or timezone.now()) - POOL_COOLDOWN
-    rows = Instance.objects.filter(
-        Q(notice_at__gte=since) | Q(state=InstanceState.PREEMPTED, ended_at__gte=since), team_id=team_id
-    ).values_list("instance_type__name", "zone__code")
-    return {f"{itype}@{zone or '*'}" for itype, zone in rows}
+@dataclass(frozen=True, slots=True)
+class RankedPools:
+    """A job's pools for one launch, cheapest first, split by what `offerings` says of them now."""
+
+    usable: list[Pool]
+    """What to ask, in this order."""
+    cooling: list[Pool]
+    """Left out: they preempted the team lately (asked anyway when nothing else is left)."""
+    unavailable: list[Pool]
+    """Left out: they answered "no capacity" to some team within the TTL (never asked)."""
 
 
-def pools_ranked(*, job: TrainingJob, shape: JobShape | None = None) -> tuple[list[Pool], list[Pool]]:
-    """The plan's pools, cheapest first by the spot price in force, with the pools that just
-    preempted us left out (returned second). If every pool is cooling down, all are used."""
-    shape = shape or job_shape(job=job)
+def _spot_prices(names: list[str]) -> dict[str, Decimal]:
+    """The spot price in force of every pool (`type@zone`) of these instance types."""
     latest = SpotPrice.objects.filter(
         instance_type__name=OuterRef("instance_type__name"), zone__code=OuterRef("zone__code")
     ).order_by("-timestamp")
     prices: dict[str, Decimal] = {}
-    names = [p.instance_type for p in shape.pools]
     for row in (
         SpotPrice.objects.filter(instance_type__name__in=names)
         .annotate(latest_id=Subquery(latest.values("id")[:1]))
@@ -72,12 +68,38 @@ def pools_ranked(*, job: TrainingJob, shape: JobShape | None = None) -> tuple[li
     ):
         if row["id"] == row["latest_id"]:
             prices[f"{row['instance_type__name']}@{row['zone__code']}"] = row["price"]
-    priced = [Pool(instance_type=p.instance_type, zone=p.zone, price=prices.get(p.key)) for p in shape.pools]
+    return prices
+
+
+def _on_demand_prices(provider: str, names: list[str]) -> dict[str, Decimal]:
+    rows = InstanceType.objects.filter(cloud__code=provider, name__in=names, on_demand_price__isnull=False)
+    return dict(rows.values_list("name", "on_demand_price"))
+
+
+def pools_ranked(*, job: TrainingJob, shape: JobShape | None = None, capacity_type: str = SPOT,
+                 now=None) -> RankedPools:
+    """The plan's pools for a launch of `capacity_type`, cheapest first by the price in force (spot
+    price, or the type's on-demand price), without the offerings `offerings` marks unavailable.
+    If every pool left is cooling down after a preemption, those are used; an offering without
+    capacity is never used before its mark expires."""
+    shape = shape or job_shape(job=job)
+    names = [p.instance_type for p in shape.pools]
+    if capacity_type == ON_DEMAND:
+        by_type = _on_demand_prices(shape.provider, names)
+        priced = [Pool(instance_type=p.instance_type, zone=p.zone, price=by_type.get(p.instance_type))
+                  for p in shape.pools]
+    else:
+        prices = _spot_prices(names)
+        priced = [Pool(instance_type=p.instance_type, zone=p.zone, price=prices.get(p.key)) for p in shape.pools]
     priced.sort(key=lambda p: (p.price is None, p.price or Decimal(0)))
-    cooling = recently_preempted_pools(team_id=job.team_id)
-    usable = [p for p in priced if p.key not in cooling]
-    avoided = [p for p in priced if p.key in cooling]
-    return (usable or priced), (avoided if usable else [])
+    state = pool_unavailability(team_id=job.team_id, provider=shape.provider, capacity_type=capacity_type, now=now)
+    unavailable = [p for p in priced if state.blocked(p)]
+    open_pools = [p for p in priced if not state.blocked(p)]
+    usable = [p for p in open_pools if p.key not in state.cooling]
+    cooling = [p for p in open_pools if p.key in state.cooling]
+    if not usable:
+        return RankedPools(usable=cooling, cooling=[], unavailable=unavailable)
+    return RankedPools(usable=usable, cooling=cooling, unavailable=unavailable)
 
 
 def _counted(job: TrainingJob) -> QuerySet[Instance]:

@@ -432,12 +432,13 @@ def test_cheapest_pool_first_and_a_pool_that_just_preempted_us_is_avoided():
     SpotPrice.objects.create(instance_type=itype, zone=b, price=Decimal("0.50"), timestamp=now - timedelta(hours=1))
     job = make_job(team, plan={"provider": "aws", "pools": [{"instance_type": "p3.2xlarge", "zone": "us-east-1b"},
                                                             {"instance_type": "p3.2xlarge", "zone": "us-east-1a"}]})
-    ranked, avoided = pools_ranked(job=job)
-    assert [(p.zone, p.price) for p in ranked] == [("us-east-1a", Decimal("0.90")), ("us-east-1b", Decimal("1.20"))]
-    assert avoided == []
+    ranked = pools_ranked(job=job)
+    assert [(p.zone, p.price) for p in ranked.usable] == [("us-east-1a", Decimal("0.90")),
+                                                         ("us-east-1b", Decimal("1.20"))]
+    assert ranked.cooling == []
 
     Instance.objects.create(team=team, job=job, provider="aws", instance_type=itype, zone=a,
                             provider_instance_id="i-0aaa", state=InstanceState.PREEMPTED, ended_at=now)
-    ranked, avoided = pools_ranked(job=job)
-    assert [p.zone for p in ranked] == ["us-east-1b"]
-    assert [p.zone for p in avoided] == ["us-east-1a"]
+    ranked = pools_ranked(job=job)
+    assert [p.zone for p in ranked.usable] == ["us-east-1b"]
+    assert [p.zone for p in ranked.cooling] == ["us-east-1a"]

@@ -38,7 +38,9 @@ def get_provider(kind: str) -> Provider:
     if kind == "local":
         from controlplane.orchestration.providers.local.provider import LocalProvider
 
-        return LocalProvider(Path(tunable("SPOTPIPE_LOCAL_NODES_DIR")))
+        script = tunable("SPOTPIPE_LOCAL_CAPACITY")
+        return LocalProvider(Path(tunable("SPOTPIPE_LOCAL_NODES_DIR")),
+                             capacity_script=Path(script) if script else None)
     if kind == "aws":
         from controlplane.orchestration.providers.aws import AwsConfig, AwsProvider
 

@@ -14,11 +14,12 @@ from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance, Lifecycle, ProviderKind
 from controlplane.fleet.services import instance_transition_locked, instances_moved_save
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, InstanceState
-from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, TrainingJob
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
+from controlplane.orchestration.offerings import offerings_mark_no_capacity, pool_unavailability, unavailable_ttl
 from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
-from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM
+from controlplane.orchestration.providers.base import ON_DEMAND, SPOT, TAG_JOB, TAG_TEAM, InsufficientCapacity
 from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
 from controlplane.orchestration.services.catalogue import _instance_type_row, _pool_json, _zone_row
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key
@@ -34,11 +35,18 @@ ATTACH_FIELDS = ("provider_instance_id", "instance_type", "zone", "agent_address
 LAUNCH_STALE_AFTER = timedelta(seconds=120)
 
 
+def job_capacity_type(job: TrainingJob) -> str:
+    """What the job's nodes are bought as now (`spot` or `on_demand`): its capacity policy's current
+    choice (`TrainingJob.capacity_type`)."""
+    return getattr(job, "capacity_type", "") or SPOT
+
+
 @transaction.atomic
 def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIAL) -> Acquisition | None:
     """Record an acquisition for the job's missing capacity (plan nodes minus counted instances),
     with one REQUESTED instance per node, under the job's lock. Returns None when nothing is
-    missing, so calling it twice acquires once."""
+    missing, so calling it twice acquires once, and when every offering of the plan is marked
+    without capacity (the job waits for the first mark to expire; its timeline says so once)."""
     locked = _lock_job(job)
     if locked.status not in ACTIVE_JOB_STATUSES:
         return None
@@ -46,7 +54,12 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     missing = shape.nodes - job_counted_count(job=locked)
     if missing <= 0:
         return None
-    pools, avoided = pools_ranked(job=locked, shape=shape)
+    capacity_type = job_capacity_type(locked)
+    ranked = pools_ranked(job=locked, shape=shape, capacity_type=capacity_type)
+    if not ranked.usable:
+        _record_capacity_wait(locked, missing=missing, unavailable=ranked.unavailable, capacity_type=capacity_type)
+        return None
+    pools = ranked.usable
     number = Acquisition.objects.filter(job=locked).count() + 1
     now = _now()
     acquisition = Acquisition.objects.create(
@@ -56,12 +69,14 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
         provider=shape.provider,
         count=missing,
         pools=[_pool_json(p) for p in pools],
-        avoided_pools=[_pool_json(p) for p in avoided],
+        avoided_pools=[_pool_json(p) for p in ranked.cooling + ranked.unavailable],
+        capacity_type=capacity_type,
         reason=reason,
         requested_at=now,
     )
     itype = _instance_type_row(shape.provider, pools[0].instance_type)
     zone = _zone_row(shape.provider, pools[0].zone)
+    lifecycle = Lifecycle.ON_DEMAND if capacity_type == ON_DEMAND else Lifecycle.SPOT
     # One insert for all of them: a 1,024-node start held the job's lock for one insert a node.
     Instance.objects.bulk_create([
         Instance(
@@ -70,26 +85,44 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
             provider=shape.provider,
             instance_type=itype,
             zone=zone,
-            lifecycle=Lifecycle.SPOT,
+            lifecycle=lifecycle,
             request_token=f"{acquisition.request_token}/{index}",
         )
         for index in range(missing)
     ])
     if locked.status == JobStatus.PENDING:
         _job_set_status(locked, JobStatus.PROVISIONING, f"acquiring {shape.nodes} node(s) from {shape.provider}")
+    kind_label = "on-demand " if capacity_type == ON_DEMAND else ""
     job_record_event(
         job=locked,
         kind="acquisition",
-        message=f"requested {missing} {shape.provider} node(s) ({reason})",
+        message=f"requested {missing} {kind_label}{shape.provider} node(s) ({reason})",
         data={
             "acquisition": acquisition.pk,
             "count": missing,
+            "capacity_type": capacity_type,
             "pools": acquisition.pools,
             "avoided_pools": acquisition.avoided_pools,
         },
         at=now,
     )
     return acquisition
+
+
+CAPACITY_WAIT_EVENT = "capacity_wait"
+
+
+def _record_capacity_wait(job: TrainingJob, *, missing: int, unavailable: list[Pool], capacity_type: str) -> None:
+    """One timeline event while every offering is out of capacity (not one per reconcile)."""
+    ttl = unavailable_ttl()
+    if JobEvent.objects.filter(job=job, kind=CAPACITY_WAIT_EVENT, at__gte=_now() - ttl).exists():
+        return
+    keys = [p.key for p in unavailable]
+    job_record_event(
+        job=job, kind=CAPACITY_WAIT_EVENT,
+        message=f"waiting for {missing} {capacity_type} node(s): no capacity in {', '.join(keys)[:200]}",
+        data={"missing": missing, "capacity_type": capacity_type, "unavailable_pools": keys},
+    )
 
 
 def _claim_launch(acquisition: Acquisition) -> bool:
@@ -134,22 +167,9 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
     if not _claim_launch(acquisition):
         return []
     provider = get_provider(acquisition.provider)
-    request = LaunchRequest(
-        client_token=acquisition.request_token,
-        count=acquisition.count,
-        pools=tuple(Pool(instance_type=p["instance_type"], zone=p.get("zone") or "") for p in acquisition.pools),
-        bootstrap=AgentBootstrap(
-            control_plane_url=control_plane_url(),
-            enroll_key=acquisition_enroll_key(acquisition=acquisition),
-            cloud="aws"
-            if acquisition.provider == ProviderKind.AWS
-            else tunable("SPOTPIPE_LOCAL_METADATA_CLOUD"),
-            heartbeat_s=tunable("SPOTPIPE_HEARTBEAT_S"),
-        ),
-        tags={TAG_JOB: str(acquisition.job_id), TAG_TEAM: str(acquisition.team_id)},
-    )
     try:
-        return acquisition_attach(acquisition=acquisition, nodes=provider.launch(request))
+        nodes = _launch_failing_over(acquisition, provider)
+        return acquisition_attach(acquisition=acquisition, nodes=nodes)
     except Exception as exc:
         # Give the claim back (the provider adopts what this try started), whether the provider or
         # the attach failed: a claim left behind would hold the launch for LAUNCH_STALE_AFTER.
@@ -161,6 +181,69 @@ def acquisition_launch(*, acquisition: Acquisition) -> list[Instance]:
         except Exception:
             logger.exception("could not release the launch claim of acquisition %s", acquisition.pk)
         raise
+
+
+def _launch_request(acquisition: Acquisition, *, token: str, count: int, pools: list[Pool]) -> LaunchRequest:
+    return LaunchRequest(
+        client_token=token,
+        count=count,
+        pools=tuple(pools),
+        bootstrap=AgentBootstrap(
+            control_plane_url=control_plane_url(),
+            enroll_key=acquisition_enroll_key(acquisition=acquisition),
+            cloud="aws"
+            if acquisition.provider == ProviderKind.AWS
+            else tunable("SPOTPIPE_LOCAL_METADATA_CLOUD"),
+            heartbeat_s=tunable("SPOTPIPE_HEARTBEAT_S"),
+        ),
+        tags={TAG_JOB: str(acquisition.job_id), TAG_TEAM: str(acquisition.team_id)},
+        capacity_type=acquisition.capacity_type or SPOT,
+        region=pools[0].region if pools else "",
+    )
+
+
+def _launch_failing_over(acquisition: Acquisition, provider: Any) -> list[NodeInfo]:
+    """Launch the acquisition's nodes from its pools, cheapest first; an offering that answers "no
+    capacity" is marked unavailable for every team (`offerings`) and the same launch goes on at once
+    with the offerings left, keeping what was launched. Returns every node launched (fewer than
+    asked when every offering is out).
+
+    Round k of a launch uses the client token `<token>.k` (round 1: the token itself), and each
+    failed round is recorded before the next starts: a retried task resumes at the same round, and
+    the provider adopts what that round's first try launched instead of launching it again."""
+    pools = [Pool(instance_type=p["instance_type"], zone=p.get("zone") or "", region=p.get("region") or "")
+             for p in acquisition.pools]
+    capacity_type = acquisition.capacity_type or SPOT
+    failed_rounds = list(acquisition.failed_pools or [])
+    tried = {key for entry in failed_rounds for key in entry.get("pools", [])}
+    nodes: list[NodeInfo] = []
+    while len(nodes) < acquisition.count:
+        state = pool_unavailability(team_id=acquisition.team_id, provider=acquisition.provider,
+                                    capacity_type=capacity_type)
+        open_pools = [p for p in pools if not state.blocked(p) and p.key not in tried]
+        if not open_pools:
+            break
+        round_number = len(failed_rounds) + 1
+        token = acquisition.request_token if round_number == 1 else f"{acquisition.request_token}.{round_number}"
+        request = _launch_request(acquisition, token=token, count=acquisition.count - len(nodes), pools=open_pools)
+        try:
+            nodes += provider.launch(request)
+            break
+        except InsufficientCapacity as exc:
+            named = set(exc.pools)
+            failed = [p for p in open_pools if p.key in named] or open_pools
+            nodes += exc.nodes
+            offerings_mark_no_capacity(provider=acquisition.provider, pools=failed, capacity_type=capacity_type,
+                                       code=exc.code or "InsufficientCapacity")
+            tried |= {p.key for p in failed}
+            failed_rounds.append({"round": round_number, "pools": [p.key for p in failed],
+                                  "code": (exc.code or "InsufficientCapacity")[:100],
+                                  "launched": len(exc.nodes), "at": _now().isoformat()})
+            Acquisition.objects.filter(pk=acquisition.pk).update(failed_pools=failed_rounds)
+            logger.info("acquisition %s: no capacity in %s (%s); %d pool(s) left", acquisition.pk,
+                        [p.key for p in failed], exc.code, len(pools) - len(tried))
+    acquisition.failed_pools = failed_rounds
+    return nodes
 
 
 @transaction.atomic
@@ -217,11 +300,14 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
         attached.append(instance)
     bulk_update_by_pk(Instance, given, ATTACH_FIELDS)
     instances_moved_save(moved=moved, events=events, at=at)
-    _end_locked_many(without_node, InstanceState.FAILED, detail={"reason": "provider launched fewer nodes"})
-    locked.status = AcquisitionStatus.FULFILLED
+    short_reason = ("no capacity in any offering" if locked.failed_pools else "provider launched fewer nodes")
+    _end_locked_many(without_node, InstanceState.FAILED, detail={"reason": short_reason})
+    # Every offering said no capacity and nothing came: failed (the job's next reconcile asks again).
+    out_of_capacity = not attached and bool(locked.failed_pools)
+    locked.status = AcquisitionStatus.FAILED if out_of_capacity else AcquisitionStatus.FULFILLED
     locked.launched = len(attached)
     locked.fulfilled_at = _now()
-    locked.error = ""
+    locked.error = "no capacity in any offering" if out_of_capacity else ""
     locked.save(update_fields=["status", "launched", "fulfilled_at", "error"])
     job_record_event(
         job=locked.job,
@@ -231,6 +317,7 @@ def acquisition_attach(*, acquisition: Acquisition, nodes: list[NodeInfo]) -> li
             "acquisition": locked.pk,
             "instances": [i.pk for i in attached],
             "provider_ids": [i.provider_instance_id for i in attached],
+            "failed_pools": locked.failed_pools,
         },
     )
     if unwanted:

@@ -33,4 +33,5 @@ def _pool_json(pool: Pool) -> dict[str, Any]:
         "instance_type": pool.instance_type,
         "zone": pool.zone,
         "price": str(pool.price) if pool.price is not None else None,
+        "region": pool.region,
     }

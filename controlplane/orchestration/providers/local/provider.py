@@ -32,11 +32,23 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from controlplane.orchestration.providers.base import LaunchRequest, NodeInfo, ProviderError
+from controlplane.orchestration.providers.base import (
+    CAPACITY_CODES,
+    SPOT,
+    InsufficientCapacity,
+    LaunchRequest,
+    NodeInfo,
+    Pool,
+    ProviderError,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 LOCAL_INSTANCE_TYPE = "local.node"
 LOCAL_ZONE = "local"
+LOCAL_ZONES = (LOCAL_ZONE, "local-b", "local-c", "local-d")
+"""Zones a local plan may name: one host, but several pools, so failover between pools can be tried
+(and scripted, `SPOTPIPE_LOCAL_CAPACITY`) without a cloud."""
+LOCAL_REGION = "local"
 LOCAL_STAND_IN_TYPE = "g4dn.xlarge"
 """The cloud type a local node stands in for: the demo prices the local pool with its history, and the
 planner prices an unpriced local pool at its typical spot price, so plans over local nodes have real
@@ -109,12 +121,15 @@ class LocalProvider:
     kind = "local"
 
     def __init__(self, root: Path, *, python: str | None = None, start_timeout_s: float = 15.0,
-                 terminate_grace_s: float = 3.0, extra_env: dict[str, str] | None = None) -> None:
+                 terminate_grace_s: float = 3.0, extra_env: dict[str, str] | None = None,
+                 capacity_script: Path | None = None) -> None:
         self.root = Path(root)
         self.python = python or sys.executable
         self.start_timeout_s = start_timeout_s
         self.terminate_grace_s = terminate_grace_s
         self.extra_env = extra_env or {}
+        self.capacity = CapacityScript.load(capacity_script, epoch_file=self.root / ".capacity-epoch") \
+            if capacity_script else None
 
     # --- helpers ---------------------------------------------------------------------------------------
     def node_ids_for(self, request: LaunchRequest) -> list[str]:
@@ -196,10 +211,11 @@ class LocalProvider:
             return NodeInfo(provider_instance_id=node_id, instance_type=LOCAL_INSTANCE_TYPE, zone=LOCAL_ZONE,
                             state=state)
         alive = self._process_is_node(data)
+        record = self._launch_record(node_id) or {}
         return NodeInfo(
             provider_instance_id=node_id, instance_type=data.get("instance_type", LOCAL_INSTANCE_TYPE),
             zone=data.get("zone", LOCAL_ZONE), state="running" if alive else "terminated",
-            address=data.get("metadata_url", ""),
+            address=data.get("metadata_url", ""), lifecycle=record.get("lifecycle", SPOT), region=LOCAL_REGION,
         )
 
     def _spawn_recent(self, node_id: str) -> bool:
@@ -208,18 +224,20 @@ class LocalProvider:
             return False
         return time.time() - float(record.get("spawned_at", 0)) < self.start_timeout_s
 
-    def _spawn(self, node_id: str, request: LaunchRequest) -> None:
+    def _spawn(self, node_id: str, request: LaunchRequest, pool: Pool) -> None:
         directory = self.node_dir(node_id)
         directory.mkdir(parents=True, exist_ok=True)
         launch = self.launch_id(request)
-        record = {"launch": launch, "token": request.client_token, "spawned_at": time.time()}
+        record = {"launch": launch, "token": request.client_token, "spawned_at": time.time(),
+                  "lifecycle": request.capacity_type}
         (directory / "launch.json").write_text(json.dumps(record))
         env = {**os.environ, **self.extra_env, "SPOTPIPE_ENROLL_KEY": request.bootstrap.enroll_key,
                "SPOTPIPE_LOCAL_LAUNCH": launch, "PYTHONUNBUFFERED": "1"}
         # The node must not inherit the test or worker's Django settings overrides; it talks HTTP only.
         env.pop("DJANGO_SETTINGS_MODULE", None)
         argv = [self.python, "-m", "controlplane.orchestration.providers.local.node", "--node-dir", str(directory),
-                "--node-id", node_id, *request.bootstrap.agent_argv()]
+                "--node-id", node_id, "--instance-type", pool.instance_type or LOCAL_INSTANCE_TYPE,
+                "--zone", pool.zone or LOCAL_ZONE, *request.bootstrap.agent_argv()]
         with open(directory / "node.log", "ab") as log:
             proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -227,16 +245,27 @@ class LocalProvider:
 
     # --- Provider interface ------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> list[NodeInfo]:
-        """Start the request's nodes (those already started by an earlier try of this launch are
-        returned as they are; leftovers of another run under the same ids are cleared first) and
-        wait until each serves its metadata endpoint."""
+        """Start the request's nodes in its first pool (the cheapest: like RunInstances, one pool a
+        call), or raise `InsufficientCapacity` for that pool while the capacity script says it has
+        none. Nodes already started by an earlier try of this launch are returned as they are;
+        leftovers of another run under the same ids are cleared first. Waits until each node serves
+        its metadata endpoint."""
+        if request.count < 1:
+            return []
+        pool = request.pools[0] if request.pools else Pool(instance_type=LOCAL_INSTANCE_TYPE, zone=LOCAL_ZONE)
         ids = self.node_ids_for(request)
         launch = self.launch_id(request)
+        adopted = all(not self._leftover(i, launch) and self.node_dir(i).exists() for i in ids)
+        self._log_launch(request, pool, adopted=adopted)
+        error = self.capacity.error_for(pool.key) if self.capacity and not adopted else None
+        if error:
+            raise InsufficientCapacity(f"local pool {pool.key}: {error} (capacity script)", code=error,
+                                       pools=[pool.key])
         for node_id in ids:
             if self._leftover(node_id, launch):
                 self._clear(node_id)
             if not self.node_dir(node_id).exists():
-                self._spawn(node_id, request)
+                self._spawn(node_id, request, pool)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if all(self.node_info_file(i) is not None for i in ids):
@@ -274,6 +303,15 @@ class LocalProvider:
         while any(group_pids(g) for g in groups) and time.monotonic() < deadline:
             time.sleep(0.02)
         _reap()
+
+    def _log_launch(self, request: LaunchRequest, pool: Pool, *, adopted: bool) -> None:
+        """One line per launch call in `<root>/launches.jsonl`: which pool was asked, when (the capacity
+        bench checks that no launch asked an offering marked unavailable)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        line = {"at": time.time(), "token": request.client_token, "pool": pool.key, "count": request.count,
+                "capacity_type": request.capacity_type, "adopted": adopted}
+        with open(self.root / "launches.jsonl", "a") as log:
+            log.write(json.dumps(line) + "\n")
 
     # --- local extras ---------------------------------------------------------------------------------
     def preempt(self, node_id: str, *, notice_s: float, kind: str = "interruption") -> dict:
@@ -314,3 +352,55 @@ class LocalProvider:
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+class CapacityScript:
+    """When local pools have no capacity: a JSON list of `{"pool": "TYPE@ZONE", "from_s": N, "to_s":
+    N, "error": CODE}`, seconds from the provider's start. The start is stamped once in the nodes'
+    root (`.capacity-epoch`), so every worker process of one control plane counts from the same
+    moment; delete the file to start the script again."""
+
+    def __init__(self, windows: list[dict], epoch: float) -> None:
+        self.windows = windows
+        self.epoch = epoch
+
+    @classmethod
+    def load(cls, path: Path, *, epoch_file: Path) -> CapacityScript:
+        try:
+            windows = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ProviderError(f"SPOTPIPE_LOCAL_CAPACITY {path}: cannot read it as JSON: {exc}") from exc
+        if not isinstance(windows, list):
+            raise ProviderError(f"SPOTPIPE_LOCAL_CAPACITY {path}: expected a list of windows")
+        for index, window in enumerate(windows):
+            ok = (isinstance(window, dict) and isinstance(window.get("pool"), str) and "@" in window["pool"]
+                  and all(isinstance(window.get(k), int | float) for k in ("from_s", "to_s"))
+                  and window.get("error", "InsufficientInstanceCapacity") in CAPACITY_CODES)
+            if not ok:
+                raise ProviderError(
+                    f"SPOTPIPE_LOCAL_CAPACITY {path}: window {index} is {window!r}; expected "
+                    f'{{"pool": "TYPE@ZONE", "from_s": N, "to_s": N, "error": one of {sorted(CAPACITY_CODES)}}}')
+        return cls(windows, _epoch(epoch_file))
+
+    def error_for(self, pool_key: str, *, now: float | None = None) -> str | None:
+        """The error a launch into `pool_key` meets now, or None when it has capacity."""
+        elapsed = (now if now is not None else time.time()) - self.epoch
+        for window in self.windows:
+            if window["pool"] == pool_key and window["from_s"] <= elapsed < window["to_s"]:
+                return str(window.get("error", "InsufficientInstanceCapacity"))
+        return None
+
+
+def _epoch(path: Path) -> float:
+    """The time stamped in `path`, stamping now if nobody has (the first process wins)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as out:
+            out.write(repr(time.time()))
+    for _ in range(50):  # another process created it and is writing
+        text = path.read_text().strip()
+        if text:
+            return float(text)
+        time.sleep(0.01)
+    raise ProviderError(f"{path} holds no start time")
