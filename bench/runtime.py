@@ -31,6 +31,7 @@ from runtime.checkpointing.durability import checkpoint_interval_steps
 from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import DEVICES, DeviceTime, JobConfig, ModelSpec
 from runtime.parallel.schedule import action_duration, build_schedule, simulate, stage_durations
+from runtime.sim.traces import FORMATS
 from runtime.strategies import get_strategy
 from runtime.train.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 
@@ -41,6 +42,9 @@ def parse_args(extra: list[str]) -> dict[str, Any]:
     """Extra flags: `--trace FILE` also runs recycle under kills/joins replayed from a Bamboo trace."""
     parser = argparse.ArgumentParser(prog="python -m bench runtime")
     parser.add_argument("--trace", type=Path, default=None, help="Bamboo-format preemption trace (t_ms,op,node)")
+    parser.add_argument("--trace-format", choices=tuple(FORMATS), default=None,
+                        help="how to read --trace (runtime.sim.traces.FORMATS; default: named in the file or by "
+                             "its line syntax)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cuda: measure the GPU path for real instead (bench/_runtime_device.py)")
     return vars(parser.parse_args(extra))
@@ -169,7 +173,8 @@ def _checkpoint_cost_s(config: JobConfig) -> float:
         return time.perf_counter() - start
 
 
-def run(*, quick: bool, progress: Progress, trace: Path | None = None, device: str = "cpu") -> dict[str, Any]:
+def run(*, quick: bool, progress: Progress, trace: Path | None = None, trace_format: str | None = None,
+        device: str = "cpu") -> dict[str, Any]:
     """Per strategy, one run of 8 real processes: failure-free steps, then one node SIGKILLed
     mid-step (recycle: then a replacement joins). Plus recycle's hang and notice cases. Prints the
     tables and returns the figures. `device="cuda"`: the GPU path instead (`bench._runtime_device`)."""
@@ -287,7 +292,7 @@ def run(*, quick: bool, progress: Progress, trace: Path | None = None, device: s
     )
     if trace is not None:
         progress.step(f"emulated: recycle under trace {trace.name}", total, total)
-        faults, joins = faults_from_trace(trace, nodes=8, time_scale=1e-3, limit=2)
+        faults, joins = faults_from_trace(trace, nodes=8, time_scale=1e-3, limit=2, trace_format=trace_format)
         cfg = _config("recycle", steps=steps * 2, emulated=True)
         res = _run(cfg, faults=faults[:2], joins=joins[:2])
         commits = _commits(res)

@@ -34,7 +34,7 @@ from runtime.sim.iteration import IterationModel
 from runtime.sim.plots import write_plots
 from runtime.sim.prices import PriceSeries, load_price_series
 from runtime.sim.synthetic import synthetic_trace
-from runtime.sim.traces import Trace, load_trace
+from runtime.sim.traces import FORMATS, Trace, load_trace
 
 PUBLISHED = [
     # (numerator, denominator, published ratio of throughput, source)
@@ -54,6 +54,9 @@ OUT_DIR = Path("var/bench/simulate")
 def parse_args(extra: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench simulate")
     parser.add_argument("--trace", type=Path, help="a Bamboo CSV, GCP counts or SkyPilot JSON trace")
+    parser.add_argument("--trace-format", choices=tuple(FORMATS), default=None,
+                        help="how to read --trace (runtime.sim.traces.FORMATS; default: named in the file or by "
+                             "its line syntax; JSON ticks must be named)")
     parser.add_argument("--instance-type", default="p3.2xlarge", help="type whose profile and prices are used")
     parser.add_argument("--notice-s", type=float, default=0.0, help="preemption notice lead time")
     parser.add_argument("--replacement-delay-s", type=float, default=0.0, help="extra delay for every join")
@@ -106,6 +109,7 @@ def run(
     quick: bool,
     progress: Progress,
     trace: Path | None = None,
+    trace_format: str | None = None,
     instance_type: str = "p3.2xlarge",
     notice_s: float = 0.0,
     replacement_delay_s: float = 0.0,
@@ -129,7 +133,7 @@ def run(
         price_source["kind"] = f"history from {prices.name}"
     if trace is not None:
         progress.step(f"loading {trace}")
-        tr = load_trace(trace)
+        tr = load_trace(trace, format=trace_format)
     else:
         tr = synthetic_trace(
             nodes=nodes,

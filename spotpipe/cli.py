@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from runtime.config import AUTO_STRATEGY, DEVICES, JOB_STRATEGIES, PRECISIONS
+from runtime.sim.traces import FORMATS as TRACE_FORMATS
 
 CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train", "sample")
 
@@ -27,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nodes", type=int, default=4, help="nodes of the job (default 4: dp=2 x pp=2)")
     demo.add_argument("--trace", type=Path, help="a preemption trace file (Bamboo CSV, GCP counts or SkyPilot "
                                                  "JSON); default: a synthetic trace drawn with --seed")
+    demo.add_argument("--trace-format", choices=tuple(TRACE_FORMATS), default=None,
+                      help="how to read --trace: preemption-ticks (one node, JSON tick 1 = preempted), "
+                           "availability-count (JSON tick = nodes available), bamboo-csv or gcp-counts; "
+                           "default: the format the file names, else its line syntax")
     demo.add_argument("--prices", type=Path, help="a spot price history file (TSV/CSV, gzipped or not); default: "
                                                   "the bundled synthetic market drawn with --seed")
     demo.add_argument("--duration", type=float, default=150.0,
@@ -181,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_demo(DemoOptions(
         host=args.host, port=args.port, strategy=args.strategy, nodes=args.nodes,
-        trace=args.trace.resolve() if args.trace else None, prices=args.prices.resolve() if args.prices else None,
+        trace=args.trace.resolve() if args.trace else None, trace_format=args.trace_format,
+        prices=args.prices.resolve() if args.prices else None,
         duration=args.duration, seed=args.seed, headless=args.headless,
         screenshot=args.screenshot.resolve() if args.screenshot else None, external=args.external,
     ))

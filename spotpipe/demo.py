@@ -49,6 +49,8 @@ class DemoOptions:
     strategy: str = "recycle"
     nodes: int = 4
     trace: Path | None = None
+    trace_format: str | None = None
+    """`runtime.sim.traces.FORMATS` name of `trace` (None: named in the file or by its syntax)."""
     prices: Path | None = None
     duration: float = 150.0
     seed: int = 0
@@ -186,7 +188,8 @@ def run_demo(options: DemoOptions) -> int:
                  f"{market.pools} pools; local nodes are priced as {market.stand_in} "
                  f"(${market.stand_in_price}/h spot, ${market.on_demand_price}/h on demand)")
     team = seed.seed_team()
-    trace = preemption_script.demo_trace(nodes=options.nodes, seed=options.seed, path=options.trace)
+    trace = preemption_script.demo_trace(nodes=options.nodes, seed=options.seed, path=options.trace,
+                                         trace_format=options.trace_format)
     max_events = max(2, min(6, int(options.duration // 45)))
     plan = preemption_script.demo_schedule(trace, seed=options.seed, dp=dp, pp=pp, max_events=max_events)
 

@@ -50,10 +50,11 @@ class Preemption:
     """(pipeline, stage) positions to take, in order of preference (may hold more than `count`)."""
 
 
-def demo_trace(*, nodes: int, seed: int, path: Path | None = None) -> Trace:
-    """The trace of the demo: the file at `path`, or a seeded synthetic one for `nodes` nodes."""
+def demo_trace(*, nodes: int, seed: int, path: Path | None = None, trace_format: str | None = None) -> Trace:
+    """The trace of the demo: the file at `path` (read as `trace_format`, see `runtime.sim.traces.FORMATS`),
+    or a seeded synthetic one for `nodes` nodes."""
     if path is not None:
-        return load_trace(path)
+        return load_trace(path, format=trace_format)
     return synthetic_trace(nodes=nodes, hours=SYNTHETIC_HOURS, rate_per_node_hour=SYNTHETIC_RATE_PER_NODE_HOUR,
                            mean_burst=SYNTHETIC_MEAN_BURST, seed=seed)
 

@@ -1,15 +1,21 @@
-"""Preemption traces: load the public formats into one event list, and measure them.
+"""Preemption and availability traces: load the public formats into one event list, and measure them.
 
-A trace is a time-ordered list of membership events (a node joins or is taken back). Three file
-formats are read:
+A trace is a time-ordered list of membership events (a node joins or is taken back). Every accepted
+file has a named format (`FORMATS`); the JSON tick formats share one shape and differ only in what
+a tick means, so their format is named (in the file or by the caller), never guessed:
 
-* Bamboo CSV: ``t_ms,add|remove,nodeK``, one event per line.
-* GCP availability counts: ``YYYY-MM-DD, HH:MM:SS, available_count``; a drop of the count is a
-  preemption of that many (anonymous) nodes, a rise is that many replacements.
-* SkyPilot JSON ticks: ``{"metadata": {"gap_seconds": g}, "data": [value per tick]}`` for one node.
-  In the "Can't Be Late" collection a tick of ``1`` means the spot instance is preempted
-  (unavailable) and ``0`` that it runs; the trace starts at 0 (running). ``preempted_value``
-  flips that if a trace uses the other convention.
+* ``bamboo-csv``: ``t_ms,add|remove,nodeK``, one event per line.
+* ``gcp-counts``: ``YYYY-MM-DD, HH:MM:SS, available_count``; a drop of the count is a preemption of
+  that many (anonymous) nodes, a rise is that many replacements.
+* ``preemption-ticks``: ``{"metadata": {"gap_seconds": g}, "data": [value per tick]}`` for one node.
+  In the "Can't Be Late" (NSDI'24) collection a tick of ``1`` means the spot instance is preempted
+  (unavailable) and ``0`` that it runs; the trace starts at 0 (running). ``preempted_value`` flips
+  that if a trace uses the other convention.
+* ``availability-count``: the same JSON shape, each tick the number of nodes available (SkyPilot's
+  spot-traces availability counts): a 16-node trace is a 16-node fleet.
+
+The two CSV/text formats are recognised by their line syntax (unambiguous); a JSON file names its
+format in ``metadata.format`` (or a top-level ``format``), or the caller passes ``format=``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,19 @@ from pathlib import Path
 
 ADD = "add"
 REMOVE = "remove"
+
+BAMBOO_CSV = "bamboo-csv"
+GCP_COUNTS = "gcp-counts"
+PREEMPTION_TICKS = "preemption-ticks"
+AVAILABILITY_COUNT = "availability-count"
+FORMATS: dict[str, str] = {
+    BAMBOO_CSV: "Bamboo CSV, `t_ms,add|remove,nodeK` a line",
+    GCP_COUNTS: "GCP availability counts, `YYYY-MM-DD, HH:MM:SS, available_count` a line",
+    PREEMPTION_TICKS: "JSON ticks for one node, 1 = preempted (Can't Be Late)",
+    AVAILABILITY_COUNT: "JSON ticks, each the number of nodes available (SkyPilot availability counts)",
+}
+"""Every accepted trace format and what it means."""
+JSON_FORMATS = (PREEMPTION_TICKS, AVAILABILITY_COUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +165,7 @@ def load_bamboo_csv(path: Path | str) -> Trace:
     if not events:
         raise TraceFormatError(f"{path.name}: no events")
     duration = max(e.t_s for e in events)
-    return Trace(name=path.stem, events=events, duration_s=duration, meta={"format": "bamboo-csv"})
+    return Trace(name=path.stem, events=events, duration_s=duration, meta={"format": BAMBOO_CSV})
 
 
 def counts_to_events(times_s: list[float], counts: list[int]) -> list[TraceEvent]:
@@ -189,38 +208,101 @@ def load_gcp_counts(path: Path | str) -> Trace:
         name=path.stem,
         events=counts_to_events(times, counts),
         duration_s=times[-1],
-        meta={"format": "gcp-counts"},
+        meta={"format": GCP_COUNTS},
     )
 
 
-def load_skypilot_json(path: Path | str, *, preempted_value: int = 1) -> Trace:
-    """A SkyPilot spot-trace JSON for one node (tick value `preempted_value` = preempted)."""
-    path = Path(path)
-    data = json.loads(path.read_text())
+def _read_ticks(path: Path) -> tuple[dict, float, list]:
+    """The JSON tick shape shared by the tick formats: (whole document, gap seconds, ticks)."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise TraceFormatError(f"{path.name}: not JSON ({exc})") from exc
     try:
         gap = float(data["metadata"]["gap_seconds"])
         ticks = list(data["data"])
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"{path.name}: expected {{'metadata': {{'gap_seconds': g}}, 'data': [...]}}") from exc
-    counts = [0 if int(v) == preempted_value else 1 for v in ticks]
-    times = [i * gap for i in range(len(ticks))]
-    return Trace(
-        name=path.stem,
-        events=counts_to_events(times, counts),
-        duration_s=len(ticks) * gap,
-        meta={"format": "skypilot-json", "gap_seconds": gap, "preempted_value": preempted_value},
-    )
+    if gap <= 0 or not ticks:
+        raise TraceFormatError(f"{path.name}: needs gap_seconds > 0 and at least one tick")
+    return data, gap, ticks
 
 
-def load_trace(path: Path | str) -> Trace:
-    """Load any supported format, chosen by content."""
+def _json_format(path: Path, data: dict, format: str | None) -> str:
+    """The tick format named by the file or the caller; both naming different ones, or neither, is an error."""
+    named = data.get("metadata", {}).get("format") or data.get("format")
+    if named is not None and named not in JSON_FORMATS:
+        raise TraceFormatError(f"{path.name}: format {named!r} is not a JSON tick format; one of {JSON_FORMATS}")
+    if format is not None and named is not None and format != named:
+        raise TraceFormatError(f"{path.name}: the file says format {named!r}, the caller {format!r}")
+    chosen = format or named
+    if chosen is None:
+        # The same shape means one node's preemptions in one collection and a fleet's size in
+        # another: reading the wrong one simulates a 16-node fleet as one node, so never guess.
+        raise TraceFormatError(
+            f"{path.name}: JSON ticks do not say what a tick means; name the format in metadata.format or "
+            f"pass format=: {PREEMPTION_TICKS!r} (one node, tick 1 = preempted) or {AVAILABILITY_COUNT!r} "
+            f"(tick = nodes available)"
+        )
+    return chosen
+
+
+def _ticks_trace(path: Path, gap: float, counts: list[int], meta: dict) -> Trace:
+    times = [i * gap for i in range(len(counts))]
+    return Trace(name=path.stem, events=counts_to_events(times, counts), duration_s=len(counts) * gap, meta=meta)
+
+
+def load_preemption_ticks(path: Path | str, *, preempted_value: int = 1) -> Trace:
+    """A one-node preemption-tick JSON (tick value `preempted_value` = preempted, else running)."""
     path = Path(path)
+    data, gap, ticks = _read_ticks(path)
+    _json_format(path, data, PREEMPTION_TICKS)
+    counts = [0 if int(v) == preempted_value else 1 for v in ticks]
+    meta = {"format": PREEMPTION_TICKS, "gap_seconds": gap, "preempted_value": preempted_value}
+    return _ticks_trace(path, gap, counts, meta)
+
+
+def load_availability_count(path: Path | str) -> Trace:
+    """An availability-count JSON: each tick the number of nodes available (that many nodes live)."""
+    path = Path(path)
+    data, gap, ticks = _read_ticks(path)
+    _json_format(path, data, AVAILABILITY_COUNT)
+    try:
+        counts = [int(v) for v in ticks]
+    except (TypeError, ValueError) as exc:
+        raise TraceFormatError(f"{path.name}: availability counts must be whole numbers") from exc
+    if min(counts) < 0:
+        raise TraceFormatError(f"{path.name}: a negative availability count")
+    meta = {"format": AVAILABILITY_COUNT, "gap_seconds": gap, **{
+        k: v for k, v in data.get("metadata", {}).items() if k not in ("format", "gap_seconds")}}
+    return _ticks_trace(path, gap, counts, meta)
+
+
+def load_skypilot_json(path: Path | str, *, format: str | None = None, preempted_value: int = 1) -> Trace:
+    """A SkyPilot-shaped tick JSON, read as the format the file or `format` names (see the module doc)."""
+    path = Path(path)
+    data, _, _ = _read_ticks(path)
+    if _json_format(path, data, format) == AVAILABILITY_COUNT:
+        return load_availability_count(path)
+    return load_preemption_ticks(path, preempted_value=preempted_value)
+
+
+def load_trace(path: Path | str, *, format: str | None = None) -> Trace:
+    """Load any supported format: `format` (one of `FORMATS`), else the one a JSON file names, else
+    the CSV/text format its first line's syntax shows. JSON ticks naming no format are refused."""
+    path = Path(path)
+    if format is not None and format not in FORMATS:
+        raise TraceFormatError(f"unknown trace format {format!r}; one of {', '.join(FORMATS)}")
+    if format == BAMBOO_CSV:
+        return load_bamboo_csv(path)
+    if format == GCP_COUNTS:
+        return load_gcp_counts(path)
     head = path.read_text()[:200].lstrip()
-    if head.startswith("{"):
-        return load_skypilot_json(path)
+    if format is not None or head.startswith("{"):
+        return load_skypilot_json(path, format=format)
     first = head.splitlines()[0] if head else ""
     if first.count(",") == 2 and (" add" in first or ",add" in first or ",remove" in first):
         return load_bamboo_csv(path)
     if first[:4].isdigit() and first[4:5] == "-":
         return load_gcp_counts(path)
-    raise TraceFormatError(f"{path.name}: unknown trace format (first line {first!r})")
+    raise TraceFormatError(f"{path.name}: unknown trace format (first line {first!r}); one of {', '.join(FORMATS)}")

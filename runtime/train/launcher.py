@@ -98,10 +98,10 @@ class RunResult:
 
 
 def faults_from_trace(
-    path: str | Path, *, nodes: int, time_scale: float, limit: int | None = None
+    path: str | Path, *, nodes: int, time_scale: float, limit: int | None = None, trace_format: str | None = None
 ) -> tuple[list[Fault], list[Join]]:
     """Turn a preemption trace (any format `runtime.sim.traces.load_trace` reads) into timed kills
-    and joins.
+    and joins (`trace_format`: its `runtime.sim.traces.FORMATS` name, when the file does not name it).
 
     The first `nodes` names the trace adds are our nodes 0..nodes-1 (the job starts with them); a
     later `remove` of one of ours is a SIGKILL, a later `add` is a replacement with a new id.
@@ -114,7 +114,7 @@ def faults_from_trace(
     joins: list[Join] = []
     origin = None
     next_id = nodes
-    for event in load_trace(path).events:
+    for event in load_trace(path, format=trace_format).events:
         t, op, name = event.t_s, event.kind, event.node
         if op == ADD and len(names) < nodes and origin is None:
             names[name] = len(names)

@@ -39,13 +39,15 @@ def test_gcp_counts_trace(shared_data):
 
 
 def test_skypilot_ticks_one_means_preempted(shared_data):
-    trace = load_skypilot_json(shared_data / "traces" / "aws-v100-1node-us-east-1c-skypilot.json")
+    trace = load_skypilot_json(shared_data / "traces" / "aws-v100-1node-us-east-1c-skypilot.json",
+                               format="preemption-ticks")
     s = trace.summary()
     assert trace.meta["gap_seconds"] == 32
     assert s["duration_hours"] == pytest.approx(19_961 * 32 / 3600, abs=0.01)
     assert s["preemptions"] == 41  # 41 rises 0 -> 1 (preempted); the trace starts running (0)
     assert s["initial_nodes"] == 1
-    flipped = load_skypilot_json(shared_data / "traces" / "aws-v100-1node-us-east-1c-skypilot.json", preempted_value=0)
+    flipped = load_skypilot_json(shared_data / "traces" / "aws-v100-1node-us-east-1c-skypilot.json",
+                                 format="preemption-ticks", preempted_value=0)
     assert flipped.initial_nodes() == 0
 
 
