@@ -52,6 +52,10 @@ def _local_nodes_default() -> str:
     return str(Path(settings.VAR_DIR) / "nodes")
 
 
+def _aws_regions_default() -> list[str]:
+    return [tunable("SPOTPIPE_AWS_REGION")]
+
+
 def _s3_endpoint_default() -> str:
     return tunable("SPOTPIPE_AWS_ENDPOINT_URL")
 
@@ -62,6 +66,10 @@ TUNABLES: tuple[Tunable, ...] = (
             "`aws`)"),
     Tunable("SPOTPIPE_AWS_REGION", "us-east-1", "the AWS region prices are pulled from and nodes started in",
             env="AWS_DEFAULT_REGION"),
+    Tunable("SPOTPIPE_AWS_REGIONS", _aws_regions_default, "the regions aws nodes may be started in, the first "
+            "the default (comma-separated; default: `SPOTPIPE_AWS_REGION`); the others' AMI and security groups "
+            "are `region=id` entries of `SPOTPIPE_AWS_IMAGE_ID` and `SPOTPIPE_AWS_SECURITY_GROUPS`; S3 keeps its "
+            "own region", kind=list),
     Tunable("SPOTPIPE_AWS_ENDPOINT_URL", "", "point boto3's EC2 client at another endpoint (moto in tests)"),
     Tunable("SPOTPIPE_S3_ENDPOINT_URL", _s3_endpoint_default, "point boto3's S3 client at another endpoint "
             "(default: `SPOTPIPE_AWS_ENDPOINT_URL`)"),

@@ -78,3 +78,15 @@ def region_prefix(region_code: str) -> str | None:
         if code == region_code:
             return prefix
     return None
+
+
+def region_of_zone(zone: str) -> str:
+    """The region of a zone name (`us-east-1a` -> `us-east-1`) or of a zone ID whose prefix is in
+    the map (`use1-az4` -> `us-east-1`); "" when it cannot be told without asking AWS (an unknown
+    ID prefix, a local or wavelength zone, ""). Unlike `region_for_zone`, never guesses: the aws
+    provider uses it to route a launch, where a wrong region is worse than none."""
+    match = _ZONE_ID.match(zone)
+    if match:
+        return ZONE_ID_PREFIX_TO_REGION.get(match["prefix"], "")
+    match = _ZONE_NAME.match(zone)
+    return match["region"] if match else ""

@@ -62,20 +62,41 @@ class RequestLog:
         return [{k: v[0] for k, v in r.items()} for r in self.requests if r.get("Action") == [action]]
 
 
-@pytest.fixture
-def ec2(moto_server, monkeypatch):
-    """A boto3 EC2 client bound to the moto server, with fake credentials, and its request log."""
+def _ec2_client(endpoint: str, region: str):
+    """A boto3 EC2 client of `region` on the moto server, with its request log (moto's server
+    serves every region from one endpoint and takes the region from the request's signature)."""
     import boto3
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    client = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server,
+    client = boto3.client("ec2", region_name=region, endpoint_url=endpoint,
                           aws_access_key_id="testing", aws_secret_access_key="testing")
     log = RequestLog()
     client.meta.events.register("before-send.ec2.*", log)
     client.request_log = log
     return client
+
+
+@pytest.fixture
+def ec2(moto_server, monkeypatch):
+    """A boto3 EC2 client bound to the moto server in us-east-1, with fake credentials, and its
+    request log."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return _ec2_client(moto_server, "us-east-1")
+
+
+@pytest.fixture
+def ec2_regions(ec2, moto_server):
+    """`ec2_regions(region)`: the moto client of a region, one per region for the test (us-east-1's
+    is `ec2`); a provider's `client_factory`."""
+    clients = {"us-east-1": ec2}
+
+    def client_of(region: str):
+        if region not in clients:
+            clients[region] = _ec2_client(moto_server, region)
+        return clients[region]
+
+    return client_of
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def _provider(ec2, mode: str = "fleet") -> AwsProvider:
     group = (groups["SecurityGroups"][0]["GroupId"] if groups["SecurityGroups"] else
              ec2.create_security_group(GroupName="spotpipe-nodes", Description="nodes")["GroupId"])
     return AwsProvider(AwsConfig(image_id=image, launch_mode=mode, security_group_ids=(group,)),
-                       client_factory=lambda: ec2)
+                       client_factory=lambda region: ec2)
 
 
 def test_create_fleet_request_shape_and_launch(ec2):
@@ -123,7 +123,7 @@ def test_launch_without_pools_is_refused(ec2):
 
     request = LaunchRequest(client_token="x", count=1, pools=(), bootstrap=_request().bootstrap)
     with pytest.raises(ProviderError, match="no pool"):
-        AwsProvider(AwsConfig(image_id="ami-1"), client_factory=lambda: ec2).launch(request)
+        AwsProvider(AwsConfig(image_id="ami-1"), client_factory=lambda region: ec2).launch(request)
 
 
 def test_user_data_keeps_the_key_out_of_argv():

@@ -45,12 +45,32 @@ def get_provider(kind: str) -> Provider:
         from controlplane.orchestration.providers.aws import AwsConfig, AwsProvider
 
         subnets = dict(pair.split("=", 1) for pair in tunable("SPOTPIPE_AWS_SUBNETS") if "=" in pair)
+        # AMIs and security groups are regional: `region=id` entries serve the other regions, a
+        # bare id the default one (neither an AMI id nor a group id holds "=").
+        image, images = "", {}
+        for entry in (e.strip() for e in tunable("SPOTPIPE_AWS_IMAGE_ID").split(",") if e.strip()):
+            if "=" in entry:
+                region, value = entry.split("=", 1)
+                images[region.strip()] = value.strip()
+            else:
+                image = entry
+        groups: list[str] = []
+        groups_by_region: dict[str, tuple[str, ...]] = {}
+        for entry in tunable("SPOTPIPE_AWS_SECURITY_GROUPS"):
+            if "=" in entry:
+                region, value = entry.split("=", 1)
+                groups_by_region[region.strip()] = (*groups_by_region.get(region.strip(), ()), value.strip())
+            else:
+                groups.append(entry)
         config = AwsConfig(
+            regions=tuple(tunable("SPOTPIPE_AWS_REGIONS")),
             region=tunable("SPOTPIPE_AWS_REGION"),
             endpoint_url=tunable("SPOTPIPE_AWS_ENDPOINT_URL") or None,
-            image_id=tunable("SPOTPIPE_AWS_IMAGE_ID"),
+            image_id=image,
+            image_by_region=images or None,
             key_name=tunable("SPOTPIPE_AWS_KEY_NAME"),
-            security_group_ids=tuple(tunable("SPOTPIPE_AWS_SECURITY_GROUPS")),
+            security_group_ids=tuple(groups),
+            security_groups_by_region=groups_by_region or None,
             subnet_by_zone=subnets or None,
             iam_instance_profile=tunable("SPOTPIPE_AWS_INSTANCE_PROFILE"),
             launch_mode=tunable("SPOTPIPE_AWS_LAUNCH_MODE"),
