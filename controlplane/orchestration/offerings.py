@@ -119,6 +119,17 @@ def unavailable_offerings(*, team_id: int | None, provider: str | None = None, n
     return sorted(found, key=lambda u: (u.until, u.pool_key))
 
 
+def unavailable_offerings_for_teams(*, team_ids: list[int], provider: str | None = None,
+                                    now: datetime | None = None) -> list[Unavailability]:
+    """`unavailable_offerings` for a reader of several teams (the API, the fleet page): the marks
+    once, and each team's cool-downs."""
+    now = now or timezone.now()
+    found = _no_capacity(provider=provider, capacity_type=None, now=now)
+    for team_id in team_ids:
+        found += _preempted(team_id=team_id, provider=provider, now=now)
+    return sorted(found, key=lambda u: (u.until, u.pool_key))
+
+
 @dataclass(frozen=True, slots=True)
 class PoolUnavailability:
     """The pool keys (`Pool.key`) a launch of one team, provider and capacity type must skip."""

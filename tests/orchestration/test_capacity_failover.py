@@ -57,7 +57,8 @@ def test_a_capacity_error_fails_over_to_the_next_pool_in_the_same_launch(fake):
     zones = set(Instance.objects.filter(job=job).values_list("zone__code", flat=True))
     assert zones == {"local-b"}
     mark = UnavailableOffering.objects.get()
-    assert (mark.provider, mark.instance_type, mark.zone, mark.capacity_type) == ("local", "local.node", "local", "spot")
+    assert (mark.provider, mark.instance_type, mark.zone, mark.capacity_type) == (
+        "local", "local.node", "local", "spot")
     assert timedelta(seconds=179) < mark.until - mark.marked_at <= timedelta(seconds=180)
 
 
@@ -138,3 +139,23 @@ def test_unavailable_offerings_lists_both_reasons_with_their_expiry(fake):
     assert all(u.until > timezone.now() for u in listed)
     # Another team sees the capacity mark, not this team's cool-down.
     assert {u.reason for u in unavailable_offerings(team_id=make_team().pk)} == {NO_CAPACITY}
+
+
+def test_the_api_lists_unavailable_offerings_with_their_expiry(fake):
+    from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
+
+    fake.no_capacity[CHEAP] = ("InsufficientInstanceCapacity", 0)
+    job = _priced_job()
+    _launch(job)
+    api = token_client(make_api_token(job.team, user=make_api_user(job.team)))
+
+    body = api.get("/api/v1/offerings/unavailable/").json()
+    assert body["count"] == 1
+    (row,) = body["results"]
+    assert (row["pool"], row["reason"], row["code"], row["capacity_type"]) == (
+        CHEAP, "no_capacity", "InsufficientInstanceCapacity", "spot")
+    assert row["until"] > timezone.now().isoformat()[:19]
+    assert api.get("/api/v1/offerings/unavailable/?provider=aws").json()["count"] == 0
+    bad = api.get("/api/v1/offerings/unavailable/?provider=gcp")
+    assert bad.status_code == 400 and "provider" in bad.json()["errors"]
+

@@ -158,6 +158,8 @@ ROWS: list[Row] = [
         body={"kind": "rebalance", "cloud": "aws"}),
     Row("api/v1/agents/events/", "POST", "/api/v1/agents/events/", E(401, 403, 403, 403, 202),
         body={"kind": "worker_started", "generation": 0}),
+    # What launches skip now: every team's no-capacity marks and the reader's teams' cool-downs.
+    Row("api/v1/offerings/unavailable/", "GET", "/api/v1/offerings/unavailable/", API_GLOBAL),
     # Rotation: agent tokens only; each agent rotates its own (the token names the instance).
     Row("api/v1/agents/token/", "POST", "/api/v1/agents/token/", E(401, 403, 403, 403, 201), body={}),
     # --- webhook management: members read, admins write; secrets shown once (webhooks.md)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.common.fields import CharField
-from controlplane.fleet.models import NoticeKind
+from controlplane.fleet.models import NoticeKind, ProviderKind
 
 
 class EnrollSerializer(serializers.Serializer):
@@ -78,3 +78,21 @@ class AgentEventSerializer(serializers.Serializer):
     step = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     code = serializers.IntegerField(required=False, allow_null=True, default=None)
     message = CharField(required=False, allow_blank=True, max_length=300, default="")
+
+
+class UnavailableOfferingsQuerySerializer(serializers.Serializer):
+    provider = serializers.ChoiceField(choices=ProviderKind.choices, required=False)
+
+
+class UnavailableOfferingSerializer(serializers.Serializer):
+    """One offering launches skip now (`controlplane.orchestration.offerings.Unavailability`)."""
+
+    provider = CharField()
+    instance_type = CharField()
+    zone = CharField(help_text='"" when any zone of the type said no capacity.')
+    region = CharField()
+    capacity_type = CharField(help_text="spot or on_demand")
+    reason = CharField(help_text="no_capacity (every team) or preempted (your team's cool-down)")
+    code = CharField(help_text="The provider's error code, for no_capacity.")
+    pool = CharField(help_text="TYPE@ZONE")
+    until = serializers.DateTimeField()

@@ -8,6 +8,7 @@ from controlplane.orchestration.api.views import (
     AgentTokenView,
     CommandsView,
     EnrollView,
+    UnavailableOfferingsView,
 )
 
 urlpatterns = [
@@ -16,4 +17,5 @@ urlpatterns = [
     path("agents/commands/", CommandsView.as_view(), name="agent-commands"),
     path("agents/notices/", AgentNoticeView.as_view(), name="agent-notices"),
     path("agents/events/", AgentEventView.as_view(), name="agent-events"),
+    path("offerings/unavailable/", UnavailableOfferingsView.as_view(), name="offerings-unavailable"),
 ]

@@ -9,14 +9,15 @@ import time
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
-from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.scoping import team_ids_for_request
 from controlplane.accounts.selectors import agent_token_live
 from controlplane.accounts.services import agent_token_rotate
-from controlplane.common.api import agent_token, validate_or_400
+from controlplane.common.api import UsersOnly, agent_token, validate_or_400, validated_query
 from controlplane.fleet.models import Instance
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration import selectors, services, tasks
@@ -29,8 +30,11 @@ from controlplane.orchestration.api.serializers import (
     CommandsSerializer,
     EnrollResultSerializer,
     EnrollSerializer,
+    UnavailableOfferingSerializer,
+    UnavailableOfferingsQuerySerializer,
 )
 from controlplane.orchestration.enqueue import enqueue
+from controlplane.orchestration.offerings import unavailable_offerings_for_teams
 
 # How often a long-poll held by this (WSGI) view looks at the database: one indexed single-row query.
 POLL_INTERVAL_S = 0.025
@@ -166,3 +170,18 @@ class AgentEventView(APIView):
             elif data["kind"] == "requirements_failed":
                 services.requirements_failed_report(instance=instance, reason=data["message"])
         return Response(status=status.HTTP_202_ACCEPTED)
+
+
+class UnavailableOfferingsView(APIView):
+    """`GET /api/v1/offerings/unavailable/`: the offerings launches skip now, with why and until
+    when: every team's no-capacity marks, and the requester's teams' preemption cool-downs."""
+
+    permission_classes = [IsAuthenticated, UsersOnly]
+
+    @extend_schema(parameters=[UnavailableOfferingsQuerySerializer],
+                   responses={200: UnavailableOfferingSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        query = validated_query(UnavailableOfferingsQuerySerializer, request)
+        listed = unavailable_offerings_for_teams(team_ids=team_ids_for_request(request),
+                                                 provider=query.get("provider") or None)
+        return Response({"count": len(listed), "results": [u.to_dict() for u in listed]})
