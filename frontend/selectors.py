@@ -31,6 +31,7 @@ from controlplane.jobs.models import (
 )
 from controlplane.market import rollup
 from controlplane.market.selectors import LINUX, PricePoint, cheapest_pools, spot_price_at, spot_price_history
+from controlplane.orchestration.offerings import unavailable_offerings_for_teams
 from frontend import costs
 
 # Buckets a chart may use, so axes line up between pools and requests cache well.
@@ -267,6 +268,7 @@ def fleet(*, team_ids: list[int], now: datetime, window: timedelta = timedelta(d
         "timeline": timeline,
         "timeline_notices": {"shown": len(notices), "total": notices_total},
         "live_instances": live,
+        "unavailable_offerings": [u.to_dict() for u in unavailable_offerings_for_teams(team_ids=team_ids, now=now)],
     }
 
 

@@ -421,3 +421,15 @@ def test_cancel_then_resume_from_the_dashboard(client_a, world):
     client_a.post(reverse("frontend:job-resume", args=[job.pk]))
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING
+
+
+def test_fleet_data_lists_unavailable_offerings_with_their_expiry(client_a):
+    from controlplane.orchestration.offerings import offerings_mark_no_capacity
+    from controlplane.orchestration.providers.base import Pool
+
+    offerings_mark_no_capacity(provider="aws", pools=[Pool(instance_type="p3.2xlarge", zone="us-east-1a")],
+                               capacity_type="spot", code="InsufficientInstanceCapacity")
+    data = client_a.get(reverse("frontend:fleet-data")).json()
+    marks = [u for u in data["unavailable_offerings"] if u["reason"] == "no_capacity"]
+    assert [(u["pool"], u["code"]) for u in marks] == [("p3.2xlarge@us-east-1a", "InsufficientInstanceCapacity")]
+    assert marks[0]["until"] > data["generated_at"]

@@ -253,6 +253,13 @@
         ask: "Terminate " + (r.provider_instance_id || "instance " + r.id) + " now? Its job, if any, continues " +
           "without it. Reason (optional):" }) },
     ], d.live_instances, "No live instances.");
+    table("table-unavailable", [
+      { label: "Offering", value: (u) => u.pool },
+      { label: "Provider", value: (u) => u.provider },
+      { label: "Capacity type", value: (u) => u.capacity_type },
+      { label: "Reason", value: (u) => (u.reason === "no_capacity" ? "no capacity (" + u.code + ")" : "preempted us") },
+      { label: "Until", value: (u) => when(u.until) },
+    ], d.unavailable_offerings || [], "Every offering is available.");
   }
 
   function renderJobs(d) {
