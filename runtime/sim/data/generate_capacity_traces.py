@@ -151,7 +151,8 @@ def main() -> None:
         }
         doc = {"metadata": meta, "data": availability(pattern)}
         (HERE / trace_name(pattern)).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-        rows += [f"{pattern.zone_id}\t{INSTANCE_TYPE}\tLinux/UNIX\t{p:.4f}\t{t.isoformat()}" for t, p in prices(pattern)]
+        rows += [f"{pattern.zone_id}\t{INSTANCE_TYPE}\tLinux/UNIX\t{price:.4f}\t{at.isoformat()}"
+                 for at, price in prices(pattern)]
     (HERE / PRICES_FILE).write_text("\n".join(rows) + "\n")
 
 
