@@ -5,6 +5,7 @@
     target_steps = 500
     deadline = "6h"               # an ISO time, a TOML datetime, or a duration from now (90s, 30m, 6h, 2d)
     budget_usd = 25.0             # a deadline, a budget, or both
+    capacity = "spot"             # spot, spot_then_on_demand, on_demand
 
     [config]                      # the runtime's JobConfig fields (runtime/config.py) but the layout
     global_batch = 32
@@ -30,7 +31,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "config", "model_spec", "plan")
+TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "capacity", "config", "model_spec",
+             "plan")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

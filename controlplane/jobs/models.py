@@ -8,6 +8,7 @@ from django.db import models
 
 from controlplane.common.models import TimeStampedModel
 from runtime.config import JOB_STRATEGIES, STRATEGY_LABELS
+from runtime.planner.capacity_policy import CAPACITY_POLICIES, CAPACITY_TYPES, DEFAULT_CAPACITY_POLICY, SPOT
 
 # The names are the runtime's (runtime/config.py owns them): AUTO, CHECKPOINT, BAMBOO, RECYCLE, OOBLECK.
 Strategy = models.TextChoices("Strategy", [(name.upper(), (name, STRATEGY_LABELS[name])) for name in JOB_STRATEGIES])
@@ -59,6 +60,15 @@ class TrainingJob(TimeStampedModel):
     target_steps = models.PositiveIntegerField()
     deadline = models.DateTimeField(null=True, blank=True)
     budget_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    capacity = models.CharField(
+        max_length=30, choices=[(p, p) for p in CAPACITY_POLICIES], default=DEFAULT_CAPACITY_POLICY,
+        help_text="How the job's nodes are bought: spot, spot_then_on_demand (on-demand when the deadline needs "
+        "it) or on_demand (runtime/planner/capacity_policy.py).")
+    capacity_type = models.CharField(
+        max_length=20, choices=[(t, t) for t in CAPACITY_TYPES], default=SPOT,
+        help_text="What the policy buys now; spot_then_on_demand switches it.")
+    deadline_unreachable_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the deadline became unreachable even on on-demand (alerted once).")
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.PENDING)
     status_message = models.CharField(max_length=300, blank=True)
     plan = models.JSONField(

@@ -14,21 +14,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.fleet.models import ProviderKind
-from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
+from controlplane.market.zones import ZONE_ID_PREFIX_TO_REGION, region_of_zone
+from controlplane.orchestration.providers.local.provider import (
+    LOCAL_INSTANCE_TYPE,
+    LOCAL_REGION,
+    LOCAL_ZONE,
+    LOCAL_ZONES,
+)
 from controlplane.tunables import tunable
 from runtime.config import LayoutError
 
 MAX_PLAN_NODES = 4096
 MAX_POOLS = 64
+KNOWN_REGIONS = frozenset(ZONE_ID_PREFIX_TO_REGION.values())
 POOL_NAME_MAX = 64
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlanPool:
-    """An allowed pool: an instance type, in a zone or in any zone ("")."""
+    """An allowed pool: an instance type, in a zone or in any zone (""), in a region ("": the
+    provider's default, or the zone's)."""
 
     instance_type: str
     zone: str = ""
+    region: str = ""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,6 +65,9 @@ class JobPlan:
     (`planning.services.job_replan`)."""
     max_nodes: int = 64
     """The most nodes the planner may use (`plan.max_nodes`), kept for re-planning."""
+    regions: list[str] = field(default_factory=list)
+    """The regions the job may run in (`plan.regions`; empty: the provider's default). Its nodes
+    stay in one region at a time."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -75,6 +87,7 @@ class PlanAsk:
     provider: str
     instance_types: list[str]
     zones: list[str]
+    regions: list[str] = field(default_factory=list)
     dp: int | None = None
     pp: int | None = None
     nodes: int | None = None
@@ -117,8 +130,45 @@ def _names(data: dict[str, Any], name: str) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-PLAN_FIELDS = ("auto", "provider", "instance_types", "zones", "dp", "pp", "nodes", "microbatches", "max_nodes",
-               "replan")
+PLAN_FIELDS = ("auto", "provider", "instance_types", "zones", "regions", "dp", "pp", "nodes", "microbatches",
+               "max_nodes", "replan")
+
+
+def _check_places(ask: PlanAsk) -> None:
+    """Zones and regions the provider has: an unknown one is a LayoutError naming the field and the
+    value (a 400), never a launch that fails later."""
+    if ask.provider == ProviderKind.LOCAL:
+        for name, values, known in (("zones", ask.zones, LOCAL_ZONES), ("regions", ask.regions, (LOCAL_REGION,))):
+            unknown = [v for v in values if v not in known]
+            if unknown:
+                raise LayoutError(f"plan.{name}: {unknown[0]!r} is not a local {name[:-1]}; expected some of "
+                                  f"{list(known)}", field=f"plan.{name}")
+        return
+    configured = list(tunable("SPOTPIPE_AWS_REGIONS"))
+    for region in ask.regions:
+        if region not in configured:
+            raise LayoutError(f"plan.regions: {region!r} is not a region this control plane launches in; expected "
+                              f"some of {configured} (SPOTPIPE_AWS_REGIONS)", field="plan.regions")
+    allowed = ask.regions or configured
+    for zone in ask.zones:
+        region = region_of_zone(zone)
+        if region not in KNOWN_REGIONS:
+            raise LayoutError(f"plan.zones: {zone!r} is not an AWS zone (a zone name such as us-east-1a, or a zone "
+                              "ID such as use1-az4)", field="plan.zones")
+        if region not in allowed:
+            raise LayoutError(f"plan.zones: {zone!r} is in {region}, not in the job's regions {allowed}",
+                              field="plan.zones")
+
+
+def plan_pools(ask: PlanAsk, instance_types: list[str] | None = None) -> list[PlanPool]:
+    """The pools of a plan: each instance type in each allowed zone, or in any zone of each allowed
+    region (zones name their region)."""
+    types = instance_types if instance_types is not None else ask.instance_types
+    if ask.zones:
+        regional = ask.provider != ProviderKind.LOCAL
+        return [PlanPool(instance_type=t, zone=z, region=region_of_zone(z) if regional else LOCAL_REGION)
+                for t in types for z in ask.zones]
+    return [PlanPool(instance_type=t, zone="", region=r) for t in types for r in (ask.regions or [""])]
 
 
 def parse_plan_request(value: Any) -> PlanAsk:
@@ -150,11 +200,13 @@ def parse_plan_request(value: Any) -> PlanAsk:
         auto=auto, provider=provider,
         instance_types=_names(value, "instance_types") or default_instance_types(provider),
         zones=_names(value, "zones") or ([LOCAL_ZONE] if provider == ProviderKind.LOCAL else []),
+        regions=_names(value, "regions"),
         dp=_int(value, "dp", low=1, high=MAX_PLAN_NODES), pp=_int(value, "pp", low=1, high=MAX_PLAN_NODES),
         nodes=_int(value, "nodes", low=1, high=MAX_PLAN_NODES),
         microbatches=_int(value, "microbatches", low=1, high=MAX_PLAN_NODES),
         max_nodes=_int(value, "max_nodes", low=1, high=MAX_PLAN_NODES) or 64, replan=replan,
     )
+    _check_places(ask)
     if auto:
         chosen = [n for n in ("dp", "pp", "nodes", "microbatches") if getattr(ask, n) is not None]
         if chosen:

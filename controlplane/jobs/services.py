@@ -30,6 +30,7 @@ from controlplane.jobs.packages import unknown_uploads
 from controlplane.jobs.plans import parse_plan_request
 from controlplane.planning.services import plan_job
 from runtime.config import JOB_STRATEGIES, LayoutError, alias_field, contract_from_model_spec, each_error
+from runtime.planner.capacity_policy import CAPACITY_POLICIES, DEFAULT_CAPACITY_POLICY, ON_DEMAND, SPOT
 
 MAX_BUDGET_USD = Decimal("9999999999.99")  # what budget_usd (12 digits, 2 decimals) can hold
 MAX_METRIC_BATCH = 1000
@@ -51,9 +52,12 @@ def _is_positive_int(value: Any) -> bool:
 
 
 def _job_input_errors(
-    *, name: Any, strategy: Any, target_steps: Any, deadline: Any, budget_usd: Any
+    *, name: Any, strategy: Any, target_steps: Any, deadline: Any, budget_usd: Any, capacity: Any = None
 ) -> tuple[dict[str, list[str]], Decimal | None]:
     errors: dict[str, list[str]] = {}
+    if capacity is not None and capacity not in CAPACITY_POLICIES:
+        errors["capacity"] = [f"unknown capacity policy {str(capacity)[:60]!r}; expected one of "
+                              f"{', '.join(CAPACITY_POLICIES)}"]
     if not isinstance(name, str) or not name.strip():
         errors["name"] = ["must be a non-empty string"]
     elif len(name) > TrainingJob._meta.get_field("name").max_length:
@@ -136,6 +140,7 @@ def job_submit(
     plan: dict[str, Any] | str | None = None,
     deadline: datetime | None = None,
     budget_usd: Decimal | float | str | None = None,
+    capacity: str | None = None,
 ) -> TrainingJob:
     """Validate and store a new job (status pending) with its contract and plan, and its `submitted`
     event. The contract is validated by building the runtime's `JobConfig` with the plan's layout,
@@ -145,7 +150,8 @@ def job_submit(
     `config`: the runtime's JobConfig fields other than the layout (model, global_batch, seed, lr,
     schedule, device_time, ...); `model_spec`: its older form. `plan`: None (one node), `"auto"`
     (the planner picks the cheapest plan that meets the deadline, or the fastest within the budget)
-    or an explicit `{dp, pp, nodes, microbatches, provider, instance_types, zones}`.
+    or an explicit `{dp, pp, nodes, microbatches, provider, instance_types, zones, regions}`. `capacity`: how
+    the nodes are bought (`runtime.planner.capacity_policy.CAPACITY_POLICIES`, default spot).
 
     The job's data (`config.data`) is then checked as far as the control plane can
     (`data_checks.check_data`: an s3 source or tokenizer must be there for its AWS credentials),
@@ -153,7 +159,9 @@ def job_submit(
     not check, and why, goes with the `submitted` event (`data_checks`)."""
     errors, budget = _job_input_errors(
         name=name, strategy=strategy, target_steps=target_steps, deadline=deadline, budget_usd=budget_usd,
+        capacity=capacity,
     )
+    capacity = capacity or DEFAULT_CAPACITY_POLICY
     job_plan = runtime_config = None
     if not errors:
         alias = model_spec is not None
@@ -182,13 +190,13 @@ def job_submit(
         job = TrainingJob.objects.create(
             team=team, created_by=user, name=name.strip(), config=runtime_config.to_dict(), strategy=strategy,
             plan=job_plan.to_dict(), target_steps=target_steps, deadline=deadline, budget_usd=budget,
-            status=JobStatus.PENDING,
+            capacity=capacity, capacity_type=ON_DEMAND if capacity == ON_DEMAND else SPOT, status=JobStatus.PENDING,
         )
         job_record_event(
             job=job, kind="submitted", message=f"submitted by {user or 'the system'}",
             data={"strategy": strategy, "target_steps": target_steps,
                   "deadline": deadline.isoformat() if deadline else None,
-                  "budget_usd": str(budget) if budget is not None else None,
+                  "budget_usd": str(budget) if budget is not None else None, "capacity": capacity,
                   "plan": {k: getattr(job_plan, k) for k in ("chosen_by", "provider", "nodes", "dp", "pp")},
                   **({"data_checks": data_check.notes} if data_check.notes else {})},
         )

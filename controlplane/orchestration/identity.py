@@ -109,8 +109,9 @@ def load_certificate(path: str, region: str) -> bytes:
         raise IdentityRejected(f"no AWS identity certificate at {location}; set SPOTPIPE_AWS_IDENTITY_CERT") from exc
 
 
-def identity_policy_for(provider: str) -> IdentityPolicy | None:
-    """The policy enrolment enforces for nodes of `provider` (None: not enforced)."""
+def identity_policy_for(provider: str, *, region: str = "") -> IdentityPolicy | None:
+    """The policy enrolment enforces for nodes of `provider` launched in `region` (one of
+    `SPOTPIPE_AWS_REGIONS`; "": the default region), or None: not enforced."""
     from controlplane.tunables import tunable
 
     mode = str(tunable("SPOTPIPE_ENROLL_VERIFY_IDENTITY")).lower()
@@ -118,7 +119,10 @@ def identity_policy_for(provider: str) -> IdentityPolicy | None:
         raise IdentityRejected(f"SPOTPIPE_ENROLL_VERIFY_IDENTITY is {mode!r}; expected auto, on or off")
     if mode == "off" or (mode == "auto" and provider != "aws"):
         return None
-    region = str(tunable("SPOTPIPE_AWS_REGION"))
+    default = str(tunable("SPOTPIPE_AWS_REGION"))
+    if region and region != default and region not in tunable("SPOTPIPE_AWS_REGIONS"):
+        raise IdentityRejected(f"the node was launched in {region!r}, not a region of SPOTPIPE_AWS_REGIONS")
+    region = region or default
     account = str(tunable("SPOTPIPE_AWS_ACCOUNT_ID"))
     cert_path = str(tunable("SPOTPIPE_AWS_IDENTITY_CERT"))
     if not account or not cert_path:

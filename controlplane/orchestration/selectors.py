@@ -38,7 +38,7 @@ def job_shape(*, job: TrainingJob) -> JobShape:
     plan = JobPlan.from_dict(job.plan)
     return JobShape(
         dp=plan.dp, pp=plan.pp, nodes=plan.nodes, provider=plan.provider,
-        pools=tuple(Pool(instance_type=p.instance_type, zone=p.zone) for p in plan.pools),
+        pools=tuple(Pool(instance_type=p.instance_type, zone=p.zone, region=p.region) for p in plan.pools),
         strategy=plan.strategy, min_stages=plan.min_stages,
     )
 
@@ -86,11 +86,12 @@ def pools_ranked(*, job: TrainingJob, shape: JobShape | None = None, capacity_ty
     names = [p.instance_type for p in shape.pools]
     if capacity_type == ON_DEMAND:
         by_type = _on_demand_prices(shape.provider, names)
-        priced = [Pool(instance_type=p.instance_type, zone=p.zone, price=by_type.get(p.instance_type))
+        priced = [Pool(instance_type=p.instance_type, zone=p.zone, region=p.region, price=by_type.get(p.instance_type))
                   for p in shape.pools]
     else:
         prices = _spot_prices(names)
-        priced = [Pool(instance_type=p.instance_type, zone=p.zone, price=prices.get(p.key)) for p in shape.pools]
+        priced = [Pool(instance_type=p.instance_type, zone=p.zone, region=p.region, price=prices.get(p.key))
+                  for p in shape.pools]
     priced.sort(key=lambda p: (p.price is None, p.price or Decimal(0)))
     state = pool_unavailability(team_id=job.team_id, provider=shape.provider, capacity_type=capacity_type, now=now)
     unavailable = [p for p in priced if state.blocked(p)]

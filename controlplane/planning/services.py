@@ -18,8 +18,9 @@ from controlplane.common.errors import DomainError
 from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import ProviderKind
 from controlplane.jobs.models import TrainingJob
-from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool
-from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_STAND_IN_TYPE
+from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool, plan_pools
+from controlplane.market.zones import region_of_zone
+from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_REGION, LOCAL_STAND_IN_TYPE
 from controlplane.planning.selectors import pools_for_plan
 from controlplane.tunables import tunable
 from runtime.config import (
@@ -279,10 +280,9 @@ def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strat
         contract = {**contract, "layer_costs": stated["layer_costs"],
                     "link_gbps": contract.get("link_gbps", stated["link_gbps"])}
         config = build_job_config(contract, **layout, strategy=strategy, steps=target_steps)
-    pools = [PlanPool(instance_type=t, zone=z) for t in ask.instance_types for z in (ask.zones or [""])]
-    plan = JobPlan(provider=ask.provider, pools=pools, nodes=ask.nodes or config.num_nodes, dp=config.dp,
+    plan = JobPlan(provider=ask.provider, pools=plan_pools(ask), nodes=ask.nodes or config.num_nodes, dp=config.dp,
                    pp=config.pp, microbatches=config.microbatches, strategy=strategy, chosen_by="user",
-                   min_stages=config.min_stages)
+                   min_stages=config.min_stages, regions=ask.regions)
     return plan, config
 
 
@@ -312,7 +312,8 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
     contract = {k: v for k, v in contract.items() if k != "schedule"}
     if base.device_time is not None:
         contract["device_time"] = dataclasses.asdict(base.device_time)
-    pools = [PlanPool(instance_type=best.instance_type, zone=best.zone)]
+    pools = [PlanPool(instance_type=best.instance_type, zone=best.zone,
+                      region=LOCAL_REGION if ask.provider == ProviderKind.LOCAL else region_of_zone(best.zone))]
     # The job states the per-layer seconds and link bandwidth the plan was priced with (replacing any
     # the contract gave): its stages are cut as the planner cut them, and recycle's spill prices a
     # new host's traffic on real instances too (`runtime.strategies.links.stated_by_cost_models`).
@@ -324,6 +325,7 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
         nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=base.strategy,
         chosen_by="planner", objective=chosen.objective, predicted=_prediction(best),
         runner_ups=_runner_ups(chosen), min_stages=config.min_stages, replan=ask.replan, max_nodes=ask.max_nodes,
+        regions=ask.regions,
     )
     return plan, config
 
@@ -437,7 +439,8 @@ def job_replan(*, job: TrainingJob, at: datetime | None = None) -> JobPlan | Non
         return None
     if current is not None and best["cost_usd"] > current["cost_usd"] * (1 - REPLAN_GAIN):
         return None
-    new_pools = [PlanPool(instance_type=best["instance_type"], zone=best["zone"])]
+    region = LOCAL_REGION if stored.provider == ProviderKind.LOCAL else region_of_zone(best["zone"])
+    new_pools = [PlanPool(instance_type=best["instance_type"], zone=best["zone"], region=region)]
     if started:
         plan = dataclasses.replace(stored, pools=new_pools, predicted=best, runner_ups=fresh.runner_ups)
         config_dict = job.config

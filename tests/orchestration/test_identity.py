@@ -206,3 +206,24 @@ def test_a_local_node_enrols_with_its_signed_document_when_enforced(control_plan
                 server.stop()
     finally:
         set_provider("local", None)
+
+
+@pytest.mark.django_db
+def test_a_node_of_another_configured_region_is_checked_with_that_regions_certificate(pair, other_pair, tmp_path,
+                                                                                     monkeypatch, settings):
+    from controlplane.orchestration.identity import identity_policy_for
+
+    settings.SPOTPIPE_AWS_REGION = REGION
+    (tmp_path / f"{REGION}.pem").write_bytes(other_pair[1])
+    (tmp_path / "us-west-2.pem").write_bytes(pair[1])
+    monkeypatch.setenv("SPOTPIPE_AWS_IDENTITY_CERT", str(tmp_path))
+    monkeypatch.setenv("SPOTPIPE_AWS_ACCOUNT_ID", ACCOUNT)
+    monkeypatch.setenv("SPOTPIPE_AWS_REGIONS", f"{REGION},us-west-2")
+
+    policy = identity_policy_for("aws", region="us-west-2")
+    assert (policy.region, policy.certificate_pem) == ("us-west-2", pair[1])
+    document, signature = _signed(pair[0], instance_id="i-0west", region="us-west-2")
+    assert verify_identity_document(document=document, signature_b64=signature, expected_instance_id="i-0west",
+                                    policy=policy)["region"] == "us-west-2"
+    with pytest.raises(IdentityRejected, match="not a region of SPOTPIPE_AWS_REGIONS"):
+        identity_policy_for("aws", region="eu-west-1")

@@ -48,13 +48,13 @@ def _submit(replan: bool = True) -> TrainingJob:
 def test_a_cheaper_pool_takes_the_plan_over_before_the_start(market):
     itype, a, _b = market
     job = _submit()
-    assert job.plan["pools"] == [{"instance_type": "g5.xlarge", "zone": "us-east-1a"}]
+    assert job.plan["pools"] == [{"instance_type": "g5.xlarge", "zone": "us-east-1a", "region": "us-east-1"}]
     assert job_replan(job=job) is None  # nothing moved
     _price(itype, a, "0.90", timezone.now() - timedelta(minutes=1))  # zone a is now dearer than b
     plan = job_replan(job=job)
     assert plan is not None and plan.pools[0].zone == "us-east-1b"
     job.refresh_from_db()
-    assert job.plan["pools"] == [{"instance_type": "g5.xlarge", "zone": "us-east-1b"}]
+    assert job.plan["pools"] == [{"instance_type": "g5.xlarge", "zone": "us-east-1b", "region": "us-east-1"}]
     assert job.config["steps"] == job.target_steps and job.config["dp"] == job.plan["dp"]
     event = JobEvent.objects.get(job=job, kind="replanned")
     assert "us-east-1a" in event.message and "us-east-1b" in event.message

@@ -33,7 +33,8 @@ class JobSerializer(ModelSerializer):
         model = TrainingJob
         fields = [
             "id", "team", "name", "created_by", "config", "model_spec", "strategy", "target_steps", "deadline",
-            "budget_usd", "status", "status_message", "plan", "current_generation", "steps_done",
+            "budget_usd", "capacity", "capacity_type", "deadline_unreachable_at", "status", "status_message", "plan",
+            "current_generation", "steps_done",
             "samples_done", "progress", "initial_loss", "last_loss", "last_val_loss", "live_instance_count",
             "created_at", "started_at", "finished_at",
         ]
@@ -75,6 +76,10 @@ class JobSubmitSerializer(serializers.Serializer):
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     budget_usd = serializers.DecimalField(
         max_digits=12, decimal_places=2, required=False, allow_null=True, default=None, min_value=Decimal("0.01")
+    )
+    capacity = CharField(
+        required=False, allow_null=True, default=None, max_length=40,
+        help_text="spot (default), spot_then_on_demand (on-demand when the deadline needs it) or on_demand",
     )
 
 

@@ -62,7 +62,9 @@ def agent_enroll(
         )
     if instance.state in TERMINAL_STATES:
         raise Conflict(f"instance {instance.pk} is {instance.state}; it cannot enrol", field="provider_instance_id")
-    policy = identity_policy_for(acquisition.provider)
+    # A node's document names the region it was launched in, verified with that region's certificate.
+    region = instance.zone.region.code if acquisition.provider == "aws" and instance.zone_id else ""
+    policy = identity_policy_for(acquisition.provider, region=region)
     if policy is not None:
         verify_identity_document(
             document=identity_document,
