@@ -107,6 +107,11 @@ TUNABLES: tuple[Tunable, ...] = (
             "(docs/orchestration.md)"),
     Tunable("SPOTPIPE_CAPACITY_UNAVAILABLE_S", 180.0, "an offering that answered a capacity or quota error is "
             "not asked again, by any team, for this long", kind=float),
+    Tunable("SPOTPIPE_CAPACITY_SWITCH_OVERHEAD_S", 120.0, "what one start, restart or switch of capacity type costs "
+            "a job, in seconds of its deadline (the spot_then_on_demand rule keeps this margin)", kind=float),
+    Tunable("SPOTPIPE_SPOT_PROGRESS_RATE", 0.8, "the share of full speed a job is expected to make on spot "
+            "(preemptions and waits for capacity discounted) until it has measured its own or the planner "
+            "predicted it", kind=float),
     Tunable("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws", "which cloud's metadata formats local nodes serve"),
     Tunable("SPOTPIPE_HEARTBEAT_S", 0.5, "how often agents heartbeat (sent to them at enrolment)", kind=float),
     Tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0, "silence after which a node is declared dead", kind=float),

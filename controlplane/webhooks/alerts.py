@@ -229,6 +229,15 @@ def alert_job_status(*, job, status: str, message: str = "") -> list[AlertDelive
     })
 
 
+def alert_deadline_unreachable(*, job, message: str) -> list[AlertDelivery]:
+    """Alert when a job's deadline can no longer be met, even on on-demand capacity."""
+    text = f"Job {job.name} (#{job.pk}) will miss its deadline: {message}"
+    return alert_emit(team_id=job.team_id, event=AlertEvent.JOB_DEADLINE_UNREACHABLE, text=text, data={
+        "job": job.pk, "name": job.name, "deadline": job.deadline.isoformat() if job.deadline else None,
+        "message": message, "steps_done": job.steps_done, "target_steps": job.target_steps,
+    })
+
+
 def alert_budget_threshold(*, team_id: int, threshold_pct: int, spent_usd: str, budget_usd: str,
                            job=None) -> list[AlertDelivery]:
     """Alert that spending crossed `threshold_pct` of a budget (the job's, or the team's)."""

@@ -96,6 +96,7 @@ class AlertEvent(models.TextChoices):
     JOB_FAILED = "job.failed", "Job failed"
     JOB_FINISHED = "job.finished", "Job finished"
     BUDGET_THRESHOLD = "budget.threshold", "Budget threshold crossed"
+    JOB_DEADLINE_UNREACHABLE = "job.deadline_unreachable", "Job deadline unreachable"
 
 
 class AlertEndpoint(models.Model):

@@ -51,10 +51,13 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     if locked.status not in ACTIVE_JOB_STATUSES:
         return None
     shape = job_shape(job=locked)
-    missing = shape.nodes - job_counted_count(job=locked)
+    capacity_type = job_capacity_type(locked)
+    # Only nodes of the type the policy buys now count: after a switch the job acquires the other
+    # type in full, and the old nodes are retired one by one once the new ones run
+    # (`capacity_policy.other_capacity_retire`).
+    missing = shape.nodes - job_counted_count(job=locked, lifecycle=capacity_type)
     if missing <= 0:
         return None
-    capacity_type = job_capacity_type(locked)
     ranked = pools_ranked(job=locked, shape=shape, capacity_type=capacity_type)
     if not ranked.usable:
         _record_capacity_wait(locked, missing=missing, unavailable=ranked.unavailable, capacity_type=capacity_type)

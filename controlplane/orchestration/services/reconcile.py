@@ -3,6 +3,7 @@ release an ended job's nodes, and list the jobs the periodic reconcile visits.""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import transaction
@@ -17,6 +18,7 @@ from controlplane.orchestration.models import Acquisition, AcquisitionReason, Ac
 from controlplane.orchestration.providers import get_provider
 from controlplane.orchestration.selectors import COUNTED_STATES, job_counted_count, job_counted_instances, job_shape
 from controlplane.orchestration.services.acquisition import acquisition_launch, capacity_request
+from controlplane.orchestration.services.capacity_policy import job_capacity_review, other_capacity_retire
 from controlplane.orchestration.services.generations import (
     _current_slots,
     job_grow,
@@ -26,6 +28,8 @@ from controlplane.orchestration.services.generations import (
 from controlplane.orchestration.services.job_end import job_fail_if_stalled, job_finish
 from controlplane.orchestration.services.liveness import instances_mark_lost
 from controlplane.orchestration.services.transitions import _end_locked_many, _transition
+
+logger = logging.getLogger(__name__)
 
 
 def capacity_release(*, job: TrainingJob) -> list[int]:
@@ -94,6 +98,7 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     for pk in reconfigurations_pending(job=job):
         reconfiguration_apply(reconfiguration=Reconfiguration.objects.get(pk=pk))
     job.refresh_from_db()
+    report["capacity"] = _capacity_review(job)
     reason = AcquisitionReason.REPLACEMENT if job.current_generation else AcquisitionReason.INITIAL
     acquisition = capacity_request(job=job, reason=reason)
     if acquisition is not None:
@@ -103,8 +108,20 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     ):
         report["launched"] += len(acquisition_launch(acquisition=pending))
     job_grow(job=job)
+    report["retired"] = other_capacity_retire(job=job)
     report["surplus"] = _terminate_surplus(job)
     return report
+
+
+def _capacity_review(job: TrainingJob) -> str | None:
+    """The capacity policy's choice now (None: nothing judged); a failure here must not stop the
+    reconcile from repairing capacity."""
+    try:
+        choice = job_capacity_review(job=job)
+    except Exception:
+        logger.exception("job %s: capacity review failed", job.pk)
+        return None
+    return choice.capacity_type if choice is not None else None
 
 
 def _terminate_surplus(job: TrainingJob) -> list[int]:
@@ -113,6 +130,8 @@ def _terminate_surplus(job: TrainingJob) -> list[int]:
     shape = job_shape(job=job)
     if job_counted_count(job=job) <= shape.nodes:  # the usual answer, without loading every node
         return []
+    if job_counted_count(job=job, lifecycle=job.capacity_type) < job_counted_count(job=job):
+        return []  # a capacity switch in progress: its spares are the swap's (`other_capacity_retire`)
     counted = job_counted_instances(job=job)
     extra = len(counted) - shape.nodes
     if extra <= 0:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from controlplane.orchestration.providers.base import (
     CAPACITY_CODES,
+    CAPACITY_TYPES,
     SPOT,
     InsufficientCapacity,
     LaunchRequest,
@@ -257,7 +258,8 @@ class LocalProvider:
         launch = self.launch_id(request)
         adopted = all(not self._leftover(i, launch) and self.node_dir(i).exists() for i in ids)
         self._log_launch(request, pool, adopted=adopted)
-        error = self.capacity.error_for(pool.key) if self.capacity and not adopted else None
+        error = self.capacity.error_for(pool.key, capacity_type=request.capacity_type) \
+            if self.capacity and not adopted else None
         if error:
             raise InsufficientCapacity(f"local pool {pool.key}: {error} (capacity script)", code=error,
                                        pools=[pool.key])
@@ -356,9 +358,10 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 class CapacityScript:
     """When local pools have no capacity: a JSON list of `{"pool": "TYPE@ZONE", "from_s": N, "to_s":
-    N, "error": CODE}`, seconds from the provider's start. The start is stamped once in the nodes'
-    root (`.capacity-epoch`), so every worker process of one control plane counts from the same
-    moment; delete the file to start the script again."""
+    N, "error": CODE}`, seconds from the provider's start, each for spot launches unless it says
+    `"capacity_type": "on_demand"`. The start is stamped once in the nodes' root (`.capacity-epoch`),
+    so every worker process of one control plane counts from the same moment; delete the file to
+    start the script again."""
 
     def __init__(self, windows: list[dict], epoch: float) -> None:
         self.windows = windows
@@ -375,18 +378,21 @@ class CapacityScript:
         for index, window in enumerate(windows):
             ok = (isinstance(window, dict) and isinstance(window.get("pool"), str) and "@" in window["pool"]
                   and all(isinstance(window.get(k), int | float) for k in ("from_s", "to_s"))
-                  and window.get("error", "InsufficientInstanceCapacity") in CAPACITY_CODES)
+                  and window.get("error", "InsufficientInstanceCapacity") in CAPACITY_CODES
+                  and window.get("capacity_type", SPOT) in CAPACITY_TYPES)
             if not ok:
                 raise ProviderError(
                     f"SPOTPIPE_LOCAL_CAPACITY {path}: window {index} is {window!r}; expected "
-                    f'{{"pool": "TYPE@ZONE", "from_s": N, "to_s": N, "error": one of {sorted(CAPACITY_CODES)}}}')
+                    f'{{"pool": "TYPE@ZONE", "from_s": N, "to_s": N, "error": one of {sorted(CAPACITY_CODES)}, '
+                    f'"capacity_type" (optional): one of {list(CAPACITY_TYPES)}}}')
         return cls(windows, _epoch(epoch_file))
 
-    def error_for(self, pool_key: str, *, now: float | None = None) -> str | None:
-        """The error a launch into `pool_key` meets now, or None when it has capacity."""
+    def error_for(self, pool_key: str, *, capacity_type: str = SPOT, now: float | None = None) -> str | None:
+        """The error a launch of `capacity_type` into `pool_key` meets now, or None when it has capacity."""
         elapsed = (now if now is not None else time.time()) - self.epoch
         for window in self.windows:
-            if window["pool"] == pool_key and window["from_s"] <= elapsed < window["to_s"]:
+            if (window["pool"] == pool_key and window.get("capacity_type", SPOT) == capacity_type
+                    and window["from_s"] <= elapsed < window["to_s"]):
                 return str(window.get("error", "InsufficientInstanceCapacity"))
         return None
 
