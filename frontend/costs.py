@@ -21,6 +21,7 @@ from django.utils import timezone
 from controlplane.billing.models import BillingSegment
 from controlplane.billing.reports import job_cost_report
 from controlplane.jobs.models import Reconfiguration, TrainingJob
+from runtime.planner.capacity_policy import CAPACITY_TYPES
 
 ZERO = Decimal(0)
 MONEY = Decimal("0.0001")
@@ -86,6 +87,22 @@ def job_costs_so_far(*, job_ids: Iterable[int], now: datetime | None = None) -> 
         lo, hi = _clip(start, end, None, now)
         totals[job_id] += _hours(lo, hi) * price
     return dict(totals)
+
+
+def job_capacity_split(*, job: TrainingJob, now: datetime | None = None) -> dict[str, dict[str, str]]:
+    """Hours and cost so far of the job's spot and of its on-demand instances (`Instance.lifecycle`),
+    clipped at `now` as the cost curve is, so the two add up to the page's cost so far. Both types
+    are always listed (0 when unused)."""
+    now = now or timezone.now()
+    hours = dict.fromkeys(CAPACITY_TYPES, ZERO)
+    cost = dict.fromkeys(CAPACITY_TYPES, ZERO)
+    rows = BillingSegment.objects.filter(job_id=job.pk).values_list("instance__lifecycle", "start", "end",
+                                                                      "price_per_hour")
+    for lifecycle, start, end, price in rows:
+        piece = _hours(*_clip(start, end, None, now))
+        hours[lifecycle] = hours.get(lifecycle, ZERO) + piece
+        cost[lifecycle] = cost.get(lifecycle, ZERO) + piece * price
+    return {kind: {"hours": str(hours[kind].quantize(HOURS)), "cost_usd": money(cost[kind])} for kind in hours}
 
 
 def job_cost_curve(*, job: TrainingJob, now: datetime | None = None) -> list[tuple[datetime, Decimal]]:

@@ -513,8 +513,8 @@ def job_events_page(*, job: TrainingJob, page: int = 1, kind: str | None = None)
 def job_detail(*, job: TrainingJob, now: datetime, events_page: int = 1, events_kind: str | None = None
                ) -> dict[str, Any]:
     """Everything the job page plots: curves, layouts (each with what changed since the previous
-    generation), the newest reconfigurations, one page of events, cost burn-down and the
-    predicted finish."""
+    generation), the newest reconfigurations, one page of events, cost burn-down (with spot and
+    on-demand hours and cost apart), the capacity policy and the predicted finish."""
     curves = job_metric_curves(job=job)
     cost_curve = costs.job_cost_curve(job=job, now=now)
     spent = cost_curve[-1][1] if cost_curve else costs.ZERO
@@ -542,13 +542,15 @@ def job_detail(*, job: TrainingJob, now: datetime, events_page: int = 1, events_
                 "last_val_loss": job.last_val_loss,
                 "budget_usd": None if job.budget_usd is None else str(job.budget_usd),
                 "deadline": iso(job.deadline), "started_at": iso(job.started_at),
-                "finished_at": iso(job.finished_at)},
+                "finished_at": iso(job.finished_at), "capacity": job.capacity, "capacity_type": job.capacity_type,
+                "deadline_unreachable_at": iso(job.deadline_unreachable_at)},
         "curves": curves,
         "layouts": job_layouts(job=job),
         "reconfigurations": reconfigurations,
         "events": events,
         "cost": {"x": [iso(at) for at, _ in cost_curve], "spent": [num(v.quantize(costs.MONEY)) for _, v in cost_curve],
                  "total": costs.money(spent), "budget": num(job.budget_usd),
-                 "rate_per_hour": costs.money(rate), "projected_at_finish": projected},
+                 "rate_per_hour": costs.money(rate), "projected_at_finish": projected,
+                 "by_capacity_type": costs.job_capacity_split(job=job, now=now)},
         "prediction": prediction,
     }

@@ -37,9 +37,22 @@ def describe_plan(plan: dict[str, Any]) -> str:
             f"dp={plan.get('dp')} x pp={plan.get('pp')}, {plan.get('microbatches')} micro-batches per pipeline")
     predicted = plan.get("predicted")
     if predicted:
-        line += (f"; predicted {predicted['hours'] * 3600:.1f} s, ${predicted['cost_usd']:.4f}, "
+        line += (f"; predicted {predicted['hours'] * 3600:.1f} s, {estimated_cost(predicted)}, "
                  f"{predicted['samples_per_s']:.1f} samples/s")
     return line
+
+
+def estimated_cost(predicted: dict[str, Any]) -> str:
+    """The planner's cost estimate for the plan's capacity policy (`predicted.capacity`; spot for
+    plans made before policies): spot, on-demand, or both for spot_then_on_demand."""
+    capacity = predicted.get("capacity", "spot")
+    spot = f"${predicted['cost_usd']:.4f} on spot"
+    on_demand = predicted.get("on_demand_cost_usd")
+    if capacity == "spot" or on_demand is None:
+        return f"{spot} (estimate)"
+    if capacity == "on_demand":
+        return f"${on_demand:.4f} on demand (estimate)"
+    return f"{spot}, ceiling ${on_demand:.4f} all on demand (estimates)"
 
 
 def _guarded(command: Callable[..., int]) -> Callable[..., int]:
@@ -115,7 +128,8 @@ def jobs(*, out: TextIO = sys.stdout) -> int:
 
 @_guarded
 def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
-    job = _client().job(job_id)
+    client = _client()
+    job = client.job(job_id)
     loss = f", loss {job['last_loss']:.4f}" if job.get("last_loss") is not None else ""
     if job.get("last_val_loss") is not None:
         loss += f", val loss {job['last_val_loss']:.4f}"
@@ -123,7 +137,28 @@ def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
     print(f"  steps {job['steps_done']}/{job['target_steps']}{loss}, generation {job['current_generation']}, "
           f"strategy {job['strategy']}", file=out)
     print(f"  {describe_plan(job['plan'])}", file=out)
+    print(f"  {describe_capacity(job)}", file=out)
+    if job.get("deadline_unreachable_at"):
+        print(f"  warning: the deadline became unreachable even on on-demand at {job['deadline_unreachable_at']}",
+              file=out)
+    # One more GET: the cost report carries the spot / on-demand split.
+    report = client.call("GET", f"jobs/{job_id}/cost-report/")
+    print(f"  {describe_cost(report)}", file=out)
     return 0
+
+
+def describe_capacity(job: dict[str, Any]) -> str:
+    """One line: the job's capacity policy and what its nodes are bought as now."""
+    return f"capacity {job.get('capacity', '?')}, {job.get('capacity_type', '?')} now"
+
+
+def describe_cost(report: dict[str, Any]) -> str:
+    """One line from the job's cost report: the total, and spot and on-demand hours and cost apart."""
+    split = report.get("by_capacity_type") or {}
+    parts = [f"{label} {split[kind]['hours']} h ${split[kind]['cost_usd']}"
+             for kind, label in (("spot", "spot"), ("on_demand", "on-demand")) if kind in split]
+    line = f"cost: total ${report['total_usd']} ({report['billed_hours']} h)"
+    return line + (f"; {', '.join(parts)}" if parts else "")
 
 
 @_guarded

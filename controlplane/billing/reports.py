@@ -6,6 +6,8 @@ Formulas (money in Decimal throughout, rounded only when presented):
 - on-demand equivalent = sum of on_demand_price_per_hour x hours over the same segments (the same
   capacity for the same time bought on demand).
 - savings = on-demand equivalent - total; savings % = savings / on-demand equivalent x 100.
+- by capacity type: hours and cost of the segments of spot instances and of on-demand instances
+  (`Instance.lifecycle`); the two add up to billed hours and total.
 - preemption loss = sum over the job's reconfigurations of lost_seconds / 3600 x the job's spend
   rate at the reconfiguration's `decided_at`, where the spend rate is the sum of price_per_hour of
   the job's segments in force at that moment (start <= t < end). The work lost while the job stalls
@@ -26,6 +28,7 @@ from django.utils import timezone
 
 from controlplane.billing.models import BillingSegment
 from controlplane.jobs.models import Reconfiguration, TrainingJob
+from runtime.planner.capacity_policy import CAPACITY_TYPES
 
 CENTS = Decimal("0.01")
 MICRO = Decimal("0.000001")
@@ -89,6 +92,23 @@ class Breakdown:
 
 
 @dataclass(slots=True)
+class CapacityLine:
+    """Hours and cost of one capacity type (what the instances were bought as)."""
+
+    segments: int = 0
+    hours: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"segments": self.segments, "hours": str(self.hours.quantize(HOURS_Q)), "cost_usd": _usd(self.cost)}
+
+
+def _capacity_lines() -> dict[str, CapacityLine]:
+    # Every type listed, 0 when unused: readers need not test for a missing key.
+    return {kind: CapacityLine() for kind in CAPACITY_TYPES}
+
+
+@dataclass(slots=True)
 class CostReport:
     """What a job cost. Amounts are exact Decimals; `to_dict`/`to_csv` round them for display."""
 
@@ -103,6 +123,7 @@ class CostReport:
     preemption_events: int = 0
     by_instance_type: dict[str, Breakdown] = field(default_factory=dict)
     by_zone: dict[str, Breakdown] = field(default_factory=dict)
+    by_capacity_type: dict[str, CapacityLine] = field(default_factory=_capacity_lines)
     segments: list[SegmentCost] = field(default_factory=list)
 
     @property
@@ -132,11 +153,17 @@ class CostReport:
             "preemption_loss_usd": _usd(self.preemption_loss),
             "by_instance_type": [b.to_dict("instance_type") for b in self.by_instance_type.values()],
             "by_zone": [b.to_dict("zone") for b in self.by_zone.values()],
+            "by_capacity_type": {kind: line.to_dict() for kind, line in self.by_capacity_type.items()},
             "segments": [s.to_dict() for s in self.segments],
         }
 
     CSV_COLUMNS = ("segment_id", "instance_id", "provider_instance_id", "instance_type", "zone", "lifecycle",
-                   "start", "end", "hours", "price_per_hour", "price_source", "cost_usd", "on_demand_cost_usd")
+                   "start", "end", "hours", "price_per_hour", "price_source", "cost_usd", "on_demand_cost_usd",
+                   "spot_capacity_hours", "spot_capacity_cost_usd", "on_demand_capacity_hours",
+                   "on_demand_capacity_cost_usd")
+    """The last four split hours and cost by capacity type: a segment fills its own type's pair, the
+    TOTAL line both. Columns, not extra lines, so readers that sum every non-TOTAL line stay right
+    (`on_demand_cost_usd` stays the on-demand equivalent)."""
 
     def to_csv(self) -> str:
         """One line per segment, then a TOTAL line (cost and on-demand cost rounded to cents)."""
@@ -145,10 +172,17 @@ class CostReport:
         writer.writerow(self.CSV_COLUMNS)
         for segment in self.segments:
             row = segment.to_dict()
+            for kind in CAPACITY_TYPES:
+                own = segment.lifecycle == kind
+                row[f"{kind}_capacity_hours"] = row["hours"] if own else ""
+                row[f"{kind}_capacity_cost_usd"] = row["cost_usd"] if own else ""
             writer.writerow(["" if row[c] is None else row[c] for c in self.CSV_COLUMNS])
+        split = [value for kind in CAPACITY_TYPES
+                 for value in (str(self.by_capacity_type[kind].hours.quantize(HOURS_Q)),
+                               _usd(self.by_capacity_type[kind].cost))]
         writer.writerow(["TOTAL", "", "", "", "", "", "", self.as_of.isoformat(),
                          str(self.billed_hours.quantize(HOURS_Q)), "", "", _usd(self.total),
-                         _usd(self.on_demand_equivalent)])
+                         _usd(self.on_demand_equivalent), *split])
         return out.getvalue()
 
 
@@ -182,6 +216,11 @@ def job_cost_report(*, job: TrainingJob, as_of: datetime | None = None) -> CostR
             entry.hours += hours
             entry.cost += cost
             entry.on_demand_cost += on_demand_cost
+        # An instance's lifecycle is fixed for its life, so each segment is wholly one type.
+        capacity = report.by_capacity_type.setdefault(instance.lifecycle, CapacityLine())
+        capacity.segments += 1
+        capacity.hours += hours
+        capacity.cost += cost
     report.by_instance_type = dict(sorted(report.by_instance_type.items()))
     report.by_zone = dict(sorted(report.by_zone.items()))
 

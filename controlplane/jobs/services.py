@@ -170,7 +170,7 @@ def job_submit(
             ask = parse_plan_request(plan)
             job_plan, runtime_config = plan_job(
                 team_id=team.pk, contract=contract, total_microbatches=total, strategy=strategy,
-                target_steps=target_steps, deadline=deadline, budget_usd=budget, ask=ask,
+                target_steps=target_steps, deadline=deadline, budget_usd=budget, ask=ask, capacity=capacity,
             )
         except LayoutError as exc:
             for problem in each_error(exc):

@@ -4,7 +4,7 @@ the market's pools, and return the plan (or a `PlanInfeasible` with the nearest 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -38,6 +38,7 @@ from runtime.config import (
     explicit_layout,
     resolve_strategy,
 )
+from runtime.planner.capacity_policy import DEFAULT_CAPACITY_POLICY
 from runtime.planner.catalog import InstanceSpec
 from runtime.planner.catalog import instance_types as shipped_types
 from runtime.planner.predictor import default_predictor
@@ -207,24 +208,41 @@ def _priced_pools(ask: PlanAsk, *, team_id: int, at: datetime) -> list[PricedPoo
     return pools
 
 
-def _prediction(c: Candidate) -> dict[str, Any]:
+def _prediction(c: Candidate, *, capacity: str = DEFAULT_CAPACITY_POLICY,
+                catalog: Mapping[str, InstanceSpec] | None = None) -> dict[str, Any]:
+    """The planner's figures for `c`, with the on-demand estimate the job's `capacity` policy needs.
+
+    `cost_usd` stays the spot estimate (the planner ranks plans by it). `on_demand_cost_usd` is the
+    same work on on-demand nodes at the catalogue's on-demand price: on-demand nodes are not
+    preempted, so its hours are the predicted hours without the preemption overhead
+    (`hours x goodput_fraction`). None when the catalogue has no price for the type. Which figure a
+    page shows follows `capacity`: spot, on_demand, or both for spot_then_on_demand (spot estimate,
+    all-on-demand ceiling)."""
+    spec = (catalog if catalog is not None else shipped_types()).get(c.instance_type)
+    on_demand_hours = c.hours * c.goodput_fraction
+    on_demand_price = spec.on_demand_usd_per_hour if spec is not None else None
     return {
         "instance_type": c.instance_type, "zone": c.zone, "nodes": c.nodes, "dp": c.dp, "pp": c.pp,
         "microbatches": c.microbatches, "schedule": c.schedule, "hours": c.hours, "cost_usd": c.cost_usd,
         "step_s": c.step_s, "samples_per_s": c.samples_per_s, "goodput_fraction": c.goodput_fraction,
         "expected_preemptions": c.expected_preemptions, "spot_usd_per_hour": c.spot_usd_per_hour,
+        "capacity": capacity, "on_demand_usd_per_hour": on_demand_price, "on_demand_hours": on_demand_hours,
+        "on_demand_cost_usd": None if on_demand_price is None else on_demand_hours * c.nodes * on_demand_price,
     }
 
 
 def plan_job(
     *, team_id: int, contract: dict[str, Any], total_microbatches: int | None, strategy: str, target_steps: int,
     deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime | None = None,
+    capacity: str = DEFAULT_CAPACITY_POLICY,
 ) -> tuple[JobPlan, JobConfig]:
     """The job's plan and its runtime config: the user's explicit layout, or the planner's choice
     (`ask.auto`) over the allowed pools for the deadline or budget. `total_microbatches`: the legacy
-    body's micro-batches per step. Raises `LayoutError` naming the field to change: a layout the
-    runtime cannot run, an unknown instance type, a deadline no plan meets (with the fastest plan's
-    predicted time), a budget no plan fits; every problem of the contract at once."""
+    body's micro-batches per step. `capacity`: the job's capacity policy, for the prediction's cost
+    estimate (`_prediction`; the choice itself is still made on spot prices). Raises `LayoutError`
+    naming the field to change: a layout the runtime cannot run, an unknown instance type, a
+    deadline no plan meets (with the fastest plan's predicted time), a budget no plan fits; every
+    problem of the contract at once."""
     _check_pools(ask)
     runtime_strategy = resolve_strategy(strategy)
     # The model and training fields first, on one node: every problem of the contract at once.
@@ -260,7 +278,7 @@ def plan_job(
                           "an explicit plan (plan.dp, plan.pp)", field="plan.auto")
     if ask.auto:
         return _planned(base, contract, team_id=team_id, total_microbatches=total_microbatches, deadline=deadline,
-                        budget_usd=budget_usd, ask=ask, at=at or timezone.now())
+                        budget_usd=budget_usd, ask=ask, at=at or timezone.now(), capacity=capacity)
     return _explicit(contract, total_microbatches=total_microbatches, strategy=runtime_strategy,
                      target_steps=target_steps, ask=ask)
 
@@ -287,8 +305,8 @@ def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strat
 
 
 def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_microbatches: int | None,
-             deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime
-             ) -> tuple[JobPlan, JobConfig]:
+             deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime,
+             capacity: str = DEFAULT_CAPACITY_POLICY) -> tuple[JobPlan, JobConfig]:
     """The planner's choice for `base` (the contract on one node) over the allowed pools."""
     if ask.provider == ProviderKind.LOCAL and base.device_time is None:
         # Local nodes emulate a device's step time; the plan is made, and run, with that time.
@@ -323,9 +341,10 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
     plan = JobPlan(
         provider=ask.provider, pools=pools,
         nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=base.strategy,
-        chosen_by="planner", objective=chosen.objective, predicted=_prediction(best),
-        runner_ups=_runner_ups(chosen), min_stages=config.min_stages, replan=ask.replan, max_nodes=ask.max_nodes,
-        regions=ask.regions,
+        chosen_by="planner", objective=chosen.objective,
+        predicted=_prediction(best, capacity=capacity, catalog=planner.catalog),
+        runner_ups=_runner_ups(chosen, capacity=capacity, catalog=planner.catalog), min_stages=config.min_stages,
+        replan=ask.replan, max_nodes=ask.max_nodes, regions=ask.regions,
     )
     return plan, config
 
@@ -350,7 +369,8 @@ def _plan_error(exc: PlanError, *, deadline: datetime | None, deadline_hours: fl
     return LayoutError(message, field=field)
 
 
-def _runner_ups(chosen: Plan) -> list[dict[str, Any]]:
+def _runner_ups(chosen: Plan, *, capacity: str = DEFAULT_CAPACITY_POLICY,
+                catalog: Mapping[str, InstanceSpec] | None = None) -> list[dict[str, Any]]:
     """The next best layouts after the chosen one (one entry per pool and dp x pp, best schedule)."""
     best = chosen.best
     seen = {(best.instance_type, best.zone, best.dp, best.pp)}
@@ -359,7 +379,7 @@ def _runner_ups(chosen: Plan) -> list[dict[str, Any]]:
         key = (c.instance_type, c.zone, c.dp, c.pp)
         if key not in seen and c.feasible:
             seen.add(key)
-            out.append(_prediction(c))
+            out.append(_prediction(c, capacity=capacity, catalog=catalog))
         if len(out) == RUNNER_UPS:
             break
     return out
@@ -422,6 +442,7 @@ def job_replan(*, job: TrainingJob, at: datetime | None = None) -> JobPlan | Non
         fresh, fresh_config = plan_job(
             team_id=job.team_id, contract=_contract_of(job), total_microbatches=None, strategy=job.strategy,
             target_steps=steps_left, deadline=job.deadline, budget_usd=job.budget_usd, ask=ask, at=at,
+            capacity=job.capacity,
         )
     except LayoutError:
         return None  # nothing meets the limits any more: the stored plan stays; the job page shows its progress

@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.billing.reports import exact_hours, job_cost_report
 from controlplane.billing.services import billing_backfill
-from controlplane.jobs.models import Reconfiguration
+from controlplane.jobs.models import Reconfiguration, TrainingJob
 from tests.controlplane.factories import (
     make_instance,
     make_instance_type,
@@ -131,3 +131,100 @@ def test_csv_has_one_line_per_segment_and_a_total(job_with_fleet):
 
 def test_exact_hours_has_no_float_error():
     assert exact_hours(timedelta(hours=1, microseconds=1)) == Decimal(3600000001) / Decimal(3600000000)
+
+
+# --- spot and on-demand capacity apart -------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed_job():
+    """One spot p3.2xlarge for 3 h across a price change, one on-demand p3.2xlarge for 2 h."""
+    team = make_team()
+    job = make_job(team, capacity="spot_then_on_demand")
+    p3, az4 = make_instance_type("p3.2xlarge", "3.06"), make_zone("us-east-1a", "use1-az4")
+    make_spot_prices(p3, az4, [(h(-1), "0.9180"), (h(1.5), "1.1000")])
+    spot = make_instance(team, job=job, instance_type=p3, zone=az4, running_at=h(0), ended_at=h(3),
+                         state="preempted")
+    on_demand = make_instance(team, job=job, instance_type=p3, zone=az4, lifecycle="on_demand", running_at=h(2),
+                              ended_at=h(4), state="terminated")
+    for instance in (spot, on_demand):
+        billing_backfill(instance=instance)
+    return job
+
+
+def test_capacity_types_add_up_to_the_totals(mixed_job):
+    report = job_cost_report(job=mixed_job, as_of=h(10))
+    spot, on_demand = report.by_capacity_type["spot"], report.by_capacity_type["on_demand"]
+    assert spot.hours == Decimal(3) and spot.cost == Decimal("1.5") * Decimal("0.918") + Decimal("1.5") * Decimal("1.1")
+    assert on_demand.hours == Decimal(2) and on_demand.cost == 2 * Decimal("3.06")  # priced on demand
+    assert spot.hours + on_demand.hours == report.billed_hours
+    assert spot.cost + on_demand.cost == report.total
+    data = report.to_dict()
+    assert data["by_capacity_type"] == {
+        "spot": {"segments": 2, "hours": "3.0000", "cost_usd": str(spot.cost.quantize(Decimal("0.01")))},
+        "on_demand": {"segments": 1, "hours": "2.0000", "cost_usd": "6.12"},
+    }
+    # The existing keys are unchanged: the on-demand equivalent still covers both types.
+    assert data["on_demand_equivalent_usd"] == str((5 * Decimal("3.06")).quantize(Decimal("0.01")))
+
+
+def test_a_spot_only_job_lists_on_demand_as_zero(job_with_fleet):
+    data = job_cost_report(job=job_with_fleet, as_of=h(10)).to_dict()
+    assert data["by_capacity_type"]["on_demand"] == {"segments": 0, "hours": "0.0000", "cost_usd": "0.00"}
+    assert data["by_capacity_type"]["spot"]["hours"] == data["billed_hours"]
+    assert data["by_capacity_type"]["spot"]["cost_usd"] == data["total_usd"]
+
+
+def test_csv_splits_hours_and_cost_by_capacity_type(mixed_job):
+    report = job_cost_report(job=mixed_job, as_of=h(10))
+    rows = list(csv.DictReader(io.StringIO(report.to_csv())))
+    segments, total = rows[:-1], rows[-1]
+    assert len(segments) == len(report.segments) == 3 and total["segment_id"] == "TOTAL"
+    for row in segments:  # a segment fills its own type's columns only
+        own, other = ("spot", "on_demand") if row["lifecycle"] == "spot" else ("on_demand", "spot")
+        assert row[f"{own}_capacity_hours"] == row["hours"] and row[f"{own}_capacity_cost_usd"] == row["cost_usd"]
+        assert row[f"{other}_capacity_hours"] == row[f"{other}_capacity_cost_usd"] == ""
+    split = report.to_dict()["by_capacity_type"]
+    for kind in ("spot", "on_demand"):
+        assert total[f"{kind}_capacity_hours"] == split[kind]["hours"]
+        assert total[f"{kind}_capacity_cost_usd"] == split[kind]["cost_usd"]
+        assert sum(Decimal(r[f"{kind}_capacity_hours"] or 0) for r in segments) == Decimal(split[kind]["hours"])
+    # Summing every non-TOTAL line still gives the total: the split is in columns, not extra lines.
+    assert sum(Decimal(r["cost_usd"]) for r in segments).quantize(Decimal("0.01")) == Decimal(total["cost_usd"])
+
+
+def test_cost_report_api_serves_the_split_in_json_and_csv(mixed_job):
+    from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
+
+    client = token_client(make_api_token(mixed_job.team, user=make_api_user(mixed_job.team)))
+    url = f"/api/v1/jobs/{mixed_job.pk}/cost-report/"
+    data = client.get(url, {"as_of": h(10).isoformat()}).json()
+    assert data["by_capacity_type"] == job_cost_report(job=mixed_job, as_of=h(10)).to_dict()["by_capacity_type"]
+    rows = list(csv.DictReader(io.StringIO(client.get(url, {"format": "csv"}).content.decode())))
+    assert rows[-1]["on_demand_capacity_cost_usd"] == "6.12"
+
+
+def test_spotpipe_status_prints_the_policy_and_the_split(mixed_job, monkeypatch):
+    from spotpipe import commands
+    from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
+
+    TrainingJob.objects.filter(pk=mixed_job.pk).update(capacity_type="on_demand")  # the policy switched
+    api = token_client(make_api_token(mixed_job.team, user=make_api_user(mixed_job.team)))
+
+    class Served:  # spotpipe's client, answered by the API in-process
+        def job(self, job_id: int) -> dict:
+            return api.get(f"/api/v1/jobs/{job_id}/").json()
+
+        def call(self, method: str, path: str) -> dict:
+            return getattr(api, method.lower())(f"/api/v1/{path}").json()
+
+    monkeypatch.setattr(commands, "_client", Served)
+    out = io.StringIO()
+    assert commands.status(mixed_job.pk, out=out) == 0
+    printed = out.getvalue()
+    assert "capacity spot_then_on_demand, on_demand now" in printed
+    report = job_cost_report(job=mixed_job).to_dict()  # segments are closed: the same at any as_of
+    spot = report["by_capacity_type"]["spot"]
+    assert f"spot {spot['hours']} h ${spot['cost_usd']}" in printed
+    assert "on-demand 2.0000 h $6.12" in printed
+    assert f"total ${report['total_usd']}" in printed

@@ -433,3 +433,39 @@ def test_fleet_data_lists_unavailable_offerings_with_their_expiry(client_a):
     marks = [u for u in data["unavailable_offerings"] if u["reason"] == "no_capacity"]
     assert [(u["pool"], u["code"]) for u in marks] == [("p3.2xlarge@us-east-1a", "InsufficientInstanceCapacity")]
     assert marks[0]["until"] > data["generated_at"]
+
+
+def test_job_data_carries_the_capacity_policy_and_the_spot_on_demand_split(client_a, world):
+    from controlplane.billing.services import billing_backfill
+    from tests.controlplane.factories import make_instance, make_instance_type, make_spot_prices, make_zone
+
+    team, now = world["a"][0], timezone.now()
+    job = make_job(team, capacity="spot_then_on_demand")
+    unreachable = now - timedelta(hours=1)
+    TrainingJob.objects.filter(pk=job.pk).update(capacity_type="on_demand", deadline_unreachable_at=unreachable)
+    # A pool of its own (not in the seeded market): 3 h on spot at 0.30, then 2 h on demand at 1.34.
+    itype, zone = make_instance_type("trn1.2xlarge", "1.34"), make_zone("us-west-2a", "usw2-az1")
+    make_spot_prices(itype, zone, [(now - timedelta(hours=10), "0.30")])
+    for lifecycle, start, end in (("spot", 6, 3), ("on_demand", 3, 1)):
+        billing_backfill(instance=make_instance(team, job=job, instance_type=itype, zone=zone, lifecycle=lifecycle,
+                                                running_at=now - timedelta(hours=start),
+                                                ended_at=now - timedelta(hours=end), state="terminated"))
+    data = client_a.get(reverse("frontend:job-data", args=[job.pk])).json()
+    assert (data["job"]["capacity"], data["job"]["capacity_type"]) == ("spot_then_on_demand", "on_demand")
+    assert data["job"]["deadline_unreachable_at"] == unreachable.isoformat()
+    split = data["cost"]["by_capacity_type"]
+    assert split == {"spot": {"hours": "3.000", "cost_usd": "0.9000"}, "on_demand": {"hours": "2.000",
+                                                                                     "cost_usd": "2.6800"}}
+    assert sum(Decimal(line["cost_usd"]) for line in split.values()) == Decimal(data["cost"]["total"])
+    # The API's cost report splits it the same way.
+    api = client_a.get(f"/api/v1/jobs/{job.pk}/cost-report/", HTTP_ACCEPT="application/json").json()
+    for kind in ("spot", "on_demand"):
+        assert Decimal(api["by_capacity_type"][kind]["hours"]) == Decimal(split[kind]["hours"])
+        assert api["by_capacity_type"][kind]["cost_usd"] == str(Decimal(split[kind]["cost_usd"]).quantize(
+            Decimal("0.01")))
+    page = client_a.get(reverse("frontend:job-detail", args=[job.pk])).content.decode()
+    assert "Capacity policy <strong>spot_then_on_demand</strong>" in page
+    assert 'id="job-capacity-type">on_demand<' in page
+    assert 'id="deadline-unreachable">' in page  # shown, not hidden
+    cost_page = client_a.get(reverse("frontend:job-cost", args=[job.pk])).content.decode()
+    assert 'id="by-capacity-type"' in cost_page and "$2.68" in cost_page and "$0.90" in cost_page

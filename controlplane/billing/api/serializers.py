@@ -49,6 +49,21 @@ class ZoneBreakdownSerializer(_BreakdownSerializer):
     zone = CharField()
 
 
+class CapacityLineSerializer(serializers.Serializer):
+    """Hours and cost of the segments of one capacity type."""
+
+    segments = serializers.IntegerField()
+    hours = serializers.DecimalField(max_digits=14, decimal_places=4)
+    cost_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
+class CapacityTypeSplitSerializer(serializers.Serializer):
+    """Both capacity types, always present (0 when unused); they add up to the report's totals."""
+
+    spot = CapacityLineSerializer(help_text="Instances bought as spot.")
+    on_demand = CapacityLineSerializer(help_text="Instances bought on demand (priced at the type's on-demand price).")
+
+
 class SegmentCostSerializer(serializers.Serializer):
     segment_id = serializers.IntegerField()
     instance_id = serializers.IntegerField()
@@ -90,6 +105,9 @@ class CostReportSerializer(_CostTotalsSerializer):
     )
     by_instance_type = TypeBreakdownSerializer(many=True)
     by_zone = ZoneBreakdownSerializer(many=True)
+    by_capacity_type = CapacityTypeSplitSerializer(
+        help_text="Spot and on-demand hours and cost apart (Instance.lifecycle of each segment's instance)."
+    )
     segments = SegmentCostSerializer(many=True)
 
 

@@ -46,9 +46,10 @@ class BillingSegmentList(generics.ListAPIView):
 
 
 class JobCostReport(APIView):
-    """What a job cost: total, per instance type and zone, against on-demand, and the cost of work
-    lost to preemptions. JSON, or CSV (one line per segment and a TOTAL line) with `?format=csv`
-    or `Accept: text/csv`."""
+    """What a job cost: total, per instance type and zone, spot and on-demand capacity apart,
+    against on-demand, and the cost of work lost to preemptions. JSON, or CSV (one line per segment
+    and a TOTAL line, with the split in the `*_capacity_*` columns) with `?format=csv` or
+    `Accept: text/csv`."""
 
     permission_classes = [IsAuthenticated, UsersOnly]
     renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, CSVRenderer]
@@ -57,7 +58,10 @@ class JobCostReport(APIView):
         parameters=[CostReportQuery],
         responses={
             (200, "application/json"): CostReportSerializer,
-            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="Segments and a TOTAL line."),
+            (200, "text/csv"): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="Segments and a TOTAL line; spot_capacity_* and on_demand_capacity_* columns split them.",
+            ),
         },
     )
     def get(self, request: Request, pk: int) -> Response:

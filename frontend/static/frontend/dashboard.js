@@ -387,6 +387,14 @@
     setText("kpi-cost", money(d.cost.total));
     setText("kpi-budget", (d.cost.budget ? "of " + money(d.cost.budget) + " budget" : "no budget set") +
       (d.cost.projected_at_finish !== null ? "; about " + money(d.cost.projected_at_finish) + " at the predicted finish" : ""));
+    const split = d.cost.by_capacity_type;
+    setText("kpi-capacity-split", "spot " + split.spot.hours + " h, " + money(split.spot.cost_usd) +
+      " · on-demand " + split.on_demand.hours + " h, " + money(split.on_demand.cost_usd));
+    setText("job-capacity-type", j.capacity_type);
+    // The policy may give up on the deadline while the page is open: show the warning then.
+    const unreachable = el("deadline-unreachable");
+    if (unreachable) unreachable.hidden = !j.deadline_unreachable_at;
+    if (j.deadline_unreachable_at) setText("deadline-unreachable-at", when(j.deadline_unreachable_at).slice(0, 16));
     setText("kpi-finish", d.prediction.predicted_finish ? when(d.prediction.predicted_finish) : "–");
     setText("kpi-deadline", d.prediction.deadline ? "deadline " + when(d.prediction.deadline) +
       (d.prediction.on_time === false ? " (late!)" : d.prediction.on_time ? " (on time)" : "") : "no deadline");
