@@ -15,6 +15,7 @@ from typing import Any
 
 from controlplane.fleet.models import ProviderKind
 from controlplane.market.zones import ZONE_ID_PREFIX_TO_REGION, region_of_zone
+from controlplane.orchestration.placement import pool_region
 from controlplane.orchestration.providers.local.provider import (
     LOCAL_INSTANCE_TYPE,
     LOCAL_REGION,
@@ -165,8 +166,7 @@ def plan_pools(ask: PlanAsk, instance_types: list[str] | None = None) -> list[Pl
     region (zones name their region)."""
     types = instance_types if instance_types is not None else ask.instance_types
     if ask.zones:
-        regional = ask.provider != ProviderKind.LOCAL
-        return [PlanPool(instance_type=t, zone=z, region=region_of_zone(z) if regional else LOCAL_REGION)
+        return [PlanPool(instance_type=t, zone=z, region=pool_region(ask.provider, z))
                 for t in types for z in ask.zones]
     return [PlanPool(instance_type=t, zone="", region=r) for t in types for r in (ask.regions or [""])]
 

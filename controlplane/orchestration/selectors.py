@@ -3,7 +3,7 @@ agent should run now."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -13,6 +13,7 @@ from controlplane.fleet.states import InstanceState
 from controlplane.jobs.models import JobGeneration, TrainingJob
 from controlplane.market.models import InstanceType, SpotPrice
 from controlplane.orchestration.offerings import pool_unavailability
+from controlplane.orchestration.placement import pool_region
 from controlplane.orchestration.providers.base import ON_DEMAND, SPOT, Pool
 
 # Instances that count towards a job's capacity (a node under notice is already leaving).
@@ -77,12 +78,15 @@ def _on_demand_prices(provider: str, names: list[str]) -> dict[str, Decimal]:
 
 
 def pools_ranked(*, job: TrainingJob, shape: JobShape | None = None, capacity_type: str = SPOT,
-                 now=None) -> RankedPools:
-    """The plan's pools for a launch of `capacity_type`, cheapest first by the price in force (spot
-    price, or the type's on-demand price), without the offerings `offerings` marks unavailable.
-    If every pool left is cooling down after a preemption, those are used; an offering without
-    capacity is never used before its mark expires."""
+                 region: str | None = None, now=None) -> RankedPools:
+    """The plan's pools for a launch of `capacity_type` (in `region` only, when given), cheapest
+    first by the price in force (spot price, or the type's on-demand price), without the offerings
+    `offerings` marks unavailable. If every pool left is cooling down after a preemption, those are
+    used; an offering without capacity is never used before its mark expires."""
     shape = shape or job_shape(job=job)
+    if region is not None:
+        shape = replace(shape, pools=tuple(p for p in shape.pools
+                                           if pool_region(shape.provider, p.zone, p.region) == region))
     names = [p.instance_type for p in shape.pools]
     if capacity_type == ON_DEMAND:
         by_type = _on_demand_prices(shape.provider, names)

@@ -159,3 +159,47 @@ def test_the_api_lists_unavailable_offerings_with_their_expiry(fake):
     bad = api.get("/api/v1/offerings/unavailable/?provider=gcp")
     assert bad.status_code == 400 and "provider" in bad.json()["errors"]
 
+
+
+def test_a_jobs_nodes_stay_in_one_region(monkeypatch):
+    """Across regions a launch goes to the cheapest usable region; a job that holds nodes grows back
+    only in theirs (and waits there when it has no capacity: moving is a restart, not a top-up)."""
+    from controlplane.market.models import SpotPrice
+    from controlplane.orchestration.providers import set_provider
+    from tests.controlplane.factories import make_instance_type, make_zone
+    from tests.orchestration.fakes import FakeProvider
+
+    monkeypatch.setenv("SPOTPIPE_AWS_REGIONS", "us-east-1,us-west-2")
+    fake = FakeProvider()
+    set_provider("aws", fake)
+    try:
+        itype = make_instance_type("p3.2xlarge")
+        east, west = make_zone("us-east-1a", "use1-az1"), make_zone("us-west-2a", "usw2-az1")
+        now = timezone.now()
+        SpotPrice.objects.create(instance_type=itype, zone=east, price=Decimal("0.95"), timestamp=now)
+        SpotPrice.objects.create(instance_type=itype, zone=west, price=Decimal("0.90"), timestamp=now)
+        job = make_job(make_team(), target_steps=10, plan={"dp": 2, "pp": 1, "provider": "aws",
+                                                           "instance_types": ["p3.2xlarge"],
+                                                           "zones": ["us-east-1a", "us-west-2a"]})
+        first = _launch(job)
+        assert [(p["zone"], p["region"]) for p in first.pools] == [("us-west-2a", "us-west-2")]
+        assert fake.launches[0].region == "us-west-2"
+
+        # East becomes cheaper, a west node vanishes: the replacement is still asked in the west.
+        SpotPrice.objects.create(instance_type=itype, zone=east, price=Decimal("0.50"),
+                                 timestamp=now + timedelta(seconds=1))
+        fake.vanish(Instance.objects.filter(job=job).first().provider_instance_id)
+        services.capacity_reconcile(job=job)
+        replacement = Acquisition.objects.filter(job=job).order_by("-id").first()
+        assert replacement.pk != first.pk and [p["zone"] for p in replacement.pools] == ["us-west-2a"]
+
+        # The west runs out: the job waits in its region, the cheap east is not asked.
+        fake.vanish(Instance.objects.filter(job=job, state="pending").first().provider_instance_id)
+        fake.no_capacity["p3.2xlarge@us-west-2a"] = ("InsufficientInstanceCapacity", 0)
+        fake.launches.clear()
+        services.capacity_reconcile(job=job)
+        services.capacity_reconcile(job=job)
+        assert {r.region for r in fake.launches} == {"us-west-2"}
+        assert job.events.filter(kind="capacity_wait").exists()
+    finally:
+        set_provider("aws", None)

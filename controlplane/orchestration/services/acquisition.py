@@ -13,11 +13,12 @@ from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance, Lifecycle, ProviderKind
 from controlplane.fleet.services import instance_transition_locked, instances_moved_save
-from controlplane.fleet.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, InstanceState
+from controlplane.fleet.states import ALLOWED_TRANSITIONS, LIVE_STATES, TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, TrainingJob
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
 from controlplane.orchestration.offerings import offerings_mark_no_capacity, pool_unavailability, unavailable_ttl
+from controlplane.orchestration.placement import pool_region
 from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
 from controlplane.orchestration.providers.base import ON_DEMAND, SPOT, TAG_JOB, TAG_TEAM, InsufficientCapacity
 from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
@@ -33,6 +34,13 @@ ATTACH_FIELDS = ("provider_instance_id", "instance_type", "zone", "agent_address
 
 # A launch claimed this long ago and never finished is assumed dead (its worker crashed).
 LAUNCH_STALE_AFTER = timedelta(seconds=120)
+
+
+def job_region(job: TrainingJob) -> str | None:
+    """The region of the job's live nodes (None when it holds none, or only nodes not yet placed)."""
+    codes = set(Instance.objects.filter(job=job, state__in=LIVE_STATES, zone__isnull=False)
+                .exclude(provider_instance_id=None).values_list("zone__region__code", flat=True))
+    return sorted(codes)[0] if codes else None
 
 
 def job_capacity_type(job: TrainingJob) -> str:
@@ -58,11 +66,15 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     missing = shape.nodes - job_counted_count(job=locked, lifecycle=capacity_type)
     if missing <= 0:
         return None
-    ranked = pools_ranked(job=locked, shape=shape, capacity_type=capacity_type)
+    # A job's nodes stay in one region (traffic between regions is slow and billed): while it holds
+    # nodes, it grows back only where they are.
+    ranked = pools_ranked(job=locked, shape=shape, capacity_type=capacity_type, region=job_region(locked))
     if not ranked.usable:
         _record_capacity_wait(locked, missing=missing, unavailable=ranked.unavailable, capacity_type=capacity_type)
         return None
-    pools = ranked.usable
+    # One region a launch: the cheapest usable pool's.
+    first = pool_region(shape.provider, ranked.usable[0].zone, ranked.usable[0].region)
+    pools = [p for p in ranked.usable if pool_region(shape.provider, p.zone, p.region) == first]
     number = Acquisition.objects.filter(job=locked).count() + 1
     now = _now()
     acquisition = Acquisition.objects.create(

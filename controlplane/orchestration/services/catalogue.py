@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.market.models import Cloud, InstanceType, Region, Zone
+from controlplane.orchestration.placement import pool_region
 from controlplane.orchestration.providers import Pool
 
 
@@ -22,8 +23,7 @@ def _zone_row(provider: str, code: str) -> Zone | None:
     if zone is not None:
         return zone
     cloud, _ = Cloud.objects.get_or_create(code=provider, defaults={"name": provider})
-    region_code = code[:-1] if provider == "aws" and code[-1:].isalpha() else code
-    region, _ = Region.objects.get_or_create(cloud=cloud, code=region_code)
+    region, _ = Region.objects.get_or_create(cloud=cloud, code=pool_region(provider, code))
     zone, _ = Zone.objects.get_or_create(region=region, code=code)
     return zone
 
