@@ -43,6 +43,9 @@ class Instance(TimeStampedModel):
     notice_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    terminate_requested_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="A terminate of ours is under way: its silence is ours, not a preemption (not marked lost).")
     agent_address = models.CharField(max_length=200, blank=True)
     # Unique through Meta.constraints rather than unique=True, which on PostgreSQL also builds a
     # LIKE (varchar_pattern_ops) index that no query uses.

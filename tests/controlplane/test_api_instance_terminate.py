@@ -89,3 +89,37 @@ def test_bad_reason_is_400_naming_it(worlds, provider, body):
     response = alpha.admin_client.post(f"/api/v1/instances/{alpha.instance.pk}/terminate/", body, format="json")
     assert response.status_code == 400 and "reason" in response.json()["errors"]
     assert Instance.objects.get(pk=alpha.instance.pk).state == "running" and provider.terminated == []
+
+
+class _SlowToTerminate(FakeProvider):
+    """A provider during whose terminate call the node's heartbeats stop being fresh and the periodic
+    checks run (the dead-node check, the provider reporting the node gone): the race of issue 39."""
+
+    def terminate(self, ids):
+        from controlplane.orchestration.services.liveness import instances_detect_dead, instances_mark_lost
+
+        super().terminate(ids)
+        Instance.objects.filter(provider_instance_id__in=ids).update(
+            last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+        instances_detect_dead(timeout_s=1.0)
+        instances_mark_lost(instances=list(Instance.objects.filter(provider_instance_id__in=ids)),
+                            reason="provider reports it gone")
+
+
+def test_a_terminate_is_not_taken_for_a_preemption_while_the_provider_ends_the_node(worlds, monkeypatch):
+    alpha, _ = worlds
+    slow = _SlowToTerminate()
+    monkeypatch.setattr(orchestration, "get_provider", lambda kind: slow)
+    alpha.job.status = JobStatus.RUNNING
+    alpha.job.save(update_fields=["status"])
+
+    response = alpha.admin_client.post(f"/api/v1/instances/{alpha.instance.pk}/terminate/", {"reason": "drain"},
+                                       format="json")
+
+    assert response.status_code == 200, response.content
+    instance = Instance.objects.get(pk=alpha.instance.pk)
+    assert instance.state == "terminated"
+    kinds = list(JobEvent.objects.filter(job=alpha.job).values_list("kind", flat=True))
+    assert "instance_terminated" in kinds and "instance_lost" not in kinds
+    (event,) = instance.events.filter(to_state="terminated")
+    assert event.detail["reason"] == "drain"

@@ -6,6 +6,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Q
 
 from controlplane.common.errors import Conflict
 from controlplane.fleet.locks import lock_jobs_then_instances
@@ -36,9 +37,22 @@ def heartbeat_timeout_s() -> float:
     return tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S")
 
 
+TERMINATE_GRACE = timedelta(minutes=2)
+"""How long a terminate of ours explains a node's silence (the provider call takes seconds)."""
+
+
+def _terminating(instance: Instance) -> bool:
+    stamp = instance.terminate_requested_at
+    return stamp is not None and _now() - stamp < TERMINATE_GRACE
+
+
 def instance_mark_lost(*, instance: Instance, reason: str, notice_id: int | None = None) -> Reconfiguration | None:
     """A node is gone (heartbeat timeout, the provider says it ended): mark it preempted (spot) or
-    failed, and decide the job's reconfiguration (once per leaving node)."""
+    failed, and decide the job's reconfiguration (once per leaving node). Not a node our own
+    terminate is ending (`instance_terminate` records that end)."""
+    instance.refresh_from_db(fields=["terminate_requested_at"])
+    if _terminating(instance):
+        return None
     with transaction.atomic():
         moved = _transition(instance, _lost_state(instance), detail={"reason": reason})
         if not moved or instance.job_id is None:
@@ -79,6 +93,7 @@ def instances_mark_lost(*, instances: list[Instance], reason: str) -> list[Recon
         return []
     with transaction.atomic():
         jobs, locked = lock_jobs_then_instances(instances=Instance.objects.filter(pk__in=[i.pk for i in instances]))
+        locked = [i for i in locked if not _terminating(i)]  # ended by our terminate, which records it
         moved: list[Instance] = []
         for target in (InstanceState.PREEMPTED, InstanceState.FAILED):
             moved += _end_locked_many([i for i in locked if _lost_state(i) == target], target,
@@ -114,8 +129,15 @@ def instance_terminate(*, instance: Instance, reason: str) -> Reconfiguration | 
     instance.refresh_from_db(fields=["state"])
     if instance.state in TERMINAL_STATES:
         raise Conflict(f"instance {instance.pk} is already {instance.state}", field="state")
+    # Stamped first: while the provider ends the node, its heartbeats stop and the provider reports
+    # it gone; the dead-node check and the reconcile must not take that silence for a preemption.
+    Instance.objects.filter(pk=instance.pk).update(terminate_requested_at=_now())
     if instance.provider_instance_id:
-        get_provider(instance.provider).terminate([instance.provider_instance_id])
+        try:
+            get_provider(instance.provider).terminate([instance.provider_instance_id])
+        except Exception:
+            Instance.objects.filter(pk=instance.pk).update(terminate_requested_at=None)
+            raise
     reconfiguration = None
     with transaction.atomic():
         if not _transition(instance, InstanceState.TERMINATED, detail={"reason": reason}):
@@ -146,7 +168,7 @@ def instances_detect_dead(*, timeout_s: float | None = None, now: datetime | Non
     dead = list(
         Instance.objects.select_related("job").filter(
             state__in=(InstanceState.RUNNING, InstanceState.NOTICE), last_heartbeat_at__lt=cutoff
-        )
+        ).filter(Q(terminate_requested_at__isnull=True) | Q(terminate_requested_at__lt=now - TERMINATE_GRACE))
     )
     stuck = list(
         Instance.objects.select_related("job").filter(
