@@ -229,6 +229,11 @@ def job_latest_checkpoint(*, job: TrainingJob) -> int | None:
     return steps[-1] if steps else None
 
 
+def job_checkpoint_location(*, job: TrainingJob, step: int) -> str:
+    """The folder of the job's checkpoint of `step` (an export a run can start from: `init_from`)."""
+    return f"{job_artifacts_location(job=job).rstrip('/')}/{CHECKPOINTS}/step-{step}"
+
+
 def job_artifact_list(*, job: TrainingJob) -> list[Artifact]:
     """The job's weight files (empty until its export is complete), each with its size and sha256
     (computed once per file version, then read from the sidecar)."""

@@ -229,8 +229,15 @@ def job_cancel(*, job: TrainingJob, user: Any | None = None, reason: str = "") -
 
 @transaction.atomic
 def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
-    """Put a failed or cancelled job back to pending, keeping its progress, so the scheduler plans
-    it again. Any other status answers Conflict (409)."""
+    """Put a failed or cancelled job back to pending, so it is acquired and started again. Its
+    nodes and their state are gone, so it continues from its newest complete checkpoint (its config's
+    `init_from` names that folder and its progress goes back to that step), or from step 0, from
+    what it was submitted with, when it has none; the `resumed` event says which. Any other status
+    answers Conflict (409)."""
+    from controlplane.jobs.artifacts import job_checkpoint_location, job_latest_checkpoint
+
+    # Listed before the lock: the store may be S3.
+    checkpoint = job_latest_checkpoint(job=job)
     locked = _lock(job)
     if locked.status not in RESUMABLE:
         raise Conflict(
@@ -239,9 +246,26 @@ def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
         )
     if locked.deadline is not None and locked.deadline <= timezone.now() and locked.budget_usd is None:
         raise Conflict("the job's deadline has passed and it has no budget; submit a new job", field="deadline")
-    job_set_status(locked, JobStatus.PENDING, f"resumed by {user or 'the system'}", kind="resumed",
-                   data={"by": getattr(user, "pk", None), "steps_done": locked.steps_done})
-    _sync(job, locked, ["status", "status_message", "finished_at", "updated_at"])
+    config = dict(locked.config)
+    # What the job was submitted to start from (its first resume records it: later ones may have
+    # pointed `init_from` at the job's own checkpoints).
+    first = locked.events.filter(kind="resumed").order_by("at", "id").first()
+    submitted_init = first.data.get("submitted_init_from", "") if first else config.get("init_from", "")
+    if checkpoint is not None:
+        config["init_from"] = job_checkpoint_location(job=locked, step=checkpoint)
+        message = f"resumed by {user or 'the system'} from the checkpoint of step {checkpoint}"
+    else:
+        config["init_from"] = submitted_init
+        message = f"resumed by {user or 'the system'} from step 0: the job has no complete checkpoint"
+    if not config["init_from"]:
+        config.pop("init_from")
+    locked.config = config
+    locked.steps_done = checkpoint or 0
+    locked.save(update_fields=["config", "steps_done", "updated_at"])
+    job_set_status(locked, JobStatus.PENDING, message, kind="resumed",
+                   data={"by": getattr(user, "pk", None), "from_step": checkpoint or 0,
+                         "from_checkpoint": checkpoint is not None, "submitted_init_from": submitted_init})
+    _sync(job, locked, ["status", "status_message", "finished_at", "updated_at", "config", "steps_done"])
     return job
 
 

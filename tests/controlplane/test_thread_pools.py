@@ -4,6 +4,7 @@ pools; before, each application the tests built left its threads' PostgreSQL ses
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection, connections
@@ -55,7 +56,19 @@ def test_shutdown_leaves_no_session_on_the_server():
     _query_on_every_thread(pool)
     assert _other_sessions() == before + THREADS
     pool.shutdown()
-    assert _other_sessions() == before
+    # A backend leaves pg_stat_activity when its process has exited, a moment after the client
+    # closed: on a loaded machine the count lagged the close (1 session for a few ms in CI).
+    assert _sessions_settle_at(before) == before
+
+
+def _sessions_settle_at(expected: int, *, bound_s: float = 10.0) -> int:
+    """The other sessions' count once it reaches `expected` (or, past `bound_s`, what it is then)."""
+    deadline = time.monotonic() + bound_s
+    count = _other_sessions()
+    while count != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+        count = _other_sessions()
+    return count
 
 
 def test_a_control_plane_closes_both_pools():

@@ -78,7 +78,10 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         job = services.job_resume(job=self._job(), user=request.user)
-        return Response(JobSerializer(job).data)
+        resumed = job.events.filter(kind="resumed").order_by("-at", "-id").first()
+        return Response({**JobSerializer(job).data, "resumed_from": {
+            "step": resumed.data.get("from_step", 0), "checkpoint": resumed.data.get("from_checkpoint", False),
+            "message": resumed.message}})
 
     @extend_schema(responses=JobGenerationSerializer(many=True))
     @action(detail=True, methods=["get"])

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from controlplane.fleet.locks import lock_jobs_then_instances
 from controlplane.fleet.models import Instance
-from controlplane.fleet.states import InstanceState
+from controlplane.fleet.states import LIVE_STATES, InstanceState
 from controlplane.jobs.artifacts import job_latest_checkpoint
 from controlplane.jobs.models import (
     ACTIVE_JOB_STATUSES,
@@ -61,8 +61,10 @@ def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason:
 
     shape = job_shape(job=job)
     previous = job_current_generation(job=job)
+    # A start (the first generation, or a resumed job's fresh one) numbers its workers 0..n-1: the
+    # runtime takes a node numbered past dp x pp for a replacement joining a running group.
     known = {int(i): int(n) for i, n in (previous.layout.get("nodes", []) if previous else [])}
-    nodes = reactions.assign_nodes(slots, known or None)
+    nodes = reactions.assign_nodes(slots, None if decision == "start" else (known or None))
     layout = {
         "strategy": shape.strategy,
         "dp": shape.dp,
@@ -99,6 +101,11 @@ def _current_slots(job: TrainingJob) -> reactions.Slots | None:
     return [list(row) for row in generation.layout.get("slots", [])]
 
 
+def _any_member_live(job: TrainingJob, slots: reactions.Slots) -> bool:
+    members = set(reactions.alive(slots))
+    return Instance.objects.filter(job=job, pk__in=members, state__in=LIVE_STATES).exists()
+
+
 def _running_ids(job: TrainingJob) -> list[int]:
     running = Instance.objects.filter(job=job, state=InstanceState.RUNNING).order_by("id")
     return list(running.values_list("pk", flat=True))
@@ -114,6 +121,11 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     shape = job_shape(job=locked)
     running = _running_ids(locked)
     slots = _current_slots(locked)
+    if slots is not None and not _any_member_live(locked, slots):
+        # Every member of the current generation has ended (the job was resumed after its nodes were
+        # released): no reaction can grow that generation back, so the nodes that run start afresh,
+        # from the checkpoint its resume named, as a first generation does.
+        slots = None
     if slots is None:
         if len(running) < shape.dp * shape.pp:
             return None
