@@ -112,6 +112,9 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_SPOT_PROGRESS_RATE", 0.8, "the share of full speed a job is expected to make on spot "
             "(preemptions and waits for capacity discounted) until it has measured its own or the planner "
             "predicted it", kind=float),
+    Tunable("SPOTPIPE_REGION_PATIENCE_S", 600.0, "a job whose region has given no capacity for its missing nodes "
+            "for this long moves to another of its regions that has some (restarting from its newest checkpoint)",
+            kind=float),
     Tunable("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws", "which cloud's metadata formats local nodes serve"),
     Tunable("SPOTPIPE_HEARTBEAT_S", 0.5, "how often agents heartbeat (sent to them at enrolment)", kind=float),
     Tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0, "silence after which a node is declared dead", kind=float),

@@ -35,6 +35,8 @@ from runtime.planner.capacity_policy import CAPACITY_POLICIES, DEFAULT_CAPACITY_
 MAX_BUDGET_USD = Decimal("9999999999.99")  # what budget_usd (12 digits, 2 decimals) can hold
 MAX_METRIC_BATCH = 1000
 
+RESTART_EVENTS = ("resumed", "region_move")
+"""Timeline kinds of a restart from a checkpoint (`job_restart_from`): they carry `submitted_init_from`."""
 CANCELLABLE = frozenset(s for s, following in JOB_TRANSITIONS.items() if JobStatus.CANCELLED in following)
 RESUMABLE = frozenset(s for s, following in JOB_TRANSITIONS.items() if JobStatus.PENDING in following)
 
@@ -234,7 +236,7 @@ def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
     `init_from` names that folder and its progress goes back to that step), or from step 0, from
     what it was submitted with, when it has none; the `resumed` event says which. Any other status
     answers Conflict (409)."""
-    from controlplane.jobs.artifacts import job_checkpoint_location, job_latest_checkpoint
+    from controlplane.jobs.artifacts import job_latest_checkpoint
 
     # Listed before the lock: the store may be S3.
     checkpoint = job_latest_checkpoint(job=job)
@@ -246,27 +248,37 @@ def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
         )
     if locked.deadline is not None and locked.deadline <= timezone.now() and locked.budget_usd is None:
         raise Conflict("the job's deadline has passed and it has no budget; submit a new job", field="deadline")
-    config = dict(locked.config)
-    # What the job was submitted to start from (its first resume records it: later ones may have
-    # pointed `init_from` at the job's own checkpoints).
-    first = locked.events.filter(kind="resumed").order_by("at", "id").first()
-    submitted_init = first.data.get("submitted_init_from", "") if first else config.get("init_from", "")
+    submitted_init = job_restart_from(locked, checkpoint=checkpoint)
     if checkpoint is not None:
-        config["init_from"] = job_checkpoint_location(job=locked, step=checkpoint)
         message = f"resumed by {user or 'the system'} from the checkpoint of step {checkpoint}"
     else:
-        config["init_from"] = submitted_init
         message = f"resumed by {user or 'the system'} from step 0: the job has no complete checkpoint"
-    if not config["init_from"]:
-        config.pop("init_from")
-    locked.config = config
-    locked.steps_done = checkpoint or 0
-    locked.save(update_fields=["config", "steps_done", "updated_at"])
     job_set_status(locked, JobStatus.PENDING, message, kind="resumed",
                    data={"by": getattr(user, "pk", None), "from_step": checkpoint or 0,
                          "from_checkpoint": checkpoint is not None, "submitted_init_from": submitted_init})
     _sync(job, locked, ["status", "status_message", "finished_at", "updated_at", "config", "steps_done"])
     return job
+
+
+def job_restart_from(locked: TrainingJob, *, checkpoint: int | None) -> str:
+    """Point the locked job's next start at the checkpoint of step `checkpoint` (its config's
+    `init_from`, its progress back to that step), or, with None, at what it was submitted to start
+    from, at step 0. Returns that submitted start (the first `resumed` event records it: a restart
+    may since have pointed `init_from` at the job's own checkpoints): the caller records it in its
+    event, of one of `RESTART_EVENTS`."""
+    from controlplane.jobs.artifacts import job_checkpoint_location
+
+    config = dict(locked.config)
+    first = locked.events.filter(kind__in=RESTART_EVENTS).order_by("at", "id").first()
+    submitted_init = first.data.get("submitted_init_from", "") if first else config.get("init_from", "")
+    config["init_from"] = job_checkpoint_location(job=locked, step=checkpoint) if checkpoint is not None \
+        else submitted_init
+    if not config["init_from"]:
+        config.pop("init_from")
+    locked.config = config
+    locked.steps_done = checkpoint or 0
+    locked.save(update_fields=["config", "steps_done", "updated_at"])
+    return submitted_init
 
 
 def job_set_status(job: TrainingJob, status: str, message: str, *, kind: str = "",

@@ -27,6 +27,7 @@ from controlplane.orchestration.services.generations import (
 )
 from controlplane.orchestration.services.job_end import job_fail_if_stalled, job_finish
 from controlplane.orchestration.services.liveness import instances_mark_lost
+from controlplane.orchestration.services.region_move import job_region_review
 from controlplane.orchestration.services.transitions import _end_locked_many, _transition
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
         reconfiguration_apply(reconfiguration=Reconfiguration.objects.get(pk=pk))
     job.refresh_from_db()
     report["capacity"] = _capacity_review(job)
+    report["moved_to"] = _region_review(job)
     reason = AcquisitionReason.REPLACEMENT if job.current_generation else AcquisitionReason.INITIAL
     acquisition = capacity_request(job=job, reason=reason)
     if acquisition is not None:
@@ -111,6 +113,18 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     report["retired"] = other_capacity_retire(job=job)
     report["surplus"] = _terminate_surplus(job)
     return report
+
+
+def _region_review(job: TrainingJob) -> str | None:
+    """The region the job moved to now, if it did (a failure here must not stop the reconcile)."""
+    try:
+        moved_to = job_region_review(job=job)
+    except Exception:
+        logger.exception("job %s: region review failed", job.pk)
+        return None
+    if moved_to is not None:
+        job.refresh_from_db()
+    return moved_to
 
 
 def _capacity_review(job: TrainingJob) -> str | None:
