@@ -208,6 +208,7 @@ SPECTACULAR_SETTINGS = {
     ],
     "ENUM_NAME_OVERRIDES": {
         "JobStrategyEnum": "controlplane.jobs.models.Strategy",
+        "JobStatusEnum": "controlplane.jobs.models.JobStatus",
         "PlannedStrategyEnum": "runtime.config.FAULT_TOLERANT_STRATEGIES",
     },
 }

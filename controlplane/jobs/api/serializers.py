@@ -47,6 +47,22 @@ class JobSerializer(ModelSerializer):
         return min(1.0, job.steps_done / job.target_steps) if job.target_steps else 0.0
 
 
+class ResumedFromSerializer(serializers.Serializer):
+    step = serializers.IntegerField(help_text="The step the job continues from (0: from the start).")
+    checkpoint = serializers.BooleanField(help_text="Whether that step is a complete checkpoint of the job's.")
+    message = CharField()
+
+
+class JobResumedSerializer(JobSerializer):
+    """`POST /jobs/{id}/resume/`'s answer: the job and where it continues from."""
+
+    resumed_from = ResumedFromSerializer(read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "resumed_from"]
+        read_only_fields = fields
+
+
 class JobSubmitSerializer(serializers.Serializer):
     """Input of `POST /jobs/`. The contract and the plan are checked in depth by `job_submit`, which
     builds the runtime's JobConfig (docs/api.md, "The job contract")."""

@@ -31,6 +31,7 @@ from controlplane.jobs.api.serializers import (
     ArtifactListSerializer,
     JobEventSerializer,
     JobGenerationSerializer,
+    JobResumedSerializer,
     JobSerializer,
     JobSubmitSerializer,
     MetricBatchResultSerializer,
@@ -74,14 +75,14 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
         job = services.job_cancel(job=self._job(), user=request.user)
         return Response(JobSerializer(job).data)
 
-    @extend_schema(request=None, responses={200: JobSerializer})
+    @extend_schema(request=None, responses={200: JobResumedSerializer})
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         job = services.job_resume(job=self._job(), user=request.user)
         resumed = job.events.filter(kind="resumed").order_by("-at", "-id").first()
-        return Response({**JobSerializer(job).data, "resumed_from": {
-            "step": resumed.data.get("from_step", 0), "checkpoint": resumed.data.get("from_checkpoint", False),
-            "message": resumed.message}})
+        job.resumed_from = {"step": resumed.data.get("from_step", 0),
+                            "checkpoint": resumed.data.get("from_checkpoint", False), "message": resumed.message}
+        return Response(JobResumedSerializer(job).data)
 
     @extend_schema(responses=JobGenerationSerializer(many=True))
     @action(detail=True, methods=["get"])

@@ -96,3 +96,8 @@ class UnavailableOfferingSerializer(serializers.Serializer):
     code = CharField(help_text="The provider's error code, for no_capacity.")
     pool = CharField(help_text="TYPE@ZONE")
     until = serializers.DateTimeField()
+
+
+class UnavailableOfferingListSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    results = UnavailableOfferingSerializer(many=True)

@@ -30,7 +30,7 @@ from controlplane.orchestration.api.serializers import (
     CommandsSerializer,
     EnrollResultSerializer,
     EnrollSerializer,
-    UnavailableOfferingSerializer,
+    UnavailableOfferingListSerializer,
     UnavailableOfferingsQuerySerializer,
 )
 from controlplane.orchestration.enqueue import enqueue
@@ -179,7 +179,7 @@ class UnavailableOfferingsView(APIView):
     permission_classes = [IsAuthenticated, UsersOnly]
 
     @extend_schema(parameters=[UnavailableOfferingsQuerySerializer],
-                   responses={200: UnavailableOfferingSerializer(many=True)})
+                   responses={200: UnavailableOfferingListSerializer})
     def get(self, request: Request) -> Response:
         query = validated_query(UnavailableOfferingsQuerySerializer, request)
         listed = unavailable_offerings_for_teams(team_ids=team_ids_for_request(request),
