@@ -1,5 +1,5 @@
 """`spotpipe` console script: `spotpipe demo [options]` (docs/demo.md), and the client commands
-`submit`, `jobs`, `status`, `logs`, `cancel` (a control plane's REST API), `train` (a job file
+`submit`, `jobs`, `status`, `logs`, `cancel`, `resume` (a control plane's REST API), `train` (a job file
 on this machine, no control plane) and `sample` (text from a trained model's weights folder); see
 docs/client.md."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from runtime.config import AUTO_STRATEGY, DEVICES, JOB_STRATEGIES, PRECISIONS
 from runtime.sim.traces import FORMATS as TRACE_FORMATS
 
-CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "train", "sample")
+CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "train", "sample")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help=f"submit a job file (TOML) to {connect}")
     submit.add_argument("file", type=Path)
     sub.add_parser("jobs", help="list your teams' jobs")
-    for name, text in (("status", "a job's status and plan"), ("cancel", "cancel a job")):
+    for name, text in (("status", "a job's status and plan"), ("cancel", "cancel a job"),
+                       ("resume", "resume a cancelled or failed job from its newest checkpoint")):
         sub.add_parser(name, help=text).add_argument("job", type=int)
     logs = sub.add_parser("logs", help="a job's timeline")
     logs.add_argument("job", type=int)
@@ -141,6 +142,8 @@ def run_client(args: argparse.Namespace) -> int:
         return commands.logs(args.job, follow=args.follow)
     if args.command == "cancel":
         return commands.cancel(args.job)
+    if args.command == "resume":
+        return commands.resume(args.job)
     if args.command == "sample":
         from spotpipe.sample import run_sample
 

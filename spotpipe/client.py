@@ -98,6 +98,9 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self.call("POST", f"jobs/{job_id}/cancel/")
 
+    def resume(self, job_id: int) -> dict[str, Any]:
+        return self.call("POST", f"jobs/{job_id}/resume/")
+
     def events(self, job_id: int, *, since: str | None = None) -> list[dict[str, Any]]:
         """The job's timeline (every page), oldest first; from `since` (an ISO time) on."""
         params: dict[str, Any] = {"page_size": 500, "page": 1}

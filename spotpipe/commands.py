@@ -202,3 +202,11 @@ def cancel(job_id: int, *, out: TextIO = sys.stdout) -> int:
     job = _client().cancel(job_id)
     print(f"job {job['id']} {job['status']}", file=out)
     return 0
+
+
+@_guarded
+def resume(job_id: int, *, out: TextIO = sys.stdout) -> int:
+    """Resume a cancelled or failed job; says from which step (its newest checkpoint, or 0)."""
+    job = _client().resume(job_id)
+    print(f"job {job['id']} {job['status']}: {job['resumed_from']['message']}", file=out)
+    return 0

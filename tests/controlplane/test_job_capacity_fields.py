@@ -71,3 +71,25 @@ def test_a_plan_over_several_regions_keeps_each_pools_region(world, monkeypatch)
     zoned = _submit(world, plan={"provider": "aws", "instance_types": ["p3.2xlarge"], "zones": ["us-west-2b"]})
     assert zoned.status_code == 201, zoned.content
     assert TrainingJob.objects.get(pk=zoned.json()["id"]).plan["pools"][0]["region"] == "us-west-2"
+
+
+def test_spotpipe_resume_says_from_which_step(world, monkeypatch):
+    """`spotpipe resume JOB` through the API in-process: a cancelled job with no checkpoint resumes
+    from step 0 and the command says so."""
+    import io
+
+    from spotpipe import commands
+
+    job = TrainingJob.objects.get(pk=_submit(world, plan={"dp": 1, "pp": 1}).json()["id"])
+    TrainingJob.objects.filter(pk=job.pk).update(status="cancelled", steps_done=7)
+
+    class Served:  # spotpipe's client, answered by the API in-process
+        def resume(self, job_id: int) -> dict:
+            return world.member_client.post(f"/api/v1/jobs/{job_id}/resume/", {}, format="json").json()
+
+    monkeypatch.setattr(commands, "_client", Served)
+    out = io.StringIO()
+    assert commands.resume(job.pk, out=out) == 0
+    assert out.getvalue().strip() == (f"job {job.pk} pending: resumed by {world.member.username} from step 0: "
+                                      "the job has no complete checkpoint")
+    assert TrainingJob.objects.get(pk=job.pk).steps_done == 0

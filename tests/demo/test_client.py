@@ -91,7 +91,7 @@ def test_every_client_command_says_when_no_control_plane_is_configured(monkeypat
     job_file = _file(tmp_path, "target_steps = 5\n")
     for call in (lambda err: commands.submit(job_file, err=err), lambda err: commands.jobs(err=err),
                  lambda err: commands.status(1, err=err), lambda err: commands.logs(1, follow=True, err=err),
-                 lambda err: commands.cancel(1, err=err)):
+                 lambda err: commands.cancel(1, err=err), lambda err: commands.resume(1, err=err)):
         err = io.StringIO()
         assert call(err) == 1
         assert "no control plane configured" in err.getvalue()
