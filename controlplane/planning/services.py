@@ -231,6 +231,12 @@ def _prediction(c: Candidate, *, capacity: str = DEFAULT_CAPACITY_POLICY,
     }
 
 
+def plan_estimate(plan: Plan, *, capacity: str = DEFAULT_CAPACITY_POLICY) -> dict[str, Any]:
+    """The best plan's figures with the estimate `capacity` needs (spot, and the all-on-demand
+    ceiling): what a job submitted with that plan would store as its prediction."""
+    return _prediction(plan.best, capacity=capacity)
+
+
 def plan_job(
     *, team_id: int, contract: dict[str, Any], total_microbatches: int | None, strategy: str, target_steps: int,
     deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime | None = None,

@@ -69,6 +69,7 @@ def test_plan_returns_best_alternatives_templates_and_pools(world):
         ({"model": None}, "model"),
         ({"deadline_hours": -2}, "deadline_hours"),
         ({"global_batch": 30, "microbatch_size": 4}, "microbatch_size"),
+        ({"capacity": "cheapest"}, "capacity"),
     ],
 )
 def test_bad_input_answers_400_naming_the_field(world, changes, field):
@@ -168,3 +169,26 @@ def test_manage_py_plan_prints_the_plan_and_explains_infeasible(capsys):
     assert "g4dn.xlarge" in out and "templates" in out
     with pytest.raises(CommandError, match=r"(?s)infeasible \(budget_usd\).*nearest feasible plan"):
         call_command("plan", *args, "--budget-usd", "0.01")
+
+
+@pytest.mark.parametrize("capacity", ["spot", "spot_then_on_demand", "on_demand"])
+def test_the_answer_estimates_the_best_plan_for_a_capacity_policy(world, capacity):
+    from runtime.planner.catalog import instance_types
+
+    data = world.member_client.post(URL, body(capacity=capacity), format="json").json()
+    best, estimate = data["best"], data["estimate"]
+    assert estimate["capacity"] == capacity
+    assert (estimate["instance_type"], estimate["nodes"], estimate["cost_usd"]) == (
+        best["instance_type"], best["nodes"], best["cost_usd"])
+    price = instance_types()[best["instance_type"]].on_demand_usd_per_hour
+    assert estimate["on_demand_usd_per_hour"] == price
+    assert estimate["on_demand_cost_usd"] == pytest.approx(best["hours"] * best["goodput_fraction"]
+                                                           * best["nodes"] * price)
+
+
+def test_a_jobs_plan_is_estimated_for_its_own_policy(world):
+    job = make_job(world.team, target_steps=2000, budget_usd=Decimal("500"), capacity="on_demand")
+    response = world.member_client.post(URL, {"job": job.id, "instance_types": ["g4dn.xlarge"], "max_nodes": 4},
+                                        format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["estimate"]["capacity"] == "on_demand"

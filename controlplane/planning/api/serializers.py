@@ -9,6 +9,7 @@ from rest_framework import serializers
 from controlplane.common.fields import CharField
 from controlplane.common.limits import MAX_ID
 from runtime.config import FAULT_TOLERANT_STRATEGIES, MODEL_KINDS, ModelSpec
+from runtime.planner.capacity_policy import CAPACITY_POLICIES
 
 
 class ModelSpecSerializer(serializers.Serializer):
@@ -50,6 +51,10 @@ class PlanRequestSerializer(serializers.Serializer):
     zones = serializers.ListField(child=CharField(max_length=40), required=False, max_length=100)
     max_nodes = serializers.IntegerField(required=False, min_value=1, max_value=1024, default=32)
     microbatch_size = serializers.IntegerField(required=False, min_value=0, max_value=4096, default=0)
+    capacity = serializers.ChoiceField(
+        choices=CAPACITY_POLICIES, required=False,
+        help_text="The capacity policy to estimate for (default: the job's, else spot): `estimate` in the answer.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "job" not in attrs:

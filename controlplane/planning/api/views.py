@@ -15,7 +15,8 @@ from controlplane.common.api import UsersOnly, validate_or_400
 from controlplane.common.throttles import ApiRateThrottle, PlanRateThrottle
 from controlplane.jobs.models import TrainingJob
 from controlplane.planning.api.serializers import ModelSpecSerializer, PlanRequestSerializer
-from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_input_from_job
+from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_estimate, plan_input_from_job
+from runtime.planner.capacity_policy import DEFAULT_CAPACITY_POLICY
 
 
 class PlanView(APIView):
@@ -27,7 +28,9 @@ class PlanView(APIView):
     @extend_schema(
         request=PlanRequestSerializer,
         responses={
-            200: OpenApiResponse(description="best plan, templates, alternatives (hours, cost, risk) and pools"),
+            200: OpenApiResponse(description="best plan, templates, alternatives (hours, cost, risk), pools, and "
+                                             "`estimate`: the best plan's figures for the capacity policy (spot "
+                                             "cost, and the all-on-demand ceiling: on_demand_cost_usd)"),
             400: OpenApiResponse(description="bad input: detail and errors.<field>"),
             404: OpenApiResponse(description="the job is not one of your team's"),
             422: OpenApiResponse(description="infeasible: detail, errors.<field> and the nearest feasible plan"),
@@ -51,12 +54,14 @@ class PlanView(APIView):
         }
         if "model" in data:
             overrides["model"] = ModelSpecSerializer().to_spec(data["model"])
+        capacity = data.get("capacity") or DEFAULT_CAPACITY_POLICY
         if "job" in data:
             # Another team's job answers 404, never 403.
             job = TrainingJob.objects.filter(pk=data["job"], team_id__in=team_ids).first()
             if job is None:
                 raise exceptions.NotFound(f"no job {data['job']}")
             plan_input = plan_input_from_job(job=job, at=at, **overrides)
+            capacity = data.get("capacity") or job.capacity
         else:
             plan_input = PlanInput(**{k: v for k, v in overrides.items() if v is not None})
         try:
@@ -71,6 +76,7 @@ class PlanView(APIView):
                 status=422,
             )
         body = plan.to_dict()
+        body["estimate"] = plan_estimate(plan, capacity=capacity)
         body["pools"] = [
             {
                 "instance_type": p.instance_type,
