@@ -290,3 +290,18 @@ def test_a_user_of_team_a_cannot_reach_team_b_by_url(page, live_server, world):
         shown = page.content()
         leaked = [s for s in secrets if s in shown]
         assert not leaked, (path, leaked)
+
+
+def test_the_fleet_page_lists_unavailable_offerings(page, live_server, world):
+    from controlplane.orchestration.offerings import offerings_mark_no_capacity
+    from controlplane.orchestration.providers.base import Pool
+
+    offerings_mark_no_capacity(provider="aws", pools=[Pool(instance_type="p3.2xlarge", zone="us-east-1a")],
+                               capacity_type="spot", code="InsufficientInstanceCapacity")
+    _login_a(page, live_server, world)
+    page.goto(live_server.url + "/fleet/")
+    browser.wait_loaded(page)
+    rows = page.locator("#table-unavailable tbody tr")
+    rows.first.wait_for()
+    text = page.locator("#table-unavailable").inner_text()
+    assert "p3.2xlarge@us-east-1a" in text and "no capacity (InsufficientInstanceCapacity)" in text
