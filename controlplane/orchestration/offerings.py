@@ -24,8 +24,9 @@ from django.utils import timezone
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
 from controlplane.orchestration.models import UnavailableOffering
-from controlplane.orchestration.providers.base import SPOT, Pool
+from controlplane.orchestration.providers.base import Pool
 from controlplane.tunables import tunable
+from runtime.planner.capacity_policy import SPOT
 
 NO_CAPACITY = "no_capacity"
 PREEMPTED = "preempted"
@@ -112,11 +113,8 @@ def unavailable_offerings(*, team_id: int | None, provider: str | None = None, n
                           ) -> list[Unavailability]:
     """What launches skip now: every team's no-capacity marks, and the team's preemption cool-downs
     (`team_id` None: the marks alone), soonest expiry first."""
-    now = now or timezone.now()
-    found = _no_capacity(provider=provider, capacity_type=None, now=now)
-    if team_id is not None:
-        found += _preempted(team_id=team_id, provider=provider, now=now)
-    return sorted(found, key=lambda u: (u.until, u.pool_key))
+    return unavailable_offerings_for_teams(team_ids=[team_id] if team_id is not None else [], provider=provider,
+                                           now=now)
 
 
 def unavailable_offerings_for_teams(*, team_ids: list[int], provider: str | None = None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.market.zones import region_of_zone
+from controlplane.market.zones import region_for_zone
 from controlplane.orchestration.providers.local.provider import LOCAL_REGION
 from controlplane.tunables import tunable
 
@@ -15,5 +15,5 @@ def pool_region(provider: str, zone: str, region: str = "") -> str:
     if region:
         return region
     if zone:
-        return region_of_zone(zone) or (zone[:-1] if zone[-1:].isalpha() else zone)
+        return region_for_zone(zone)
     return str(tunable("SPOTPIPE_AWS_REGION"))

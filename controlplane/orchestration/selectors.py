@@ -14,7 +14,8 @@ from controlplane.jobs.models import JobGeneration, TrainingJob
 from controlplane.market.models import InstanceType, SpotPrice
 from controlplane.orchestration.offerings import pool_unavailability
 from controlplane.orchestration.placement import pool_region
-from controlplane.orchestration.providers.base import ON_DEMAND, SPOT, Pool
+from controlplane.orchestration.providers.base import Pool
+from runtime.planner.capacity_policy import ON_DEMAND, SPOT
 
 # Instances that count towards a job's capacity (a node under notice is already leaving).
 COUNTED_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING})

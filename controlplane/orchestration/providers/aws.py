@@ -32,8 +32,6 @@ from typing import Any
 from controlplane.market.zones import region_of_zone
 from controlplane.orchestration.providers.base import (
     CAPACITY_CODES,
-    ON_DEMAND,
-    SPOT,
     TAG_REQUEST,
     AgentBootstrap,
     InsufficientCapacity,
@@ -42,6 +40,7 @@ from controlplane.orchestration.providers.base import (
     Pool,
     ProviderError,
 )
+from runtime.planner.capacity_policy import ON_DEMAND, SPOT
 
 # Error codes worth retrying (throttling, eventual consistency, server errors).
 TRANSIENT_CODES = frozenset({

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Protocol, runtime_checkable
 
+# How a node is bought (spot or on_demand): the spellings the capacity policy owns.
+from runtime.planner.capacity_policy import SPOT
+
 TAG_PREFIX = "spotpipe:"
 TAG_REQUEST = "spotpipe:request-token"
 TAG_JOB = "spotpipe:job"
@@ -51,10 +54,6 @@ CAPACITY_CODES = frozenset({
 """Launch error codes that mean "no capacity in this offering now" (capacity, spot limits, quotas):
 the offering is marked unavailable for a while and the launch goes on with the next ones."""
 
-SPOT = "spot"
-ON_DEMAND = "on_demand"
-CAPACITY_TYPES = (SPOT, ON_DEMAND)
-"""How a node is bought; the spelling of `fleet.models.Lifecycle`."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,12 +20,13 @@ from controlplane.orchestration.models import Acquisition, AcquisitionReason, Ac
 from controlplane.orchestration.offerings import offerings_mark_no_capacity, pool_unavailability, unavailable_ttl
 from controlplane.orchestration.placement import pool_region
 from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
-from controlplane.orchestration.providers.base import ON_DEMAND, SPOT, TAG_JOB, TAG_TEAM, InsufficientCapacity
+from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM, InsufficientCapacity
 from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
 from controlplane.orchestration.services.catalogue import _instance_type_row, _pool_json, _zone_row
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key
 from controlplane.orchestration.services.transitions import _end_locked_many, _job_set_status, _lock_job, _now
 from controlplane.tunables import tunable
+from runtime.planner.capacity_policy import ON_DEMAND, SPOT
 
 logger = logging.getLogger(__name__)
 
@@ -38,15 +39,16 @@ LAUNCH_STALE_AFTER = timedelta(seconds=120)
 
 def job_region(job: TrainingJob) -> str | None:
     """The region of the job's live nodes (None when it holds none, or only nodes not yet placed)."""
-    codes = set(Instance.objects.filter(job=job, state__in=LIVE_STATES, zone__isnull=False)
-                .exclude(provider_instance_id=None).values_list("zone__region__code", flat=True))
-    return sorted(codes)[0] if codes else None
+    codes = (Instance.objects.filter(job=job, state__in=LIVE_STATES, zone__isnull=False)
+             .exclude(provider_instance_id=None).values_list("zone__region__code", flat=True)
+             .order_by("zone__region__code").distinct())
+    return codes.first()
 
 
 def job_capacity_type(job: TrainingJob) -> str:
     """What the job's nodes are bought as now (`spot` or `on_demand`): its capacity policy's current
     choice (`TrainingJob.capacity_type`)."""
-    return getattr(job, "capacity_type", "") or SPOT
+    return job.capacity_type or SPOT
 
 
 @transaction.atomic

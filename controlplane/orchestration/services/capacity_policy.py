@@ -173,6 +173,9 @@ def other_capacity_retire(*, job: TrainingJob) -> int | None:
     job.refresh_from_db(fields=["status", "capacity_type", "current_generation"])
     if job.status != JobStatus.RUNNING:
         return None
+    if not Instance.objects.filter(job=job, state=InstanceState.RUNNING).exclude(
+            lifecycle=job.capacity_type).exists():
+        return None  # the usual answer, without loading a 1,024-node job's rows every reconcile
     counted = list(Instance.objects.filter(job=job, state__in=COUNTED_STATES).order_by("id"))
     old = [i for i in counted if i.lifecycle != job.capacity_type and i.state == InstanceState.RUNNING]
     if not old:

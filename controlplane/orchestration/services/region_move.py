@@ -90,7 +90,7 @@ def _move_cost(job: TrainingJob, *, checkpoint: int | None, nodes: int, price: D
     """What moving costs: the steps since the checkpoint are trained again, at the plan's size and
     the target pool's price."""
     redone = max(0, job.steps_done - (checkpoint or 0))
-    estimate = work_estimate(job=job, now=now) if job.deadline is not None else None
+    estimate = work_estimate(job=job, now=now)
     step_s = estimate.step_s if estimate is not None else None
     seconds = redone * step_s if step_s is not None else None
     usd = (Decimal(str(seconds)) / 3600 * nodes * price).quantize(Decimal("0.0001")) \

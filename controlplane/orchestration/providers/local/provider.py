@@ -34,14 +34,13 @@ from pathlib import Path
 
 from controlplane.orchestration.providers.base import (
     CAPACITY_CODES,
-    CAPACITY_TYPES,
-    SPOT,
     InsufficientCapacity,
     LaunchRequest,
     NodeInfo,
     Pool,
     ProviderError,
 )
+from runtime.planner.capacity_policy import CAPACITY_TYPES, SPOT
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 LOCAL_INSTANCE_TYPE = "local.node"
