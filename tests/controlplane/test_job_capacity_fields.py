@@ -41,6 +41,9 @@ def test_the_capacity_policy_is_stored_with_what_it_buys_first(world, policy, bo
 @pytest.mark.parametrize(("body", "field", "words"), [
     ({"capacity": "cheapest"}, "capacity", "unknown capacity policy 'cheapest'"),
     ({"capacity": "x" * 41}, "capacity", "40"),
+    ({"capacity": "spot\x00"}, "capacity", ""),
+    ({"capacity": ["spot"]}, "capacity", ""),
+    ({"plan": {"regions": ["us-east-1\x00"]}}, "plan.regions[0]", "NUL"),
     ({"plan": {"provider": "aws", "instance_types": ["p3.2xlarge"], "regions": ["mars-north-1"]}},
      "plan.regions", "'mars-north-1' is not a region this control plane launches in"),
     ({"plan": {"provider": "aws", "instance_types": ["p3.2xlarge"], "zones": ["us-east-1z", "atlantis-1a"]}},
