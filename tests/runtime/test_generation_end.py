@@ -143,7 +143,9 @@ def _abandoned_groups(rank: int, port: int, results) -> None:
 
 @pytest.mark.runtime
 def test_reap_destroys_the_oldest_groups_given_up_after_failures() -> None:
-    [outcome] = gloo_pair(_abandoned_groups)
+    # A bound, not a measure (reap_s is): two spawned processes import torch and give up six
+    # generations' calls on their 5 s timeouts; beside CPU-bound work that outran 60 s once in CI.
+    [outcome] = gloo_pair(_abandoned_groups, timeout_s=180.0)
     assert outcome["parked"] == 6  # bury() alone never destroys them: their calls were never waited for
     assert outcome["left"] == 2
     assert outcome["fds_after"] < outcome["fds_parked"], outcome  # their sockets are closed
