@@ -158,9 +158,10 @@ class ControlPlaneClient:
         }, timeout_s=3.0)
 
     def event(self, *, kind: str, generation: int | None = None, step: int | None = None,
-              code: int | None = None, message: str = "") -> None:
+              code: int | None = None, message: str = "", log_tail: list[str] | None = None) -> None:
         self.request("POST", "agents/events/", json={
             "kind": kind, "generation": generation, "step": step, "code": code, "message": message[:300],
+            **({"log_tail": log_tail} if log_tail else {}),
         })
 
     def metrics(self, *, job_id: int, samples: list[dict]) -> dict:

@@ -33,6 +33,8 @@ from runtime.config import UPLOAD_PREFIX
 
 # What a worker's `metrics` message carries into the control plane's sample (POST /jobs/{id}/metrics/):
 # a training step's loss and speed, or a validation pass's val_loss (a message without loss).
+LOG_TAIL_LINES = 20
+"""Lines of a crashed worker's log sent with its exit (the job's `end_log` when crashes end it)."""
 METRIC_KEYS = ("step", "loss", "val_loss", "samples_per_s", "stage_times", "generation")
 
 logger = logging.getLogger("spotpipe.agent")
@@ -237,6 +239,10 @@ class Agent:
         action = command["action"]
         if command.get("job"):
             self.job_id = command["job"]["id"]
+        if action in ("run", "standby") and command["job"].get("status") == "stopping":
+            # A limit stops the job: its worker checkpoints and exits; nothing new starts for it.
+            self.supervisor.request_stop(command["job"]["id"])
+            return
         if action == "run":
             python = None
             if self.supervisor.needs_start(command):
@@ -309,7 +315,9 @@ class Agent:
         self._flush_metrics(final=True)
         generation = self._command_generation()
         failure, self._failure = self._failure, ""
-        self._event("worker_exit", code=code, generation=generation, message=failure)
+        crashed = code not in (0, EXIT_JOB_FAILED, EXIT_FENCED)
+        self._event("worker_exit", code=code, generation=generation, message=failure,
+                    log_tail=self.supervisor.log_tail(LOG_TAIL_LINES) if crashed else None)
         if code in (EXIT_JOB_FAILED, EXIT_FENCED):
             # The job is over (the control plane fails it), or it dropped this node and went on: a
             # worker restarted as it was would fail again, in a loop.

@@ -108,10 +108,33 @@ class WorkerSupervisor:
             self.generation = command["generation"]["number"]
             return True
 
+    def stop_path(self, job_id: int) -> Path:
+        """The file whose presence asks job `job_id`'s worker to checkpoint and stop (its watcher
+        tells the runtime, whose members agree on the step)."""
+        return self.work_dir / f"stop-{job_id}"
+
+    def request_stop(self, job_id: int) -> bool:
+        """Ask the running worker of `job_id` to checkpoint and stop. False when none runs."""
+        with self._lock:
+            self.stop_path(job_id).touch()
+            return self.running() and self.job_id == job_id
+
+    def log_tail(self, lines: int) -> list[str]:
+        """The last `lines` lines of the worker's log (its stderr: a crash's traceback)."""
+        path = self.work_dir / "worker.log"
+        try:
+            with open(path, "rb") as log:
+                log.seek(max(0, path.stat().st_size - 64 * 1024))
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return []
+        return [line[:500] for line in text.splitlines()[-lines:]]
+
     def _start(self, command: dict, *, python: str) -> None:
         generation = command["generation"]
         spec = {"job": command["job"], "generation": generation, "assignment": command["assignment"],
                 "instance": command["instance"], "work_dir": str(self.work_dir), "device_index": self.gpu_index}
+        self.stop_path(command["job"]["id"]).unlink(missing_ok=True)  # a stop asked of an earlier run
         spec_path = self.work_dir / f"spec-{generation['number']}.json"
         write_json_atomic(spec_path, spec)
         write_json_atomic(self.control_path, generation)

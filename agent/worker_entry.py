@@ -8,7 +8,8 @@ unchanged) and this node's assignment, prints each committed
 step as a `SPOTPIPE {"type": "metrics", ...}` line, and watches two files at a short interval:
 CONTROL (the newest generation: if this node is no longer a member, it asks the runtime to leave
 at its next step boundary) and `notice` in the work directory (the agent saw an interruption
-notice in the metadata endpoint: leave at once, before the control plane has even answered).
+notice in the metadata endpoint: leave at once, before the control plane has even answered), and
+`stop-<job>` (a limit stops the job: the runtime's members agree on a step, checkpoint it and exit).
 The runtime itself forms its generations through the job's rendezvous store. When the runtime
 finds the job cannot go on, the worker prints `{"type": "failed", "reason": ...}` and exits with
 EXIT_JOB_FAILED. A worker started again for the same node (the agent restarts a crashed one) joins
@@ -82,10 +83,13 @@ class _Watcher(threading.Thread):
     members the control plane dropped before their worker ever started."""
 
     def __init__(self, control: Path, notice: Path, node: int, coordinator: Any, *,
-                 runtime_node: int | None = None) -> None:
+                 runtime_node: int | None = None, stop: Path | None = None) -> None:
         super().__init__(name="control-watch", daemon=True)
         self.control = control
         self.notice = notice
+        self.stop = stop
+        """The agent's file asking the job to checkpoint and stop (a limit: `WorkerSupervisor.request_stop`)."""
+        self.stop_told = False
         self.node = node
         """The control plane's node id (membership lists use it)."""
         self.runtime_node = node if runtime_node is None else runtime_node
@@ -118,6 +122,10 @@ class _Watcher(threading.Thread):
             try:
                 if self.notice.exists():
                     self._leave("notice")
+                if self.stop is not None and not self.stop_told and self.stop.exists():
+                    self.stop_told = True
+                    self.coordinator.request_stop()
+                    emit({"type": "stopping"})
                 text = self.control.read_text()
                 if text != seen:
                     seen = text
@@ -201,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     def on_step(record: dict[str, Any]) -> None:
         emit(metrics_message(record, generation=generation["number"]))
 
-    watcher = _Watcher(args.control, work_dir / "notice", node, coordinator, runtime_node=me)
+    watcher = _Watcher(args.control, work_dir / "notice", node, coordinator, runtime_node=me,
+                       stop=work_dir / f"stop-{job['id']}")
     watcher.start()
     try:
         summary = AgentWorker(worker_spec, on_step).run()
@@ -224,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     finished = summary["outcome"] in ("done", "done_elsewhere")
-    emit({"type": "done" if finished else "left", "step": summary["committed"]})
+    emit({"type": "done" if finished else summary["outcome"] if summary["outcome"] == "stopped" else "left",
+          "step": summary["committed"]})
     return 0
 
 

@@ -115,6 +115,13 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_REGION_PATIENCE_S", 600.0, "a job whose region has given no capacity for its missing nodes "
             "for this long moves to another of its regions that has some (restarting from its newest checkpoint)",
             kind=float),
+    Tunable("SPOTPIPE_BUDGET_STOP_MARGIN_S", 60.0, "a job stops (checkpoint first) once its spend plus this many "
+            "seconds of its fleet's spend reaches its budget or its team's monthly budget", kind=float),
+    Tunable("SPOTPIPE_STOP_CHECKPOINT_WAIT_S", 60.0, "how long a stopping job's nodes may take to write and complete "
+            "their checkpoint before they are released anyway (it then resumes from its newest complete one)",
+            kind=float),
+    Tunable("SPOTPIPE_STANDBY_LIMIT_S", 300.0, "a node told to stand by this long with no generation taking it is "
+            "alerted and released", kind=float),
     Tunable("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws", "which cloud's metadata formats local nodes serve"),
     Tunable("SPOTPIPE_HEARTBEAT_S", 0.5, "how often agents heartbeat (sent to them at enrolment)", kind=float),
     Tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0, "silence after which a node is declared dead", kind=float),

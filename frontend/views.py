@@ -11,10 +11,13 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.models import Team
+from controlplane.billing.metering import job_spend
 from controlplane.common.errors import DomainError
+from controlplane.jobs.admission import queue_positions
 from controlplane.jobs.artifacts import job_artifacts_location, job_artifacts_summary
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.selectors import job_plan_summary
@@ -60,7 +63,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_for_request(request, job_id)
     spent = costs.job_costs_so_far(job_ids=[job.pk]).get(job.pk)
     return _page(request, "job_detail.html", "job", reverse("frontend:job-data", args=[job.pk]), job=job,
-                 plan=job_plan_summary(job=job, cost_so_far=spent), artifacts=_artifacts(job))
+                 plan=job_plan_summary(job=job, cost_so_far=spent), artifacts=_artifacts(job),
+                 spend=job_spend(job=job, at=timezone.now()),
+                 queue_position=queue_positions(team_id=job.team_id).get(job.pk) if job.status == "queued" else None)
 
 
 def _artifacts(job: TrainingJob) -> dict:

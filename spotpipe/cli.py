@@ -52,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help=f"submit a job file (TOML) to {connect}")
     submit.add_argument("file", type=Path)
     sub.add_parser("jobs", help="list your teams' jobs")
-    for name, text in (("status", "a job's status and plan"), ("cancel", "cancel a job"),
-                       ("resume", "resume a cancelled or failed job from its newest checkpoint")):
+    for name, text in (("status", "a job's status and plan"), ("cancel", "cancel a job")):
         sub.add_parser(name, help=text).add_argument("job", type=int)
+    resume = sub.add_parser("resume", help="resume a stopped, cancelled or failed job from its newest checkpoint")
+    resume.add_argument("job", type=int)
+    resume.add_argument("--budget", help="the job's new total budget in USD (needed after a budget stop)")
     logs = sub.add_parser("logs", help="a job's timeline")
     logs.add_argument("job", type=int)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
@@ -143,7 +145,7 @@ def run_client(args: argparse.Namespace) -> int:
     if args.command == "cancel":
         return commands.cancel(args.job)
     if args.command == "resume":
-        return commands.resume(args.job)
+        return commands.resume(args.job, budget=args.budget)
     if args.command == "sample":
         from spotpipe.sample import run_sample
 

@@ -98,8 +98,8 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self.call("POST", f"jobs/{job_id}/cancel/")
 
-    def resume(self, job_id: int) -> dict[str, Any]:
-        return self.call("POST", f"jobs/{job_id}/resume/")
+    def resume(self, job_id: int, *, budget_usd: str | None = None) -> dict[str, Any]:
+        return self.call("POST", f"jobs/{job_id}/resume/", json={"budget_usd": budget_usd} if budget_usd else None)
 
     def events(self, job_id: int, *, since: str | None = None) -> list[dict[str, Any]]:
         """The job's timeline (every page), oldest first; from `since` (an ISO time) on."""

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from spotpipe.client import Client, ClientError, endpoint_from_environment
 from spotpipe.jobfile import JobFileError, load_job_file
 
-ENDED = ("finished", "failed", "cancelled")
+ENDED = ("finished", "failed", "cancelled", "stopped")  # controlplane.jobs.models.ENDED_JOB_STATUSES, over the wire
 FOLLOW_POLL_S = 1.0
 
 
@@ -138,6 +138,14 @@ def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
           f"strategy {job['strategy']}", file=out)
     print(f"  {describe_plan(job['plan'])}", file=out)
     print(f"  {describe_capacity(job)}", file=out)
+    print(f"  {describe_spend(job)}", file=out)
+    if job.get("end_reason"):
+        print(f"  end reason: {job['end_reason']}" + (f" (exit code {job['exit_code']})"
+                                                       if job.get("exit_code") is not None else ""), file=out)
+        if job.get("end_log"):
+            print("  last log lines:\n    " + "\n    ".join(job["end_log"].splitlines()), file=out)
+    if job.get("queue_position"):
+        print(f"  queued: position {job['queue_position']} in the team's queue", file=out)
     if job.get("deadline_unreachable_at"):
         print(f"  warning: the deadline became unreachable even on on-demand at {job['deadline_unreachable_at']}",
               file=out)
@@ -145,6 +153,14 @@ def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
     report = client.call("GET", f"jobs/{job_id}/cost-report/")
     print(f"  {describe_cost(report)}", file=out)
     return 0
+
+
+def describe_spend(job: dict[str, Any]) -> str:
+    """One line: spend so far, the budget, and the projection at completion."""
+    spend = job.get("spend") or {}
+    budget = f" of ${spend['budget_usd']} budget" if spend.get("budget_usd") else " (no budget)"
+    projected = f", projected ${spend['projected_usd']} at completion" if spend.get("projected_usd") else ""
+    return f"spend ${spend.get('spent_usd', '?')}{budget} at ${spend.get('usd_per_hour', '?')}/h{projected}"
 
 
 def describe_capacity(job: dict[str, Any]) -> str:
@@ -205,8 +221,9 @@ def cancel(job_id: int, *, out: TextIO = sys.stdout) -> int:
 
 
 @_guarded
-def resume(job_id: int, *, out: TextIO = sys.stdout) -> int:
-    """Resume a cancelled or failed job; says from which step (its newest checkpoint, or 0)."""
-    job = _client().resume(job_id)
+def resume(job_id: int, *, budget: str | None = None, out: TextIO = sys.stdout) -> int:
+    """Resume a stopped, cancelled or failed job (with a new total `budget` in USD, if given); says
+    from which step (its newest checkpoint, or 0)."""
+    job = _client().resume(job_id, budget_usd=budget)
     print(f"job {job['id']} {job['status']}: {job['resumed_from']['message']}", file=out)
     return 0

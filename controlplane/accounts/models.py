@@ -18,6 +18,28 @@ class Team(TimeStampedModel):
         return self.slug
 
 
+class TeamQuota(models.Model):
+    """A team's limits (`controlplane.jobs.admission` enforces them): nodes held at once, jobs
+    admitted at once, and spend per calendar month (UTC). A null limit is no limit."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota", primary_key=True)
+    max_nodes = models.PositiveIntegerField(null=True, blank=True, help_text="Nodes the team's jobs hold at once.")
+    max_jobs = models.PositiveIntegerField(null=True, blank=True, help_text="Jobs admitted (not queued) at once.")
+    monthly_budget_usd = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True,
+        help_text="Spend per calendar month (UTC); at the cap the team's jobs stop as at a job's budget.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(monthly_budget_usd__isnull=True)
+                                   | models.Q(monthly_budget_usd__gt=0), name="teamquota_budget_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"quota of {self.team_id}"
+
+
 class Role(models.TextChoices):
     MEMBER = "member", "Member"
     ADMIN = "admin", "Admin"

@@ -46,6 +46,9 @@ class Instance(TimeStampedModel):
     terminate_requested_at = models.DateTimeField(
         null=True, blank=True,
         help_text="A terminate of ours is under way: its silence is ours, not a preemption (not marked lost).")
+    standby_since = models.DateTimeField(
+        null=True, blank=True, help_text="Since when its agent has been told to stand by (running, not a member of "
+        "its job's current generation); cleared when a generation takes it (orchestration.services.standby).")
     agent_address = models.CharField(max_length=200, blank=True)
     # Unique through Meta.constraints rather than unique=True, which on PostgreSQL also builds a
     # LIKE (varchar_pattern_ops) index that no query uses.

@@ -15,34 +15,65 @@ Strategy = models.TextChoices("Strategy", [(name.upper(), (name, STRATEGY_LABELS
 
 
 class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
     PENDING = "pending", "Pending"
     PROVISIONING = "provisioning", "Provisioning"
     RUNNING = "running", "Running"
     RECOVERING = "recovering", "Recovering"
+    STOPPING = "stopping", "Stopping"
     FINISHED = "finished", "Finished"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+    STOPPED = "stopped", "Stopped"
 
 
+class EndReason(models.TextChoices):
+    """Why a job ended (`TrainingJob.end_reason`): one per way a job can end, so a team can tell a
+    budget stop from a crash at a glance. Preemptions are never one: the job recovers from them."""
+
+    FINISHED = "finished", "All its steps are done"
+    CANCELLED = "cancelled", "Cancelled"
+    BUDGET = "budget", "Stopped at its budget (or its team's monthly budget)"
+    MAX_RUNTIME = "max_runtime", "Stopped at its max_runtime_s"
+    MAX_WAIT = "max_wait", "Stopped after max_wait_s without enough capacity"
+    USER_ERROR = "user_error", "Its code crashed more often than max_restarts_on_errors"
+    CONFIG_ERROR = "config_error", "Its configuration or requirements cannot run"
+    NO_CHECKPOINT = "no_checkpoint", "Lost state with no checkpoint, replica or replacement to go on from"
+    STALLED = "stalled", "Its workers stopped reporting progress"
+
+
+# A job that holds (or may hold) nodes. `stopping` is active: it writes its checkpoint before it ends.
 ACTIVE_JOB_STATUSES = frozenset(
-    {JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING}
+    {JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING, JobStatus.STOPPING}
 )
 
 _J = JobStatus
 # Which status may follow which (`controlplane.jobs.services.job_set_status` enforces it). An active
 # job only moves forward (pending -> provisioning -> running <-> recovering) or ends; it may end from
-# any active status (a resumed job may already hold its last step). Only resume leaves an end, and
-# only back to pending; finished is final.
+# any active status (a resumed job may already hold its last step). A limit (budget, max runtime,
+# max wait) stops it through `stopping` (a checkpoint, then its nodes go) to `stopped`, or straight
+# to `stopped` before it trains. A job over its
+# team's quota waits `queued` (at submit, or when resumed) until admitted to pending. Only resume
+# leaves an end, back to pending or queued; finished is final.
+_ENDS = {_J.FINISHED, _J.FAILED, _J.CANCELLED}
 JOB_TRANSITIONS: dict[str, frozenset[str]] = {
-    _J.PENDING: frozenset({_J.PROVISIONING, _J.RUNNING, _J.RECOVERING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
-    _J.PROVISIONING: frozenset({_J.RUNNING, _J.RECOVERING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
-    _J.RUNNING: frozenset({_J.RECOVERING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
-    _J.RECOVERING: frozenset({_J.RUNNING, _J.FINISHED, _J.FAILED, _J.CANCELLED}),
+    _J.QUEUED: frozenset({_J.PENDING, _J.CANCELLED}),
+    _J.PENDING: frozenset({_J.QUEUED, _J.PROVISIONING, _J.RUNNING, _J.RECOVERING, _J.STOPPING, _J.STOPPED, *_ENDS}),
+    _J.PROVISIONING: frozenset({_J.RUNNING, _J.RECOVERING, _J.STOPPING, _J.STOPPED, *_ENDS}),
+    _J.RUNNING: frozenset({_J.RECOVERING, _J.STOPPING, *_ENDS}),
+    _J.RECOVERING: frozenset({_J.RUNNING, _J.STOPPING, *_ENDS}),
+    _J.STOPPING: frozenset({_J.STOPPED, *_ENDS}),
     _J.FINISHED: frozenset(),
-    _J.FAILED: frozenset({_J.PENDING}),
-    _J.CANCELLED: frozenset({_J.PENDING}),
+    _J.FAILED: frozenset({_J.PENDING, _J.QUEUED}),
+    _J.CANCELLED: frozenset({_J.PENDING, _J.QUEUED}),
+    _J.STOPPED: frozenset({_J.PENDING, _J.QUEUED}),
 }
-ENDED_JOB_STATUSES = frozenset({_J.FINISHED, _J.FAILED, _J.CANCELLED})
+ENDED_JOB_STATUSES = frozenset({_J.FINISHED, _J.FAILED, _J.CANCELLED, _J.STOPPED})
+RESUMABLE_JOB_STATUSES = frozenset({_J.FAILED, _J.CANCELLED, _J.STOPPED})
+"""Ended statuses `POST /jobs/{id}/resume/` continues from (finished is final)."""
+DEFAULT_PRIORITY = 100
+MAX_PRIORITY = 1000
+DEFAULT_MAX_RESTARTS_ON_ERRORS = 3
 
 
 class TrainingJob(TimeStampedModel):
@@ -71,6 +102,22 @@ class TrainingJob(TimeStampedModel):
         null=True, blank=True, help_text="When the deadline became unreachable even on on-demand (alerted once).")
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.PENDING)
     status_message = models.CharField(max_length=300, blank=True)
+    priority = models.PositiveSmallIntegerField(
+        default=DEFAULT_PRIORITY, help_text=f"0-{MAX_PRIORITY}, higher first: the order a team's queue admits jobs in.")
+    max_runtime_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Stop (with a checkpoint) after this many seconds of running.")
+    max_wait_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Stop after this many seconds in a row without enough capacity.")
+    max_restarts_on_errors = models.PositiveIntegerField(
+        default=DEFAULT_MAX_RESTARTS_ON_ERRORS,
+        help_text="Worker crashes (its code raised, not a preemption) the job survives; the next ends it.")
+    queued_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it entered its team's queue: first come first served within a priority.")
+    stop_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a limit asked the job to checkpoint and stop (status stopping).")
+    end_reason = models.CharField(max_length=20, choices=EndReason.choices, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True, help_text="The crashed worker's exit code (user_error).")
+    end_log = models.TextField(blank=True, help_text="The last lines of the crashed worker's log (user_error).")
     plan = models.JSONField(
         default=dict, blank=True, help_text="controlplane.jobs.plans.JobPlan: provider, pools, nodes, dp, pp, ..."
     )
@@ -96,6 +143,7 @@ class TrainingJob(TimeStampedModel):
                 condition=models.Q(budget_usd__isnull=True) | models.Q(budget_usd__gt=0),
                 name="job_budget_positive",
             ),
+            models.CheckConstraint(condition=models.Q(priority__lte=MAX_PRIORITY), name="job_priority_range"),
         ]
 
     def __str__(self) -> str:

@@ -3,6 +3,7 @@ joined or prefetched, so a page of results costs a constant number of queries.""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,19 @@ from django.utils import timezone
 from controlplane.fleet.states import LIVE_STATES
 from controlplane.jobs.models import JobEvent, JobGeneration, MetricSample, Reconfiguration, TrainingJob
 from runtime.config import JobConfig
+
+RECENT_SAMPLES = 20
+"""Step records a measured step time is the median of."""
+
+
+def job_measured_step_s(job: TrainingJob) -> float | None:
+    """Seconds per step the job measured lately (the median of its recent samples' rates), or None."""
+    rates = list(MetricSample.objects.filter(job=job, samples_per_s__gt=0).order_by("-step")
+                 .values_list("samples_per_s", flat=True)[:RECENT_SAMPLES])
+    batch = (job.config or {}).get("global_batch")
+    if not rates or not isinstance(batch, int) or batch <= 0:
+        return None
+    return batch / statistics.median(rates)
 
 
 def job_list(*, team_ids: Iterable[int]) -> QuerySet[TrainingJob]:

@@ -16,10 +16,14 @@ from controlplane.common.agent_wake import commands_changed
 from controlplane.common.errors import Conflict
 from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import Instance
+from controlplane.jobs.admission import admit_or_queue
 from controlplane.jobs.data_checks import check_data
 from controlplane.jobs.models import (
     ENDED_JOB_STATUSES,
     JOB_TRANSITIONS,
+    MAX_PRIORITY,
+    RESUMABLE_JOB_STATUSES,
+    EndReason,
     JobEvent,
     JobGeneration,
     JobStatus,
@@ -38,7 +42,9 @@ MAX_METRIC_BATCH = 1000
 RESTART_EVENTS = ("resumed", "region_move")
 """Timeline kinds of a restart from a checkpoint (`job_restart_from`): they carry `submitted_init_from`."""
 CANCELLABLE = frozenset(s for s, following in JOB_TRANSITIONS.items() if JobStatus.CANCELLED in following)
-RESUMABLE = frozenset(s for s, following in JOB_TRANSITIONS.items() if JobStatus.PENDING in following)
+RESUMABLE = RESUMABLE_JOB_STATUSES
+# The end reason an end of this status has when its writer names none.
+DEFAULT_END_REASONS = {JobStatus.FINISHED: EndReason.FINISHED, JobStatus.CANCELLED: EndReason.CANCELLED}
 
 
 class IllegalJobTransition(Conflict):
@@ -51,6 +57,33 @@ class IllegalJobTransition(Conflict):
 def _is_positive_int(value: Any) -> bool:
     # bool is an int in Python, but `"steps": true` is a mistake, not 1 step.
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def job_limit_errors(**limits: Any) -> dict[str, list[str]]:
+    """Problems of a job's queue and limit fields (`priority`, `max_runtime_s`, `max_wait_s`,
+    `max_restarts_on_errors`), each named; None means the default."""
+    errors: dict[str, list[str]] = {}
+    for field, value in limits.items():
+        if value is None:
+            continue
+        low, high = (0, MAX_PRIORITY) if field == "priority" else \
+            (0, 2**31 - 1) if field == "max_restarts_on_errors" else (1, 2**31 - 1)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            errors[field] = [f"must be an integer from {low} to {high}, got {str(value)[:40]!r}"]
+    return errors
+
+
+def parse_budget(value: Any, *, field: str = "budget_usd") -> tuple[Decimal | None, dict[str, list[str]]]:
+    """A budget in USD (cents), or the problem with it under `field`: not a number, not above 0, too large."""
+    try:
+        budget = Decimal(str(value)).quantize(Decimal("0.01"))
+    except (InvalidOperation, ValueError):
+        return None, {field: [f"not a number: {str(value)[:40]!r}"]}
+    if not budget.is_finite() or budget <= 0:
+        return None, {field: [f"must be greater than 0, got {str(value)[:40]}"]}
+    if budget > MAX_BUDGET_USD:
+        return None, {field: [f"at most {MAX_BUDGET_USD}"]}
+    return budget, {}
 
 
 def _job_input_errors(
@@ -74,15 +107,8 @@ def _job_input_errors(
         errors["target_steps"] = ["too large"]
     budget: Decimal | None = None
     if budget_usd is not None:
-        try:
-            budget = Decimal(str(budget_usd)).quantize(Decimal("0.01"))
-        except (InvalidOperation, ValueError):
-            errors["budget_usd"] = [f"not a number: {budget_usd!r}"]
-        else:
-            if not budget.is_finite() or budget <= 0:
-                errors["budget_usd"] = [f"must be greater than 0, got {budget_usd}"]
-            elif budget > MAX_BUDGET_USD:
-                errors["budget_usd"] = [f"at most {MAX_BUDGET_USD}"]
+        budget, problems = parse_budget(budget_usd)
+        errors.update(problems)
     if deadline is not None:
         if not isinstance(deadline, datetime) or timezone.is_naive(deadline):
             errors["deadline"] = ["must be an aware datetime"]
@@ -143,6 +169,10 @@ def job_submit(
     deadline: datetime | None = None,
     budget_usd: Decimal | float | str | None = None,
     capacity: str | None = None,
+    priority: int | None = None,
+    max_runtime_s: int | None = None,
+    max_wait_s: int | None = None,
+    max_restarts_on_errors: int | None = None,
 ) -> TrainingJob:
     """Validate and store a new job (status pending) with its contract and plan, and its `submitted`
     event. The contract is validated by building the runtime's `JobConfig` with the plan's layout,
@@ -154,6 +184,9 @@ def job_submit(
     (the planner picks the cheapest plan that meets the deadline, or the fastest within the budget)
     or an explicit `{dp, pp, nodes, microbatches, provider, instance_types, zones, regions}`. `capacity`: how
     the nodes are bought (`runtime.planner.capacity_policy.CAPACITY_POLICIES`, default spot).
+    `priority` orders its team's queue; `max_runtime_s`, `max_wait_s` and `max_restarts_on_errors`
+    are its limits (None: the model's defaults). A job its team's quota has no room for is stored
+    `queued` (`admission.admit_or_queue`).
 
     The job's data (`config.data`) is then checked as far as the control plane can
     (`data_checks.check_data`: an s3 source or tokenizer must be there for its AWS credentials),
@@ -163,6 +196,10 @@ def job_submit(
         name=name, strategy=strategy, target_steps=target_steps, deadline=deadline, budget_usd=budget_usd,
         capacity=capacity,
     )
+    limits = {"priority": priority, "max_runtime_s": max_runtime_s, "max_wait_s": max_wait_s,
+              "max_restarts_on_errors": max_restarts_on_errors}
+    errors.update(job_limit_errors(**limits))
+    limits = {k: v for k, v in limits.items() if v is not None}
     capacity = capacity or DEFAULT_CAPACITY_POLICY
     job_plan = runtime_config = None
     if not errors:
@@ -193,6 +230,7 @@ def job_submit(
             team=team, created_by=user, name=name.strip(), config=runtime_config.to_dict(), strategy=strategy,
             plan=job_plan.to_dict(), target_steps=target_steps, deadline=deadline, budget_usd=budget,
             capacity=capacity, capacity_type=ON_DEMAND if capacity == ON_DEMAND else SPOT, status=JobStatus.PENDING,
+            **limits,
         )
         job_record_event(
             job=job, kind="submitted", message=f"submitted by {user or 'the system'}",
@@ -200,8 +238,11 @@ def job_submit(
                   "deadline": deadline.isoformat() if deadline else None,
                   "budget_usd": str(budget) if budget is not None else None, "capacity": capacity,
                   "plan": {k: getattr(job_plan, k) for k in ("chosen_by", "provider", "nodes", "dp", "pp")},
-                  **({"data_checks": data_check.notes} if data_check.notes else {})},
+                  **limits, **({"data_checks": data_check.notes} if data_check.notes else {})},
         )
+        admitted, why = admit_or_queue(job)
+        if admitted == JobStatus.QUEUED:
+            job_set_status(job, JobStatus.QUEUED, f"queued: {why}", kind="queued")
     return job
 
 
@@ -230,14 +271,22 @@ def job_cancel(*, job: TrainingJob, user: Any | None = None, reason: str = "") -
 
 
 @transaction.atomic
-def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
-    """Put a failed or cancelled job back to pending, so it is acquired and started again. Its
-    nodes and their state are gone, so it continues from its newest complete checkpoint (its config's
-    `init_from` names that folder and its progress goes back to that step), or from step 0, from
-    what it was submitted with, when it has none; the `resumed` event says which. Any other status
-    answers Conflict (409)."""
+def job_resume(*, job: TrainingJob, user: Any | None = None, budget_usd: Any = None) -> TrainingJob:
+    """Put a stopped, failed or cancelled job back to pending (queued when its team's quota has no
+    room), so it is acquired and started again. Its nodes and their state are gone, so it continues
+    from its newest complete checkpoint (its config's `init_from` names that folder and its progress
+    goes back to that step), or from step 0, from what it was submitted with, when it has none; the
+    `resumed` event says which. `budget_usd` is the job's new total budget: above what it has spent
+    (409 otherwise), and required to resume a job its budget stopped. Any other status answers
+    Conflict (409)."""
+    from controlplane.billing.metering import job_meter
     from controlplane.jobs.artifacts import job_latest_checkpoint
 
+    budget = None
+    if budget_usd is not None:
+        budget, problems = parse_budget(budget_usd)
+        if problems:
+            raise ValidationError(problems)
     # Listed before the lock: the store may be S3.
     checkpoint = job_latest_checkpoint(job=job)
     locked = _lock(job)
@@ -246,8 +295,20 @@ def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
             f"job is {locked.status!r}; resume is allowed only from: {', '.join(sorted(RESUMABLE))}",
             field="status",
         )
-    if locked.deadline is not None and locked.deadline <= timezone.now() and locked.budget_usd is None:
+    spent = job_meter(job_id=locked.pk, at=timezone.now()).spent_usd
+    if budget is not None and budget <= spent:
+        raise Conflict(f"budget_usd ${budget} is not above the ${spent:.2f} the job has spent; give a larger "
+                       "total budget", field="budget_usd")
+    if budget is None and locked.end_reason == EndReason.BUDGET and locked.budget_usd is not None \
+            and spent >= locked.budget_usd * Decimal("0.99"):
+        raise Conflict(f"the job stopped at its ${locked.budget_usd} budget (${spent:.2f} spent); resume with a "
+                       "larger total budget_usd", field="budget_usd")
+    if locked.deadline is not None and locked.deadline <= timezone.now() and locked.budget_usd is None \
+            and budget is None:
         raise Conflict("the job's deadline has passed and it has no budget; submit a new job", field="deadline")
+    if budget is not None:
+        locked.budget_usd = budget
+        locked.save(update_fields=["budget_usd", "updated_at"])
     submitted_init = job_restart_from(locked, checkpoint=checkpoint)
     if checkpoint is not None:
         message = f"resumed by {user or 'the system'} from the checkpoint of step {checkpoint}"
@@ -255,8 +316,13 @@ def job_resume(*, job: TrainingJob, user: Any | None = None) -> TrainingJob:
         message = f"resumed by {user or 'the system'} from step 0: the job has no complete checkpoint"
     job_set_status(locked, JobStatus.PENDING, message, kind="resumed",
                    data={"by": getattr(user, "pk", None), "from_step": checkpoint or 0,
-                         "from_checkpoint": checkpoint is not None, "submitted_init_from": submitted_init})
-    _sync(job, locked, ["status", "status_message", "finished_at", "updated_at", "config", "steps_done"])
+                         "from_checkpoint": checkpoint is not None, "submitted_init_from": submitted_init,
+                         **({"budget_usd": str(budget)} if budget is not None else {})})
+    admitted, why = admit_or_queue(locked)
+    if admitted == JobStatus.QUEUED:
+        job_set_status(locked, JobStatus.QUEUED, f"queued: {why}", kind="queued")
+    _sync(job, locked, ["status", "status_message", "finished_at", "updated_at", "config", "steps_done",
+                        "budget_usd", "end_reason", "exit_code", "end_log", "stop_requested_at", "queued_at"])
     return job
 
 
@@ -282,11 +348,12 @@ def job_restart_from(locked: TrainingJob, *, checkpoint: int | None) -> str:
 
 
 def job_set_status(job: TrainingJob, status: str, message: str, *, kind: str = "",
-                   data: dict[str, Any] | None = None) -> bool:
+                   data: dict[str, Any] | None = None, end_reason: str = "") -> bool:
     """The one writer of a job's status (the caller holds the job's row lock): moves it if
-    `JOB_TRANSITIONS` allows, stamps `finished_at` when it ends (cleared when resumed) and puts the
-    move on the timeline (`kind`, default `job_<status>`). False when it is there already; an
-    illegal move raises `IllegalJobTransition` and writes nothing."""
+    `JOB_TRANSITIONS` allows, stamps `finished_at` and `end_reason` when it ends (`end_reason`, else
+    the status's own: finished, cancelled; all cleared when resumed) and puts the move on the
+    timeline (`kind`, default `job_<status>`). False when it is there already; an illegal move raises
+    `IllegalJobTransition` and writes nothing."""
     previous = job.status
     if previous == status:
         return False
@@ -297,15 +364,24 @@ def job_set_status(job: TrainingJob, status: str, message: str, *, kind: str = "
     job.status = status
     job.status_message = message[:300]
     fields = ["status", "status_message", "updated_at"]
-    if status in ENDED_JOB_STATUSES and job.finished_at is None:
-        job.finished_at = timezone.now()
-        fields.append("finished_at")
-    elif status not in ENDED_JOB_STATUSES and job.finished_at is not None:
-        job.finished_at = None
-        fields.append("finished_at")
+    if status == JobStatus.QUEUED:
+        job.queued_at = timezone.now()
+        fields.append("queued_at")
+    if status in ENDED_JOB_STATUSES:
+        if job.finished_at is None:
+            job.finished_at = timezone.now()
+            fields.append("finished_at")
+        job.end_reason = end_reason or DEFAULT_END_REASONS.get(status, "")
+        fields.append("end_reason")
+    elif previous in ENDED_JOB_STATUSES:  # resumed: what ended it is history (its timeline keeps it)
+        job.finished_at, job.end_reason, job.exit_code, job.end_log, job.stop_requested_at = None, "", None, "", None
+        fields += ["finished_at", "end_reason", "exit_code", "end_log", "stop_requested_at"]
     job.save(update_fields=fields)
     commands_changed(job_ids=[job.pk])
-    job_record_event(job=job, kind=kind or f"job_{status}", message=message, data={"from": previous, **(data or {})})
+    event_data = {"from": previous, **(data or {})}
+    if status in ENDED_JOB_STATUSES and job.end_reason:
+        event_data["end_reason"] = job.end_reason
+    job_record_event(job=job, kind=kind or f"job_{status}", message=message, data=event_data)
     return True
 
 

@@ -10,6 +10,7 @@ from celery import shared_task
 from django.db import OperationalError
 
 from controlplane.fleet.models import Instance
+from controlplane.jobs.admission import queue_admit
 from controlplane.jobs.models import Reconfiguration, TrainingJob
 from controlplane.orchestration import heartbeat_watch, services
 from controlplane.orchestration.models import Acquisition
@@ -74,7 +75,9 @@ def reconcile_job(job_id: int) -> dict:
 
 @shared_task(name="orchestration.reconcile_all", acks_late=True, ignore_result=True)
 def reconcile_all() -> int:
-    """Periodic: fan out one reconcile per job that holds or wants capacity."""
+    """Periodic: admit queued jobs the quotas have room for, then fan out one reconcile per job that
+    holds or wants capacity."""
+    queue_admit()
     ids = services.active_job_ids()
     for job_id in ids:
         reconcile_job.delay(job_id)

@@ -47,7 +47,7 @@ ROTATION_GRACE_MAX = timedelta(days=30)
 USER_AGENT = "spotpipe-alerts/1"
 JOB_STATUS_EVENTS = {
     "recovering": AlertEvent.JOB_RECOVERING, "recovered": AlertEvent.JOB_RECOVERED,
-    "failed": AlertEvent.JOB_FAILED, "finished": AlertEvent.JOB_FINISHED,
+    "failed": AlertEvent.JOB_FAILED, "finished": AlertEvent.JOB_FINISHED, "stopped": AlertEvent.JOB_STOPPED,
 }
 
 
@@ -236,6 +236,14 @@ def alert_deadline_unreachable(*, job, message: str) -> list[AlertDelivery]:
         "job": job.pk, "name": job.name, "deadline": job.deadline.isoformat() if job.deadline else None,
         "message": message, "steps_done": job.steps_done, "target_steps": job.target_steps,
     })
+
+
+def alert_standby_released(*, job, instance_id: int, standby_s: float) -> list[AlertDelivery]:
+    """Alert that a node stood by (paid, no generation taking it) past the limit and was released."""
+    text = (f"Job {job.name} (#{job.pk}): node {instance_id} stood by {standby_s:.0f} s with no generation taking "
+            "it; released")
+    return alert_emit(team_id=job.team_id, event=AlertEvent.NODE_STANDBY_RELEASED, text=text, data={
+        "job": job.pk, "name": job.name, "instance": instance_id, "standby_s": round(standby_s, 1)})
 
 
 def alert_budget_threshold(*, team_id: int, threshold_pct: int, spent_usd: str, budget_usd: str,

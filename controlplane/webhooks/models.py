@@ -97,6 +97,8 @@ class AlertEvent(models.TextChoices):
     JOB_FINISHED = "job.finished", "Job finished"
     BUDGET_THRESHOLD = "budget.threshold", "Budget threshold crossed"
     JOB_DEADLINE_UNREACHABLE = "job.deadline_unreachable", "Job deadline unreachable"
+    JOB_STOPPED = "job.stopped", "Job stopped at a limit"
+    NODE_STANDBY_RELEASED = "node.standby_released", "Node released after standing by too long"
 
 
 class AlertEndpoint(models.Model):

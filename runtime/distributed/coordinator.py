@@ -109,6 +109,18 @@ class Coordinator:
             time.sleep(0.005)
         raise TimeoutError(f"replacement {node} was not taken within {timeout_s}s")
 
+    def request_stop(self) -> None:
+        """Ask the job to checkpoint and stop (a limit it reached: budget, max runtime, max wait)."""
+        self.store.set("stop", "1")
+
+    def stop_requested(self) -> bool:
+        """True once a stop was asked for."""
+        return self.store.check(["stop"])
+
+    def mark_stopped(self) -> None:
+        """The job checkpointed and stopped (replacements waiting to join give up)."""
+        self.store.set("stopped", "1")
+
     def mark_failed(self, reason: str) -> None:
         """The job cannot go on (its members agreed on an impossible plan); first reason wins."""
         self.store.compare_set("failed", "", reason)
@@ -139,8 +151,8 @@ class Coordinator:
         return self.store.check([f"gen/{generation}/started"])
 
     def is_over(self) -> bool:
-        """The job finished or failed."""
-        return self.is_done() or self.store.check(["failed"])
+        """The job finished, failed or stopped."""
+        return self.is_done() or self.store.check(["failed"]) or self.store.check(["stopped"])
 
     def is_done(self) -> bool:
         """The job committed its last step."""

@@ -51,6 +51,9 @@ from runtime.train.optim import LayerState, held_bytes
 from runtime.train.reference import named_parameters
 
 StepCallback = Callable[[dict[str, Any]], None]
+COMMIT_HEADER = 4
+"""The step commit's fixed entries (loss sum, loss count, joiners worth a regroup, stop asked), before
+one notice flag per member: what one all-reduce makes every member agree on."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -269,7 +272,7 @@ class Worker:
                     # process before they are delivered would reset them, and a group closed with
                     # a send pending stays parked (and its sockets and threads with it) for good.
                     self.comm.settle_sends()
-                if outcome in ("done", "left"):
+                if outcome in ("done", "left", "stopped"):
                     self._finish(outcome)
                     return {"node": self.node, "outcome": outcome, "committed": self.committed}
                 self._close_comm()
@@ -448,7 +451,7 @@ class Worker:
             if isinstance(exc, Fenced | JobCannotContinue):
                 raise
             if self.comm is not None:
-                self.comm.poison_commit(3 + len(plan["members"]))
+                self.comm.poison_commit(COMMIT_HEADER + len(plan["members"]))
             reason = f"{type(exc).__name__}: {str(exc)[-300:]}"
             # Members still setting this generation up (in a hand-over or a store barrier, where no
             # gloo call of ours can wake them) stop waiting for us now rather than at their timeout.
@@ -466,6 +469,8 @@ class Worker:
             failed = self.coord.failure()
             if failed is not None:  # another member found the job cannot go on
                 raise JobCannotContinue(failed)
+            if self.coord.stop_requested():  # nothing to checkpoint: the state is incomplete
+                return "stopped", "stop requested while waiting for replacements"
             if self.coord.is_done():  # the others finished it: no replacement will come
                 return "failure", "the job finished while this generation waited for replacements"
             if time.monotonic() > deadline:
@@ -560,7 +565,7 @@ class Worker:
             result = executor.run_step(step, actions, loss_scale_at(cfg, step, self.skipped_at))
             if not self.notice and self.coord.notice_pending(self.node):
                 self.notice = True
-            vector = torch.zeros(3 + len(members), dtype=torch.float64)
+            vector = torch.zeros(COMMIT_HEADER + len(members), dtype=torch.float64)
             vector[0], vector[1] = result.loss_sum, result.loss_count
             if index == 0:
                 pending = self.coord.join_count()
@@ -576,8 +581,10 @@ class Worker:
                     for joiner in self.coord.joiners(told, pending):
                         self.coord.tell_spare(joiner, generation)
                     told = pending
+                # A limit asked the job to stop: the commit makes every member stop at this step.
+                vector[3] = float(self.coord.stop_requested())
             # A deferred node already told the others; it leaves once a replacement joins.
-            vector[3 + index] = float(self.notice and self.node not in deferred)
+            vector[COMMIT_HEADER + index] = float(self.notice and self.node not in deferred)
             self.comm.commit(vector)
             if step == plan["start_step"]:
                 bury()  # the previous generation's groups, once their calls have failed
@@ -621,8 +628,13 @@ class Worker:
             )
             if self.config.validation_due(step):
                 self._validate(executor, layout, members, step, generation)
-            if vector[2] > 0 or vector[3:].sum() > 0:
-                return "graceful", "notice" if vector[3:].sum() > 0 else "join"
+            if vector[3] > 0 and step < cfg.steps:
+                if self.saved_step != step:
+                    self._save_checkpoint(layout, step, generation)
+                return "stopped", "stop requested"
+            notices = vector[COMMIT_HEADER:].sum() > 0
+            if vector[2] > 0 or notices:
+                return "graceful", "notice" if notices else "join"
         return "done", ""
 
     def _take_history(self, plan: Plan) -> None:
@@ -885,6 +897,8 @@ class Worker:
         self._emit({"event": outcome, "committed": self.committed})
         if outcome == "done":
             self.coord.mark_done()
+        elif outcome == "stopped":
+            self.coord.mark_stopped()
         if self.out is not None and outcome == "done":
             torch.save(
                 {

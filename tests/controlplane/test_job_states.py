@@ -50,8 +50,10 @@ def test_every_legal_move_is_made_and_recorded(start, target):
 
 
 def test_cancel_and_resume_follow_the_table():
-    assert {JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING} == CANCELLABLE
-    assert {JobStatus.FAILED, JobStatus.CANCELLED} == RESUMABLE
+    assert {JobStatus.QUEUED, JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING,
+            JobStatus.STOPPING} == CANCELLABLE
+    assert {JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.STOPPED} == RESUMABLE
+    assert all(JobStatus.PENDING in JOB_TRANSITIONS[s] for s in RESUMABLE)
 
 
 @pytest.mark.parametrize("ended", sorted(ENDED_JOB_STATUSES))

@@ -136,6 +136,12 @@ ROWS: list[Row] = [
     Row("api/v1/billing/segments/", "GET", "/api/v1/billing/segments/", API_LIST),
     Row("api/v1/jobs/<int:pk>/cost-report/", "GET", "/api/v1/jobs/{job}/cost-report/", API_OBJ),
     Row("api/v1/teams/<int:pk>/spend/", "GET", "/api/v1/teams/{team}/spend/", API_OBJ),
+    # A team's quota: its admins read and change it; its members are refused, another team's see nothing.
+    Row("api/v1/teams/<str:pk>/quota/", "GET", "/api/v1/teams/{team}/quota/", E(401, 403, 200, 404, 403)),
+    Row("api/v1/teams/<str:pk>/quota/", "PUT", "/api/v1/teams/{team}/quota/", E(401, 403, 200, 404, 403),
+        body={"max_jobs": 50}),
+    Row("api/v1/teams/<str:pk>/quota/", "PATCH", "/api/v1/teams/{team}/quota/", E(401, 403, 200, 404, 403),
+        body={"max_nodes": 500}),
     Row("api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/$", "GET", "/api/v1/jobs/{job}/artifacts/", API_OBJ),
     # The matrix's job has no weights yet: its own team gets 404 for the file too (a file that
     # exists is served to its team only: tests/controlplane/test_api_artifacts.py).

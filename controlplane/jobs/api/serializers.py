@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.billing.metering import job_spend
 from controlplane.common.api import JSONObjectField
 from controlplane.common.fields import CharField, ModelSerializer
 from controlplane.common.limits import MAX_COUNT, MAX_ID
+from controlplane.jobs.admission import queue_positions
 from controlplane.jobs.models import (
+    DEFAULT_MAX_RESTARTS_ON_ERRORS,
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
     JobEvent,
     JobGeneration,
+    JobStatus,
     MetricSample,
     Reconfiguration,
     Strategy,
@@ -19,6 +27,14 @@ from controlplane.jobs.models import (
 )
 from controlplane.jobs.services import MAX_METRIC_BATCH
 from runtime.config import model_spec_view
+
+
+class SpendSerializer(serializers.Serializer):
+    spent_usd = CharField(help_text="Metered from the billing segments at the price in force, to now.")
+    usd_per_hour = CharField(help_text="The price per hour of the job's nodes running now.")
+    projected_usd = CharField(allow_null=True, help_text="Spent plus the steps left at the measured step time "
+                              "and today's rate; null before any step time is known.")
+    budget_usd = CharField(allow_null=True)
 
 
 class JobSerializer(ModelSerializer):
@@ -34,11 +50,14 @@ class JobSerializer(ModelSerializer):
         fields = [
             "id", "team", "name", "created_by", "config", "model_spec", "strategy", "target_steps", "deadline",
             "budget_usd", "capacity", "capacity_type", "deadline_unreachable_at", "status", "status_message", "plan",
+            "priority", "max_runtime_s", "max_wait_s", "max_restarts_on_errors", "queued_at",
+            "stop_requested_at", "end_reason", "exit_code", "end_log",
             "current_generation", "steps_done",
             "samples_done", "progress", "initial_loss", "last_loss", "last_val_loss", "live_instance_count",
             "created_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
+
 
     def get_model_spec(self, job: TrainingJob) -> dict:
         return model_spec_view(job.config or {})
@@ -47,19 +66,45 @@ class JobSerializer(ModelSerializer):
         return min(1.0, job.steps_done / job.target_steps) if job.target_steps else 0.0
 
 
+class JobDetailSerializer(JobSerializer):
+    """One job (its page, `GET /jobs/{id}/`, and the answers of submit, cancel and resume): the list's
+    fields and its spend and queue place, which cost queries of their own per job."""
+
+    spend = serializers.SerializerMethodField(help_text="Metered spend, the fleet's rate now, and the projection "
+                                              "at completion (billing.metering.job_spend).")
+    queue_position = serializers.SerializerMethodField(
+        help_text="A queued job's place in its team's queue (1: next admitted); null otherwise.")
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "spend", "queue_position"]
+        read_only_fields = fields
+
+    @extend_schema_field(SpendSerializer)
+    def get_spend(self, job: TrainingJob) -> dict:
+        spend = job_spend(job=job, at=timezone.now())
+        return {"spent_usd": f"{spend.spent_usd:.2f}", "usd_per_hour": f"{spend.usd_per_hour:.4f}",
+                "projected_usd": None if spend.projected_usd is None else f"{spend.projected_usd:.2f}",
+                "budget_usd": None if job.budget_usd is None else str(job.budget_usd)}
+
+    def get_queue_position(self, job: TrainingJob) -> int | None:
+        if job.status != JobStatus.QUEUED:
+            return None
+        return queue_positions(team_id=job.team_id).get(job.pk)
+
+
 class ResumedFromSerializer(serializers.Serializer):
     step = serializers.IntegerField(help_text="The step the job continues from (0: from the start).")
     checkpoint = serializers.BooleanField(help_text="Whether that step is a complete checkpoint of the job's.")
     message = CharField()
 
 
-class JobResumedSerializer(JobSerializer):
+class JobResumedSerializer(JobDetailSerializer):
     """`POST /jobs/{id}/resume/`'s answer: the job and where it continues from."""
 
     resumed_from = ResumedFromSerializer(read_only=True)
 
-    class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "resumed_from"]
+    class Meta(JobDetailSerializer.Meta):
+        fields = [*JobDetailSerializer.Meta.fields, "resumed_from"]
         read_only_fields = fields
 
 
@@ -97,6 +142,27 @@ class JobSubmitSerializer(serializers.Serializer):
         required=False, allow_null=True, default=None, max_length=40,
         help_text="spot (default), spot_then_on_demand (on-demand when the deadline needs it) or on_demand",
     )
+    priority = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0,
+                                        max_value=MAX_PRIORITY, help_text=f"Queue order, higher first (default "
+                                        f"{DEFAULT_PRIORITY}).")
+    max_runtime_s = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1,
+                                             max_value=2**31 - 1, help_text="Stop (checkpoint first) after this "
+                                             "many seconds of training.")
+    max_wait_s = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1,
+                                          max_value=2**31 - 1, help_text="Stop after this many seconds in a row "
+                                          "without enough capacity.")
+    max_restarts_on_errors = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=2**31 - 1,
+        help_text=f"Worker crashes survived (default {DEFAULT_MAX_RESTARTS_ON_ERRORS}); the next fails the job "
+        "with end_reason user_error.")
+
+
+class JobResumeSerializer(serializers.Serializer):
+    """Optional body of `POST /jobs/{id}/resume/`."""
+
+    budget_usd = serializers.DecimalField(
+        max_digits=12, decimal_places=2, required=False, allow_null=True, default=None, min_value=Decimal("0.01"),
+        help_text="The job's new total budget (above what it has spent); needed after a budget stop.")
 
 
 class JobGenerationSerializer(ModelSerializer):

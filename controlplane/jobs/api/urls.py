@@ -4,6 +4,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from controlplane.jobs.api.packages import PackageViewSet
+from controlplane.jobs.api.quota import TeamQuotaView
 from controlplane.jobs.api.views import JobViewSet
 
 router = SimpleRouter()
@@ -14,5 +15,6 @@ urlpatterns = [
     # A file of the job's artifacts: its name as is (no trailing slash), one path segment.
     path("jobs/<str:pk>/artifacts/<str:name>", JobViewSet.as_view({"get": "artifact_download"}),
          name="job-artifact-download"),
+    path("teams/<str:pk>/quota/", TeamQuotaView.as_view(), name="team-quota"),
     *router.urls,
 ]

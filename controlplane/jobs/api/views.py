@@ -29,9 +29,11 @@ from controlplane.jobs import artifacts, selectors, services
 from controlplane.jobs.api.filters import JobEventFilter, JobFilter, MetricFilter
 from controlplane.jobs.api.serializers import (
     ArtifactListSerializer,
+    JobDetailSerializer,
     JobEventSerializer,
     JobGenerationSerializer,
     JobResumedSerializer,
+    JobResumeSerializer,
     JobSerializer,
     JobSubmitSerializer,
     MetricBatchResultSerializer,
@@ -62,23 +64,27 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
     def _job(self) -> TrainingJob:
         return self.get_object()
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    def get_serializer_class(self) -> type:
+        return JobSerializer if self.action == "list" else JobDetailSerializer
+
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobDetailSerializer})
     def create(self, request: Request) -> Response:
         data = validate_or_400(JobSubmitSerializer(data=request.data))
         team = resolve_team(request, data.pop("team", None))
         job = services.job_submit(team=team, user=request.user, **data)
-        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
+        return Response(JobDetailSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: JobSerializer})
+    @extend_schema(request=None, responses={200: JobDetailSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = services.job_cancel(job=self._job(), user=request.user)
-        return Response(JobSerializer(job).data)
+        return Response(JobDetailSerializer(job).data)
 
-    @extend_schema(request=None, responses={200: JobResumedSerializer})
+    @extend_schema(request=JobResumeSerializer, responses={200: JobResumedSerializer})
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
-        job = services.job_resume(job=self._job(), user=request.user)
+        data = validate_or_400(JobResumeSerializer(data=request.data or {}))
+        job = services.job_resume(job=self._job(), user=request.user, budget_usd=data["budget_usd"])
         resumed = job.events.filter(kind="resumed").order_by("-at", "-id").first()
         job.resumed_from = {"step": resumed.data.get("from_step", 0),
                             "checkpoint": resumed.data.get("from_checkpoint", False), "message": resumed.message}

@@ -71,6 +71,10 @@ class AgentNoticeResultSerializer(serializers.Serializer):
     duplicate = serializers.BooleanField()
 
 
+LOG_TAIL_LINES = 20
+"""Lines of a crashed worker's log an agent sends (what `end_log` shows of a user_error)."""
+
+
 class AgentEventSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started", "worker_spare",
                                             "requirements_output", "requirements_failed"])
@@ -78,6 +82,9 @@ class AgentEventSerializer(serializers.Serializer):
     step = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     code = serializers.IntegerField(required=False, allow_null=True, default=None)
     message = CharField(required=False, allow_blank=True, max_length=300, default="")
+    log_tail = serializers.ListField(
+        child=CharField(allow_blank=True, max_length=500), required=False, max_length=LOG_TAIL_LINES, default=list,
+        help_text="worker_exit: the last lines of the worker's log (a crash's traceback).")
 
 
 class UnavailableOfferingsQuerySerializer(serializers.Serializer):

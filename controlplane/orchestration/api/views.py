@@ -160,11 +160,12 @@ class AgentEventView(APIView):
                 message=f"instance {instance.pk}: {data['kind']}"
                 + (f" ({data['message']})" if data["message"] else ""),
                 data={"instance": instance.pk, "generation": data["generation"], "step": data["step"],
-                      "code": data["code"], "reason": data["message"]},
+                      "code": data["code"], "reason": data["message"],
+                      **({"log_tail": data["log_tail"]} if data["log_tail"] else {})},
             )
             if data["kind"] == "worker_exit":
                 failed = services.worker_exit_report(instance=instance, code=data["code"], reason=data["message"],
-                                                     generation=data["generation"])
+                                                     generation=data["generation"], log_tail=data["log_tail"])
                 if not failed:  # a failed job's release is enqueued by job_fail
                     enqueue(tasks.reconcile_job, instance.job_id)
             elif data["kind"] == "requirements_failed":

@@ -58,8 +58,8 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     missing, so calling it twice acquires once, and when every offering of the plan is marked
     without capacity (the job waits for the first mark to expire; its timeline says so once)."""
     locked = _lock_job(job)
-    if locked.status not in ACTIVE_JOB_STATUSES:
-        return None
+    if locked.status not in ACTIVE_JOB_STATUSES or locked.status == JobStatus.STOPPING:
+        return None  # a stopping job checkpoints on what it holds
     shape = job_shape(job=locked)
     capacity_type = job_capacity_type(locked)
     # Only nodes of the type the policy buys now count: after a switch the job acquires the other

@@ -11,7 +11,6 @@ explicit plan that has not trained yet) is not judged until its first samples ar
 from __future__ import annotations
 
 import logging
-import statistics
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,7 +18,8 @@ from django.db import transaction
 
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
-from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, MetricSample, TrainingJob
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
+from controlplane.jobs.selectors import job_measured_step_s
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration import reactions
 from controlplane.orchestration.selectors import COUNTED_STATES, pools_ranked
@@ -38,7 +38,6 @@ from runtime.planner.capacity_policy import (
 
 logger = logging.getLogger(__name__)
 
-RECENT_SAMPLES = 20
 DECISION_PERIOD_S = 3.0
 """How often the reconcile asks again (controlplane/beat.py): the rule keeps this much margin."""
 
@@ -56,20 +55,11 @@ class WorkEstimate:
     """`measured` (the job's metric samples) or `predicted` (the planner's plan)."""
 
 
-def _measured_step_s(job: TrainingJob) -> float | None:
-    rates = list(MetricSample.objects.filter(job=job, samples_per_s__gt=0).order_by("-step")
-                 .values_list("samples_per_s", flat=True)[:RECENT_SAMPLES])
-    batch = (job.config or {}).get("global_batch")
-    if not rates or not isinstance(batch, int) or batch <= 0:
-        return None
-    return batch / statistics.median(rates)
-
-
 def work_estimate(*, job: TrainingJob, now: datetime) -> WorkEstimate | None:
     """The job's work left and time left, or None without a deadline or a step time to go by."""
     if job.deadline is None:
         return None
-    step_s, source = _measured_step_s(job), "measured"
+    step_s, source = job_measured_step_s(job), "measured"
     if step_s is None:
         predicted = (job.plan or {}).get("predicted") or {}
         step_s, source = predicted.get("step_s"), "predicted"

@@ -14,6 +14,7 @@ from controlplane.fleet.states import LIVE_STATES, InstanceState
 from controlplane.jobs.artifacts import job_latest_checkpoint
 from controlplane.jobs.models import (
     ACTIVE_JOB_STATUSES,
+    EndReason,
     JobStatus,
     Reconfiguration,
     ReconfigurationStatus,
@@ -49,7 +50,7 @@ def _react_without_generation(job: TrainingJob, reaction: reactions.Reaction) ->
     """A leave after which the job cannot run now: it waits for replacements (`wait`), or, when its
     state is lost for good (`fail`), it fails with the runtime's reason instead of buying nodes."""
     if reaction.decision == "fail":
-        job_fail(job=job, reason=reaction.reason)
+        job_fail(job=job, reason=reaction.reason, end_reason=EndReason.NO_CHECKPOINT)
     else:
         _job_set_status(job, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 
 from controlplane.fleet.models import Instance
-from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, MetricSample, TrainingJob
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, EndReason, JobEvent, JobStatus, MetricSample, TrainingJob
 from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
@@ -20,6 +20,12 @@ FINISH_GRACE = timedelta(seconds=30)
 # Exit code of an agent's worker whose runtime found that the job cannot go on
 # (agent.worker_entry.EXIT_JOB_FAILED; the control plane does not import the agent).
 WORKER_EXIT_JOB_FAILED = 4
+# Exit code of a worker the job dropped (agent.worker_entry.EXIT_FENCED): the runtime's doing, not a crash.
+WORKER_EXIT_FENCED = 3
+NOT_CRASHES = frozenset({0, WORKER_EXIT_JOB_FAILED, WORKER_EXIT_FENCED})
+"""Worker exit codes that are not a crash of the job's code (a preempted node's worker reports no exit)."""
+RUN_STARTS = ("submitted", "resumed")
+"""Timeline kinds a run of the job starts at: its limits count from the newest."""
 
 def job_stall_timeout_s() -> float:
     """Seconds a running job may go without progress (a committed step, a new generation) before
@@ -28,9 +34,11 @@ def job_stall_timeout_s() -> float:
 
 
 @transaction.atomic
-def job_fail(*, job: TrainingJob, reason: str, data: dict | None = None) -> bool:
-    """Mark an active job failed with `reason` on its timeline (the status alert goes out with the
-    status change) and release its nodes once this commits. Idempotent: False when it had ended."""
+def job_fail(*, job: TrainingJob, reason: str, end_reason: str, data: dict | None = None,
+             exit_code: int | None = None, end_log: str = "") -> bool:
+    """Mark an active job failed with `reason` on its timeline and `end_reason` (`EndReason`) on
+    the job (the status alert goes out with the status change) and release its nodes once this
+    commits. Idempotent: False when it had ended."""
     # Imported here, not at the top: the tasks module imports these services (its tasks wrap them)
     # and the task enqueued here calls them back, a true import cycle.
     from controlplane.orchestration import tasks
@@ -38,22 +46,50 @@ def job_fail(*, job: TrainingJob, reason: str, data: dict | None = None) -> bool
     locked = _lock_job(job)
     if locked.status not in ACTIVE_JOB_STATUSES:
         return False
-    _job_set_status(locked, JobStatus.FAILED, reason, data={"reason": reason, **(data or {})})
+    if exit_code is not None or end_log:
+        locked.exit_code, locked.end_log = exit_code, end_log
+        locked.save(update_fields=["exit_code", "end_log", "updated_at"])
+    _job_set_status(locked, JobStatus.FAILED, reason, data={"reason": reason, **(data or {})}, end_reason=end_reason)
     enqueue_on_commit(tasks.reconcile_job, locked.pk)
     return True
 
 
-def worker_exit_report(*, instance: Instance, code: int | None, reason: str, generation: int | None) -> bool:
+def run_started_at(job: TrainingJob) -> datetime | None:
+    """When the job's current run began: its submission, or its newest resume."""
+    return (JobEvent.objects.filter(job=job, kind__in=RUN_STARTS).order_by("-at", "-id")
+            .values_list("at", flat=True).first())
+
+
+def job_crashes(job: TrainingJob) -> int:
+    """Worker crashes of the job's current run (exits other than `NOT_CRASHES`: its code raised);
+    a preempted node's worker reports no exit, so preemptions never count."""
+    crashes = JobEvent.objects.filter(job=job, kind="agent_worker_exit", data__code__isnull=False).exclude(
+        data__code__in=sorted(NOT_CRASHES))
+    since = run_started_at(job)
+    return crashes.filter(at__gte=since).count() if since else crashes.count()
+
+
+def worker_exit_report(*, instance: Instance, code: int | None, reason: str, generation: int | None,
+                       log_tail: list[str] | None = None) -> bool:
     """An agent's worker exited. When its runtime said the job cannot go on, the job fails with
-    that reason (strategies that restart from a checkpoint do so inside the runtime, so a failure
-    that reaches here had no checkpoint to restart from). Returns True when the job was failed."""
-    if instance.job is None or code != WORKER_EXIT_JOB_FAILED:
+    that reason (`no_checkpoint`: strategies that restart from a checkpoint do so inside the
+    runtime, so a failure that reaches here had nothing to restart from). A crash (the job's code
+    raised) is restarted by the agent until the job's crashes exceed `max_restarts_on_errors`: then
+    the job fails `user_error` with the exit code and the log's last lines. Returns True when the
+    job was failed."""
+    job = instance.job
+    if job is None or code is None or code in (0, WORKER_EXIT_FENCED):
         return False
-    return job_fail(
-        job=instance.job,
-        reason=f"runtime cannot continue: {reason or 'no reason given'}",
-        data={"instance": instance.pk, "generation": generation},
-    )
+    if code == WORKER_EXIT_JOB_FAILED:
+        return job_fail(job=job, reason=f"runtime cannot continue: {reason or 'no reason given'}",
+                        end_reason=EndReason.NO_CHECKPOINT, data={"instance": instance.pk, "generation": generation})
+    crashes = job_crashes(job)
+    if crashes <= job.max_restarts_on_errors:
+        return False
+    return job_fail(job=job, end_reason=EndReason.USER_ERROR, exit_code=code, end_log="\n".join(log_tail or []),
+                    reason=f"its worker crashed {crashes} time(s) (exit code {code}), more than max_restarts_on_errors="
+                    f"{job.max_restarts_on_errors}", data={"instance": instance.pk, "generation": generation,
+                                                          "crashes": crashes})
 
 
 def requirements_failed_report(*, instance: Instance, reason: str) -> bool:
@@ -63,7 +99,7 @@ def requirements_failed_report(*, instance: Instance, reason: str) -> bool:
     if instance.job is None:
         return False
     return job_fail(job=instance.job, reason=f"requirements could not be installed: {reason or 'no reason given'}",
-                    data={"instance": instance.pk})
+                    end_reason=EndReason.CONFIG_ERROR, data={"instance": instance.pk})
 
 
 def _last_progress(job: TrainingJob) -> datetime | None:
@@ -89,7 +125,7 @@ def job_fail_if_stalled(*, job: TrainingJob, now: datetime | None = None) -> boo
     return job_fail(
         job=job,
         reason=f"no progress for {timeout:.0f} s (last at {last.isoformat()}): its workers stopped reporting",
-        data={"last_progress": last.isoformat()},
+        end_reason=EndReason.STALLED, data={"last_progress": last.isoformat()},
     )
 
 

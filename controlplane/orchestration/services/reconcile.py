@@ -26,8 +26,11 @@ from controlplane.orchestration.services.generations import (
     reconfigurations_pending,
 )
 from controlplane.orchestration.services.job_end import job_fail_if_stalled, job_finish
+from controlplane.orchestration.services.job_stop import job_stop_progress
+from controlplane.orchestration.services.limits import job_limits_review
 from controlplane.orchestration.services.liveness import instances_mark_lost
 from controlplane.orchestration.services.region_move import job_region_review
+from controlplane.orchestration.services.standby import standby_review
 from controlplane.orchestration.services.transitions import _end_locked_many, _transition
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,9 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     report: dict[str, Any] = {"job": job.pk, "lost": [], "requested": 0, "launched": 0, "released": [], "surplus": []}
     if job_finish(job=job) or job_fail_if_stalled(job=job):
         job.refresh_from_db()
+    report["stopping"] = _limits_review(job)
+    if job_stop_progress(job=job):
+        job.refresh_from_db()
     if job.status not in ACTIVE_JOB_STATUSES:
         report["released"] = capacity_release(job=job)
         return report
@@ -96,6 +102,8 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
         gone = [i for i in group if states.get(i.provider_instance_id) in ("terminated", "missing", "stopping")]
         instances_mark_lost(instances=gone, reason="provider reports it gone")  # one reaction for all of them
         report["lost"] += [i.pk for i in gone]
+    if job.status == JobStatus.STOPPING:
+        return report  # it writes its checkpoint on what it holds: nothing is bought for it
     for pk in reconfigurations_pending(job=job):
         reconfiguration_apply(reconfiguration=Reconfiguration.objects.get(pk=pk))
     job.refresh_from_db()
@@ -110,9 +118,32 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     ):
         report["launched"] += len(acquisition_launch(acquisition=pending))
     job_grow(job=job)
+    report["standby_released"] = _standby_review(job)
     report["retired"] = other_capacity_retire(job=job)
     report["surplus"] = _terminate_surplus(job)
     return report
+
+
+def _limits_review(job: TrainingJob) -> str | None:
+    """The end reason of a limit the job reached now (its stop is asked); a failure here must not
+    stop the reconcile."""
+    try:
+        reason = job_limits_review(job=job)
+    except Exception:
+        logger.exception("job %s: limits review failed", job.pk)
+        return None
+    if reason is not None:
+        job.refresh_from_db()
+    return reason
+
+
+def _standby_review(job: TrainingJob) -> list[int]:
+    """Nodes released for standing by too long (a failure here must not stop the reconcile)."""
+    try:
+        return standby_review(job=job)
+    except Exception:
+        logger.exception("job %s: standby review failed", job.pk)
+        return []
 
 
 def _region_review(job: TrainingJob) -> str | None:

@@ -29,7 +29,8 @@ def _lock_job(job: TrainingJob) -> TrainingJob:
     return lock_job(job)
 
 
-def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict | None = None) -> None:
+def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict | None = None,
+                    end_reason: str = "") -> None:
     """Move the job's status (the caller holds the job lock) and tell the team's alert URLs. A move
     the job's state machine refuses (a reaction that arrives after the job ended) changes nothing:
     a late event must not bring a failed or finished job back."""
@@ -37,7 +38,7 @@ def _job_set_status(job: TrainingJob, status: str, message: str, *, data: dict |
     if status != previous and status not in JOB_TRANSITIONS[previous]:
         logger.warning("job %s stays %s: %s would be illegal (%s)", job.pk, previous, status, message)
         return
-    if not job_set_status(job, status, message, data=data):
+    if not job_set_status(job, status, message, data=data, end_reason=end_reason):
         return
     # Teams' outbound alert URLs hear of recovering / recovered / failed / finished.
     recovered = previous == JobStatus.RECOVERING and status == JobStatus.RUNNING

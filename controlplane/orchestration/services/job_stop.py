@@ -1,0 +1,85 @@
+"""Stopping a job at a limit (its budget, its team's monthly budget, `max_runtime_s`, `max_wait_s`)
+without losing its work: the job turns `stopping`, its agents ask the runtime to stop (the runtime's
+members agree on a step in their step commit, write the checkpoint of that step and exit), and once a
+complete checkpoint of that step or later is in the job's folder the job ends `stopped` with its
+`end_reason`, and the reconcile releases every node. A job that trains nothing at the moment (no
+generation yet, or waiting for capacity) stops at once; one whose checkpoint does not complete within
+`SPOTPIPE_STOP_CHECKPOINT_WAIT_S` stops anyway, and a resume continues from its newest complete
+checkpoint (the `job_stopped` event says which)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+
+from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, TrainingJob
+from controlplane.orchestration.enqueue import enqueue_on_commit
+from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
+from controlplane.tunables import tunable
+
+logger = logging.getLogger(__name__)
+
+STOPPING_EVENT = "job_stopping"
+TRAINING = frozenset({JobStatus.RUNNING, JobStatus.RECOVERING})
+"""Statuses in which the job's runtime trains, so a stop writes a checkpoint first."""
+
+
+def stop_checkpoint_wait_s() -> float:
+    return float(tunable("SPOTPIPE_STOP_CHECKPOINT_WAIT_S"))
+
+
+@transaction.atomic
+def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: dict | None = None,
+                     now: datetime | None = None) -> bool:
+    """Ask an active job to checkpoint and stop with `end_reason` (`EndReason`). A job that is not
+    training stops at once. False when it is not active or is stopping already (asked once)."""
+    from controlplane.orchestration import tasks
+
+    locked = _lock_job(job)
+    if locked.status not in ACTIVE_JOB_STATUSES or locked.status == JobStatus.STOPPING:
+        return False
+    locked.stop_requested_at = now or _now()
+    locked.end_reason = end_reason  # what it will end with; the page shows it while stopping
+    locked.save(update_fields=["stop_requested_at", "end_reason", "updated_at"])
+    details = {"end_reason": end_reason, "at_step": locked.steps_done, **(data or {})}
+    if locked.status in TRAINING and locked.current_generation:
+        _job_set_status(locked, JobStatus.STOPPING, f"{message}: writing a checkpoint, then stopping", data=details)
+    else:
+        _job_set_status(locked, JobStatus.STOPPED, f"{message}: stopped (it was not training)",
+                        end_reason=end_reason, data=details)
+    enqueue_on_commit(tasks.reconcile_job, locked.pk)
+    job.refresh_from_db()
+    return True
+
+
+def job_stop_progress(*, job: TrainingJob, now: datetime | None = None) -> bool:
+    """End a stopping job `stopped` once its checkpoint is complete (a complete checkpoint of the
+    step it had reached when asked, or later) or the wait for it ran out. Returns True when it ended."""
+    from controlplane.jobs.artifacts import job_latest_checkpoint
+
+    if job.status != JobStatus.STOPPING:
+        return False
+    now = now or _now()
+    asked = JobEvent.objects.filter(job=job, kind=STOPPING_EVENT).order_by("-at", "-id").first()
+    at_step = int((asked.data if asked else {}).get("at_step") or 0)
+    checkpoint = job_latest_checkpoint(job=job)  # listed outside the lock: the store may be S3
+    written = checkpoint is not None and checkpoint >= at_step
+    waited = (now - (job.stop_requested_at or now)).total_seconds()
+    if not written and waited < stop_checkpoint_wait_s():
+        return False
+    with transaction.atomic():
+        locked = _lock_job(job)
+        if locked.status != JobStatus.STOPPING:
+            return False
+        if written:
+            message = f"stopped ({locked.end_reason}) at its checkpoint of step {checkpoint}"
+        else:
+            message = (f"stopped ({locked.end_reason}): no checkpoint completed within {waited:.0f} s; a resume "
+                       + (f"continues from step {checkpoint}" if checkpoint is not None else "starts from step 0"))
+        _job_set_status(locked, JobStatus.STOPPED, message, end_reason=locked.end_reason,
+                        data={"checkpoint": checkpoint, "checkpoint_written": written, "waited_s": round(waited, 1)})
+    job.refresh_from_db()
+    logger.info("job %s: %s", job.pk, message)
+    return True
