@@ -122,6 +122,8 @@ TUNABLES: tuple[Tunable, ...] = (
             kind=float),
     Tunable("SPOTPIPE_STANDBY_LIMIT_S", 300.0, "a node told to stand by this long with no generation taking it is "
             "alerted and released", kind=float),
+    Tunable("SPOTPIPE_ACCOUNT_MAX_VCPUS", 0, "the provider account's vCPU quota, shared between the teams that want "
+            "capacity by fair share (a team borrows idle share and gives it back when asked); 0: no limit", kind=int),
     Tunable("SPOTPIPE_LOCAL_METADATA_CLOUD", "aws", "which cloud's metadata formats local nodes serve"),
     Tunable("SPOTPIPE_HEARTBEAT_S", 0.5, "how often agents heartbeat (sent to them at enrolment)", kind=float),
     Tunable("SPOTPIPE_HEARTBEAT_TIMEOUT_S", 2.0, "silence after which a node is declared dead", kind=float),

@@ -25,6 +25,7 @@ from controlplane.accounts.services import (
     user_token_rotate,
 )
 from controlplane.common.errors import DomainError
+from controlplane.jobs.admission import team_quota_view
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertEndpoint, AlertFormat
 from frontend.access import admin_team_ids, visible_team_ids
@@ -59,6 +60,7 @@ def _page(request: HttpRequest, team: Team, *, revealed: dict[str, str] | None =
         "members": Membership.objects.filter(team=team).select_related("user").order_by("user__username"),
         "tokens": tokens[:200], "alerts": AlertEndpoint.objects.filter(team=team).order_by("-created_at", "-id"),
         "roles": Role.choices, "formats": AlertFormat.choices, "spend_window": month_so_far(),
+        "quota": team_quota_view(team_id=team.pk),
     })
 
 

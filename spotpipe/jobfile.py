@@ -6,6 +6,10 @@
     deadline = "6h"               # an ISO time, a TOML datetime, or a duration from now (90s, 30m, 6h, 2d)
     budget_usd = 25.0             # a deadline, a budget, or both
     capacity = "spot"             # spot, spot_then_on_demand, on_demand
+    priority = 100                # optional: the team's queue order (0-1000, higher first)
+    max_runtime_s = 86400         # optional limits: stop (checkpoint first) after this long training,
+    max_wait_s = 3600             #   or after this long without capacity; crashes survived:
+    max_restarts_on_errors = 3    #   the next one fails the job (end_reason user_error)
 
     [config]                      # the runtime's JobConfig fields (runtime/config.py) but the layout
     global_batch = 32
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "capacity", "config", "model_spec",
-             "plan")
+             "plan", "priority", "max_runtime_s", "max_wait_s", "max_restarts_on_errors", "allow_over_budget")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -6,7 +6,15 @@ while the team's monthly budget is spent. A job that does not fit is `queued` wi
 queue is in priority order (higher first), first come first served within a priority (`queued_at`),
 and strict: a job is admitted only when every job ahead of it is. `queue_admit` (every reconcile
 tick) admits from the head of each team's queue while the quota has room, so a queued job starts
-within one reconcile after quota frees."""
+within one reconcile after quota frees.
+
+The account's own limit (`SPOTPIPE_ACCOUNT_MAX_VCPUS`, the provider's vCPU quota; 0: none) is
+shared between the teams that want capacity (admitted or queued jobs) by fair share: each team's
+share is the limit over their number. A team may borrow beyond its share while the account has room
+(Kueue's cohorts); when a team whose queue head fits in its own share is held back by the account
+limit, the teams over their share give back: their lowest-priority, most recently admitted jobs are
+stopped with a checkpoint and put back in their queue (`job_stop`, `requeue`), until the freed
+vCPUs cover the ask."""
 
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ from controlplane.accounts.models import TeamQuota
 from controlplane.common.errors import Conflict
 from controlplane.fleet.locks import lock_job
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
+from controlplane.market.models import InstanceType
+from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +63,59 @@ def team_quota(team_id: int) -> TeamQuota | None:
     return TeamQuota.objects.filter(team_id=team_id).first()
 
 
+def account_vcpu_limit() -> int:
+    return int(tunable("SPOTPIPE_ACCOUNT_MAX_VCPUS"))
+
+
+def job_vcpus(job: TrainingJob, *, vcpus_of: dict[str, int] | None = None) -> int:
+    """The vCPUs a job claims against the account's limit: its plan's nodes times the largest vCPU
+    count among its plan's instance types (the acquisition may buy any of them); 1 a node when the
+    catalogue does not say (local nodes)."""
+    types = {p.get("instance_type") for p in (job.plan or {}).get("pools") or [] if p.get("instance_type")}
+    if vcpus_of is None:
+        vcpus_of = dict(InstanceType.objects.filter(name__in=types).values_list("name", "vcpus"))
+    per_node = max([vcpus_of.get(t) or 0 for t in types] or [0]) or 1
+    return job_nodes(job) * per_node
+
+
+def account_usage() -> dict[int, int]:
+    """vCPUs each team's admitted jobs claim (stopping ones included: they hold nodes until stopped)."""
+    jobs = list(TrainingJob.objects.filter(status__in=ACTIVE_JOB_STATUSES).only("pk", "team_id", "plan"))
+    names = {p.get("instance_type") for j in jobs for p in (j.plan or {}).get("pools") or []}
+    vcpus_of = dict(InstanceType.objects.filter(name__in=names).values_list("name", "vcpus"))
+    usage: dict[int, int] = {}
+    for job in jobs:
+        usage[job.team_id] = usage.get(job.team_id, 0) + job_vcpus(job, vcpus_of=vcpus_of)
+    return usage
+
+
+def _others_wait_below_share(team_id: int, account: dict[int, int], share: float) -> bool:
+    waiting = set(TrainingJob.objects.filter(status=JobStatus.QUEUED).exclude(team_id=team_id)
+                  .values_list("team_id", flat=True))
+    return any(account.get(team, 0) < share for team in waiting)
+
+
+def fair_share(limit: int) -> float:
+    """Each team's share of the account's limit: the limit over the teams that want capacity."""
+    wanting = set(TrainingJob.objects.filter(status__in={*ACTIVE_JOB_STATUSES, JobStatus.QUEUED})
+                  .values_list("team_id", flat=True))
+    return limit / max(1, len(wanting))
+
+
 def admission_problem(*, job: TrainingJob, quota: TeamQuota | None, usage: Usage,
-                      at: datetime | None = None) -> str | None:
-    """Why `job` cannot be admitted beside `usage` under `quota` now, or None when it can."""
+                      at: datetime | None = None, account: dict[int, int] | None = None) -> str | None:
+    """Why `job` cannot be admitted beside `usage` under `quota` (and the account's limit, with
+    `account`: vCPUs per team) now, or None when it can."""
+    limit = account_vcpu_limit()
+    if limit and account is not None:
+        used, need, ours = sum(account.values()), job_vcpus(job), account.get(job.team_id, 0)
+        if used + need > limit:
+            return (f"the account's {limit} vCPUs are in use ({ours} by this team, {used - ours} by others); it "
+                    f"needs {need}")
+        share = fair_share(limit)
+        if ours + need > share and _others_wait_below_share(job.team_id, account, share):
+            return (f"the team would pass its fair share ({share:.0f} of the account's {limit} vCPUs) while "
+                    "another team below its share waits")
     if quota is None:
         return None
     if quota.max_jobs is not None and usage.jobs + 1 > quota.max_jobs:
@@ -91,11 +151,54 @@ def admit_or_queue(locked: TrainingJob) -> tuple[str, str]:
     else (queued, why)."""
     ahead = queue_order(TrainingJob.objects.filter(team_id=locked.team_id).exclude(pk=locked.pk)).filter(
         priority__gte=locked.priority).exists()
+    account = account_usage()
     problem = admission_problem(job=locked, quota=team_quota(locked.team_id),
-                                usage=team_usage(team_id=locked.team_id, excluding=locked.pk))
+                                usage=team_usage(team_id=locked.team_id, excluding=locked.pk),
+                                account=_without(account, locked))
     if problem is None and ahead:
         problem = "jobs of the team queued ahead of it are admitted first"
     return (JobStatus.QUEUED, problem) if problem else (JobStatus.PENDING, "")
+
+
+def _without(account: dict[int, int], job: TrainingJob) -> dict[int, int]:
+    """The account's usage without `job`'s own claim (a job being admitted is counted once)."""
+    if job.status not in ACTIVE_JOB_STATUSES:
+        return account
+    return {**account, job.team_id: max(0, account.get(job.team_id, 0) - job_vcpus(job))}
+
+
+def _reclaim(job: TrainingJob, account: dict[int, int]) -> list[int]:
+    """`job` fits in its team's fair share but not in the account: ask the teams over their share to
+    give back (their lowest-priority, newest jobs stop with a checkpoint and go back to their queue)
+    until what is being freed covers the ask. Returns the jobs asked to give back."""
+    from controlplane.orchestration.services.job_stop import job_request_stop
+
+    limit = account_vcpu_limit()
+    share = fair_share(limit)
+    need = job_vcpus(job)
+    if account.get(job.team_id, 0) + need > share:
+        return []  # beyond its own share it waits like anyone
+    short = sum(account.values()) + need - limit
+    freeing = sum(job_vcpus(j) for j in TrainingJob.objects.filter(status=JobStatus.STOPPING,
+                                                                    stop_requested_at__isnull=False,
+                                                                    end_reason=""))
+    asked: list[int] = []
+    over = {team for team, used in account.items() if used > share and team != job.team_id}
+    candidates = (TrainingJob.objects.filter(team_id__in=over, status__in=ACTIVE_JOB_STATUSES)
+                  .exclude(status=JobStatus.STOPPING).order_by("priority", "-created_at", "-id"))
+    for borrower in candidates:
+        if freeing >= short:
+            break
+        if account[borrower.team_id] <= share:
+            continue  # this team has given back enough
+        if job_request_stop(job=borrower, end_reason="", requeue=True, message=(
+                f"giving back borrowed quota: team {job.team_id}'s job {job.pk} asks for its fair share "
+                f"({share:.0f} of the account's {limit} vCPUs)")):
+            freed = job_vcpus(borrower)
+            freeing += freed
+            account[borrower.team_id] -= freed
+            asked.append(borrower.pk)
+    return asked
 
 
 def queue_admit(*, team_id: int | None = None) -> list[int]:
@@ -108,15 +211,20 @@ def queue_admit(*, team_id: int | None = None) -> list[int]:
     if team_id is not None:
         teams = teams.filter(team_id=team_id)
     admitted: list[int] = []
-    for team in sorted(set(teams.values_list("team_id", flat=True))):
+    usage = account_usage() if account_vcpu_limit() else {}
+    # The teams using least of the account first: with a shared limit, the fair share goes to them.
+    for team in sorted(set(teams.values_list("team_id", flat=True)), key=lambda t: (usage.get(t, 0), t)):
         with transaction.atomic():
             TeamQuota.objects.select_for_update().filter(team_id=team).first()  # one admitter per team
             quota = team_quota(team)
             for job in queue_order(TrainingJob.objects.filter(team_id=team)):
-                problem = admission_problem(job=job, quota=quota, usage=team_usage(team_id=team))
+                account = account_usage()
+                problem = admission_problem(job=job, quota=quota, usage=team_usage(team_id=team), account=account)
                 if problem is not None:
                     if job.status_message != problem[:300]:
                         TrainingJob.objects.filter(pk=job.pk).update(status_message=problem[:300])
+                    if admission_problem(job=job, quota=quota, usage=team_usage(team_id=team)) is None:
+                        _reclaim(job, account)  # held back by the account's limit alone
                     break  # strict order: nobody passes the head of the queue
                 locked = lock_job(job)
                 if locked.status != JobStatus.QUEUED:

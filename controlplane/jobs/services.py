@@ -173,6 +173,7 @@ def job_submit(
     max_runtime_s: int | None = None,
     max_wait_s: int | None = None,
     max_restarts_on_errors: int | None = None,
+    allow_over_budget: bool = False,
 ) -> TrainingJob:
     """Validate and store a new job (status pending) with its contract and plan, and its `submitted`
     event. The contract is validated by building the runtime's `JobConfig` with the plan's layout,
@@ -186,7 +187,8 @@ def job_submit(
     the nodes are bought (`runtime.planner.capacity_policy.CAPACITY_POLICIES`, default spot).
     `priority` orders its team's queue; `max_runtime_s`, `max_wait_s` and `max_restarts_on_errors`
     are its limits (None: the model's defaults). A job its team's quota has no room for is stored
-    `queued` (`admission.admit_or_queue`).
+    `queued` (`admission.admit_or_queue`). An explicit plan estimated above the budget is refused
+    (422 `PlanInfeasible`) unless `allow_over_budget`.
 
     The job's data (`config.data`) is then checked as far as the control plane can
     (`data_checks.check_data`: an s3 source or tokenizer must be there for its AWS credentials),
@@ -210,6 +212,7 @@ def job_submit(
             job_plan, runtime_config = plan_job(
                 team_id=team.pk, contract=contract, total_microbatches=total, strategy=strategy,
                 target_steps=target_steps, deadline=deadline, budget_usd=budget, ask=ask, capacity=capacity,
+                allow_over_budget=allow_over_budget,
             )
         except LayoutError as exc:
             for problem in each_error(exc):

@@ -240,7 +240,7 @@ def plan_estimate(plan: Plan, *, capacity: str = DEFAULT_CAPACITY_POLICY) -> dic
 def plan_job(
     *, team_id: int, contract: dict[str, Any], total_microbatches: int | None, strategy: str, target_steps: int,
     deadline: datetime | None, budget_usd: Decimal | None, ask: PlanAsk, at: datetime | None = None,
-    capacity: str = DEFAULT_CAPACITY_POLICY,
+    capacity: str = DEFAULT_CAPACITY_POLICY, allow_over_budget: bool = False,
 ) -> tuple[JobPlan, JobConfig]:
     """The job's plan and its runtime config: the user's explicit layout, or the planner's choice
     (`ask.auto`) over the allowed pools for the deadline or budget. `total_microbatches`: the legacy
@@ -248,7 +248,8 @@ def plan_job(
     estimate (`_prediction`; the choice itself is still made on spot prices). Raises `LayoutError`
     naming the field to change: a layout the runtime cannot run, an unknown instance type, a
     deadline no plan meets (with the fastest plan's predicted time), a budget no plan fits; every
-    problem of the contract at once."""
+    problem of the contract at once. An explicit plan whose estimate exceeds the budget raises
+    `PlanInfeasible` (422) naming both figures, unless `allow_over_budget`."""
     _check_pools(ask)
     runtime_strategy = resolve_strategy(strategy)
     # The model and training fields first, on one node: every problem of the contract at once.
@@ -285,8 +286,39 @@ def plan_job(
     if ask.auto:
         return _planned(base, contract, team_id=team_id, total_microbatches=total_microbatches, deadline=deadline,
                         budget_usd=budget_usd, ask=ask, at=at or timezone.now(), capacity=capacity)
-    return _explicit(contract, total_microbatches=total_microbatches, strategy=runtime_strategy,
-                     target_steps=target_steps, ask=ask)
+    plan, config = _explicit(contract, total_microbatches=total_microbatches, strategy=runtime_strategy,
+                             target_steps=target_steps, ask=ask)
+    if budget_usd is not None and not allow_over_budget:
+        estimate = explicit_plan_estimate(config=config, ask=ask, team_id=team_id, at=at or timezone.now())
+        if estimate is not None and Decimal(str(estimate.cost_usd)) > budget_usd:
+            raise PlanInfeasible(
+                f"the plan (dp={config.dp} x pp={config.pp} on {estimate.nodes} x {estimate.instance_type}) is "
+                f"estimated at ${estimate.cost_usd:.2f} for {target_steps} steps ({_duration(estimate.hours)}), more "
+                f"than the budget of ${budget_usd}; raise budget_usd, change the plan, or submit with "
+                "allow_over_budget (the job then stops at its budget)", field="budget_usd", nearest=estimate)
+    return plan, config
+
+
+def explicit_plan_estimate(*, config: JobConfig, ask: PlanAsk, team_id: int, at: datetime) -> Candidate | None:
+    """The planner's estimate of an explicit layout: `config`'s dp x pp priced on the cheapest of the
+    plan's allowed pools, as the acquisition would buy it. None when the planner cannot price it (a
+    model function, no known pool)."""
+    if config.model.kind == USER_MODEL_KIND:
+        return None
+    mbs = config.microbatch_size
+    planner = _local_planner(config, mbs) if ask.provider == ProviderKind.LOCAL else _planner()
+    pools = [p for p in _priced_pools(ask, team_id=team_id, at=at) if p.instance_type in planner.catalog]
+    if not pools:
+        return None
+    request = PlanRequest(model=config.model, global_batch=config.global_batch,
+                          samples=config.steps * config.global_batch, pools=pools, strategy=config.strategy,
+                          microbatch_size=mbs, schedules=(config.schedule,), max_pp=config.pp)
+    try:
+        candidates, _skipped = planner.candidates(request)
+    except (PlanError, ValueError, KeyError):
+        return None
+    fitting = [c for c in candidates if c.dp == config.dp and c.pp == config.pp]
+    return min(fitting, key=lambda c: c.cost_usd) if fitting else None
 
 
 def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strategy: str, target_steps: int,

@@ -228,3 +228,7 @@ def test_spotpipe_status_prints_the_policy_and_the_split(mixed_job, monkeypatch)
     assert f"spot {spot['hours']} h ${spot['cost_usd']}" in printed
     assert "on-demand 2.0000 h $6.12" in printed
     assert f"total ${report['total_usd']}" in printed
+    # Spend, budget and the projection at completion (issue 39): the ledger's figure, to the cent.
+    spend = api.get(f"/api/v1/jobs/{mixed_job.pk}/").json()["spend"]
+    assert spend["spent_usd"] == report["total_usd"]
+    assert f"spend ${spend['spent_usd']} of ${mixed_job.budget_usd} budget" in printed

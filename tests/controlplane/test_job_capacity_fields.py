@@ -4,6 +4,7 @@ policy, region or zone is a 400 naming the field and the value, and nothing is s
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
@@ -87,12 +88,14 @@ def test_spotpipe_resume_says_from_which_step(world, monkeypatch):
     TrainingJob.objects.filter(pk=job.pk).update(status="cancelled", steps_done=7)
 
     class Served:  # spotpipe's client, answered by the API in-process
-        def resume(self, job_id: int) -> dict:
-            return world.member_client.post(f"/api/v1/jobs/{job_id}/resume/", {}, format="json").json()
+        def resume(self, job_id: int, *, budget_usd: str | None = None) -> dict:
+            body = {"budget_usd": budget_usd} if budget_usd else {}
+            return world.member_client.post(f"/api/v1/jobs/{job_id}/resume/", body, format="json").json()
 
     monkeypatch.setattr(commands, "_client", Served)
     out = io.StringIO()
-    assert commands.resume(job.pk, out=out) == 0
+    assert commands.resume(job.pk, budget="40.00", out=out) == 0
     assert out.getvalue().strip() == (f"job {job.pk} pending: resumed by {world.member.username} from step 0: "
                                       "the job has no complete checkpoint")
-    assert TrainingJob.objects.get(pk=job.pk).steps_done == 0
+    stored = TrainingJob.objects.get(pk=job.pk)
+    assert stored.steps_done == 0 and stored.budget_usd == Decimal("40.00")  # `--budget`: the new total

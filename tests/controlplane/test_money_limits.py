@@ -260,9 +260,8 @@ def test_a_node_standing_by_past_the_limit_beyond_the_spares_is_released_with_an
                                                                         "provider": "local"})
     nodes = [make_instance(team, job=job, state="running", provider="local", provider_instance_id=f"fake-{n}")
              for n in range(4)]
-    JobGeneration.objects.create(job=job, number=1, created_at=timezone.now(),
-                                 membership=[{"instance": nodes[0].pk, "rank": 0}, {"instance": nodes[1].pk, "rank": 1}],
-                                 layout={})
+    JobGeneration.objects.create(job=job, number=1, created_at=timezone.now(), layout={}, membership=[
+        {"instance": nodes[0].pk, "rank": 0}, {"instance": nodes[1].pk, "rank": 1}])
     now = timezone.now()
     assert standby_review(job=job, now=now) == []  # stamped now
     stamped = dict(Instance.objects.filter(job=job).values_list("pk", "standby_since"))
@@ -284,3 +283,49 @@ def test_a_node_standing_by_past_the_limit_beyond_the_spares_is_released_with_an
     job.refresh_from_db()
     standby_review(job=job, now=now + timedelta(seconds=400))
     assert Instance.objects.get(pk=spare).standby_since is None
+
+
+def test_an_explicit_plan_estimated_above_the_budget_is_refused_unless_allowed():
+    team = make_team()
+    api = _api(team)
+    body = {"name": "big", "strategy": "recycle", "target_steps": 2_000_000, "budget_usd": "0.05",
+            "config": {"model": {"kind": "gpt", "n_layer": 4, "n_embd": 64, "n_head": 4}, "global_batch": 8},
+            "plan": {"dp": 2, "pp": 2, "provider": "local"}}
+    answer = api.post("/api/v1/jobs/", body, format="json")
+    assert answer.status_code == 422, answer.content
+    message = answer.json()["detail"] if "detail" in answer.json() else str(answer.json())
+    assert "budget_usd" in str(answer.json()) and "$0.05" in message and "estimated at $" in message
+    assert not TrainingJob.objects.filter(team=team).exists()
+    answer = api.post("/api/v1/jobs/", {**body, "allow_over_budget": True}, format="json")
+    assert answer.status_code == 201, answer.content
+
+
+def test_teams_share_the_account_fairly_borrow_idle_share_and_give_it_back_when_asked(settings):
+    settings.SPOTPIPE_ACCOUNT_MAX_VCPUS = 8  # local nodes count 1 vCPU each
+    borrower, other = make_team(), make_team()
+    plan = {"dp": 2, "pp": 2, "provider": "local"}  # 4 nodes: 4 vCPUs
+    first = _training(borrower, plan=plan)
+    second = _training(borrower, plan=plan)  # the account is idle: the borrower takes all 8
+    assert TrainingJob.objects.get(pk=second.pk).status == JobStatus.RUNNING
+    third = make_job(borrower, plan=plan)
+    assert third.status == JobStatus.QUEUED and "8 vCPUs are in use" in third.status_message
+    assert queue_admit() == []  # beyond its share (4 of 8 with two teams wanting) it waits
+    assert TrainingJob.objects.filter(status=JobStatus.STOPPING).count() == 0
+
+    asking = make_job(other, plan=plan)  # within the other team's fair share: the borrower gives back
+    assert asking.status == JobStatus.QUEUED
+    queue_admit()
+    stopping = TrainingJob.objects.filter(team=borrower, status=JobStatus.STOPPING)
+    assert stopping.count() == 1  # one job frees the 4 vCPUs asked for
+    given = stopping.get()
+    asked = JobEvent.objects.get(job=given, kind="job_stopping")
+    assert asked.data["requeue"] is True and "giving back borrowed quota" in given.status_message
+    queue_admit()
+    assert TrainingJob.objects.filter(status=JobStatus.STOPPING).count() == 1  # asked once, not again
+    # Its checkpoint does not come within the wait: it goes back to its queue all the same.
+    assert job_stop_progress(job=given, now=given.stop_requested_at + timedelta(seconds=61))
+    given.refresh_from_db()
+    assert given.status == JobStatus.QUEUED and given.end_reason == "" and given.steps_done == 0
+    assert queue_admit() == [asking.pk]
+    assert {first.pk, second.pk} - {given.pk} <= set(
+        TrainingJob.objects.filter(status=JobStatus.RUNNING).values_list("pk", flat=True))

@@ -94,3 +94,18 @@ def test_the_data_endpoint_pages_and_filters(client, job):
     assert {r["kind"] for r in data["events"]["rows"]} == {"step"}
     other = make_job(make_team("gamma"))
     assert client.get(f"/data/jobs/{other.pk}.json", {"events_page": "2"}).status_code == 404
+
+
+def test_the_job_page_shows_spend_budget_and_end_reason(client):
+    from decimal import Decimal
+
+    from django.urls import reverse
+
+    team = make_team()
+    user = make_user(team, role=Role.ADMIN)
+    job = make_job(team, budget_usd=Decimal("12.50"), status="stopped")
+    type(job).objects.filter(pk=job.pk).update(end_reason="budget")
+    client.force_login(user)
+    page = client.get(reverse("frontend:job-detail", args=[job.pk])).content.decode()
+    assert 'id="job-spend"' in page and "of a $12.50 budget" in page
+    assert 'id="job-end-reason">budget<' in page and "Resume job" in page

@@ -88,3 +88,17 @@ def test_the_last_admin_cannot_be_removed(client, teams):
     page = client.post(reverse("frontend:team-member-remove", args=[alpha.slug, admin.pk]), follow=True)
     assert "last admin" in page.content.decode()
     assert Membership.objects.filter(team=alpha, user=admin).exists()
+
+
+def test_the_team_page_shows_its_quota_and_queue(client, teams):
+    from controlplane.accounts.models import TeamQuota
+    from tests.controlplane.factories import make_job
+
+    alpha, _, admin, _ = teams
+    TeamQuota.objects.create(team=alpha, max_jobs=1)
+    make_job(alpha)
+    waiting = make_job(alpha)
+    client.force_login(admin)
+    page = client.get(reverse("frontend:team", args=[alpha.slug])).content.decode()
+    assert "Quota and queue" in page and "jobs 1 of 1" in page
+    assert f"#{waiting.pk}</a>" in page and "max_jobs is 1" in page

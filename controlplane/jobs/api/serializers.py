@@ -157,6 +157,11 @@ class JobSubmitSerializer(serializers.Serializer):
         "with end_reason user_error.")
 
 
+    allow_over_budget = serializers.BooleanField(
+        required=False, default=False, help_text="Submit an explicit plan estimated above budget_usd anyway (the "
+        "job stops at its budget); otherwise 422.")
+
+
 class JobResumeSerializer(serializers.Serializer):
     """Optional body of `POST /jobs/{id}/resume/`."""
 

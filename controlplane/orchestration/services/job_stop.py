@@ -32,9 +32,10 @@ def stop_checkpoint_wait_s() -> float:
 
 @transaction.atomic
 def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: dict | None = None,
-                     now: datetime | None = None) -> bool:
-    """Ask an active job to checkpoint and stop with `end_reason` (`EndReason`). A job that is not
-    training stops at once. False when it is not active or is stopping already (asked once)."""
+                     now: datetime | None = None, requeue: bool = False) -> bool:
+    """Ask an active job to checkpoint and stop with `end_reason` (`EndReason`), or, with
+    `requeue` (it gives back borrowed quota), to checkpoint and go back to its team's queue. A job
+    that is not training stops at once. False when it is not active or is stopping already."""
     from controlplane.orchestration import tasks
 
     locked = _lock_job(job)
@@ -43,15 +44,30 @@ def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: d
     locked.stop_requested_at = now or _now()
     locked.end_reason = end_reason  # what it will end with; the page shows it while stopping
     locked.save(update_fields=["stop_requested_at", "end_reason", "updated_at"])
-    details = {"end_reason": end_reason, "at_step": locked.steps_done, **(data or {})}
+    details = {"end_reason": end_reason, "at_step": locked.steps_done, "requeue": requeue, **(data or {})}
     if locked.status in TRAINING and locked.current_generation:
         _job_set_status(locked, JobStatus.STOPPING, f"{message}: writing a checkpoint, then stopping", data=details)
     else:
-        _job_set_status(locked, JobStatus.STOPPED, f"{message}: stopped (it was not training)",
-                        end_reason=end_reason, data=details)
+        _stopped(locked, f"{message}: stopped (it was not training)", requeue=requeue, checkpoint=None,
+                 data=details)
     enqueue_on_commit(tasks.reconcile_job, locked.pk)
     job.refresh_from_db()
     return True
+
+
+def _stopped(locked: TrainingJob, message: str, *, requeue: bool, checkpoint: int | None, data: dict) -> None:
+    """The stop's end: `stopped` with its end reason, or back in the queue from the checkpoint (its
+    nodes are released by the reconcile either way: neither status is active)."""
+    if not requeue:
+        _job_set_status(locked, JobStatus.STOPPED, message, end_reason=locked.end_reason, data=data)
+        return
+    from controlplane.jobs.services import job_restart_from
+
+    if locked.status == JobStatus.STOPPING or locked.steps_done:
+        job_restart_from(locked, checkpoint=checkpoint)
+    locked.stop_requested_at = None
+    locked.save(update_fields=["stop_requested_at", "updated_at"])
+    _job_set_status(locked, JobStatus.QUEUED, f"{message}; back in the queue", data=data)
 
 
 def job_stop_progress(*, job: TrainingJob, now: datetime | None = None) -> bool:
@@ -69,17 +85,20 @@ def job_stop_progress(*, job: TrainingJob, now: datetime | None = None) -> bool:
     waited = (now - (job.stop_requested_at or now)).total_seconds()
     if not written and waited < stop_checkpoint_wait_s():
         return False
+    requeue = bool((asked.data if asked else {}).get("requeue"))
+    why = "borrowed quota given back" if requeue else job.end_reason
     with transaction.atomic():
         locked = _lock_job(job)
         if locked.status != JobStatus.STOPPING:
             return False
         if written:
-            message = f"stopped ({locked.end_reason}) at its checkpoint of step {checkpoint}"
+            message = f"stopped ({why}) at its checkpoint of step {checkpoint}"
         else:
-            message = (f"stopped ({locked.end_reason}): no checkpoint completed within {waited:.0f} s; a resume "
+            message = (f"stopped ({why}): no checkpoint completed within {waited:.0f} s; it "
                        + (f"continues from step {checkpoint}" if checkpoint is not None else "starts from step 0"))
-        _job_set_status(locked, JobStatus.STOPPED, message, end_reason=locked.end_reason,
-                        data={"checkpoint": checkpoint, "checkpoint_written": written, "waited_s": round(waited, 1)})
+        _stopped(locked, message, requeue=requeue, checkpoint=checkpoint,
+                 data={"checkpoint": checkpoint, "checkpoint_written": written, "waited_s": round(waited, 1),
+                       "requeue": requeue})
     job.refresh_from_db()
     logger.info("job %s: %s", job.pk, message)
     return True
