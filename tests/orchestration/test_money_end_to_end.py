@@ -134,7 +134,7 @@ def test_a_job_over_quota_waits_queued_and_its_max_runtime_stops_it(control_plan
         plan = {"dp": 1, "pp": 2, "microbatches": 2, "provider": "local", "zones": ["local"]}
         first = make_job(team, strategy="recycle", target_steps=30, config=CONFIG, plan=plan)
         second = make_job(team, strategy="recycle", target_steps=100_000, config=CONFIG, plan=plan,
-                          max_runtime_s=15)
+                          max_runtime_s=15, budget_usd=Decimal("1000"))
         assert (first.status, second.status) == (JobStatus.PENDING, JobStatus.QUEUED)
         STORY[:] = [first.pk, second.pk]
         beat.start()
