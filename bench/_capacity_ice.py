@@ -123,7 +123,7 @@ def submit_job(team: Any, *, nodes: int) -> Any:
                       plan={"dp": nodes, "pp": 1, "provider": "local", "microbatches": max(1, 4 // nodes),
                             "zones": [DEAR_ZONE, NEXT_ZONE, CHEAP_ZONE]},
                       name=f"capacity-bench-{next(_names)}", strategy="recycle", target_steps=10,
-                      budget_usd=Decimal("10.00"))
+                      budget_usd=Decimal("10.00"), allow_over_budget=True)
 
 
 def metadata_serves(url: str, node_id: str, timeout_s: float = 5.0) -> bool:

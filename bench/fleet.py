@@ -178,7 +178,8 @@ def _seed_fleet(agents: int, job_size: int, progress: Progress) -> list[tuple[in
         job = job_submit(team=team, user=None, config=config, model_spec=None,
                          plan={"dp": size // PP, "pp": PP, "provider": "aws", "microbatches": 4,
                                "instance_types": ["p3.2xlarge"]},
-                         name=f"fleet-{j}", strategy="recycle", target_steps=10**6, budget_usd="1000")
+                         name=f"fleet-{j}", strategy="recycle", target_steps=10**6, budget_usd="1000",
+                         allow_over_budget=True)  # endless: the bench ends it
         TrainingJob.objects.filter(pk=job.pk).update(status="running", started_at=now)
         job.refresh_from_db()
         nodes = Instance.objects.bulk_create([

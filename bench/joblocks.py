@@ -171,7 +171,8 @@ def _submitted_job(nodes: int) -> Any:
     job = job_submit(team=team, user=None, config=config, model_spec=None,
                      plan={"dp": nodes // PP, "pp": PP, "provider": PROVIDER, "microbatches": MICROBATCHES,
                            "instance_types": ["p3.2xlarge"]},
-                     name=f"joblocks-{next(_job_counter)}", strategy="recycle", target_steps=10**6, budget_usd="100000")
+                     name=f"joblocks-{next(_job_counter)}", strategy="recycle", target_steps=10**6, budget_usd="100000",
+                     allow_over_budget=True)  # endless: the bench ends it
     return job
 
 

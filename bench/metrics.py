@@ -81,6 +81,7 @@ def _world() -> dict[str, Any]:
     for k in range(JOBS):
         job = job_submit(
             team=team, user=None, name=f"metrics-bench-{k}", strategy="recycle", target_steps=1000, budget_usd=10,
+            allow_over_budget=True,
             config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8},
             plan={"dp": 1, "pp": 1, "provider": "local"},
         )

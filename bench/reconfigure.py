@@ -237,6 +237,7 @@ def run(*, quick: bool, progress: Progress) -> dict[str, Any]:
         team = Team.objects.create(name="Bench", slug="bench")
         job = job_submit(
             team=team, user=None, name="reconfigure-bench", strategy="recycle", target_steps=1_000_000, budget_usd=10,
+            allow_over_budget=True,  # an endless job: the bench stops it
             config={"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8,
                     "seed": 1, "op_timeout_s": 2.0, "schedule": "fiw",
                     "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}},
