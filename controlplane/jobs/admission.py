@@ -151,10 +151,9 @@ def admit_or_queue(locked: TrainingJob) -> tuple[str, str]:
     else (queued, why)."""
     ahead = queue_order(TrainingJob.objects.filter(team_id=locked.team_id).exclude(pk=locked.pk)).filter(
         priority__gte=locked.priority).exists()
-    account = account_usage()
+    account = _without(account_usage(), locked) if account_vcpu_limit() else None
     problem = admission_problem(job=locked, quota=team_quota(locked.team_id),
-                                usage=team_usage(team_id=locked.team_id, excluding=locked.pk),
-                                account=_without(account, locked))
+                                usage=team_usage(team_id=locked.team_id, excluding=locked.pk), account=account)
     if problem is None and ahead:
         problem = "jobs of the team queued ahead of it are admitted first"
     return (JobStatus.QUEUED, problem) if problem else (JobStatus.PENDING, "")
@@ -218,12 +217,13 @@ def queue_admit(*, team_id: int | None = None) -> list[int]:
             TeamQuota.objects.select_for_update().filter(team_id=team).first()  # one admitter per team
             quota = team_quota(team)
             for job in queue_order(TrainingJob.objects.filter(team_id=team)):
-                account = account_usage()
+                account = account_usage() if account_vcpu_limit() else None
                 problem = admission_problem(job=job, quota=quota, usage=team_usage(team_id=team), account=account)
                 if problem is not None:
                     if job.status_message != problem[:300]:
                         TrainingJob.objects.filter(pk=job.pk).update(status_message=problem[:300])
-                    if admission_problem(job=job, quota=quota, usage=team_usage(team_id=team)) is None:
+                    if account is not None and admission_problem(job=job, quota=quota,
+                                                                 usage=team_usage(team_id=team)) is None:
                         _reclaim(job, account)  # held back by the account's limit alone
                     break  # strict order: nobody passes the head of the queue
                 locked = lock_job(job)
