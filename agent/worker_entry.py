@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         del store
         if dist.is_initialized():
             dist.destroy_process_group()
-    finished = summary["outcome"] in ("done", "done_elsewhere")
-    emit({"type": "done" if finished else summary["outcome"] if summary["outcome"] == "stopped" else "left",
-          "step": summary["committed"]})
+    outcome = summary["outcome"]
+    kind = "done" if outcome in ("done", "done_elsewhere") else "stopped" if outcome == "stopped" else "left"
+    emit({"type": kind, "step": summary["committed"]})
     return 0
 
 

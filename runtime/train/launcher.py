@@ -156,11 +156,14 @@ def run_local(
     timeout_s: float = 120.0,
     out_dir: str | Path | None = None,
     export_dir: str | Path | None = None,
+    stop_after_step: int | None = None,
 ) -> RunResult:
     """Run `config` on dp*pp local processes over gloo with the given faults; returns final state.
 
     Validates the layout before anything starts (an impossible layout raises `LayoutError`).
     With `export_dir`, the workers write the job's final weights there (`runtime.checkpointing.export`).
+    With `stop_after_step`, the job is asked to stop (`Coordinator.request_stop`, what a limit of the
+    control plane does) once a node has committed that step: its members checkpoint one step and exit.
     """
     initial_layout(config)  # raises before any process starts
     for fault in faults:
@@ -231,6 +234,10 @@ def run_local(
                 fault = timed.pop(0)
                 _inject(fault, procs, coord, stopped)
                 injected.append({"kind": fault.kind, "node": fault.node, "time": time.time()})
+            if stop_after_step is not None and _max_committed(out) >= stop_after_step:
+                coord.request_stop()
+                injected.append({"kind": "stop_job", "node": None, "time": time.time()})
+                stop_after_step = None
             for join in list(pending_joins):
                 due = join.time_s is not None and now >= join.time_s and training_since is not None
                 if join.after_step is not None and not due:

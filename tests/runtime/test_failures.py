@@ -221,3 +221,21 @@ def test_losing_a_stage_without_a_checkpoint_fails_naming_the_missing_checkpoint
     failures = events(result, "job_failed")
     assert sorted(e["node"] for e in failures) == [0, 2]
     assert all("no checkpoint was available to restart from" in e["reason"] for e in failures), failures
+
+
+def test_a_stop_request_checkpoints_one_step_on_every_member_and_a_restart_keeps_the_math(tmp_path) -> None:
+    """A limit of the control plane stops the job (`Coordinator.request_stop`): the first member
+    puts it in the step's commit, so every member stops after the same step, the writers checkpoint
+    it, every worker exits 0, and a run started from that checkpoint ends with the failure-free math."""
+    config = small_config(strategy="recycle", steps=12, checkpoint_interval=100, checkpoint_dir=str(tmp_path))
+    first = run_local(config, stop_after_step=3, timeout_s=80)
+    assert all(code == 0 for code in first.exit_codes.values()), first.exit_codes
+    stopped = events(first, "stopped")
+    assert len(stopped) == config.num_nodes and len({e["committed"] for e in stopped}) == 1, stopped
+    step = stopped[0]["committed"]
+    assert 3 <= step < config.steps
+    folder = tmp_path / "checkpoints" / f"step-{step}"
+    assert (folder / "model.safetensors.index.json").exists()  # complete: every writer wrote its share
+    assert Checkpoints(str(tmp_path)).latest() == step
+    rest = run_local(small_config(strategy="recycle", steps=12, init_from=str(folder)), timeout_s=80)
+    assert_same_math(rest, config)
