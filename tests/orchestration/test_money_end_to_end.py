@@ -7,6 +7,7 @@ with that reason."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -155,3 +156,88 @@ def test_a_job_over_quota_waits_queued_and_its_max_runtime_stops_it(control_plan
         beat.stop.set()
         stop_everything(provider, second)
         stop_everything(provider, first)
+
+
+@pytest.mark.integration
+@pytest.mark.scenario
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
+def test_worker_crashes_beyond_max_restarts_end_the_job_as_a_user_error(control_plane, worker,  # noqa: F811
+                                                                         tmp_path, monkeypatch, settings):
+    """A user model whose loss raises a few steps in: each crash is reported with the log's last
+    lines; the agent restarts the worker once (max_restarts_on_errors=1) and the next crash ends the
+    job `failed`, `end_reason` user_error, with the exit code and the traceback's last line."""
+    from spotpipe.commands import validate_user_model
+
+    provider = _local(tmp_path, monkeypatch, settings, control_plane)
+    beat = Beat()
+    job = None
+    models = "tests.usermodels.models"
+    try:
+        body = validate_user_model({
+            "config": {"model": {"kind": "py", "path": f"{models}:resmlp", "loss": f"{models}:crashing_huber",
+                                 "args": {"width": 16, "blocks": 2}},
+                       "data": {"source": f"py:{models}:regression"}, "global_batch": 8, "seed": 5,
+                       "op_timeout_s": 2.0},
+            "plan": {"dp": 2, "pp": 1, "microbatches": 2, "provider": "local", "zones": ["local"]},
+        })
+        job = make_job(make_team(), strategy="recycle", target_steps=200, config=body["config"], plan=body["plan"],
+                       max_restarts_on_errors=1, budget_usd=Decimal("1000"))
+        STORY[:] = [job.pk]
+        tasks.acquire_capacity.delay(job.pk)
+        beat.start()
+        wait_for(lambda: TrainingJob.objects.get(pk=job.pk).status == JobStatus.FAILED, 240, "the job to fail")
+        failed = TrainingJob.objects.get(pk=job.pk)
+        assert failed.end_reason == EndReason.USER_ERROR and failed.exit_code == 1, failed.status_message
+        assert "ValueError: bad batch" in failed.end_log
+        crashes = JobEvent.objects.filter(job=job, kind="agent_worker_exit", data__code=1)
+        assert crashes.count() >= 2 and all(e.data.get("log_tail") for e in crashes)
+        wait_for(lambda: not Instance.objects.filter(job=job, state__in=LIVE).exists(), 60, "every node released")
+    finally:
+        beat.stop.set()
+        stop_everything(provider, job)
+
+
+@pytest.mark.integration
+@pytest.mark.scenario
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
+def test_a_node_standing_by_with_no_generation_coming_is_released(control_plane, worker,  # noqa: F811
+                                                                   tmp_path, monkeypatch, settings):
+    """The safety net behind every path that should give a node work: a replacement joins a job
+    whose generation never takes it (a control-plane bug, simulated: the join reaction takes no
+    one). Its agent is told to stand by; after SPOTPIPE_STANDBY_LIMIT_S it is released with a
+    `standby_released` event, paid no longer than the limit and a reconcile or two."""
+    from controlplane.orchestration import reactions
+
+    provider = _local(tmp_path, monkeypatch, settings, control_plane)
+    monkeypatch.setenv("SPOTPIPE_STANDBY_LIMIT_S", "10")
+    monkeypatch.setattr(reactions, "react_join", lambda config, slots, joiners: reactions.Reaction(
+        decision="wait", slots=None, reason="simulated: no generation takes a joiner"))
+    beat = Beat()
+    job = None
+    try:
+        job = make_job(make_team(), strategy="recycle", target_steps=100_000, config=CONFIG, budget_usd=Decimal("1000"),
+                       plan={"dp": 2, "pp": 2, "microbatches": 2, "provider": "local", "zones": ["local"]})
+        STORY[:] = [job.pk]
+        tasks.acquire_capacity.delay(job.pk)
+        beat.start()
+        wait_for(lambda: TrainingJob.objects.get(pk=job.pk).steps_done >= 10, 150, "training to start")
+        victim = Instance.objects.filter(job=job, state="running").order_by("id")[1]
+        provider.kill(victim.provider_instance_id)  # stage 1 of pipeline 0: recycle reroutes around it
+        wait_for(lambda: Instance.objects.filter(job=job, state="running").exclude(
+            pk__in=[i.pk for i in Instance.objects.filter(job=job).order_by("id")[:4]]).exists(), 120,
+            "a replacement running")
+        wait_for(lambda: JobEvent.objects.filter(job=job, kind="standby_released").exists(), 120,
+                 "the standing-by replacement released")
+        event = JobEvent.objects.filter(job=job, kind="standby_released").order_by("id").first()
+        released = Instance.objects.get(pk=event.data["instance"])
+        assert released.state == "terminated" and released.pk not in {i.pk for i in
+                                                                      Instance.objects.filter(job=job)[:4]}
+        assert 10 <= event.data["standby_s"] <= 10 + 30, event.data  # the limit, plus reconcile periods
+        told = [json.loads(line)["action"] for line in
+                (provider.node_dir(released.provider_instance_id) / "work" / "commands.jsonl").read_text().splitlines()]
+        assert "standby" in told, told
+    finally:
+        beat.stop.set()
+        stop_everything(provider, job)

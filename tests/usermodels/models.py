@@ -125,3 +125,16 @@ def nondeterministic() -> list:
 
 def bad_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return output  # not a scalar
+
+
+_LOSS_CALLS = [0]
+CRASH_AFTER_CALLS = 8
+
+
+def crashing_huber(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A loss whose code breaks a few steps into training, in every process that runs it (its own
+    count: a restarted worker validates, trains a few steps and breaks again): a user error."""
+    _LOSS_CALLS[0] += 1
+    if _LOSS_CALLS[0] > CRASH_AFTER_CALLS:
+        raise ValueError(f"bad batch: loss call {_LOSS_CALLS[0]} cannot be computed")
+    return F.smooth_l1_loss(output, target)
