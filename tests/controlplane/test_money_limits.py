@@ -329,3 +329,18 @@ def test_teams_share_the_account_fairly_borrow_idle_share_and_give_it_back_when_
     assert queue_admit() == [asking.pk]
     assert {first.pk, second.pk} - {given.pk} <= set(
         TrainingJob.objects.filter(status=JobStatus.RUNNING).values_list("pk", flat=True))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("priority", -1), ("priority", 1001), ("priority", "high"), ("max_runtime_s", 0), ("max_wait_s", -5),
+    ("max_restarts_on_errors", -1), ("max_runtime_s", 2**31), ("priority", True),
+])
+def test_a_limit_or_priority_out_of_range_is_a_400_naming_it_and_stores_nothing(field, value):
+    team = make_team()
+    body = {"name": "limits", "strategy": "recycle", "target_steps": 10, "budget_usd": "5.00",
+            "config": {"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8},
+            "plan": {"dp": 1, "pp": 1, "provider": "local"}, field: value}
+    answer = _api(team).post("/api/v1/jobs/", body, format="json")
+    assert answer.status_code == 400, answer.content
+    assert field in answer.json()["errors"]
+    assert not TrainingJob.objects.filter(team=team).exists()
