@@ -33,10 +33,11 @@ from tests.orchestration.test_end_to_end import STORY, Beat, stop_everything, wa
 from tests.orchestration.test_resume_end_to_end import _params_of
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
-STEPS = 400
+STEPS = 200
 LIVE = ["running", "pending", "notice", "requested"]
+# No periodic checkpoint within the runs (every 1,000 steps): a checkpoint is the stop's own.
 CONFIG = {"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8, "seed": 5, "op_timeout_s": 2.0,
-          "checkpoint_interval": 50, "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
+          "checkpoint_interval": 1000, "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
 
 
 def _local(tmp_path, monkeypatch, settings, control_plane) -> LocalProvider:
@@ -75,7 +76,7 @@ def test_a_job_stopped_at_its_budget_resumes_and_ends_with_the_same_math(control
         STORY[:] = [job.pk]
         tasks.acquire_capacity.delay(job.pk)
         beat.start()
-        wait_for(lambda: TrainingJob.objects.get(pk=job.pk).steps_done >= 20, 150, "20 steps trained")
+        wait_for(lambda: TrainingJob.objects.get(pk=job.pk).steps_done >= 10, 150, "10 steps trained")
         # The budget is set to just above what is spent: the next reconcile stops the job.
         meter = job_meter(job_id=job.pk, at=timezone.now())
         assert meter.usd_per_hour == Decimal("144"), meter  # 4 nodes at $36/h
@@ -90,7 +91,7 @@ def test_a_job_stopped_at_its_budget_resumes_and_ends_with_the_same_math(control
         asked = JobEvent.objects.get(job=job, kind="job_stopping")
         checkpoint = job_latest_checkpoint(job=job)
         assert event.data["checkpoint_written"] is True and checkpoint == event.data["checkpoint"]
-        assert checkpoint >= asked.data["at_step"] and checkpoint % 50 != 0  # the stop's own, not a periodic one
+        assert checkpoint >= asked.data["at_step"]  # the stop's own (no periodic checkpoint this early)
         # Overshoot: the spend past the budget, in seconds of the fleet's spend (4 nodes at $36/h).
         overshoot_s = float(max(Decimal(0), job_meter(job_id=job.pk, at=timezone.now()).spent_usd - budget)
                             / Decimal("0.04"))
