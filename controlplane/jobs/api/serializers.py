@@ -17,6 +17,7 @@ from controlplane.jobs.models import (
     DEFAULT_MAX_RESTARTS_ON_ERRORS,
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
+    EndReason,
     JobEvent,
     JobGeneration,
     JobStatus,
@@ -39,6 +40,8 @@ class SpendSerializer(serializers.Serializer):
 
 class JobSerializer(ModelSerializer):
     created_by = CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
+    end_reason = CharField(read_only=True, help_text="Why the job ended (a stopping job: why it will): "
+                           f"{', '.join(EndReason.values)}; \"\" while it has not ended.")
     model_spec = serializers.SerializerMethodField(
         help_text="Deprecated: the contract in the first API's names (layers, d_model, ...); read `config`."
     )
