@@ -39,7 +39,9 @@ from runtime.planner.capacity_policy import CAPACITY_POLICIES, DEFAULT_CAPACITY_
 MAX_BUDGET_USD = Decimal("9999999999.99")  # what budget_usd (12 digits, 2 decimals) can hold
 MAX_METRIC_BATCH = 1000
 
-RESTART_EVENTS = ("resumed", "region_move")
+REQUEUED_EVENT = "requeued"
+"""A job that gave back borrowed quota goes back to its queue from its checkpoint (`job_stop`)."""
+RESTART_EVENTS = ("resumed", "region_move", REQUEUED_EVENT)
 """Timeline kinds of a restart from a checkpoint (`job_restart_from`): they carry `submitted_init_from`."""
 CANCELLABLE = frozenset(s for s, following in JOB_TRANSITIONS.items() if JobStatus.CANCELLED in following)
 RESUMABLE = RESUMABLE_JOB_STATUSES

@@ -37,7 +37,8 @@ STEPS = 200
 LIVE = ["running", "pending", "notice", "requested"]
 # No periodic checkpoint within the runs (every 1,000 steps): a checkpoint is the stop's own.
 CONFIG = {"model": {"kind": "mlp", "n_layer": 2, "n_embd": 16}, "global_batch": 8, "seed": 5, "op_timeout_s": 2.0,
-          "checkpoint_interval": 1000, "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
+          "checkpoint_interval": 1000,
+          "device_time": {"forward_ms": 4, "backward_input_ms": 4, "backward_weight_ms": 4}}
 
 
 def _local(tmp_path, monkeypatch, settings, control_plane) -> LocalProvider:

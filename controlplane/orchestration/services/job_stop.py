@@ -61,10 +61,13 @@ def _stopped(locked: TrainingJob, message: str, *, requeue: bool, checkpoint: in
     if not requeue:
         _job_set_status(locked, JobStatus.STOPPED, message, end_reason=locked.end_reason, data=data)
         return
-    from controlplane.jobs.services import job_restart_from
+    from controlplane.jobs.services import REQUEUED_EVENT, job_record_event, job_restart_from
 
-    if locked.status == JobStatus.STOPPING or locked.steps_done:
-        job_restart_from(locked, checkpoint=checkpoint)
+    if locked.status == JobStatus.STOPPING:  # it trained: it continues from what its stop left
+        submitted_init = job_restart_from(locked, checkpoint=checkpoint)
+        job_record_event(job=locked, kind=REQUEUED_EVENT, message=f"back in the queue from step {checkpoint or 0}",
+                         data={"from_step": checkpoint or 0, "from_checkpoint": checkpoint is not None,
+                               "submitted_init_from": submitted_init})
     locked.stop_requested_at = None
     locked.save(update_fields=["stop_requested_at", "updated_at"])
     _job_set_status(locked, JobStatus.QUEUED, f"{message}; back in the queue", data=data)
