@@ -12,6 +12,7 @@ narrow. drf-spectacular documents every filter from the FilterSet.
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import django_filters
@@ -61,6 +62,22 @@ class StrictBooleanField(forms.Field):
 class BooleanFilter(django_filters.BooleanFilter):
     # django_filters.rest_framework's BooleanFilter reads any spelling but true/false as no value.
     field_class = StrictBooleanField
+
+
+class UtcDateTimeFilter(filters.IsoDateTimeFilter):
+    """An ISO 8601 date-time compared in UTC. Python parses offsets PostgreSQL refuses (beyond
+    +-15:59, such as `-17:47`: a 500 there), so the value is normalised to UTC before the query;
+    one that leaves the calendar in UTC (past year 9999, before year 1) bounds everything or nothing."""
+
+    def filter(self, qs: QuerySet, value: Any) -> QuerySet:
+        if value is not None and value.tzinfo is not None:
+            try:
+                value = value.astimezone(UTC)
+            except OverflowError:  # past year 9999 (a negative offset) or before year 1 (a positive one)
+                after_the_end = value.utcoffset().total_seconds() < 0
+                lower_bound = self.lookup_expr in ("gte", "gt")
+                return qs.none() if after_the_end == lower_bound else qs
+        return super().filter(qs, value)
 
 
 class _IntegerFilter(filters.NumberFilter):

@@ -106,3 +106,17 @@ def test_filters_are_in_the_schema_with_their_bounds():
     assert set(params("/api/v1/zones/")) >= {"cloud", "region"}
     # A detail route is not filtered by its list's parameters.
     assert "status" not in params("/api/v1/jobs/{id}/")
+
+
+@pytest.mark.parametrize(("since", "found"), [
+    ("1047-06-12T08:07:46-17:47", True),  # an offset PostgreSQL refuses (beyond +-15:59): compared in UTC
+    ("9999-12-31T23:00:00-17:00", False),  # past the calendar's end in UTC: nothing is that late
+    ("0001-01-01T00:00:00+17:00", True),  # before the calendar's start in UTC: everything is later
+    ("2000-01-01T00:00:00+02:00", True),
+])
+def test_an_events_since_with_any_offset_python_reads_is_compared_in_utc(world, since, found):
+    from urllib.parse import quote
+
+    response = world.member_client.get(f"/api/v1/jobs/{world.job.pk}/events/?since={quote(since)}")
+    assert response.status_code == 200, response.content
+    assert (response.json()["count"] > 0) == found

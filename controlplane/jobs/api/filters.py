@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from django_filters import rest_framework as filters
 
-from controlplane.common.filters import OrderingFilter, char_filter, id_filter, integer_filter, search_filter
+from controlplane.common.filters import (
+    OrderingFilter,
+    UtcDateTimeFilter,
+    char_filter,
+    id_filter,
+    integer_filter,
+    search_filter,
+)
 from controlplane.common.limits import MAX_COUNT
 from controlplane.jobs.models import JobEvent, JobStatus, MetricSample, Strategy, TrainingJob
 
@@ -34,7 +41,7 @@ class MetricFilter(filters.FilterSet):
 
 class JobEventFilter(filters.FilterSet):
     kind = char_filter("kind", max_length=40)
-    since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Events at or after this time.")
+    since = UtcDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Events at or after this time.")
 
     class Meta:
         model = JobEvent
