@@ -4,6 +4,7 @@ release an ended job's nodes, and list the jobs the periodic reconcile visits.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -77,7 +78,7 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     report: dict[str, Any] = {"job": job.pk, "lost": [], "requested": 0, "launched": 0, "released": [], "surplus": []}
     if job_finish(job=job) or job_fail_if_stalled(job=job):
         job.refresh_from_db()
-    report["stopping"] = _limits_review(job)
+    report["stopping"] = _review("limits", job_limits_review, job)
     if job_stop_progress(job=job):
         job.refresh_from_db()
     if job.status not in ACTIVE_JOB_STATUSES:
@@ -107,8 +108,9 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     for pk in reconfigurations_pending(job=job):
         reconfiguration_apply(reconfiguration=Reconfiguration.objects.get(pk=pk))
     job.refresh_from_db()
-    report["capacity"] = _capacity_review(job)
-    report["moved_to"] = _region_review(job)
+    choice = _review("capacity", job_capacity_review, job)
+    report["capacity"] = choice.capacity_type if choice is not None else None
+    report["moved_to"] = _review("region", job_region_review, job)
     reason = AcquisitionReason.REPLACEMENT if job.current_generation else AcquisitionReason.INITIAL
     acquisition = capacity_request(job=job, reason=reason)
     if acquisition is not None:
@@ -118,55 +120,24 @@ def capacity_reconcile(*, job: TrainingJob) -> dict[str, Any]:
     ):
         report["launched"] += len(acquisition_launch(acquisition=pending))
     job_grow(job=job)
-    report["standby_released"] = _standby_review(job)
+    report["standby_released"] = _review("standby", standby_review, job, default=[])
     report["retired"] = other_capacity_retire(job=job)
     report["surplus"] = _terminate_surplus(job)
     return report
 
 
-def _limits_review(job: TrainingJob) -> str | None:
-    """The end reason of a limit the job reached now (its stop is asked); a failure here must not
-    stop the reconcile."""
+def _review(name: str, review: Callable[..., Any], job: TrainingJob, *, default: Any = None) -> Any:
+    """One of the reconcile's reviews of `job` (limits, region, capacity policy, standby): what it
+    returns, or `default` when it raised (logged: a failing review must not stop the reconcile
+    from repairing capacity). The job is read again when it changed something."""
     try:
-        reason = job_limits_review(job=job)
+        result = review(job=job)
     except Exception:
-        logger.exception("job %s: limits review failed", job.pk)
-        return None
-    if reason is not None:
+        logger.exception("job %s: %s review failed", job.pk, name)
+        return default
+    if result:
         job.refresh_from_db()
-    return reason
-
-
-def _standby_review(job: TrainingJob) -> list[int]:
-    """Nodes released for standing by too long (a failure here must not stop the reconcile)."""
-    try:
-        return standby_review(job=job)
-    except Exception:
-        logger.exception("job %s: standby review failed", job.pk)
-        return []
-
-
-def _region_review(job: TrainingJob) -> str | None:
-    """The region the job moved to now, if it did (a failure here must not stop the reconcile)."""
-    try:
-        moved_to = job_region_review(job=job)
-    except Exception:
-        logger.exception("job %s: region review failed", job.pk)
-        return None
-    if moved_to is not None:
-        job.refresh_from_db()
-    return moved_to
-
-
-def _capacity_review(job: TrainingJob) -> str | None:
-    """The capacity policy's choice now (None: nothing judged); a failure here must not stop the
-    reconcile from repairing capacity."""
-    try:
-        choice = job_capacity_review(job=job)
-    except Exception:
-        logger.exception("job %s: capacity review failed", job.pk)
-        return None
-    return choice.capacity_type if choice is not None else None
+    return result
 
 
 def _terminate_surplus(job: TrainingJob) -> list[int]:
