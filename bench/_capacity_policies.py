@@ -54,6 +54,13 @@ def make_jobs(market: Market, *, quick: bool) -> list[Job]:
             for start in range(FIRST_START_H, LAST_START_H + 1, every) for slack in SLACKS]
 
 
+def region_patience_s() -> float:
+    """The control plane's wait for spot in a job's own region before it moves (its tunable)."""
+    from controlplane.tunables import tunable_from_env
+
+    return float(tunable_from_env("SPOTPIPE_REGION_PATIENCE_S"))
+
+
 def spot_rate(market: Market, job: Job, policy: str) -> float:
     """The rate the rule plans with (`planned_spot_rate`): spot's rate over the last `LOOKBACK_H`
     hours in the regions the policy may use, never below the job's own pace."""
@@ -88,8 +95,8 @@ def policy_table(quick: bool = False) -> dict[str, Any]:
     runs: dict[str, list[Outcome]] = {}
     for policy in SIM_POLICIES:
         rule = policy in (SPOT_THEN_ON_DEMAND, SPOT_THEN_ON_DEMAND_FAILOVER)
-        runs[policy] = [simulate_job(market, job, policy, **({"spot_progress_rate": spot_rate(market, job, policy)}
-                                                             if rule else {}))
+        runs[policy] = [simulate_job(market, job, policy, region_patience_s=region_patience_s(),
+                                     **({"spot_progress_rate": spot_rate(market, job, policy)} if rule else {}))
                         for job in jobs]
     od = runs[ON_DEMAND]
     policies = {}
@@ -116,6 +123,7 @@ def policy_table(quick: bool = False) -> dict[str, Any]:
             "overhead_h": OVERHEAD_H,
             "starts_h": sorted({round(j.start_tick * market.gap_s / 3600, 2) for j in jobs}),
             "rule_rate": f"max(work / deadline, spot's rate over the previous {LOOKBACK_H} h)",
+            "region_patience_s": region_patience_s(),
         },
         "traces": [{**load_trace(p, format=AVAILABILITY_COUNT).summary(), "file": f"runtime/sim/data/{p.name}",
                     "format": AVAILABILITY_COUNT} for p in bundled_trace_paths()],

@@ -113,7 +113,8 @@ TUNABLES: tuple[Tunable, ...] = (
             "(preemptions and waits for capacity discounted) until it has measured its own or the planner "
             "predicted it", kind=float),
     Tunable("SPOTPIPE_REGION_PATIENCE_S", 600.0, "a job whose region has given no capacity for its missing nodes "
-            "for this long moves to another of its regions that has some (restarting from its newest checkpoint)",
+            "for this long moves to another of its regions that has some (its nodes write a checkpoint first, and it "
+            "restarts from it)",
             kind=float),
     Tunable("SPOTPIPE_BUDGET_STOP_MARGIN_S", 60.0, "a job stops (checkpoint first) once its spend plus this many "
             "seconds of its fleet's spend reaches its budget or its team's monthly budget", kind=float),

@@ -52,8 +52,8 @@ _J = JobStatus
 # job only moves forward (pending -> provisioning -> running <-> recovering) or ends; it may end from
 # any active status (a resumed job may already hold its last step). A limit (budget, max runtime,
 # max wait) stops it through `stopping` (a checkpoint, then its nodes go) to `stopped`, or straight
-# to `stopped` before it trains; a job giving back borrowed quota goes the same way back to `queued`.
-# A job over its
+# to `stopped` before it trains; a job giving back borrowed quota goes the same way back to `queued`,
+# and a job moving region back to `recovering` (it restarts in the next region). A job over its
 # team's quota waits `queued` (at submit, or when resumed) until admitted to pending. Only resume
 # leaves an end, back to pending or queued; finished is final.
 _ENDS = {_J.FINISHED, _J.FAILED, _J.CANCELLED}
@@ -63,7 +63,7 @@ JOB_TRANSITIONS: dict[str, frozenset[str]] = {
     _J.PROVISIONING: frozenset({_J.QUEUED, _J.RUNNING, _J.RECOVERING, _J.STOPPING, _J.STOPPED, *_ENDS}),
     _J.RUNNING: frozenset({_J.RECOVERING, _J.STOPPING, *_ENDS}),
     _J.RECOVERING: frozenset({_J.RUNNING, _J.STOPPING, *_ENDS}),
-    _J.STOPPING: frozenset({_J.STOPPED, _J.QUEUED, *_ENDS}),
+    _J.STOPPING: frozenset({_J.STOPPED, _J.QUEUED, _J.RECOVERING, *_ENDS}),
     _J.FINISHED: frozenset(),
     _J.FAILED: frozenset({_J.PENDING, _J.QUEUED}),
     _J.CANCELLED: frozenset({_J.PENDING, _J.QUEUED}),

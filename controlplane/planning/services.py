@@ -288,21 +288,29 @@ def plan_job(
                         budget_usd=budget_usd, ask=ask, at=at or timezone.now(), capacity=capacity)
     plan, config = _explicit(contract, total_microbatches=total_microbatches, strategy=runtime_strategy,
                              target_steps=target_steps, ask=ask)
-    if budget_usd is not None and not allow_over_budget:
-        estimate = explicit_plan_estimate(config=config, ask=ask, team_id=team_id, at=at or timezone.now())
-        if estimate is not None and Decimal(str(estimate.cost_usd)) > budget_usd:
-            raise PlanInfeasible(
-                f"the plan (dp={config.dp} x pp={config.pp} on {estimate.nodes} x {estimate.instance_type}) is "
-                f"estimated at ${estimate.cost_usd:.2f} for {target_steps} steps ({_duration(estimate.hours)}), more "
-                f"than the budget of ${budget_usd}; raise budget_usd, change the plan, or submit with "
-                "allow_over_budget (the job then stops at its budget)", field="budget_usd", nearest=estimate)
+    if deadline is None and budget_usd is None:
+        return plan, config
+    # A deadline or a budget is judged from the start (the capacity rule, the budget's projection):
+    # the explicit layout gets the planner's estimate as its prediction until its own samples arrive.
+    estimated = explicit_plan_estimate(config=config, ask=ask, team_id=team_id, at=at or timezone.now())
+    if estimated is None:
+        return plan, config
+    estimate, catalog = estimated
+    plan = dataclasses.replace(plan, predicted=_prediction(estimate, capacity=capacity, catalog=catalog))
+    if budget_usd is not None and not allow_over_budget and Decimal(str(estimate.cost_usd)) > budget_usd:
+        raise PlanInfeasible(
+            f"the plan (dp={config.dp} x pp={config.pp} on {estimate.nodes} x {estimate.instance_type}) is "
+            f"estimated at ${estimate.cost_usd:.2f} for {target_steps} steps ({_duration(estimate.hours)}), more "
+            f"than the budget of ${budget_usd}; raise budget_usd, change the plan, or submit with "
+            "allow_over_budget (the job then stops at its budget)", field="budget_usd", nearest=estimate)
     return plan, config
 
 
-def explicit_plan_estimate(*, config: JobConfig, ask: PlanAsk, team_id: int, at: datetime) -> Candidate | None:
+def explicit_plan_estimate(*, config: JobConfig, ask: PlanAsk, team_id: int,
+                           at: datetime) -> tuple[Candidate, Mapping[str, InstanceSpec]] | None:
     """The planner's estimate of an explicit layout: `config`'s dp x pp priced on the cheapest of the
-    plan's allowed pools, as the acquisition would buy it. None when the planner cannot price it (a
-    model function, no known pool)."""
+    plan's allowed pools, as the acquisition would buy it, with the catalogue it was priced from.
+    None when the planner cannot price it (a model function, no known pool)."""
     if config.model.kind == USER_MODEL_KIND:
         return None
     mbs = config.microbatch_size
@@ -318,7 +326,7 @@ def explicit_plan_estimate(*, config: JobConfig, ask: PlanAsk, team_id: int, at:
     except (PlanError, ValueError, KeyError):
         return None
     fitting = [c for c in candidates if c.dp == config.dp and c.pp == config.pp]
-    return min(fitting, key=lambda c: c.cost_usd) if fitting else None
+    return (min(fitting, key=lambda c: c.cost_usd), planner.catalog) if fitting else None
 
 
 def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strategy: str, target_steps: int,

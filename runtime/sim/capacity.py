@@ -12,6 +12,8 @@ Policies: `SPOT`, `SPOT_THEN_ON_DEMAND` (`runtime.planner.capacity_policy.choose
 and `ON_DEMAND` run in the home region (the first); SkyPilot's two spot recovery strategies move:
 `EAGER_NEXT_REGION` relaunches a preempted job in the next region with capacity (the preempted one
 last), `FAILOVER` retries the preempted region first and goes elsewhere only when it has none.
+`SPOT_THEN_ON_DEMAND_FAILOVER` is the rule with spot from any region, as the control plane runs a
+job with several regions: it moves only after waiting `region_patience_s` for spot in its own.
 """
 
 from __future__ import annotations
@@ -145,8 +147,11 @@ def estimate_spot_progress_rate(regions: list[Region], *, nodes: int, end_tick: 
     return min(1.0, max(floor, rate))
 
 
-def simulate_job(market: Market, job: Job, policy: str, *, spot_progress_rate: float = 0.8) -> Outcome:
-    """One job under one policy (module doc); `spot_progress_rate` feeds `SPOT_THEN_ON_DEMAND`'s rule."""
+def simulate_job(market: Market, job: Job, policy: str, *, spot_progress_rate: float = 0.8,
+                 region_patience_s: float = 0.0) -> Outcome:
+    """One job under one policy (module doc); `spot_progress_rate` feeds `SPOT_THEN_ON_DEMAND`'s rule.
+    `region_patience_s`: how long `SPOT_THEN_ON_DEMAND_FAILOVER` waits for spot in the region it last
+    ran in before it moves to another, as the control plane does (`SPOTPIPE_REGION_PATIENCE_S`)."""
     if policy not in SIM_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {SIM_POLICIES}")
     gap, d = market.gap_s, job.overhead_h * 3600
@@ -157,6 +162,7 @@ def simulate_job(market: Market, job: Job, policy: str, *, spot_progress_rate: f
     region = 0
     last_region: int | None = None  # where the job last ran (the preempted region while it waits)
     overhead_left = done = 0.0
+    wanting_since: int | None = None  # the tick it began wanting spot that its own region lacks
 
     def launch(new_kind: str, new_region: int) -> None:
         nonlocal kind, region, overhead_left, last_region
@@ -175,12 +181,19 @@ def simulate_job(market: Market, job: Job, policy: str, *, spot_progress_rate: f
             kind, overhead_left = None, 0.0  # preempted: the restart under way is lost too
         if policy in (SPOT_THEN_ON_DEMAND, SPOT_THEN_ON_DEMAND_FAILOVER):
             spot_regions = [0] if policy == SPOT_THEN_ON_DEMAND else _failover_order(last_region, len(regions))
-            spot_at = next((r for r in spot_regions if has_spot(r, tick)), None)
             choice = choose_capacity_type(
                 work_left_s=work - done + overhead_left, time_left_s=deadline - now,
-                spot_available=spot_at is not None, current=kind, overhead_s=d,
+                spot_available=any(has_spot(r, tick) for r in spot_regions), current=kind, overhead_s=d,
                 spot_progress_rate=spot_progress_rate, margin_s=gap,
             )
+            # Spot elsewhere than where it last ran only after its patience (the control plane's region move).
+            here = last_region or 0
+            if choice.capacity_type != SPOT or has_spot(here, tick):
+                wanting_since = None
+            elif wanting_since is None:
+                wanting_since = tick
+            patient = wanting_since is not None and (tick - wanting_since) * gap >= region_patience_s
+            spot_at = next((r for r in spot_regions if has_spot(r, tick) and (r == here or patient)), None)
             if choice.capacity_type == ON_DEMAND and kind != ON_DEMAND:
                 launch(ON_DEMAND, 0)
             elif choice.capacity_type == SPOT and kind != SPOT and spot_at is not None:

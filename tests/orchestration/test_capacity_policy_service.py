@@ -132,3 +132,22 @@ def test_the_estimate_prefers_the_jobs_measured_step_time(fake):
     job.refresh_from_db()
     estimate = work_estimate(job=job, now=timezone.now())
     assert (estimate.source, estimate.step_s, estimate.work_left_s) == ("measured", 4.0, 380.0)
+
+
+def test_an_explicit_plan_with_a_deadline_is_judged_before_its_first_samples(fake):
+    """An explicit layout of a built-in model stores the planner's estimate of that layout, so its
+    deadline is judged from the start rather than after its first metric samples."""
+    job = make_job(make_team(), strategy="recycle", target_steps=10_000_000, capacity="spot",
+                   deadline=timezone.now() + timedelta(seconds=600), plan={"dp": 2, "pp": 1, "provider": "local"},
+                   allow_over_budget=True)
+    predicted = job.plan["predicted"]
+    assert (predicted["dp"], predicted["pp"]) == (2, 1) and predicted["step_s"] > 0
+    estimate = work_estimate(job=job, now=timezone.now())
+    assert estimate.source == "predicted" and estimate.step_s == predicted["step_s"]
+
+    job_capacity_review(job=job)
+
+    job.refresh_from_db()
+    assert job.deadline_unreachable_at is not None
+    (event,) = job.events.filter(kind="deadline_unreachable")
+    assert event.data["step_source"] == "predicted"

@@ -21,6 +21,7 @@ from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.offerings import offerings_mark_no_capacity
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.base import Pool
+from controlplane.orchestration.services.job_stop import job_stop_progress
 from controlplane.orchestration.services.region_move import job_region_review
 from tests.controlplane.factories import make_instance_type, make_job, make_team, make_zone
 from tests.orchestration.test_provider_aws_regions import EAST, WEST, _provider
@@ -86,16 +87,26 @@ def test_a_job_whose_region_runs_dry_moves_to_the_other_from_its_checkpoint(two_
     assert job.events.filter(kind="capacity_wait").exists()
     assert job_region_review(job=job) is None  # within its patience
 
-    # Past its patience: it moves.
+    # Past its patience: the node it still has writes a checkpoint of step 30 first (the job is
+    # stopping, nothing is bought), and then it moves from that checkpoint.
     later = timezone.now() + timedelta(seconds=61)
     assert job_region_review(job=job, now=later) == WEST
     job.refresh_from_db()
+    assert job.status == "stopping" and "then moving" in job.status_message
+    assert not job.events.filter(kind="region_move").exists()
+    assert services.capacity_reconcile(job=job)["requested"] == 0
+    assert job_stop_progress(job=job, now=later) is False  # its checkpoint is not written yet
+    written = checkpoint.parent / "step-30"
+    written.mkdir()
+    (written / "model.safetensors").write_bytes(b"complete")
+    assert job_stop_progress(job=job, now=later + timedelta(seconds=5)) is True
+    job.refresh_from_db()
     (move,) = job.events.filter(kind="region_move")
     assert (move.data["from"], move.data["to"], move.data["from_step"], move.data["steps_redone"]) == (
-        EAST, WEST, 20, 10)
-    assert move.data["seconds_redone"] is None or move.data["seconds_redone"] >= 0
-    assert job.steps_done == 20 and job.config["init_from"].endswith("checkpoints/step-20")
-    assert job.status == "recovering"
+        EAST, WEST, 30, 0)
+    assert move.data["usd_redone"] in (None, "0.0000")
+    assert job.steps_done == 30 and job.config["init_from"].endswith("checkpoints/step-30")
+    assert job.status == "recovering" and job.stop_requested_at is None and job.end_reason == ""
     assert _states(ec2_regions(EAST), east_ids[1:]) <= {"shutting-down", "terminated"}
     assert not Instance.objects.filter(job=job, state__in=["running", "pending", "notice"]).exists()
 
@@ -131,3 +142,34 @@ def test_a_job_without_a_checkpoint_does_not_move_and_says_so_once(two_regions, 
     assert not job.events.filter(kind="region_move").exists()
     assert job.events.filter(kind="region_move_blocked").count() == 1
     assert job.steps_done == 30
+
+
+def test_a_move_whose_checkpoint_does_not_complete_goes_from_the_newest_complete_one(two_regions, ec2_regions,
+                                                                                   monkeypatch, settings):
+    monkeypatch.setenv("SPOTPIPE_REGION_PATIENCE_S", "0")
+    job = make_job(make_team(), target_steps=100, deadline=timezone.now() + timedelta(hours=2),
+                   plan={"dp": 2, "pp": 1, "provider": "aws", "instance_types": ["g5.xlarge"],
+                         "zones": [EAST_ZONE, WEST_ZONE]})
+    services.acquisition_launch(acquisition=services.job_start(job=job))
+    _enroll_all(job)
+    TrainingJob.objects.filter(pk=job.pk).update(status="running", steps_done=30)
+    checkpoint = Path(settings.SPOTPIPE_ARTIFACTS) / f"job-{job.pk}" / "checkpoints" / "step-20"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"complete")
+    east_ids = list(Instance.objects.filter(job=job).values_list("provider_instance_id", flat=True))
+    ec2_regions(EAST).terminate_instances(InstanceIds=[east_ids[0]])
+    offerings_mark_no_capacity(provider="aws", pools=[Pool(instance_type="g5.xlarge", zone=EAST_ZONE)],
+                               capacity_type="spot", code="InsufficientInstanceCapacity")
+    services.capacity_reconcile(job=job)  # the loss, and the wait
+    asked = timezone.now() + timedelta(seconds=1)
+    job.refresh_from_db()
+    assert job_region_review(job=job, now=asked) == WEST
+    assert job.status == "stopping"
+
+    assert job_stop_progress(job=job, now=asked + timedelta(seconds=30)) is False
+    assert job_stop_progress(job=job, now=asked + timedelta(seconds=61)) is True  # SPOTPIPE_STOP_CHECKPOINT_WAIT_S
+    job.refresh_from_db()
+    (move,) = job.events.filter(kind="region_move")
+    assert (move.data["from_step"], move.data["steps_redone"]) == (20, 10)
+    assert job.status == "recovering" and job.steps_done == 20
+    assert not Instance.objects.filter(job=job, state__in=["running", "pending", "notice"]).exists()

@@ -66,7 +66,11 @@ def test_acquire_is_idempotent(fake):
     instances = Instance.objects.filter(job=job)
     assert instances.count() == 4
     assert set(instances.values_list("state", flat=True)) == {InstanceState.PENDING}
-    assert sorted(instances.values_list("request_token", flat=True)) == [f"job{job.pk}-acq1/{i}" for i in range(4)]
+    # job{pk}-acq{n}-{random}: unique across control planes sharing one cloud account.
+    assert acquisition.request_token.startswith(f"job{job.pk}-acq1-") and len(acquisition.request_token) <= 64
+    assert Acquisition.objects.filter(request_token__startswith=f"job{job.pk}-acq1-").count() == 1
+    assert sorted(instances.values_list("request_token", flat=True)) == [
+        f"{acquisition.request_token}/{i}" for i in range(4)]
     job.refresh_from_db()
     assert job.status == JobStatus.PROVISIONING
     assert set(job.events.values_list("kind", flat=True)) >= {"acquisition", "acquired", "job_provisioning"}

@@ -120,6 +120,21 @@ def test_costs_by_hand():
     assert (eager.cost_usd, eager.region_moves, eager.finish_h) == (pytest.approx(4.0 + 2 * 2.0 * 1.0), 1, 4.0)
 
 
+def test_spot_then_on_demand_moves_region_only_after_its_patience():
+    # Home dry from hour 1; the other region has spot throughout. Deadline far: the rule wants spot.
+    market = hourly(([2, 0, 0, 0, 0, 0, 0, 0], 1.0), ([2, 2, 2, 2, 2, 2, 2, 2], 2.0))
+    job = Job(nodes=2, work_h=2.0, deadline_h=8.0, overhead_h=0.5)
+    eager = simulate_job(market, job, SPOT_THEN_ON_DEMAND_FAILOVER, spot_progress_rate=1.0)
+    assert (eager.region_moves, eager.on_demand_node_hours) == (1, 0.0)
+    # Hour 0 at home (0.5 h lost, 0.5 h done), the move at hour 1: 0.5 h lost, 1.5 h left, done at 3.
+    assert eager.finish_h == pytest.approx(3.0)
+    # Two hours of patience: it waits (holding nothing, paying nothing) hours 1 and 2, moves at 3.
+    patient = simulate_job(market, job, SPOT_THEN_ON_DEMAND_FAILOVER, spot_progress_rate=1.0,
+                           region_patience_s=2 * H)
+    assert (patient.region_moves, patient.finish_h) == (1, pytest.approx(5.0))
+    assert patient.cost_usd == pytest.approx(eager.cost_usd)
+
+
 def test_spot_then_on_demand_by_hand():
     # Home dry from hour 2 to the end; deadline 4 h, planned at full pace, decisions every hour.
     market = hourly(([2, 2, 0, 0, 0, 0, 0, 0], 1.0))

@@ -4,6 +4,7 @@ nodes to their instances."""
 from __future__ import annotations
 
 import logging
+import secrets
 from datetime import timedelta
 from typing import Any
 
@@ -82,7 +83,9 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     acquisition = Acquisition.objects.create(
         team_id=locked.team_id,
         job=locked,
-        request_token=f"job{locked.pk}-acq{number}",
+        # The random tail keeps two control planes on one cloud account (staging and production,
+        # or one rebuilt from scratch) from adopting each other's launches by `ClientToken` or tag.
+        request_token=f"job{locked.pk}-acq{number}-{secrets.token_hex(4)}",
         provider=shape.provider,
         count=missing,
         pools=[_pool_json(p) for p in pools],

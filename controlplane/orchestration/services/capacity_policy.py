@@ -4,8 +4,9 @@ its deadline has become unreachable (an event and an alert, once), and the rolli
 the type the job no longer wants.
 
 The estimate of the work left is the job's own: its measured step time (the median of its recent
-metric samples) or, before any sample, the planner's predicted step time. A job with neither (an
-explicit plan that has not trained yet) is not judged until its first samples arrive.
+metric samples) or, before any sample, the planner's predicted step time (an explicit plan with a
+deadline stores the planner's estimate of its own layout). A job with neither (an explicit plan of a
+model function that has not trained yet) is not judged until its first samples arrive.
 """
 
 from __future__ import annotations

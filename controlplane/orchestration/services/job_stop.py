@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
@@ -32,10 +33,11 @@ def stop_checkpoint_wait_s() -> float:
 
 @transaction.atomic
 def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: dict | None = None,
-                     now: datetime | None = None, requeue: bool = False) -> bool:
+                     now: datetime | None = None, requeue: bool = False, move: dict[str, Any] | None = None) -> bool:
     """Ask an active job to checkpoint and stop with `end_reason` (`EndReason`), or, with
-    `requeue` (it gives back borrowed quota), to checkpoint and go back to its team's queue. A job
-    that is not training stops at once. False when it is not active or is stopping already."""
+    `requeue` (it gives back borrowed quota), to checkpoint and go back to its team's queue, or,
+    with `move` (`region_move`'s from, to and price), to checkpoint and move region. A job that is
+    not training stops at once. False when it is not active or is stopping already."""
     from controlplane.orchestration import tasks
 
     locked = _lock_job(job)
@@ -45,8 +47,11 @@ def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: d
     locked.end_reason = end_reason  # what it will end with; the page shows it while stopping
     locked.save(update_fields=["stop_requested_at", "end_reason", "updated_at"])
     details = {"end_reason": end_reason, "at_step": locked.steps_done, "requeue": requeue, **(data or {})}
+    if move is not None:
+        details["move"] = move
     if locked.status in TRAINING and locked.current_generation:
-        _job_set_status(locked, JobStatus.STOPPING, f"{message}: writing a checkpoint, then stopping", data=details)
+        then = "moving" if move is not None else "stopping"
+        _job_set_status(locked, JobStatus.STOPPING, f"{message}: writing a checkpoint, then {then}", data=details)
     else:
         _stopped(locked, f"{message}: stopped (it was not training)", requeue=requeue, checkpoint=None,
                  data=details)
@@ -88,6 +93,13 @@ def job_stop_progress(*, job: TrainingJob, now: datetime | None = None) -> bool:
     waited = (now - (job.stop_requested_at or now)).total_seconds()
     if not written and waited < stop_checkpoint_wait_s():
         return False
+    move = (asked.data if asked else {}).get("move")
+    if move:
+        from controlplane.orchestration.services.region_move import region_move_after_checkpoint
+
+        region_move_after_checkpoint(job=job, move=move, checkpoint=checkpoint, now=now)
+        job.refresh_from_db()
+        return True
     requeue = bool((asked.data if asked else {}).get("requeue"))
     why = "borrowed quota given back" if requeue else job.end_reason
     with transaction.atomic():

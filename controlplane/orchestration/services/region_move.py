@@ -1,8 +1,10 @@
 """Region moves: a job's nodes stay in one region, and when that region cannot give the job the
 capacity it is missing within its patience (`SPOTPIPE_REGION_PATIENCE_S`) while another of its
-regions can, the job moves: the nodes it still has are released, it restarts from its newest
-complete checkpoint (`jobs.services.job_restart_from`, as a resume does), and its next acquisition
-goes to the cheapest region with capacity. The move is a `region_move` event with its cost: the
+regions can, the job moves: the nodes it still has write a checkpoint of the step they reached
+(the job is `stopping` meanwhile, as at a budget stop) and are released, it restarts from that
+checkpoint (`jobs.services.job_restart_from`, as a resume does; from its newest complete one when
+the write does not complete within `SPOTPIPE_STOP_CHECKPOINT_WAIT_S`, or when no node runs), and
+its next acquisition goes to the cheapest region with capacity. The move is a `region_move` event with its cost: the
 steps since the checkpoint, redone, and what they cost at the plan's size.
 
 A job that has trained but has no complete checkpoint does not move (it would lose all its work):
@@ -27,6 +29,7 @@ from controlplane.orchestration.providers import get_provider
 from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
 from controlplane.orchestration.services.acquisition import CAPACITY_WAIT_EVENT, job_capacity_type, job_region
 from controlplane.orchestration.services.capacity_policy import work_estimate
+from controlplane.orchestration.services.job_stop import TRAINING, job_request_stop
 from controlplane.orchestration.services.transitions import _end_locked_many, _job_set_status, _now
 from controlplane.tunables import tunable
 
@@ -81,8 +84,27 @@ def job_region_review(*, job: TrainingJob, now: datetime | None = None) -> str |
                 f"but the job has no complete checkpoint to move with: it waits in {region}"),
                 data={"from": region, "to": target})
         return None
-    _move(job, region=region, target=target, checkpoint=checkpoint, price=elsewhere[0].price, now=now)
+    price = elsewhere[0].price
+    if job.status in TRAINING and job.current_generation and Instance.objects.filter(
+            job=job, state=InstanceState.RUNNING).exists():
+        # The nodes it still has first write a checkpoint of the step they reached (the stop path:
+        # `job_stop.job_stop_progress` calls `region_move_after_checkpoint`), so the move redoes nothing.
+        job_request_stop(job=job, end_reason="", message=f"moving from {region} to {target}: {region} has had no "
+                         f"capacity for {(now - since).total_seconds():.0f} s",
+                         move={"from": region, "to": target, "usd_per_hour": None if price is None else str(price)},
+                         now=now)
+        return target
+    _move(job, region=region, target=target, checkpoint=checkpoint, price=price, now=now)
     return target
+
+
+def region_move_after_checkpoint(*, job: TrainingJob, move: dict[str, Any], checkpoint: int | None,
+                                 now: datetime | None = None) -> None:
+    """The move a stopping job asked for, once its nodes' checkpoint is complete (or the wait for it
+    ran out: then from its newest complete checkpoint)."""
+    price = move.get("usd_per_hour")
+    _move(job, region=str(move["from"]), target=str(move["to"]), checkpoint=checkpoint,
+          price=Decimal(price) if price is not None else None, now=now or _now())
 
 
 def _move_cost(job: TrainingJob, *, checkpoint: int | None, nodes: int, price: Decimal | None,
@@ -116,6 +138,9 @@ def _move(job: TrainingJob, *, region: str, target: str, checkpoint: int | None,
         locked_job = jobs[job.pk]
         if locked_job.status not in ACTIVE_JOB_STATUSES:
             return
+        if locked_job.stop_requested_at is not None:  # the checkpoint the move asked for is written
+            locked_job.stop_requested_at, locked_job.end_reason = None, ""
+            locked_job.save(update_fields=["stop_requested_at", "end_reason", "updated_at"])
         # Ended as ours, not lost: no reaction (the whole generation goes) and no pool cool-down.
         _end_locked_many([i for i in locked if i.state != InstanceState.TERMINATED], InstanceState.TERMINATED,
                          detail={"reason": reason})
