@@ -301,7 +301,7 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     progress.finish(log)
     failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
     summary = log.summary(config, data, wall_s=result.wall_s, failed=failed[0] if failed else None)
-    from runtime.checkpointing.export import model_entry, write_json
+    from runtime.checkpointing.export import ExportError, WeightsFolder, model_entry, write_json
 
     summary["model"] = model_entry(config.model)  # what spotpipe.load_model builds
     summary["init_from"] = config.init_from or None
@@ -312,6 +312,12 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     if log.last_step + 1 < config.steps:
         print(f"error: the run stopped after {log.last_step + 1} of {config.steps} steps "
               f"(exit codes {result.exit_codes}); see {ranks}", file=err)
+        return 1
+    try:
+        WeightsFolder(out_dir)  # the index is written last: its presence means every shard is there
+    except ExportError as exc:
+        print(f"error: all {config.steps} steps trained, but the final weights were not written (worker exit "
+              f"codes {result.exit_codes}; see {ranks}): {exc}", file=err)
         return 1
     val = f", validation loss {log.last_val:.4f}" if log.last_val is not None else ""
     print(f"done: {config.steps} steps in {result.wall_s:.1f} s, "

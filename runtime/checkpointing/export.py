@@ -175,7 +175,14 @@ def write_shards(directory: str | Path, plan: ShardPlan, writer: int, tensors: M
         missing = [key for key in keys if key not in tensors]
         if missing:
             raise ExportError(f"writer {writer} does not hold {missing[:3]} of its shard {plan.file(k)}")
-        body = {key: tensors[key].detach().to("cpu").contiguous() for key in keys}
+        body, storages = {}, set()
+        for key in keys:
+            tensor = tensors[key].detach().to("cpu").contiguous()
+            storage = tensor.untyped_storage().data_ptr()
+            if storage in storages:  # tied weights: each name gets its own copy (safetensors refuses shared ones)
+                tensor = tensor.clone()
+            storages.add(storage)
+            body[key] = tensor
         _atomic_write(directory / plan.file(k), lambda tmp, b=body: save_file(b, tmp, metadata=dict(metadata)))
         written.append(plan.file(k))
     return written
@@ -368,11 +375,61 @@ def load_model(directory: str | Path) -> nn.Sequential:
     """The trained `nn.Sequential` of a weights folder (local or `s3://bucket/prefix`), in eval mode.
 
     Needs only torch, safetensors and the model function (the built-in GPT/MLP from spotpipe.json's
-    `model` entry)."""
+    `model` entry). The model is built on the meta device and the weights assigned; a layer holding
+    what the weights do not (a non-persistent buffer such as a causal mask, a plain tensor attribute)
+    or weights tied inside it is built for real, as the nodes build it (the job's seed), and the
+    weights copied into it."""
     local = _local(directory)
-    model = build_from_entry(model_of_info(read_info(local)))
-    load_state_into(model, WeightsFolder(local).state_dict(), str(directory))
+    info = read_info(local)
+    entry = model_of_info(info)
+    model = build_from_entry(entry)
+    state = WeightsFolder(local).state_dict()
+    tied = _layers_with_tied_tensors(model)
+    load_state_into(model, state, str(directory))
+    rebuild = sorted(tied | _layers_left_on_meta(model))
+    if rebuild:
+        seed = int((info.get("config") or {}).get("seed") or 0)
+        _build_for_real(model, rebuild, entry=entry, seed=seed, state=state, where=str(directory))
     return model.eval()
+
+
+def _layer_tensors(layer: nn.Module) -> list[torch.Tensor]:
+    """Every tensor a layer holds: parameters, buffers (persistent or not) and tensor attributes."""
+    found = [*layer.parameters(), *layer.buffers()]
+    for module in layer.modules():
+        found += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+    return found
+
+
+def _layers_left_on_meta(model: nn.Sequential) -> set[int]:
+    return {i for i, layer in enumerate(model) if any(t.is_meta for t in _layer_tensors(layer))}
+
+
+def _layers_with_tied_tensors(model: nn.Sequential) -> set[int]:
+    """Layers with one parameter under two names (assigning the weights would untie it)."""
+    tied = set()
+    for i, layer in enumerate(model):
+        params = [id(p) for _, p in layer.named_parameters(remove_duplicate=False)]
+        if len(params) != len(set(params)):
+            tied.add(i)
+    return tied
+
+
+def _build_for_real(model: nn.Sequential, indexes: list[int], *, entry: Mapping[str, Any], seed: int,
+                    state: Mapping[str, torch.Tensor], where: str) -> None:
+    from runtime.models.model import build_layer
+
+    spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+    with torch.device("cpu"):
+        for i in indexes:
+            layer = build_layer(spec, i, seed)
+            prefix = f"{i}."
+            mine = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            try:
+                layer.load_state_dict(mine, strict=True)
+            except RuntimeError as exc:
+                raise ExportError(f"{where}: layer {i} built for real does not take its weights: {exc}") from None
+            model[i] = layer
 
 
 # --- a distributed job's final export (called by each worker) ------------------------------------

@@ -82,6 +82,40 @@ def regression(split: str = "train") -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(x, y, strict=True))
 
 
+# -- a causal token model holding what its weights do not (a non-persistent mask) -------------------
+
+
+class CausalMix(nn.Module):
+    """Causal token mixing: a learned (T, T) mixing masked by a causal mask registered with
+    `persistent=False` (as nanoGPT and Hugging Face register theirs: not in the state dict), and two
+    projections tied to one weight."""
+
+    def __init__(self, width: int, context: int) -> None:
+        super().__init__()
+        self.mixing = nn.Parameter(0.1 * torch.randn(context, context))
+        self.register_buffer("mask", torch.tril(torch.ones(context, context, dtype=torch.bool)), persistent=False)
+        self.up = nn.Linear(width, width, bias=False)
+        self.down = nn.Linear(width, width, bias=False)
+        self.down.weight = self.up.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        weights = self.mixing[:t, :t].masked_fill(~self.mask[:t, :t], float("-inf")).softmax(-1)
+        return x + self.down(torch.tanh(self.up(weights @ x)))
+
+
+def causal_lm(vocab: int = 16, width: int = 8, context: int = 8) -> list:
+    return [lambda: nn.Embedding(vocab, width), lambda: CausalMix(width, context), lambda: nn.Linear(width, vocab)]
+
+
+def counting(split: str = "train") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Windows of 8 tokens counting up modulo 16 from a random start: next-token pairs."""
+    gen = torch.Generator().manual_seed(21 if split == "train" else 22)
+    starts = torch.randint(0, 16, (64 if split == "train" else 8,), generator=gen)
+    windows = [(start + torch.arange(9)) % 16 for start in starts]
+    return [(w[:-1], w[1:]) for w in windows]
+
+
 # -- broken models, one per validation failure ------------------------------------------------------
 
 
