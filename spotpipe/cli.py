@@ -1,7 +1,7 @@
 """`spotpipe` console script: `spotpipe demo [options]` (docs/demo.md), and the client commands
 `submit`, `jobs`, `status`, `logs`, `cancel`, `resume` (a control plane's REST API), `train` (a job file
-on this machine, no control plane) and `sample` (text from a trained model's weights folder); see
-docs/client.md."""
+on this machine, no control plane), `sample` (text from a trained model's weights folder) and
+`export-hf` (a gpt preset's weights as a Hugging Face GPT-2 folder); see docs/client.md."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 from runtime.config import AUTO_STRATEGY, DEVICES, JOB_STRATEGIES, PRECISIONS
 from runtime.sim.traces import FORMATS as TRACE_FORMATS
+from spotpipe.jobfile import EXPORT_FORMATS
 
-CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "train", "sample")
+CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "train", "sample", "export-hf")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     add_train_parser(sub)
     add_sample_parser(sub)
+    export = sub.add_parser(
+        "export-hf", help="write the Hugging Face GPT-2 folder of a gpt preset's weights folder",
+        description="Write config.json, model.safetensors (GPT-2 names) and the job's tokenizer, so "
+                    "transformers.AutoModelForCausalLM.from_pretrained(OUT) loads the trained model.")
+    export.add_argument("dir", help="a finished weights folder (spotpipe train --out, or a job's downloaded weights)")
+    export.add_argument("--out", type=Path, help="where to write it (default DIR/hf)")
     return parser
 
 
@@ -123,6 +130,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--init-from", metavar="DIR", help="start from a weights folder an earlier run wrote: with its "
                                                         "optimizer state it continues that run (--steps is the total); "
                                                         "or a Hugging Face GPT-2 folder (weights only)")
+    train.add_argument("--export", choices=EXPORT_FORMATS,
+                       help="also write the weights for another library: hf writes OUT/hf, a Hugging Face GPT-2 "
+                            "folder (gpt presets)")
     train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
     train.add_argument("--fail", action="append", default=[], metavar="KIND:RANK@STEP",
                        help="inject a failure: kill:RANK@STEP (SIGKILL) or notice:RANK@STEP (graceful leave); "
@@ -146,6 +156,10 @@ def run_client(args: argparse.Namespace) -> int:
         return commands.cancel(args.job)
     if args.command == "resume":
         return commands.resume(args.job, budget=args.budget)
+    if args.command == "export-hf":
+        from spotpipe.train import run_export_hf
+
+        return run_export_hf(args.dir, args.out)
     if args.command == "sample":
         from spotpipe.sample import run_sample
 
@@ -160,7 +174,7 @@ def run_client(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, model_args=args.model_args, lr_schedule=args.lr_schedule, warmup=args.warmup,
         lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
         betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
-        precision=args.precision, device=args.device,
+        precision=args.precision, device=args.device, export=args.export,
     ))
 
 

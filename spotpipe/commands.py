@@ -82,6 +82,9 @@ def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
     from runtime.config import LayoutError, each_error
 
     body = load_job_file(path)
+    if "export" in body:  # read by `spotpipe train` only: never dropped silently
+        raise JobFileError(f"{path}: export = {body['export']!r} is for spotpipe train; a control-plane job's weights "
+                           "are converted after download: spotpipe export-hf DIR")
     try:
         body = validate_user_model(body)  # before anything is sent: the control plane never imports it
     except LayoutError as exc:

@@ -10,6 +10,7 @@
     max_runtime_s = 86400         # optional limits: stop (checkpoint first) after this long training,
     max_wait_s = 3600             #   or after this long without capacity; crashes survived:
     max_restarts_on_errors = 3    #   the next one fails the job (end_reason user_error)
+    export = "hf"                 # spotpipe train only: also OUT/hf, a Hugging Face GPT-2 folder
 
     [config]                      # the runtime's JobConfig fields (runtime/config.py) but the layout
     global_batch = 32
@@ -36,7 +37,12 @@ from pathlib import Path
 from typing import Any
 
 TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "capacity", "config", "model_spec",
-             "plan", "priority", "max_runtime_s", "max_wait_s", "max_restarts_on_errors", "allow_over_budget")
+             "plan", "priority", "max_runtime_s", "max_wait_s", "max_restarts_on_errors", "allow_over_budget",
+             "export")
+EXPORT_FORMATS = ("hf",)
+"""`export` (job file) / `--export` (spotpipe train): hf also writes the weights as a Hugging Face GPT-2
+folder (`runtime.models.hf_gpt2.write_hf_folder`)."""
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

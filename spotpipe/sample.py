@@ -16,22 +16,27 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
     from runtime.data.dataset import DataError
     from runtime.data.tokenizer import load_tokenizer
     from runtime.models.generate import sample
+    from runtime.models.hf_gpt2 import is_hf_gpt2, read_config, spec_of_hf
 
     if tokens < 0 or not temperature > 0:
         print(f"error: --tokens ({tokens}) must be >= 0 and --temperature ({temperature}) > 0", file=err)
         return 2
     try:
         local = _local(directory)
-        info = read_info(local)
-        entry = model_of_info(info)
-        if entry.get("kind") != "gpt":
-            print(f"error: {directory} holds a {entry.get('kind')!r} model; sample needs a language model (gpt)",
-                  file=err)
-            return 2
-        spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+        if is_hf_gpt2(local):  # `spotpipe train --export hf`'s folder: its own tokenizer.json
+            spec = spec_of_hf(read_config(local))
+            recorded = str(local / "tokenizer.json") if (local / "tokenizer.json").is_file() else "byte"
+        else:
+            info = read_info(local)
+            entry = model_of_info(info)
+            if entry.get("kind") != "gpt":
+                print(f"error: {directory} holds a {entry.get('kind')!r} model; sample needs a language model (gpt)",
+                      file=err)
+                return 2
+            spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+            recorded = info.get("tokenizer") or "byte"
         model = load_model(local)
-        name = tokenizer or info.get("tokenizer") or "byte"
-        tok = load_tokenizer(name, Path(tempfile.gettempdir()))
+        tok = load_tokenizer(tokenizer or recorded, Path(tempfile.gettempdir()))
     except (ExportError, DataError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 2

@@ -45,7 +45,7 @@ from runtime.config import (
     preset_vocabulary,
     resolve_strategy,
 )
-from spotpipe.jobfile import JobFileError, load_job_file
+from spotpipe.jobfile import EXPORT_FORMATS, JobFileError, load_job_file
 
 _FAIL = re.compile(r"^(kill|notice|stop):(\d+)@(\d+)$")
 POLL_S = 0.5
@@ -93,6 +93,8 @@ class TrainOptions:
     device: str | None = None
     """`--device cuda`: every node on one GPU of its own (`JobConfig.device`)."""
     init_from: str | None = None
+    export: str | None = None
+    """`--export hf`: also OUT/hf, a Hugging Face GPT-2 folder (`EXPORT_FORMATS`)."""
     fails: list[str] = field(default_factory=list)
     out: Path = Path("var/train")
     timeout_s: float = 3600.0
@@ -223,6 +225,7 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
     """Train; 0 when every step was done, 1 when the run failed, 2 for options or data that cannot run."""
     try:
         config = resolve_config(options)
+        export = export_format(options, config)
         faults = [parse_fail(text) for text in options.fails]
         for fault in faults:
             if not 0 <= fault.node < config.dp * config.pp:
@@ -266,11 +269,11 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
             print(f"error: steps: init_from {config.init_from} continues a job that did {start} steps; "
                   f"--steps is the total, expected more than {start}", file=err)
             return 2
-    return _launch(config, faults, data, options, out=out, err=err, start=start)
+    return _launch(config, faults, data, options, out=out, err=err, start=start, export=export)
 
 
 def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: TrainOptions, *,
-            out: TextIO, err: TextIO, start: int = 0) -> int:
+            out: TextIO, err: TextIO, start: int = 0, export: str | None = None) -> int:
     from runtime.train.launcher import run_local
 
     out_dir = options.out
@@ -323,6 +326,38 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     print(f"done: {config.steps} steps in {result.wall_s:.1f} s, "
           f"loss {log.first_loss:.4f} -> {log.last_loss:.4f}{val}; "
           f"metrics in {out_dir / 'metrics.jsonl'}, weights in {out_dir}/model*.safetensors", file=out)
+    if export == "hf":
+        return run_export_hf(str(out_dir), None, out=out, err=err)
+    return 0
+
+
+def export_format(options: TrainOptions, config: JobConfig) -> str | None:
+    """`--export` (else the job file's `export`), checked against the model before anything runs."""
+    value = options.export if options.export is not None else (
+        load_job_file(options.file).get("export") if options.file else None)
+    if value is None:
+        return None
+    if value not in EXPORT_FORMATS:
+        raise TrainError(f"export {value!r} is unknown; expected one of {', '.join(EXPORT_FORMATS)}")
+    if config.model.kind != "gpt":
+        raise TrainError(f"export = {value!r} writes a Hugging Face GPT-2 folder, for the gpt presets; the model is "
+                         f"{config.model.kind!r} (a model function's weights load into your own nn.Sequential with "
+                         "load_state_dict(strict=True): docs/runtime.md)")
+    return value
+
+
+def run_export_hf(directory: str, target: Path | None, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """`spotpipe export-hf DIR [--out OUT]`: 0 when written, 2 when DIR cannot be exported."""
+    from runtime.checkpointing.export import ExportError
+    from runtime.models.hf_gpt2 import write_hf_folder
+
+    try:
+        written = write_hf_folder(directory, target)
+    except (ExportError, OSError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    print(f"Hugging Face folder: {written} (transformers.AutoModelForCausalLM.from_pretrained and "
+          "AutoTokenizer.from_pretrained load it)", file=out)
     return 0
 
 

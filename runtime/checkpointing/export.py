@@ -372,7 +372,8 @@ def load_state_into(model: nn.Module, state: Mapping[str, torch.Tensor], where: 
 
 
 def load_model(directory: str | Path) -> nn.Sequential:
-    """The trained `nn.Sequential` of a weights folder (local or `s3://bucket/prefix`), in eval mode.
+    """The trained `nn.Sequential` of a weights folder (local or `s3://bucket/prefix`), in eval mode:
+    spotpipe's own layout, or a Hugging Face GPT-2 folder (`runtime.models.hf_gpt2`).
 
     Needs only torch, safetensors and the model function (the built-in GPT/MLP from spotpipe.json's
     `model` entry). The model is built on the meta device and the weights assigned; a layer holding
@@ -380,6 +381,11 @@ def load_model(directory: str | Path) -> nn.Sequential:
     or weights tied inside it is built for real, as the nodes build it (the job's seed), and the
     weights copied into it."""
     local = _local(directory)
+    if not (local / INFO).is_file():
+        from runtime.models.hf_gpt2 import is_hf_gpt2, load_hf_gpt2
+
+        if is_hf_gpt2(local):  # `spotpipe train --export hf`'s folder, or any GPT-2 transformers wrote
+            return load_hf_gpt2(local)
     info = read_info(local)
     entry = model_of_info(info)
     model = build_from_entry(entry)

@@ -58,6 +58,33 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what a byte-level tokenizer.json spells bytes with)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_tokenizer_json() -> str:
+    """`ByteTokenizer` as a Hugging Face tokenizer.json: byte-level, no merges, id = the byte's value,
+    so `transformers` encodes and decodes any text exactly as spotpipe's byte tokenizer does."""
+    from tokenizers import Tokenizer as _Tokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {char: b for b, char in _bytes_to_unicode().items()}
+    tok = _Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str()
+
+
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer.json (BPE, WordPiece, Unigram...)."""
 

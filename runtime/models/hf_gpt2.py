@@ -159,3 +159,88 @@ class HFGPT2Weights:
         names = {key: self._their_name(self.map[key][0]) for key in keys}
         found = self.folder.tensors(set(names.values()))
         return {key: self.map[key][1](found[names[key]]).float() for key in keys}
+
+
+# --- out: a Hugging Face GPT-2 folder of a trained gpt preset ----------------------------------------
+
+HF_FOLDER = "hf"
+"""The Hugging Face folder `spotpipe train --export hf` writes inside its output folder."""
+HF_WEIGHTS = "model.safetensors"
+
+
+def hf_config(spec: ModelSpec) -> dict[str, Any]:
+    """config.json of `spec` as a `GPT2LMHeadModel`: the same computation (see the module doc), the
+    context as `n_positions`, the head untied (ours is trained apart from `wte`), no dropout."""
+    return {
+        "model_type": MODEL_TYPE, "architectures": ["GPT2LMHeadModel"], "n_layer": spec.n_layer,
+        "n_embd": spec.n_embd, "n_head": spec.n_head, "n_positions": spec.seq_len, "n_ctx": spec.seq_len,
+        "vocab_size": spec.vocab_size, "activation_function": TANH_GELUS[0], "layer_norm_epsilon": 1e-5,
+        "n_inner": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
+        "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32",
+    }
+
+
+def spec_of_hf(hf: dict[str, Any]) -> ModelSpec:
+    """The built-in GPT a GPT-2 config.json describes (its context: `n_positions`)."""
+    return ModelSpec(kind="gpt", n_layer=int(hf["n_layer"]), n_embd=int(hf["n_embd"]), n_head=int(hf["n_head"]),
+                     vocab_size=int(hf["vocab_size"]), seq_len=int(hf["n_positions"]))
+
+
+def hf_state(spec: ModelSpec, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict under GPT-2's names and layouts (`key_map` read backwards: Conv1D weights
+    transposed back, `lm_head.weight` its own tensor)."""
+    out = {}
+    for ours, (names, transform) in key_map(spec).items():
+        theirs = names[0] if names[0] == "lm_head.weight" else f"transformer.{names[0]}"
+        tensor = state[ours].detach().to("cpu")
+        out[theirs] = (tensor.t() if transform is _transposed else tensor).contiguous().clone()
+    return out
+
+
+def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Path:
+    """Write the Hugging Face GPT-2 folder of a finished gpt-preset weights folder `directory`:
+    config.json, model.safetensors and the tokenizer the job trained with (tokenizer.json and
+    tokenizer_config.json), so `transformers.AutoModelForCausalLM.from_pretrained(out)` loads it.
+    `out` defaults to `directory/hf`; config.json is written last, so a folder with one is complete."""
+    from safetensors.torch import save_file
+
+    from runtime.checkpointing.export import _atomic_write, model_of_info, read_info, write_json
+    from runtime.data.tokenizer import byte_tokenizer_json
+
+    info = read_info(directory)
+    entry = model_of_info(info)
+    if entry.get("kind") != "gpt":
+        raise HFWeightsError(f"{directory} holds a {entry.get('kind')!r} model; a Hugging Face GPT-2 folder is "
+                             "written for the gpt presets only (a model function's weights load into your own "
+                             "nn.Sequential with load_state_dict(strict=True): docs/runtime.md)")
+    spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+    target = Path(out) if out is not None else Path(directory) / HF_FOLDER
+    target.mkdir(parents=True, exist_ok=True)
+    (target / CONFIG).unlink(missing_ok=True)  # incomplete until written again, last
+    tokenizer = info.get("tokenizer") or "byte"
+    if tokenizer == "byte":
+        tokenizer_json = byte_tokenizer_json()
+    elif Path(tokenizer).is_file():
+        tokenizer_json = Path(tokenizer).read_text(encoding="utf-8")
+    else:
+        raise HFWeightsError(f"the job's tokenizer {tokenizer!r} is not a file here; expected 'byte' or the "
+                             "tokenizer.json the job trained with")
+    _atomic_write(target / "tokenizer.json", lambda tmp: Path(tmp).write_text(tokenizer_json, encoding="utf-8"))
+    write_json(target / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                  "model_max_length": spec.seq_len,
+                                                  "clean_up_tokenization_spaces": False})
+    state = hf_state(spec, WeightsFolder(directory).state_dict())
+    _atomic_write(target / HF_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    write_json(target / CONFIG, hf_config(spec))
+    return target
+
+
+def load_hf_gpt2(directory: str | Path) -> torch.nn.Sequential:
+    """A Hugging Face GPT-2 folder as our `nn.Sequential` (what `spotpipe.load_model` gives for one)."""
+    from runtime.checkpointing.export import build_from_entry, load_state_into, model_entry
+
+    spec = spec_of_hf(read_config(directory))
+    weights = HFGPT2Weights(directory, spec)
+    model = build_from_entry(model_entry(spec))
+    load_state_into(model, weights.tensors(weights.map), str(directory))
+    return model.eval()

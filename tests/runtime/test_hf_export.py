@@ -1,0 +1,108 @@
+"""Weights Hugging Face loads: `spotpipe train --export hf` (and `spotpipe export-hf`) write a GPT-2
+folder that `transformers` loads with the same logits as spotpipe's own model, with the byte tokenizer
+as a tokenizer.json that encodes and decodes as spotpipe does; `load_model`, `sample` and
+`--init-from` read it back. Bad requests are one message before anything runs."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import spotpipe
+from runtime.data.tokenizer import ByteTokenizer, byte_tokenizer_json
+from spotpipe.train import TrainOptions, run_export_hf, run_train
+from tests.runtime.test_train_command import CORPUS, _job_file
+
+TEXTS = ("hello world", "héllo\n\n wörld ✓ 日本", "  tabs\tand\r\nbytes")
+
+
+def _train(options: TrainOptions) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return run_train(options, out=out, err=err), out.getvalue(), err.getvalue()
+
+
+def test_the_byte_tokenizer_as_a_tokenizer_json_encodes_and_decodes_as_spotpipe_does() -> None:
+    from tokenizers import Tokenizer
+
+    theirs, ours = Tokenizer.from_str(byte_tokenizer_json()), ByteTokenizer()
+    assert theirs.get_vocab_size() == ours.vocab_size == 256
+    for text in TEXTS:
+        ids = theirs.encode(text, add_special_tokens=False).ids
+        assert ids == list(ours.encode(text))
+        assert theirs.decode(ids) == text
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(300)
+def test_a_trained_gpt_loads_in_transformers_with_spotpipes_logits(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = tmp_path / "out"
+    code, out, err = _train(TrainOptions(file=_job_file(tmp_path), data=f"text:{CORPUS}", pp=2, microbatches=2,
+                                         steps=3, export="hf", out=out_dir))
+    assert code == 0, err
+    hf_dir = out_dir / "hf"
+    assert f"Hugging Face folder: {hf_dir}" in out
+    config = json.loads((hf_dir / "config.json").read_text())
+    assert (config["model_type"], config["n_positions"], config["tie_word_embeddings"]) == ("gpt2", 16, False)
+
+    theirs = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    ours = spotpipe.load_model(out_dir)
+    ids = torch.tensor([list(ByteTokenizer().encode("def main(argv):\n"))])  # 16 tokens: the context
+    with torch.no_grad():
+        expected = ours(ids)
+        torch.testing.assert_close(theirs(ids).logits, expected, rtol=0, atol=1e-5)
+        # The folder reads back through spotpipe too: load_model, and --init-from's reader.
+        torch.testing.assert_close(spotpipe.load_model(hf_dir)(ids), expected, rtol=0, atol=0)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    for text in TEXTS:
+        assert tokenizer.encode(text, add_special_tokens=False) == list(ByteTokenizer().encode(text))
+    from runtime.checkpointing.export import InitialState
+    from spotpipe.train import TrainOptions as Options
+    from spotpipe.train import resolve_config
+
+    assert InitialState(str(hf_dir), resolve_config(Options(file=_job_file(tmp_path))).model).start_step == 0
+
+    sampled, problems = io.StringIO(), io.StringIO()
+    from spotpipe.sample import run_sample
+
+    assert run_sample(str(hf_dir), prompt="def ", tokens=8, out=sampled, err=problems) == 0, problems.getvalue()
+    assert sampled.getvalue().startswith("def ")
+
+    # spotpipe export-hf on the same folder, elsewhere: the same files.
+    again = tmp_path / "again"
+    assert run_export_hf(str(out_dir), again, out=io.StringIO(), err=io.StringIO()) == 0
+    assert (again / "model.safetensors").read_bytes() == (hf_dir / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(model="tests.usermodels.models:two_layers", data="py:tests.usermodels.models:regression"),
+     "export = 'hf' writes a Hugging Face GPT-2 folder, for the gpt presets; the model is 'py'"),
+])
+def test_export_hf_of_a_model_it_cannot_write_is_one_message_before_anything_runs(
+        tmp_path: Path, options: dict, message: str) -> None:
+    out_dir = tmp_path / "out"
+    code, _, err = _train(TrainOptions(export="hf", out=out_dir, **options))
+    assert code == 2 and message in err, err
+    assert not out_dir.exists()
+
+
+def test_export_in_a_job_file_is_refused_by_submit_never_dropped(tmp_path: Path) -> None:
+    from spotpipe.commands import submit
+
+    path = _job_file(tmp_path)
+    path.write_text('export = "hf"\n' + path.read_text())
+    err = io.StringIO()
+    assert submit(path, out=io.StringIO(), err=err) == 2  # before any request: no control plane is configured
+    assert "export = 'hf' is for spotpipe train" in err.getvalue() and "spotpipe export-hf DIR" in err.getvalue()
+
+
+def test_export_hf_of_a_folder_without_a_gpt_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "spotpipe.json").write_text(json.dumps({"model": {"kind": "mlp"}}))
+    err = io.StringIO()
+    assert run_export_hf(str(tmp_path), None, out=io.StringIO(), err=err) == 2
+    assert "holds a 'mlp' model" in err.getvalue()
