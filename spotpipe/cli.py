@@ -1,5 +1,5 @@
 """`spotpipe` console script: `spotpipe demo [options]` (docs/demo.md), and the client commands
-`submit`, `jobs`, `status`, `logs`, `cancel`, `resume` (a control plane's REST API), `train` (a job file
+`submit`, `jobs`, `status`, `logs`, `cancel`, `resume`, `pull` (a control plane's REST API), `train` (a job file
 on this machine, no control plane), `sample` (text from a trained model's weights folder) and
 `export-hf` (a gpt preset's weights as a Hugging Face GPT-2 folder); see docs/client.md."""
 
@@ -14,7 +14,7 @@ from runtime.config import AUTO_STRATEGY, DEVICES, JOB_STRATEGIES, PRECISIONS
 from runtime.sim.traces import FORMATS as TRACE_FORMATS
 from spotpipe.jobfile import EXPORT_FORMATS
 
-CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "train", "sample", "export-hf")
+CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "pull", "train", "sample", "export-hf")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="resume a stopped, cancelled or failed job from its newest checkpoint")
     resume.add_argument("job", type=int)
     resume.add_argument("--budget", help="the job's new total budget in USD (needed after a budget stop)")
+    pull = sub.add_parser("pull", help="download a finished or stopped job's weights, checksums verified")
+    pull.add_argument("job", type=int)
+    pull.add_argument("dir", type=Path, nargs="?", help="where to put them (default job-ID)")
     logs = sub.add_parser("logs", help="a job's timeline")
     logs.add_argument("job", type=int)
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
@@ -154,6 +157,8 @@ def run_client(args: argparse.Namespace) -> int:
         return commands.logs(args.job, follow=args.follow)
     if args.command == "cancel":
         return commands.cancel(args.job)
+    if args.command == "pull":
+        return commands.pull(args.job, args.dir)
     if args.command == "resume":
         return commands.resume(args.job, budget=args.budget)
     if args.command == "export-hf":

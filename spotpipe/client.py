@@ -1,4 +1,4 @@
-"""A small client of the control plane's REST API, for `spotpipe submit/jobs/status/logs/cancel`.
+"""A small client of the control plane's REST API, for `spotpipe submit/jobs/status/logs/cancel/pull`.
 
 Where it connects, like the AWS CLI: `SPOTPIPE_URL` and `SPOTPIPE_TOKEN` in the environment, else
 the `url` and `token` of the profile (`SPOTPIPE_PROFILE`, default `default`) in the credentials
@@ -14,16 +14,28 @@ the Authorization header and never printed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
 DEFAULT_CONFIG = Path("~/.config/spotpipe/credentials.toml")
 TIMEOUT_S = 30.0
+"""Seconds to connect, and between two bytes of an answer."""
+DOWNLOAD_CHUNK = 1 << 20
+
+
+def _unreachable(url: str, exc: requests.RequestException) -> ClientError:
+    """A slow server is said to be slow, an unreachable one unreachable."""
+    if isinstance(exc, requests.ReadTimeout):
+        return ClientError(f"{url} did not answer within {TIMEOUT_S:g} s (the control plane is slow or busy); "
+                           "try again")
+    return ClientError(f"cannot reach {url}: {exc}")
 
 
 class ClientError(RuntimeError):
@@ -74,7 +86,7 @@ class Client:
         try:
             response = self.session.request(method, url, json=json, params=params, timeout=TIMEOUT_S)
         except requests.RequestException as exc:
-            raise ClientError(f"cannot reach {self.endpoint.url}: {exc}") from exc
+            raise _unreachable(self.endpoint.url, exc) from exc
         if response.status_code >= 400:
             try:
                 body = response.json()
@@ -85,6 +97,34 @@ class Client:
             raise ClientError(f"{response.status_code}: {detail or response.reason}", status=response.status_code,
                               errors=errors if isinstance(errors, dict) else None)
         return response.json() if response.content else None
+
+    def artifacts(self, job_id: int) -> dict[str, Any]:
+        """The job's weight files: `{location, complete, files: [{name, size, sha256, url}]}`."""
+        return self.call("GET", f"jobs/{job_id}/artifacts/")
+
+    def download(self, job_id: int, name: str, dest: Path, *, size: int, sha256: str) -> None:
+        """Stream artifact `name` of the job into `dest`: into a temporary file beside it, renamed
+        only when its size and sha256 are the listing's (a broken download never looks whole)."""
+        url = f"{self.endpoint.url}/api/v1/jobs/{job_id}/artifacts/{quote(name)}"
+        part = dest.with_name(f".{dest.name}.part")
+        digest, got = hashlib.sha256(), 0
+        try:
+            with self.session.get(url, stream=True, timeout=TIMEOUT_S) as response:
+                if response.status_code >= 400:
+                    raise ClientError(f"{response.status_code}: downloading {name}", status=response.status_code)
+                with part.open("wb") as fh:
+                    for chunk in response.iter_content(DOWNLOAD_CHUNK):
+                        fh.write(chunk)
+                        digest.update(chunk)
+                        got += len(chunk)
+        except requests.RequestException as exc:
+            part.unlink(missing_ok=True)
+            raise _unreachable(self.endpoint.url, exc) from exc
+        if got != size or digest.hexdigest() != sha256:
+            part.unlink(missing_ok=True)
+            raise ClientError(f"{name}: received {got} bytes with sha256 {digest.hexdigest()}, but the listing says "
+                              f"{size} bytes with sha256 {sha256}; not saved (run the command again)")
+        os.replace(part, dest)
 
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.call("POST", "jobs/", json=body)

@@ -6,6 +6,8 @@ or an unreadable file."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -155,6 +157,9 @@ def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
     # One more GET: the cost report carries the spot / on-demand split.
     report = client.call("GET", f"jobs/{job_id}/cost-report/")
     print(f"  {describe_cost(report)}", file=out)
+    weights = describe_weights(client, job)
+    if weights:
+        print(f"  {weights}", file=out)
     return 0
 
 
@@ -230,3 +235,72 @@ def resume(job_id: int, *, budget: str | None = None, out: TextIO = sys.stdout) 
     job = _client().resume(job_id, budget_usd=budget)
     print(f"job {job['id']} {job['status']}: {job['resumed_from']['message']}", file=out)
     return 0
+
+
+def _download_order(name: str) -> int:
+    """Shards first, then the indexes (and a single-file model: the export's own "complete" mark),
+    spotpipe.json last: a folder interrupted midway never looks like a finished one."""
+    if name == "spotpipe.json":
+        return 2
+    return 1 if name.endswith(".index.json") or name == "model.safetensors" else 0
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+@_guarded
+def pull(job_id: int, directory: Path | None = None, *, out: TextIO = sys.stdout) -> int:
+    """Download a finished (or stopped) job's weights into `directory` (default `job-<id>`), each
+    file's size and sha256 checked against the listing; files already there and whole are kept, so
+    an interrupted pull continues. 1 when the job has no complete weights yet."""
+    client = _client()
+    listing = client.artifacts(job_id)
+    if not listing.get("complete"):
+        job = client.job(job_id)
+        raise ClientError(f"job {job_id} has no complete weights yet ({job['status']}, step {job['steps_done']} of "
+                          f"{job['target_steps']}): its workers write them when it finishes or stops")
+    files = sorted(listing["files"], key=lambda f: (_download_order(f["name"]), f["name"]))
+    unsafe = [f["name"] for f in files if Path(f["name"]).name != f["name"] or f["name"].startswith(".")]
+    if unsafe:
+        raise ClientError(f"the listing names files outside one folder: {unsafe}; refusing to write them")
+    target = Path(directory) if directory is not None else Path(f"job-{job_id}")
+    target.mkdir(parents=True, exist_ok=True)
+    total = sum(f["size"] for f in files)
+    print(f"job {job_id}: {len(files)} files, {_megabytes(total)}, into {target}", file=out, flush=True)
+    for k, f in enumerate(files, 1):
+        dest = target / f["name"]
+        if dest.is_file() and dest.stat().st_size == f["size"] and _sha256(dest) == f["sha256"]:
+            print(f"  [{k}/{len(files)}] {f['name']}: already here, sha256 verified", file=out, flush=True)
+            continue
+        print(f"  [{k}/{len(files)}] {f['name']} ({_megabytes(f['size'])})", file=out, flush=True)
+        client.download(job_id, f["name"], dest, size=f["size"], sha256=f["sha256"])
+    print(f"done: every file's sha256 verified. Load them with:\n"
+          f"  python -c 'import spotpipe; print(spotpipe.load_model(\"{target}\"))'", file=out)
+    try:
+        kind = json.loads((target / "spotpipe.json").read_text()).get("model", {}).get("kind")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind == "gpt":
+        print(f"  spotpipe sample {target} --prompt 'Hello'   # or: spotpipe export-hf {target} (Hugging Face)",
+              file=out)
+    return 0
+
+
+def describe_weights(client: Client, job: dict[str, Any]) -> str | None:
+    """One line for an ended job: where its weights are and how to fetch them (None while it runs)."""
+    if job["status"] not in ENDED:
+        return None
+    listing = client.artifacts(job["id"])
+    if not listing.get("complete"):
+        return "weights: none complete (a job writes them when it finishes or stops)"
+    size = _megabytes(sum(f["size"] for f in listing["files"]))
+    return f"weights: {len(listing['files'])} files, {size} at {listing['location']}: spotpipe pull {job['id']}"

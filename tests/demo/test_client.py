@@ -125,3 +125,23 @@ def test_follow_prints_an_event_that_committed_after_a_later_stamped_one(monkeyp
     assert commands.logs(7, follow=True, out=out) == 0
     printed = [line.split()[1] for line in out.getvalue().splitlines() if not line.startswith("--")]
     assert sorted(printed) == ["agent_worker_exit", "generation", "job_finished"]  # each once
+
+
+def test_a_slow_server_is_reported_as_slow_and_an_absent_one_as_unreachable(monkeypatch) -> None:
+    import socket
+
+    from spotpipe import client as client_module
+    from spotpipe.client import Client, Endpoint
+
+    monkeypatch.setattr(client_module, "TIMEOUT_S", 0.5)
+    with socket.socket() as silent:  # accepts the connection, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(ClientError, match=r"did not answer within 0.5 s \(the control plane is slow or busy\)"):
+            Client(Endpoint(url=url, token="t")).jobs()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: the connection is refused
+        with pytest.raises(ClientError, match=f"cannot reach http://127.0.0.1:{port}"):
+            Client(Endpoint(url=f"http://127.0.0.1:{port}", token="t")).jobs()

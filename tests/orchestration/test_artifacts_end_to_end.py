@@ -4,7 +4,7 @@ plane (live server), a real Celery worker and two local node agents running the 
 `py:` dataset). One node gets an interruption notice and leaves at a step boundary; the job trains
 on and finishes. Its workers wrote the final weights into the job's folder of the artifact store
 (the control plane handed it to them in the run command); the team downloads every file through
-the API with its token (another team's token gets 404), and `spotpipe.load_model` on the downloaded
+the API with its token (`spotpipe pull`; another team's token gets 404), and `spotpipe.load_model` on the downloaded
 folder gives a module whose forward equals the failure-free single-process reference's.
 
 Marker `scenario`: CI runs it in the PostgreSQL pass only; on the embedded default the headless
@@ -14,6 +14,7 @@ the download views run in both passes (tests/controlplane/test_api_artifacts.py)
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import urllib.error
 import urllib.request
@@ -26,6 +27,7 @@ from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration, 
 from controlplane.orchestration import tasks
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.local.provider import LocalProvider
+from spotpipe import commands
 from spotpipe.commands import validate_user_model
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_job, make_team
@@ -112,13 +114,15 @@ def test_a_user_models_weights_come_out_through_the_api_after_a_notice(
         names = {f["name"] for f in listing["files"]}
         assert {"spotpipe.json", "model.safetensors"} <= names, names  # pp=1: one writer, one file
         assert any(n.startswith("optimizer") for n in names), names
+        # `spotpipe pull`, as the team would: every file, its size and sha256 checked.
         downloaded = tmp_path / "downloaded"
-        downloaded.mkdir()
+        monkeypatch.setenv("SPOTPIPE_URL", control_plane.url)
+        monkeypatch.setenv("SPOTPIPE_TOKEN", token)
+        pulled, problems = io.StringIO(), io.StringIO()
+        assert commands.pull(job.pk, downloaded, out=pulled, err=problems) == 0, problems.getvalue()
         for f in listing["files"]:
-            code, data = _get(f["url"], token)
-            assert code == 200, (f["name"], code)
+            data = (downloaded / f["name"]).read_bytes()
             assert len(data) == f["size"] and hashlib.sha256(data).hexdigest() == f["sha256"]
-            (downloaded / f["name"]).write_bytes(data)
             assert _get(f["url"], stranger)[0] == 404
         assert _get(listing_url, stranger)[0] == 404
         info = json.loads((downloaded / "spotpipe.json").read_text())
