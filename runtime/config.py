@@ -497,6 +497,15 @@ class JobConfig:
             return max(self.op_timeout_s, first_s)
         return max(self.op_timeout_s, self.op_timeout_factor * expected_s)
 
+    @property
+    def tokens_per_sample(self) -> int | None:
+        """Tokens in one sample when the samples are token windows (a tokenized source, token ids,
+        or the built-in GPT's synthetic tokens): `model.seq_len`; None for other data (a `py`
+        dataset, the MLP), whose throughput is counted in samples."""
+        windows = self.data.tokenized or self.data.source.startswith("tokens:") or (
+            not self.data.source and self.model.kind == "gpt")
+        return self.model.seq_len if windows else None
+
     def validation_due(self, done: int) -> bool:
         """Whether the parameters after `done` steps get a validation pass: every `val_every` steps
         and after the last one."""

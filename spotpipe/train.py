@@ -3,9 +3,10 @@
 The options come from flags, a job file, or both (flags win). It checks the job and opens its data
 here first (so a bad source fails before any process starts, and the node cache is filled once for
 every rank), starts the ranks as real processes, shows a progress line (step, loss, validation loss,
-tokens/s), and writes into the output folder:
+tokens/s, or samples/s when the samples are not token windows), and writes into the output folder:
 
-- `metrics.jsonl`: one JSON object per step: `step`, `loss` and, when measured, `val_loss`;
+- `metrics.jsonl`: one JSON object per step: `step` (steps done: 1 after the first), `loss`,
+  `samples_per_s`, `tokens_per_s` (when the samples are token windows) and, when measured, `val_loss`;
 - `spotpipe.json`: the resolved config, the data source with its content hash, the tokenizer, the
   final losses and the wall time;
 - `tb/`: the same metrics as TensorBoard event files, when the `tensorboard` package is installed;
@@ -374,7 +375,7 @@ class MetricsLog:
         self.written = start - 1
         self._offsets: dict[Path, int] = {}
         self.tb = _tensorboard(out_dir / "tb")
-        self.tokens_per_sample = config.model.seq_len if config.model.kind == "gpt" else 1
+        self.tokens_per_sample = config.tokens_per_sample
 
     def poll(self, ranks: Path, *, final: bool = False) -> dict[str, Any] | None:
         """Read the ranks' logs, write the steps now complete; returns the newest step's record."""
@@ -382,16 +383,20 @@ class MetricsLog:
             for record in self._new_records(path):
                 if "step" not in record or "event" in record:
                     continue
-                merged = self.steps.setdefault(record["step"], {"step": record["step"]})
+                # Keyed by the runtime's step index; written as steps done (1-based), as the console,
+                # spotpipe.json, checkpoints (step-N) and the control plane count.
+                merged = self.steps.setdefault(record["step"], {"step": record["step"] + 1})
                 if record.get("loss") is not None and "loss" not in merged:
                     merged["loss"] = record["loss"]
-                    merged["tokens_per_s"] = self.config.global_batch * self.tokens_per_sample / record["step_time_s"]
+                    merged["samples_per_s"] = self.config.global_batch / record["step_time_s"]
+                    if self.tokens_per_sample is not None:
+                        merged["tokens_per_s"] = merged["samples_per_s"] * self.tokens_per_sample
                 if record.get("val_loss") is not None and "val_loss" not in merged:
                     merged["val_loss"] = record["val_loss"]
         with open(self.path, "a") as fh:
             while self.written + 1 in self.steps:
                 record = self.steps[self.written + 1]
-                due = self.config.validation_due(record["step"] + 1)
+                due = self.config.validation_due(record["step"])
                 if "loss" not in record or (due and "val_loss" not in record and not final):
                     break
                 fh.write(json.dumps(record) + "\n")
@@ -416,7 +421,7 @@ class MetricsLog:
     def _to_tensorboard(self, record: dict[str, Any]) -> None:
         if self.tb is None:
             return
-        for key in ("loss", "val_loss", "tokens_per_s"):
+        for key in ("loss", "val_loss", "samples_per_s", "tokens_per_s"):
             if key in record:
                 self.tb.add_scalar(f"train/{key}" if key != "val_loss" else "val/loss", record[key], record["step"])
 
@@ -479,12 +484,14 @@ class Progress:
         if record is None or record["step"] == self.shown:
             return
         self.shown = record["step"]
-        done = record["step"] + 1
+        done = record["step"]
         width = 24
         bar = "#" * (width * done // max(self.steps, 1))
         val = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+        rate = (f"{record['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in record
+                else f"{record.get('samples_per_s', 0):,.1f} samples/s")
         line = (f"step {done:>{len(str(self.steps))}}/{self.steps} [{bar:<{width}}] loss {record['loss']:.4f}{val} "
-                f"{record.get('tokens_per_s', 0):,.0f} tok/s")
+                f"{rate}")
         print(f"\r{line}" if self.tty else line, end="" if self.tty else "\n", file=self.out, flush=True)
 
     def finish(self, log: MetricsLog) -> None:

@@ -104,7 +104,7 @@ def test_loss_curve_and_parameters_equal_plain_pytorch(spotpipe_run: Path) -> No
     assert (config["dp"], config["pp"], config["strategy"], config["lr"]) == (1, 1, "none", LR)
     records = [json.loads(line) for line in (spotpipe_run / "metrics.jsonl").read_text().splitlines()]
     got = [r["loss"] for r in records]
-    assert [r["step"] for r in records] == list(range(STEPS))
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     tokens = np.fromfile(spotpipe_run.parent / "argparse.bin", dtype=np.uint16)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the worker: some CPU kernels add in another order with more threads

@@ -55,8 +55,10 @@ def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: 
         lr=0.01, fails=["kill:1@3"], out=out_dir))
     assert code == 0, err
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(8))  # one record per step, in order, none twice
-    assert [r["step"] for r in records if "val_loss" in r] == [3, 7]
+    # One record per step, in order, none twice, numbered as steps done (as the console and checkpoints).
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert [r["step"] for r in records if "val_loss" in r] == [4, 8]
+    assert all(r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 16) for r in records)  # 16-token windows
     assert records[-1]["loss"] < records[0]["loss"]
     summary = json.loads((out_dir / "spotpipe.json").read_text())
     assert summary["config"]["dp"] == 2 and summary["config"]["steps"] == 8  # the flags won over the file
@@ -80,7 +82,8 @@ def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: 
     events.Reload()
     val = [records[3]["val_loss"], records[7]["val_loss"]]
     assert [e.value for e in events.Scalars("val/loss")] == pytest.approx(val)
-    assert [e.step for e in events.Scalars("train/loss")] == list(range(8))
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
+    assert [e.step for e in events.Scalars("train/samples_per_s")] == list(range(1, 9))
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -220,7 +220,7 @@ def test_weights_of_a_run_with_a_kill_load_equal_the_reference_and_continue_with
     code, _, err = _train(tmp_path, steps=8, init_from=str(first), out=second)
     assert code == 0, err
     records = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [4, 5, 6, 7]  # the step counter (and data order) continued
+    assert [r["step"] for r in records] == [5, 6, 7, 8]  # the step counter (and data order) continued
     index = json.loads((second / "model.safetensors.index.json").read_text())  # two stages, two writers
     assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
                                                          "model-00002-of-00002.safetensors"]

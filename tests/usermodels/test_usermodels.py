@@ -81,6 +81,10 @@ def test_user_model_same_math_under_failures(tmp_path: Path, model: str, strateg
     summary = json.loads((out_dir / "spotpipe.json").read_text())
     assert summary["config"]["model"]["layers"] == 4 and len(summary["config"]["layer_costs"]) == 4
     assert f"training {M}:{model} (4 layers)" in out
+    # Not token windows: throughput in samples, never labelled tokens.
+    assert "samples/s" in out and "tok/s" not in out
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all("samples_per_s" in r and "tokens_per_s" not in r for r in records)
     assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # rank 1 was killed or left: it saved nothing
     assert_reference(out_dir)
     assert_loaded_model_is_the_reference(out_dir)
