@@ -8,7 +8,7 @@ tokens/s, or samples/s when the samples are not token windows), and writes into 
 - `metrics.jsonl`: one JSON object per step: `step` (steps done: 1 after the first), `loss`,
   `samples_per_s`, `tokens_per_s` (when the samples are token windows) and, when measured, `val_loss`;
 - `spotpipe.json`: the resolved config, the data source with its content hash, the tokenizer, the
-  final losses and the wall time;
+  final losses, the wall time and every recovery (`spotpipe.recoveries`: also one console line each);
 - `tb/`: the same metrics as TensorBoard event files, when the `tensorboard` package is installed;
 - `ranks/`: each rank's own metrics log and final parameters;
 - `model*.safetensors` (+ `model.safetensors.index.json` when sharded) and `optimizer*.safetensors`:
@@ -47,6 +47,7 @@ from runtime.config import (
     resolve_strategy,
 )
 from spotpipe.jobfile import EXPORT_FORMATS, JobFileError, load_job_file
+from spotpipe.recoveries import Recoveries
 
 _FAIL = re.compile(r"^(kill|notice|stop):(\d+)@(\d+)$")
 POLL_S = 0.5
@@ -292,6 +293,8 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     def follow() -> None:
         while not done.wait(POLL_S):
             progress.show(log.poll(ranks))
+            for recovery in log.recoveries.new():
+                progress.say(recovery.line())
 
     watcher = threading.Thread(target=follow, daemon=True)
     watcher.start()
@@ -302,6 +305,8 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
         watcher.join()
         log.poll(ranks, final=True)
         log.close()
+    for recovery in log.recoveries.new(final=True):
+        progress.say(recovery.line())
     progress.finish(log)
     failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
     summary = log.summary(config, data, wall_s=result.wall_s, failed=failed[0] if failed else None)
@@ -324,6 +329,11 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
               f"codes {result.exit_codes}; see {ranks}): {exc}", file=err)
         return 1
     val = f", validation loss {log.last_val:.4f}" if log.last_val is not None else ""
+    told = log.recoveries.summary()
+    if told:
+        lost_s = sum(r["seconds"] or 0.0 for r in told)
+        val += (f"; {len(told)} recover{'y' if len(told) == 1 else 'ies'} ({lost_s:.2f} s, "
+                f"{sum(r['steps_redone'] for r in told)} step(s) redone)")
     print(f"done: {config.steps} steps in {result.wall_s:.1f} s, "
           f"loss {log.first_loss:.4f} -> {log.last_loss:.4f}{val}; "
           f"metrics in {out_dir / 'metrics.jsonl'}, weights in {out_dir}/model*.safetensors", file=out)
@@ -376,11 +386,13 @@ class MetricsLog:
         self._offsets: dict[Path, int] = {}
         self.tb = _tensorboard(out_dir / "tb")
         self.tokens_per_sample = config.tokens_per_sample
+        self.recoveries = Recoveries()
 
     def poll(self, ranks: Path, *, final: bool = False) -> dict[str, Any] | None:
         """Read the ranks' logs, write the steps now complete; returns the newest step's record."""
         for path in sorted(ranks.glob("metrics-*.jsonl")):
             for record in self._new_records(path):
+                self.recoveries.add(record)
                 if "step" not in record or "event" in record:
                     continue
                 # Keyed by the runtime's step index; written as steps done (1-based), as the console,
@@ -458,6 +470,7 @@ class MetricsLog:
             "final_val_loss": self.last_val,
             "wall_s": wall_s,
             "failed": failed,
+            "recoveries": self.recoveries.summary(),
         }
 
 
@@ -493,6 +506,12 @@ class Progress:
         line = (f"step {done:>{len(str(self.steps))}}/{self.steps} [{bar:<{width}}] loss {record['loss']:.4f}{val} "
                 f"{rate}")
         print(f"\r{line}" if self.tty else line, end="" if self.tty else "\n", file=self.out, flush=True)
+
+    def say(self, line: str) -> None:
+        """A line of its own above the progress line (which a terminal then redraws below it)."""
+        print(f"\r{line}\033[K" if self.tty else line, file=self.out, flush=True)
+        if self.tty and self.shown >= 0:
+            self.shown = -1  # redraw the progress line on the next update
 
     def finish(self, log: MetricsLog) -> None:
         self.show(log.steps.get(log.written))

@@ -262,6 +262,8 @@ class Worker:
                         "start_step": plan["start_step"],
                         "reason": plan["reason"],
                         "lost": plan["lost"],
+                        "leaving": plan.get("leaving", []),
+                        "joined": plan.get("joined", []),
                         "members": plan["members"],
                         "deferred": plan.get("deferred", []),
                     }

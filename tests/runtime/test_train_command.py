@@ -66,6 +66,12 @@ def test_train_on_text_with_flags_over_the_file_a_kill_and_validation(tmp_path: 
     assert summary["data"]["source"] == f"text:{CORPUS}" and len(summary["data"]["content_hash"]) == 64
     assert summary["tokenizer"] == "byte" and summary["final_val_loss"] == records[-1]["val_loss"]
     assert "val " in out and "tok/s" in out and "done: 8 steps" in out
+    # The kill is told: a line when the survivors train on, the count in the summary, the record kept.
+    (recovery,) = summary["recoveries"]
+    assert (recovery["generation"], recovery["lost"], len(recovery["members"])) == (1, [1], 3)
+    assert recovery["seconds"] is not None and recovery["seconds"] >= 0 and recovery["steps_redone"] >= 0
+    assert "recovery: generation 1: lost rank 1; 3 ranks train on from step" in out
+    assert "; 1 recovery (" in out
     assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # the killed rank saved nothing
     # Checkpoints every 3 steps beside the weights, in their format: step 3 (before the kill) and 6
     # (3 steps into the generation after it); each loads like the final weights.

@@ -83,6 +83,8 @@ def test_user_model_same_math_under_failures(tmp_path: Path, model: str, strateg
     assert f"training {M}:{model} (4 layers)" in out
     # Not token windows: throughput in samples, never labelled tokens.
     assert "samples/s" in out and "tok/s" not in out
+    told = "lost rank 1" if kind == "kill" else "rank 1 left on notice"
+    assert f"recovery: generation 1: {told}" in out, out
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert all("samples_per_s" in r and "tokens_per_s" not in r for r in records)
     assert len(list((out_dir / "ranks").glob("node-*.pt"))) == 3  # rank 1 was killed or left: it saved nothing
