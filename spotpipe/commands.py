@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spotpipe.client import Client, ClientError, endpoint_from_environment
-from spotpipe.jobfile import JobFileError, load_job_file
+from spotpipe.jobfile import JobFileError, deadline_at_send, load_job_file
 
 ENDED = ("finished", "failed", "cancelled", "stopped")  # controlplane.jobs.models.ENDED_JOB_STATUSES, over the wire
 FOLLOW_POLL_S = 1.0
@@ -83,7 +83,7 @@ def _guarded(command: Callable[..., int]) -> Callable[..., int]:
 def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
     from runtime.config import LayoutError, each_error
 
-    body = load_job_file(path)
+    body = load_job_file(path, at_send=True)
     if "export" in body:  # read by `spotpipe train` only: never dropped silently
         raise JobFileError(f"{path}: export = {body['export']!r} is for spotpipe train; a control-plane job's weights "
                            "are converted after download: spotpipe export-hf DIR")
@@ -91,7 +91,7 @@ def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
         body = validate_user_model(body)  # before anything is sent: the control plane never imports it
     except LayoutError as exc:
         raise JobFileError("\n".join(f"{path}: {p.field or 'model'}: {p.message}" for p in each_error(exc))) from None
-    job = _client().submit(body)
+    job = _client().submit(deadline_at_send(body))  # a duration counts from now, after the checks
     print(f"job {job['id']} submitted: {job['name']} ({job['status']})", file=out)
     print(f"  {describe_plan(job['plan'])}", file=out)
     return 0

@@ -64,9 +64,11 @@ def _deadline(value: Any, *, now: datetime) -> str:
     raise JobFileError(f"deadline must be a time or a duration such as \"6h\", got {value!r}")
 
 
-def load_job_file(path: str | Path, *, now: datetime | None = None) -> dict[str, Any]:
+def load_job_file(path: str | Path, *, now: datetime | None = None, at_send: bool = False) -> dict[str, Any]:
     """The request body of the job in `path`. Raises `JobFileError` for a file that cannot be read
-    as a job (missing, not TOML, unknown top-level keys)."""
+    as a job (missing, not TOML, unknown top-level keys). A deadline given as a duration counts from
+    `now`; with `at_send`, it is left as written for `deadline_at_send` (a client's checks may take
+    a while, and the duration counts from the request)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -79,9 +81,16 @@ def load_job_file(path: str | Path, *, now: datetime | None = None) -> dict[str,
         raise JobFileError(f"{path}: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(TOP_LEVEL)}")
     body = dict(data)
     body.setdefault("name", path.stem)
-    if "deadline" in body:
-        try:
-            body["deadline"] = _deadline(body["deadline"], now=now or datetime.now(UTC))
-        except JobFileError as exc:
-            raise JobFileError(f"{path}: {exc}") from exc
-    return body
+    try:
+        checked = deadline_at_send(body, now=now or datetime.now(UTC))  # a bad deadline fails here, at once
+    except JobFileError as exc:
+        raise JobFileError(f"{path}: {exc}") from exc
+    return body if at_send else checked
+
+
+def deadline_at_send(body: dict[str, Any], *, now: datetime | None = None) -> dict[str, Any]:
+    """`body` with a duration deadline ("6h") turned into the time it ends, counted from `now`
+    (default: this moment, just before the request goes)."""
+    if "deadline" not in body:
+        return body
+    return {**body, "deadline": _deadline(body["deadline"], now=now or datetime.now(UTC))}

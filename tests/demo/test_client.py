@@ -145,3 +145,33 @@ def test_a_slow_server_is_reported_as_slow_and_an_absent_one_as_unreachable(monk
         port = closed.getsockname()[1]  # bound, not listening: the connection is refused
         with pytest.raises(ClientError, match=f"cannot reach http://127.0.0.1:{port}"):
             Client(Endpoint(url=f"http://127.0.0.1:{port}", token="t")).jobs()
+
+
+def test_a_duration_deadline_counts_from_the_request_not_from_reading_the_file(tmp_path: Path, monkeypatch) -> None:
+    import time
+    from datetime import datetime as dt
+    from datetime import timedelta
+
+    sent = []
+
+    class Client:
+        def submit(self, body):
+            sent.append((dt.now(UTC), body))
+            return {"id": 1, "name": "x", "status": "pending", "plan": {}}
+
+    def slow_checks(body):  # a user model's import, dry run and profile on a loaded machine
+        time.sleep(1.0)
+        return body
+
+    monkeypatch.setattr(commands, "_client", Client)
+    monkeypatch.setattr(commands, "describe_plan", lambda plan: "")
+    monkeypatch.setattr(commands, "validate_user_model", slow_checks)
+    began = dt.now(UTC)
+    assert commands.submit(_file(tmp_path, 'target_steps = 5\ndeadline = "2s"\n'), out=io.StringIO()) == 0
+    (at, body), = sent
+    deadline = dt.fromisoformat(body["deadline"])
+    assert deadline - at <= timedelta(seconds=2)  # 2 s from the request
+    assert (deadline - began).total_seconds() >= 2.9  # not from reading the file, a second earlier
+    # A malformed deadline still fails when the file is read, before any check runs.
+    with pytest.raises(JobFileError, match="a time or a duration"):
+        load_job_file(_file(tmp_path, "deadline = 5\n"), at_send=True)
