@@ -103,6 +103,17 @@ def _raise(problems: list[LayoutError]) -> None:
         raise LayoutErrors(problems)
 
 
+_UNSET = -(2**60)  # beyond any integer a contract may hold (`_check_value`): never a user's value
+_BUILT_IN_DEFAULTS = {"seq_len": 16, "vocab_size": 64}
+"""A built-in model's context and vocabulary when not set; a user's model has none until declared."""
+MODEL_FIELDS: dict[str, tuple[str, ...]] = {
+    "gpt": ("kind", "n_layer", "n_embd", "n_head", "seq_len", "vocab_size"),
+    "mlp": ("kind", "n_layer", "n_embd", "in_features", "vocab_size"),
+    "py": ("kind", "path", "args", "loss", "layers", "seq_len", "vocab_size", "language_model"),
+}
+"""Which `ModelSpec` fields mean something for each kind (the rest are left out of its dict)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelSpec:
     """Which model to build: always a list of layers the partitioner cuts into stages.
@@ -130,12 +141,37 @@ class ModelSpec:
     """Width: embedding size (gpt) or hidden size (mlp)."""
     n_head: int = 2
     """Attention heads (gpt only); must divide n_embd."""
-    seq_len: int = 16
-    """Sequence length in tokens (gpt only)."""
-    vocab_size: int = 64
-    """Vocabulary size (gpt) or number of classes (mlp)."""
+    seq_len: int = _UNSET
+    """Context in tokens: the length of the data's token windows (gpt: 16 unless set; py: declared by
+    the model function (`spotpipe.Model`) or set, needed when the data are token windows; 0: not
+    declared)."""
+    vocab_size: int = _UNSET
+    """Vocabulary size (gpt: 64 unless set; py: declared or set, needed when the data are token
+    windows, at least the tokenizer's ids; 0: not declared) or number of classes (mlp: 64 unless set)."""
     in_features: int = 16
     """Input features (mlp only)."""
+    language_model: bool | None = None
+    """py only: whether the model's output is logits over `vocab_size` tokens at each position (what
+    `spotpipe sample` needs). None: a model with a vocabulary trained on token windows is one."""
+
+    def __post_init__(self) -> None:
+        for name, default in _BUILT_IN_DEFAULTS.items():
+            if getattr(self, name) == _UNSET:
+                setattr(self, name, 0 if self.kind == USER_MODEL_KIND else default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields of this model's kind only (what spotpipe.json, the API and the job page show)."""
+        return {name: getattr(self, name) for name in MODEL_FIELDS[self.kind if self.kind in MODEL_FIELDS else "mlp"]}
+
+    @property
+    def is_language_model(self) -> bool:
+        """Logits over `vocab_size` tokens at each position (the GPT; a user's model that says so, or
+        that has a vocabulary and was not declared otherwise)."""
+        if self.kind == "gpt":
+            return True
+        if self.kind == USER_MODEL_KIND:
+            return self.language_model if self.language_model is not None else self.vocab_size > 0
+        return False
 
     @property
     def num_layers(self) -> int:
@@ -172,7 +208,14 @@ class ModelSpec:
             if self.layers < 0:
                 found.append(LayoutError(f"model.layers={self.layers} must be >= 0 (0: not validated yet)",
                                          field="model.layers"))
+            for name in ("seq_len", "vocab_size"):
+                if getattr(self, name) < 0:
+                    found.append(LayoutError(f"model.{name}={getattr(self, name)} must be >= 0 (0: not declared)",
+                                             field=f"model.{name}"))
             return found
+        if self.language_model is not None:
+            found.append(LayoutError(f"model.language_model is for a user's model (kind={USER_MODEL_KIND!r}); "
+                                     f"kind={self.kind!r} says what it is itself", field="model.language_model"))
         for name in ("path", "loss"):
             if getattr(self, name):
                 found.append(LayoutError(f"model.{name} is for a user's model; expected kind={USER_MODEL_KIND!r} "
@@ -502,9 +545,8 @@ class JobConfig:
         """Tokens in one sample when the samples are token windows (a tokenized source, token ids,
         or the built-in GPT's synthetic tokens): `model.seq_len`; None for other data (a `py`
         dataset, the MLP), whose throughput is counted in samples."""
-        windows = self.data.tokenized or self.data.source.startswith("tokens:") or (
-            not self.data.source and self.model.kind == "gpt")
-        return self.model.seq_len if windows else None
+        windows = _token_windows(self) or (not self.data.source and self.model.kind == "gpt")
+        return self.model.seq_len if windows and self.model.seq_len > 0 else None
 
     def validation_due(self, done: int) -> bool:
         """Whether the parameters after `done` steps get a validation pass: every `val_every` steps
@@ -548,10 +590,13 @@ class JobConfig:
             bad(f"val_every={self.val_every} must be >= 0 (0: no validation)", "val_every")
         if self.val_every and not self.data.source:
             bad("val_every needs held-out data: set data.source (synthetic data has no validation split)", "val_every")
-        if self.data.tokenized and self.model.kind == "gpt" and self.data.tokenizer == "byte" \
-                and self.model.vocab_size < BYTE_VOCAB_SIZE:
+        if self.data.tokenized and self.model.kind in ("gpt", USER_MODEL_KIND) and self.data.tokenizer == "byte" \
+                and 0 < self.model.vocab_size < BYTE_VOCAB_SIZE:
             bad(f"model.vocab_size={self.model.vocab_size} is below the byte tokenizer's {BYTE_VOCAB_SIZE} ids; "
                 f"expected at least {BYTE_VOCAB_SIZE}", "model.vocab_size")
+        if self.model.kind == USER_MODEL_KIND and self.model.layers:  # validated: its declaration is recorded
+            for problem in undeclared_context(self):
+                bad(problem.message, problem.field)
         if self.init_from and (not self.init_from.strip() or self.init_from != self.init_from.strip()
                                or (self.init_from.startswith("s3://") and len(self.init_from) <= 5)):
             bad(f"init_from={self.init_from!r} is not a path; expected a weights folder (model*.safetensors) "
@@ -636,8 +681,10 @@ class JobConfig:
         _raise(self.problems())
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (inverse of `from_dict`)."""
-        return dataclasses.asdict(self)
+        """JSON-ready form (inverse of `from_dict`); the model with its kind's fields only."""
+        out = dataclasses.asdict(self)
+        out["model"] = self.model.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobConfig:
@@ -757,6 +804,29 @@ def _check_json(path: str, value: Any, *, depth: int) -> None:
         raise _type_error(path, "a finite number", value)
     elif value is not None and not isinstance(value, str | int | float | bool):
         raise _type_error(path, "JSON (an object, list, string, number, true/false or null)", value)
+
+
+def undeclared_context(config: JobConfig) -> list[LayoutError]:
+    """What a user's model trained on token windows has not declared: its context (`model.seq_len`,
+    the windows' length) and its vocabulary (`model.vocab_size`). Never a silent default."""
+    model = config.model
+    if model.kind != USER_MODEL_KIND or not _token_windows(config):
+        return []
+    found = []
+    how = ("expected it declared by the model function (return spotpipe.Model(layers, seq_len=..., vocab_size=...)) "
+           "or set: spotpipe train --seq-len N / --vocab-size N, or [config.model] seq_len / vocab_size")
+    if model.seq_len < 1:
+        found.append(LayoutError(f"model.seq_len is not declared for {model.path}, and the data ({config.data.source}) "
+                                 f"are token windows of that length; {how}", field="model.seq_len"))
+    if model.vocab_size < 1:
+        found.append(LayoutError(f"model.vocab_size is not declared for {model.path}, and the data "
+                                 f"({config.data.source}) are token ids below it; {how}", field="model.vocab_size"))
+    return found
+
+
+def _token_windows(config: JobConfig) -> bool:
+    """The samples are token windows: a tokenized source or token ids."""
+    return config.data.tokenized or config.data.source.startswith("tokens:")
 
 
 _NESTED: dict[str, type] = {}  # annotation name -> dataclass, filled below

@@ -88,6 +88,7 @@ def add_sample_parser(sub: argparse._SubParsersAction) -> None:
     sample.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     sample.add_argument("--seed", type=int, default=0, help="seeds the sampling (default 0)")
     sample.add_argument("--tokenizer", metavar="byte|PATH", help="override the tokenizer spotpipe.json names")
+    sample.add_argument("--top-k", type=int, metavar="K", help="draw from the K most likely tokens only (default: all)")
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -103,6 +104,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--model", metavar="SPEC", help="a model preset (gpt-nano; default without a file) or your "
                                                         "model function, package.module:function")
     train.add_argument("--model-args", metavar="JSON", help="keyword arguments of the model function (a JSON object)")
+    train.add_argument("--seq-len", type=int, metavar="N",
+                       help="the model's context: the data's token windows (a preset's own by default; a model "
+                            "function declares it with spotpipe.Model or takes it here)")
+    train.add_argument("--vocab-size", type=int, metavar="N",
+                       help="the model's vocabulary, at least the tokenizer's ids (a preset follows the tokenizer)")
     for name, text in (("dp", "pipelines (data-parallel degree)"), ("pp", "stages per pipeline"),
                        ("microbatches", "micro-batches per pipeline per step"),
                        ("global-batch", "samples per optimizer step"), ("steps", "optimizer steps"),
@@ -169,7 +175,7 @@ def run_client(args: argparse.Namespace) -> int:
         from spotpipe.sample import run_sample
 
         return run_sample(args.dir, prompt=args.prompt, tokens=args.tokens, temperature=args.temperature,
-                          seed=args.seed, tokenizer=args.tokenizer)
+                          seed=args.seed, tokenizer=args.tokenizer, top_k=args.top_k)
     from spotpipe.train import TrainOptions, run_train
 
     return run_train(TrainOptions(
@@ -179,7 +185,8 @@ def run_client(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, model_args=args.model_args, lr_schedule=args.lr_schedule, warmup=args.warmup,
         lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
         betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
-        precision=args.precision, device=args.device, export=args.export,
+        precision=args.precision, device=args.device, export=args.export, seq_len=args.seq_len,
+        vocab_size=args.vocab_size,
     ))
 
 

@@ -107,13 +107,14 @@ def validate_user_model(body: dict[str, Any]) -> dict[str, Any]:
     if not (isinstance(model, dict) and model.get("kind") == "py"):
         return body
     from runtime.config import JobConfig
-    from runtime.models.usermodel import validate_model
+    from runtime.models.usermodel import apply_declaration, validate_model
 
     plan = body.get("plan") if isinstance(body.get("plan"), dict) else {}
     layout = {name: plan[name] if isinstance(plan.get(name), int) else 1 for name in ("dp", "pp", "microbatches")}
     job = JobConfig.from_dict({**config, **layout, "strategy": "none", "steps": 1})
+    apply_declaration(job)
     report = validate_model(job, need_data=False)
-    body = {**body, "config": {**config, "model": {**model, "layers": report.num_layers}}}
+    body = {**body, "config": {**config, "model": {**model, "layers": report.num_layers, **report.declared}}}
     if report.layer_costs is not None and config.get("layer_costs") is None:
         body["config"]["layer_costs"] = report.layer_costs
     return body

@@ -1,4 +1,5 @@
-"""`spotpipe sample DIR --prompt TEXT --tokens N`: text from a trained language model's weights."""
+"""`spotpipe sample DIR --prompt TEXT --tokens N [--top-k K]`: text from a trained language model's weights
+(a gpt preset, or a model function declared a language model)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import TextIO
 
 
 def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
-               tokenizer: str | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+               tokenizer: str | None = None, top_k: int | None = None, out: TextIO = sys.stdout,
+               err: TextIO = sys.stderr) -> int:
     """Print `prompt` and `tokens` sampled tokens; 0 on success, 2 for a folder or options that cannot."""
     from runtime.checkpointing.export import ExportError, _local, load_model, model_of_info, read_info
     from runtime.config import ModelSpec
@@ -18,8 +20,9 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
     from runtime.models.generate import sample
     from runtime.models.hf_gpt2 import is_hf_gpt2, read_config, spec_of_hf
 
-    if tokens < 0 or not temperature > 0:
-        print(f"error: --tokens ({tokens}) must be >= 0 and --temperature ({temperature}) > 0", file=err)
+    if tokens < 0 or not temperature > 0 or (top_k is not None and top_k < 1):
+        print(f"error: --tokens ({tokens}) must be >= 0, --temperature ({temperature}) > 0 and --top-k ({top_k}) "
+              "at least 1 when given", file=err)
         return 2
     try:
         local = _local(directory)
@@ -29,11 +32,12 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
         else:
             info = read_info(local)
             entry = model_of_info(info)
-            if entry.get("kind") != "gpt":
-                print(f"error: {directory} holds a {entry.get('kind')!r} model; sample needs a language model (gpt)",
-                      file=err)
-                return 2
             spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+            if not spec.is_language_model or spec.seq_len < 1:
+                print(f"error: {directory} holds a {entry.get('kind')!r} model that is not a language model; sample "
+                      "needs one (a gpt preset, or a model function declared with a vocabulary and context: "
+                      "spotpipe.Model(layers, seq_len=..., vocab_size=...), not language_model=false)", file=err)
+                return 2
             recorded = info.get("tokenizer") or "byte"
         model = load_model(local)
         tok = load_tokenizer(tokenizer or recorded, Path(tempfile.gettempdir()))
@@ -46,6 +50,10 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
         prompt_text = ""
     else:
         prompt_text = prompt
-    drawn = sample(model, spec, ids, tokens, temperature=temperature, seed=seed)
+    try:
+        drawn = sample(model, spec, ids, tokens, temperature=temperature, seed=seed, top_k=top_k)
+    except ValueError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
     print(prompt_text + tok.decode(drawn), file=out)
     return 0

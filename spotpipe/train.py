@@ -97,6 +97,10 @@ class TrainOptions:
     init_from: str | None = None
     export: str | None = None
     """`--export hf`: also OUT/hf, a Hugging Face GPT-2 folder (`EXPORT_FORMATS`)."""
+    seq_len: int | None = None
+    """`--seq-len N`: the model's context (`[config.model] seq_len`): the data's token windows."""
+    vocab_size: int | None = None
+    """`--vocab-size N`: the model's vocabulary (`[config.model] vocab_size`), at least the tokenizer's ids."""
     fails: list[str] = field(default_factory=list)
     out: Path = Path("var/train")
     timeout_s: float = 3600.0
@@ -141,10 +145,20 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     for key, value in (("source", options.data), ("tokenizer", options.tokenizer)):
         if value is not None:
             data[key] = value
-    # A preset's vocabulary follows the tokenizer (gpt-nano is the default without a file or --model).
+    # A preset's vocabulary follows the tokenizer (gpt-nano is the default without a file or --model),
+    # unless --vocab-size says otherwise; a user's model declares its own (or takes the flags).
     preset = options.model if options.model else (None if options.file else "gpt-nano")
-    if preset in MODEL_PRESETS:
+    if preset in MODEL_PRESETS and options.vocab_size is None:
         contract["model"]["vocab_size"] = preset_vocabulary(_tokenizer_vocabulary(data), preset)
+    for key in ("seq_len", "vocab_size"):
+        if getattr(options, key) is not None:
+            if not isinstance(contract.get("model"), dict):
+                raise TrainError(f"--{key.replace('_', '-')}: the job has no model; expected --model with it")
+            contract["model"][key] = getattr(options, key)
+    tokenizer_ids = _tokenizer_vocabulary(data) if options.vocab_size is not None else None
+    if tokenizer_ids is not None and options.vocab_size < tokenizer_ids:
+        raise TrainError(f"--vocab-size {options.vocab_size} is below the tokenizer's {tokenizer_ids} ids; expected "
+                         f"at least {tokenizer_ids}")
     for key in ("global_batch", "seed", "val_every", "lr", "init_from", "lr_schedule", "lr_min", "clip",
                 "weight_decay", "eps", "recompute", "skip_nonfinite", "precision", "device"):
         if getattr(options, key) is not None:
@@ -245,7 +259,14 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
         print(f"note: requirements {config.requirements} are not installed by spotpipe train; it runs on this "
               "environment (docs/runtime.md, 'Your code on the nodes')", file=err)
     from runtime.data.dataset import Batches, DataError
+    from runtime.models.usermodel import apply_declaration
 
+    try:
+        apply_declaration(config)  # a user model's context sets the data's windows: known before they open
+    except LayoutError as exc:
+        for problem in each_error(exc):
+            print(f"error: {problem.field or 'model'}: {problem.message}", file=err)
+        return 2
     try:
         batches = Batches(config)  # checks the data here and fills this machine's cache for every rank
     except DataError as exc:

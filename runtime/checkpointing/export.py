@@ -68,10 +68,9 @@ def optimizer_tensors(state: Any) -> dict[str, torch.Tensor]:
 def model_entry(spec: ModelSpec) -> dict[str, Any]:
     """The `model` entry of spotpipe.json: what `build_from_entry` rebuilds the module from.
 
-    It is the ModelSpec dict, a user model's import path, kwargs, loss and layer count included."""
-    import dataclasses
-
-    return dataclasses.asdict(spec)
+    It is the ModelSpec dict with its kind's fields only (`ModelSpec.to_dict`): a user model's import
+    path, kwargs, loss, layer count and declared context and vocabulary; no GPT fields on it."""
+    return spec.to_dict()
 
 
 def build_from_entry(entry: Mapping[str, Any]) -> nn.Sequential:

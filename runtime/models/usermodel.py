@@ -27,11 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError, ModelSpec
+from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError, LayoutErrors, ModelSpec, undeclared_context
+from runtime.models.declaration import DECLARED_FIELDS, Model
 from runtime.parallel.partition import time_layers
 
 EXPECTED_RETURN = ("an nn.Sequential, a list of nn.Module layers, or a list of zero-argument layer factories "
-                   "(callables returning an nn.Module)")
+                   "(callables returning an nn.Module), or spotpipe.Model(one of those, seq_len=..., "
+                   "vocab_size=...)")
 
 
 class ModelError(LayoutError):
@@ -82,6 +84,8 @@ class _Built:
 
     layers: list[nn.Module] | None = None
     factories: list[Callable[[], nn.Module]] | None = None
+    declared: dict[str, Any] = field(default_factory=dict)
+    """What it declared with `spotpipe.Model` (seq_len, vocab_size, language_model)."""
 
     def __len__(self) -> int:
         return len(self.layers if self.layers is not None else self.factories)
@@ -96,13 +100,16 @@ def _call(spec: ModelSpec, seed: int) -> _Built:
     except Exception as exc:
         raise ModelError(f"model function {spec.path}(**{json.dumps(spec.args)}) raised "
                          f"{type(exc).__name__}: {exc}; expected it to return {EXPECTED_RETURN}") from None
+    declared = {}
+    if isinstance(returned, Model):
+        declared, returned = returned.declared(), returned.layers
     if isinstance(returned, nn.Sequential):
-        return _Built(layers=list(returned))
+        return _Built(layers=list(returned), declared=declared)
     if isinstance(returned, list | tuple) and returned:
         if all(isinstance(item, nn.Module) for item in returned):
-            return _Built(layers=list(returned))
+            return _Built(layers=list(returned), declared=declared)
         if all(callable(item) and not isinstance(item, nn.Module) for item in returned):
-            return _Built(factories=list(returned))
+            return _Built(factories=list(returned), declared=declared)
         kinds = sorted({type(item).__name__ for item in returned})
         raise ModelError(f"model function {spec.path} returned a list of {', '.join(kinds)}; "
                          f"expected {EXPECTED_RETURN}, not a mix")
@@ -250,10 +257,15 @@ class ModelReport:
     """(shape, dtype) entering each layer (index 0: the data)."""
     parameters: list[int] = field(default_factory=list)
     """Parameters per layer."""
+    declared: dict[str, Any] = field(default_factory=dict)
+    """What the model function declared (`spotpipe.Model`), already checked against the job's values."""
 
     def record(self, config: JobConfig) -> None:
-        """Write `num_layers` and (unless the job set its own) the profiled costs into `config`."""
+        """Write `num_layers`, the declared context and vocabulary, and (unless the job set its own)
+        the profiled costs into `config`."""
         config.model.layers = self.num_layers
+        for name, value in self.declared.items():
+            setattr(config.model, name, value)
         if config.layer_costs is None and self.layer_costs is not None:
             config.layer_costs = list(self.layer_costs)
 
@@ -267,6 +279,38 @@ def _same_init(a: nn.Module, b: nn.Module) -> str | None:
         if sa[name].shape != sb[name].shape or not torch.equal(sa[name], sb[name]):
             return f"{name!r}"
     return None
+
+
+def _check_declared(spec: ModelSpec, declared: dict[str, Any]) -> None:
+    """A declared value must be of its type and, when the job sets the same field, equal to it."""
+    for name in DECLARED_FIELDS:
+        if name not in declared:
+            continue
+        value, kind = declared[name], bool if name == "language_model" else int
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 1)):
+            raise ModelError(f"model function {spec.path} declares {name}={value!r}; expected "
+                             + ("true or false" if kind is bool else "a positive integer"), field=f"model.{name}")
+        set_here = getattr(spec, name)
+        if set_here not in (None, 0) and set_here != value:
+            raise ModelError(f"model.{name}={set_here!r} is set for the job, but the model function {spec.path} "
+                             f"declares {name}={value!r}; expected one value (drop the job's, or change the "
+                             "function's arguments)", field=f"model.{name}")
+
+
+def apply_declaration(config: JobConfig) -> None:
+    """Record what the model function declares (`spotpipe.Model`: context, vocabulary, whether it is a
+    language model) into `config.model`, and refuse a job on token windows whose context or
+    vocabulary is then still unknown: before its data are opened (their windows are `seq_len` long).
+    Raises `ModelError`/`LayoutError` naming the field."""
+    if config.model.kind != USER_MODEL_KIND:
+        return
+    declared = _built(config.model, config.seed).declared
+    _check_declared(config.model, declared)
+    for name, value in declared.items():
+        setattr(config.model, name, value)
+    problems = undeclared_context(config)
+    if problems:
+        raise problems[0] if len(problems) == 1 else LayoutErrors(problems)
 
 
 def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = True,
@@ -288,6 +332,7 @@ def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = Tr
         load_function(spec.loss, what="loss function", field="model.loss")
     first = _call(spec, config.seed)
     count = len(first)
+    _check_declared(spec, first.declared)
     if spec.layers and spec.layers != count:
         raise ModelError(f"model function {spec.path} returns {count} layers but the job's contract says "
                          f"model.layers={spec.layers}; expected the same model on every machine (same code and "
@@ -315,7 +360,7 @@ def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = Tr
             raise ModelError(f"{_layer_name(layers, i)} is initialised non-deterministically: {how} gave different "
                              f"values of {differs}; expected initialisation from torch's global generator only "
                              "(no fresh torch.Generator, numpy or random draws), so every rank builds the same layer")
-    report = ModelReport(num_layers=count,
+    report = ModelReport(num_layers=count, declared=dict(first.declared),
                          parameters=[sum(p.numel() for p in layer.parameters()) for layer in layers])
     try:
         batches = batches if batches is not None else Batches(config)

@@ -108,6 +108,22 @@ def causal_lm(vocab: int = 16, width: int = 8, context: int = 8) -> list:
     return [lambda: nn.Embedding(vocab, width), lambda: CausalMix(width, context), lambda: nn.Linear(width, vocab)]
 
 
+def byte_lm(context: int = 32, width: int = 16) -> object:
+    """A byte-level language model that declares what its data need: its context and vocabulary."""
+    import spotpipe
+
+    layers = [lambda: nn.Embedding(256, width), lambda: CausalMix(width, context), lambda: nn.Linear(width, 256)]
+    return spotpipe.Model(layers, seq_len=context, vocab_size=256)
+
+
+def lm_said_not(context: int = 8) -> object:
+    """The same shape of model, declared not a language model (say, a per-token tagger)."""
+    import spotpipe
+
+    layers = [lambda: nn.Embedding(256, 8), lambda: CausalMix(8, context), lambda: nn.Linear(8, 256)]
+    return spotpipe.Model(layers, seq_len=context, vocab_size=256, language_model=False)
+
+
 def counting(split: str = "train") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Windows of 8 tokens counting up modulo 16 from a random start: next-token pairs."""
     gen = torch.Generator().manual_seed(21 if split == "train" else 22)

@@ -256,3 +256,69 @@ def test_submit_validates_here_and_sends_layers_and_costs(tmp_path: Path, monkey
     err = io.StringIO()
     assert commands.submit(tmp_path / "bad.toml", err=err) == 2
     assert "layer 1 (ReLU) has no parameters" in err.getvalue() and len(sent) == 1  # nothing sent
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(300)
+def test_a_user_language_model_declares_its_context_trains_on_text_and_samples(tmp_path: Path) -> None:
+    """One model contract: the function's declaration sets the data's windows (its arguments change
+    them), spotpipe.json holds only the fields of its kind, tokens are counted, and it samples."""
+    from tests.runtime.test_train_command import CORPUS
+
+    out_dir = tmp_path / "out"
+    code, out, err = _train(model=f"{M}:byte_lm", model_args='{"context": 24}', data=f"text:{CORPUS}", pp=3,
+                            microbatches=2, global_batch=8, steps=3, lr=0.01, out=out_dir)
+    assert code == 0, err
+    entry = json.loads((out_dir / "spotpipe.json").read_text())["model"]
+    assert (entry["seq_len"], entry["vocab_size"], entry["layers"]) == (24, 256, 3)
+    assert not {"n_layer", "n_embd", "n_head", "in_features"} & set(entry), entry
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 24) for r in records) and "tok/s" in out
+
+    from spotpipe.sample import run_sample
+
+    sampled, problems = io.StringIO(), io.StringIO()
+    assert run_sample(str(out_dir), prompt="def ", tokens=6, top_k=5, out=sampled, err=problems) == 0, \
+        problems.getvalue()
+    assert sampled.getvalue().startswith("def ")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    # Token windows of an undeclared length: refused, never a silent default.
+    (dict(model=f"{M}:causal_lm"),
+     ["model.seq_len: model.seq_len is not declared for tests.usermodels.models:causal_lm",
+      "model.vocab_size: model.vocab_size is not declared"]),
+    (dict(model=f"{M}:byte_lm", seq_len=16),
+     ["model.seq_len=16 is set for the job, but the model function tests.usermodels.models:byte_lm declares "
+      "seq_len=32; expected one value"]),
+    (dict(model=f"{M}:causal_lm", vocab_size=64), ["--vocab-size 64 is below the tokenizer's 256 ids"]),
+])
+def test_an_undeclared_or_contradicted_context_is_refused_before_anything_runs(
+        tmp_path: Path, options: dict, message: list[str]) -> None:
+    from tests.runtime.test_train_command import CORPUS
+
+    code, _, err = _train(**options, data=f"text:{CORPUS}", out=tmp_path / "out")
+    assert code == 2 and all(m in err for m in message), err
+    assert not (tmp_path / "out" / "ranks").exists()
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(300)
+def test_the_flags_declare_a_model_functions_context_and_sample_refuses_what_is_not_a_language_model(
+        tmp_path: Path) -> None:
+    from tests.runtime.test_train_command import CORPUS
+
+    out_dir = tmp_path / "flags"
+    code, _, err = _train(model=f"{M}:causal_lm", model_args='{"vocab": 256, "context": 16}', seq_len=16,
+                          vocab_size=256, data=f"text:{CORPUS}", global_batch=4, steps=2, out=out_dir)
+    assert code == 0, err
+    assert json.loads((out_dir / "spotpipe.json").read_text())["model"]["seq_len"] == 16
+
+    tagger = tmp_path / "tagger"
+    code, _, err = _train(model=f"{M}:lm_said_not", data=f"text:{CORPUS}", global_batch=4, steps=2, out=tagger)
+    assert code == 0, err
+    from spotpipe.sample import run_sample
+
+    problems = io.StringIO()
+    assert run_sample(str(tagger), tokens=3, out=io.StringIO(), err=problems) == 2
+    assert "is not a language model" in problems.getvalue()

@@ -122,8 +122,10 @@ class JobSubmitSerializer(serializers.Serializer):
     name = CharField(max_length=120)
     config = JSONObjectField(
         required=False,
-        help_text="The runtime's JobConfig fields but the layout: {model: {kind, n_layer, n_embd, n_head, seq_len, "
-        "vocab_size, in_features}, global_batch, seed, lr, weight_decay, schedule, device_time, ...}",
+        help_text="The runtime's JobConfig fields but the layout: {model: {kind, and its kind's fields: gpt n_layer, "
+        "n_embd, n_head, seq_len, vocab_size; mlp n_layer, n_embd, in_features, vocab_size; py path, args, loss, "
+        "layers, seq_len, vocab_size, language_model}, global_batch, seed, lr, weight_decay, schedule, "
+        "device_time, ...}",
     )
     model_spec = JSONObjectField(
         required=False,
