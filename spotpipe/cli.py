@@ -193,7 +193,11 @@ def run_client(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in CLIENT_COMMANDS:
-        return run_client(args)
+        try:
+            return run_client(args)
+        except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (train has ended its ranks by now)
+            print("\ninterrupted", file=sys.stderr)
+            return 130
     for name in ("trace", "prices"):
         path = getattr(args, name)
         if path is not None and not path.is_file():

@@ -106,6 +106,10 @@ class TrainOptions:
     timeout_s: float = 3600.0
 
 
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
+
+
 class TrainError(ValueError):
     """Options that cannot run; the message names the option and what was expected."""
 
@@ -292,7 +296,12 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
             print(f"error: steps: init_from {config.init_from} continues a job that did {start} steps; "
                   f"--steps is the total, expected more than {start}", file=err)
             return 2
-    return _launch(config, faults, data, options, out=out, err=err, start=start, export=export)
+    try:
+        return _launch(config, faults, data, options, out=out, err=err, start=start, export=export)
+    except KeyboardInterrupt:
+        # run_local has ended every rank it started (its `finally`); one line, no traceback.
+        print(f"\ninterrupted: every rank stopped; what was written so far is in {options.out}", file=err)
+        return INTERRUPTED
 
 
 def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: TrainOptions, *,

@@ -138,6 +138,9 @@ def faults_from_trace(
 def _child(spec: dict[str, Any]) -> None:
     from runtime.train.trainer import WorkerSpec, _die_with_parent, run_worker
 
+    # A terminal's Ctrl-C reaches the whole process group: the launcher answers it (it ends every
+    # rank it started), so a rank neither stops half-way on its own nor prints a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     run_worker(WorkerSpec(**spec))
 
