@@ -56,8 +56,8 @@ class AgentConfig:
     worker_module: str = "agent.worker_entry"
     address: str = ""
     install_requirements: bool = True
-    """Install a job's `requirements` into a per-job venv; False (the local provider's nodes, which
-    share the control plane's host): run every job on the agent's own environment."""
+    """Install a job's `requirements` into a per-job venv (every node, the local provider's too);
+    False (`--no-requirements`): run every job on the agent's own environment."""
     gpu_index: int = 0
     """Which of this VM's GPUs a `device = "cuda"` job's worker uses (`CUDA_VISIBLE_DEVICES`
     numbering): the worker's spec carries it to `WorkerSpec.device_index`. Ignored on the CPU."""
@@ -267,7 +267,7 @@ class Agent:
         if not self.config.install_requirements:
             if job_requirements(job):
                 self._event("requirements_output", message="requirements not installed: this node runs jobs on "
-                                                           "its own environment (local provider)")
+                                                           "its own environment (--no-requirements)")
             return sys.executable
         try:
             return job_python(job, work_dir=self.config.work_dir, fetch=self._fetch_package,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import requests
 
@@ -147,3 +148,23 @@ def test_a_reused_pid_is_neither_adopted_nor_signalled(local_provider):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_local_nodes_agent_installs_job_requirements_as_a_cloud_nodes_does(local_provider):
+    # The embedded default tries the code-shipping path for real: its agent is not `--no-requirements`
+    # (the install itself: tests/orchestration/test_requirements_install.py, the same agent code).
+    (node,) = local_provider.launch(_request("job9-acq1", 1))
+    info = local_provider.node_info_file(node.provider_instance_id)
+    deadline = time.monotonic() + 30.0
+    agent = None
+    while agent is None and time.monotonic() < deadline:
+        for pid in group_pids(info["pgid"]):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"agent.main" in argv:
+                agent = argv
+        time.sleep(0.05)
+    assert agent is not None, "the node's agent did not start"
+    assert b"--no-requirements" not in agent and b"--work-dir" in agent

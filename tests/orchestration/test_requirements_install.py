@@ -120,8 +120,8 @@ def test_a_broken_wheel_fails_with_pips_message_and_the_venv_is_installed_once(t
     assert probe.stdout.split() == ["42", "True"]
 
 
-def test_a_local_node_runs_jobs_on_its_own_environment(tmp_path: Path) -> None:
-    # The local provider's nodes (`--no-requirements`) share the control plane's host: nothing installed.
+def test_an_agent_told_not_to_install_runs_jobs_on_its_own_environment(tmp_path: Path) -> None:
+    # `--no-requirements`: nothing installed, and the job's timeline says so.
     agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1",
                               install_requirements=False))
     sent: list[dict] = []

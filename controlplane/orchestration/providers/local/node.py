@@ -65,15 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         "launch": os.environ.get("SPOTPIPE_LOCAL_LAUNCH", ""), "proc_start": int(stat[19]),
     })
     # The agent runs as its own process, as on a cloud VM (`spotpipe-agent`), not imported into this
-    # one: the control plane's code never shares an interpreter with it. A local node shares the
-    # control plane's host and environment, so jobs' requirements are not installed there
-    # (docs/runtime.md, "Your code on the nodes").
+    # one: the control plane's code never shares an interpreter with it. It installs a job's
+    # requirements into a venv of its own work folder, as a cloud node does (docs/runtime.md, "Your
+    # code on the nodes").
     if "--gpu-index" not in agent_args and "SPOTPIPE_GPU_INDEX" not in os.environ:
         # Local nodes share this host's GPUs: spread them by node id (the runtime wraps the index
         # around the GPUs it sees), as `spotpipe train` spreads its nodes.
         agent_args = [*agent_args, "--gpu-index", str(zlib.crc32(args.node_id.encode()) % 1024)]
     agent = subprocess.Popen([sys.executable, "-m", "agent.main", *agent_args, "--metadata-url", server.url,
-                              "--work-dir", str(args.node_dir / "work"), "--no-requirements"])
+                              "--work-dir", str(args.node_dir / "work")])
     # The provider stops a node by signalling its whole process group: the agent gets the signal
     # itself and stops its workers; this process waits for it rather than dying first.
     for sig in (signal.SIGTERM, signal.SIGINT):
