@@ -13,6 +13,7 @@ from pathlib import Path
 from runtime.config import AUTO_STRATEGY, DEVICES, JOB_STRATEGIES, PRECISIONS
 from runtime.sim.traces import FORMATS as TRACE_FORMATS
 from spotpipe.jobfile import EXPORT_FORMATS
+from spotpipe.trackers import TRACKERS
 
 CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "pull", "train", "sample", "export-hf")
 
@@ -142,6 +143,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--export", choices=EXPORT_FORMATS,
                        help="also write the weights for another library: hf writes OUT/hf, a Hugging Face GPT-2 "
                             "folder (gpt presets)")
+    train.add_argument("--track", action="append", choices=TRACKERS, metavar="TRACKER",
+                       help=f"log to an experiment tracker, repeatable: {', '.join(TRACKERS)} (default: tensorboard "
+                            "when installed; mlflow at MLFLOW_TRACKING_URI or OUT/mlruns; wandb online with "
+                            "WANDB_API_KEY or WANDB_MODE=offline)")
     train.add_argument("--strategy", choices=(*JOB_STRATEGIES, "none"), help="fault tolerance (default auto)")
     train.add_argument("--fail", action="append", default=[], metavar="KIND:RANK@STEP",
                        help="inject a failure: kill:RANK@STEP (SIGKILL) or notice:RANK@STEP (graceful leave); "
@@ -186,7 +191,7 @@ def run_client(args: argparse.Namespace) -> int:
         lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
         betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
         precision=args.precision, device=args.device, export=args.export, seq_len=args.seq_len,
-        vocab_size=args.vocab_size,
+        vocab_size=args.vocab_size, track=args.track,
     ))
 
 

@@ -87,6 +87,9 @@ def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
     if "export" in body:  # read by `spotpipe train` only: never dropped silently
         raise JobFileError(f"{path}: export = {body['export']!r} is for spotpipe train; a control-plane job's weights "
                            "are converted after download: spotpipe export-hf DIR")
+    if "tracking" in body:
+        raise JobFileError(f"{path}: tracking = {body['tracking']!r} is for spotpipe train; a control-plane job's "
+                           "metrics are on its page and in GET /api/v1/jobs/{id}/metrics/")
     try:
         body = validate_user_model(body)  # before anything is sent: the control plane never imports it
     except LayoutError as exc:

@@ -11,6 +11,7 @@
     max_wait_s = 3600             #   or after this long without capacity; crashes survived:
     max_restarts_on_errors = 3    #   the next one fails the job (end_reason user_error)
     export = "hf"                 # spotpipe train only: also OUT/hf, a Hugging Face GPT-2 folder
+    tracking = ["mlflow"]         # spotpipe train only: tensorboard, mlflow, wandb (spotpipe.trackers)
 
     [config]                      # the runtime's JobConfig fields (runtime/config.py) but the layout
     global_batch = 32
@@ -38,7 +39,9 @@ from typing import Any
 
 TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "capacity", "config", "model_spec",
              "plan", "priority", "max_runtime_s", "max_wait_s", "max_restarts_on_errors", "allow_over_budget",
-             "export")
+             "export", "tracking")
+TRAIN_ONLY = ("export", "tracking")
+"""Keys `spotpipe train` reads that a control-plane job does not take yet (`spotpipe submit` refuses them)."""
 EXPORT_FORMATS = ("hf",)
 """`export` (job file) / `--export` (spotpipe train): hf also writes the weights as a Hugging Face GPT-2
 folder (`runtime.models.hf_gpt2.write_hf_folder`)."""

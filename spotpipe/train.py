@@ -47,7 +47,8 @@ from runtime.config import (
     resolve_strategy,
 )
 from spotpipe.jobfile import EXPORT_FORMATS, JobFileError, load_job_file
-from spotpipe.recoveries import Recoveries
+from spotpipe.recoveries import Recoveries, Recovery
+from spotpipe.trackers import TrackerError, check_trackers, default_trackers, open_trackers
 
 _FAIL = re.compile(r"^(kill|notice|stop):(\d+)@(\d+)$")
 POLL_S = 0.5
@@ -97,6 +98,8 @@ class TrainOptions:
     init_from: str | None = None
     export: str | None = None
     """`--export hf`: also OUT/hf, a Hugging Face GPT-2 folder (`EXPORT_FORMATS`)."""
+    track: list[str] | None = None
+    """`--track NAME` (repeatable; job file `tracking`): experiment trackers (`spotpipe.trackers.TRACKERS`)."""
     seq_len: int | None = None
     """`--seq-len N`: the model's context (`[config.model] seq_len`): the data's token windows."""
     vocab_size: int | None = None
@@ -246,12 +249,13 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
     try:
         config = resolve_config(options)
         export = export_format(options, config)
+        trackers = tracking_of(options)
         faults = [parse_fail(text) for text in options.fails]
         for fault in faults:
             if not 0 <= fault.node < config.dp * config.pp:
                 raise TrainError(f"--fail {fault.kind}:{fault.node}@{fault.step}: rank {fault.node} does not exist; "
                                  f"expected 0..{config.dp * config.pp - 1} (dp={config.dp} x pp={config.pp})")
-    except (JobFileError, TrainError) as exc:
+    except (JobFileError, TrainError, TrackerError) as exc:
         print(f"error: {exc}", file=err)
         return 2
     except LayoutError as exc:
@@ -297,7 +301,8 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
                   f"--steps is the total, expected more than {start}", file=err)
             return 2
     try:
-        return _launch(config, faults, data, options, out=out, err=err, start=start, export=export)
+        return _launch(config, faults, data, options, out=out, err=err, start=start, export=export,
+                       trackers=trackers)
     except KeyboardInterrupt:
         # run_local has ended every rank it started (its `finally`); one line, no traceback.
         print(f"\ninterrupted: every rank stopped; what was written so far is in {options.out}", file=err)
@@ -305,14 +310,15 @@ def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = 
 
 
 def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: TrainOptions, *,
-            out: TextIO, err: TextIO, start: int = 0, export: str | None = None) -> int:
+            out: TextIO, err: TextIO, start: int = 0, export: str | None = None,
+            trackers: list[str] | None = None) -> int:
     from runtime.train.launcher import run_local
 
     out_dir = options.out
     ranks = out_dir / "ranks"
     shutil.rmtree(ranks, ignore_errors=True)  # a previous run's logs here would be read as this run's
     ranks.mkdir(parents=True)
-    log = MetricsLog(out_dir, config, start=start)
+    log = MetricsLog(out_dir, config, start=start, trackers=trackers)
     name = config.model.path if config.model.kind == USER_MODEL_KIND else config.model.kind
     print(f"training {name} ({config.model.num_layers} layers) on {data.get('source')}: "
           f"dp={config.dp} x pp={config.pp}, {config.steps} steps, strategy {config.strategy}; output in {out_dir}",
@@ -325,6 +331,7 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
             progress.show(log.poll(ranks))
             for recovery in log.recoveries.new():
                 progress.say(recovery.line())
+                log.told(recovery)
 
     watcher = threading.Thread(target=follow, daemon=True)
     watcher.start()
@@ -334,9 +341,10 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
         done.set()
         watcher.join()
         log.poll(ranks, final=True)
-        log.close()
-    for recovery in log.recoveries.new(final=True):
-        progress.say(recovery.line())
+        for recovery in log.recoveries.new(final=True):
+            progress.say(recovery.line())
+            log.told(recovery)
+        log.close({"weights": str(out_dir.resolve())})
     progress.finish(log)
     failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
     summary = log.summary(config, data, wall_s=result.wall_s, failed=failed[0] if failed else None)
@@ -372,6 +380,17 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     return 0
 
 
+def tracking_of(options: TrainOptions) -> list[str] | None:
+    """`--track` (else the job file's `tracking`), each known and installed; None: the default."""
+    names = options.track if options.track is not None else (
+        load_job_file(options.file).get("tracking") if options.file else None)
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise TrainError(f"tracking = {names!r}; expected a list of tracker names, e.g. [\"mlflow\"]")
+    return check_trackers(names)
+
+
 def export_format(options: TrainOptions, config: JobConfig) -> str | None:
     """`--export` (else the job file's `export`), checked against the model before anything runs."""
     value = options.export if options.export is not None else (
@@ -404,9 +423,11 @@ def run_export_hf(directory: str, target: Path | None, *, out: TextIO = sys.stdo
 
 class MetricsLog:
     """Merges the ranks' records into one record per step, appended to `metrics.jsonl` once the
-    step is complete (its loss, and its validation loss when one is due), and to TensorBoard."""
+    step is complete (its loss, and its validation loss when one is due), and to the experiment
+    trackers (`spotpipe.trackers`)."""
 
-    def __init__(self, out_dir: Path, config: JobConfig, *, start: int = 0) -> None:
+    def __init__(self, out_dir: Path, config: JobConfig, *, start: int = 0, trackers: list[str] | None = None,
+                 run_name: str = "") -> None:
         self.config = config
         self.path = out_dir / "metrics.jsonl"
         self.path.write_text("")
@@ -414,7 +435,9 @@ class MetricsLog:
         self.start = start  # the first step this run trains (init_from continues a job there)
         self.written = start - 1
         self._offsets: dict[Path, int] = {}
-        self.tb = _tensorboard(out_dir / "tb")
+        self.trackers = open_trackers(trackers if trackers is not None else default_trackers(), out_dir=out_dir,
+                                      config=config.to_dict(), run_name=run_name or out_dir.name)
+        self.tracking: list[dict[str, Any]] = []
         self.tokens_per_sample = config.tokens_per_sample
         self.recoveries = Recoveries()
 
@@ -442,7 +465,7 @@ class MetricsLog:
                 if "loss" not in record or (due and "val_loss" not in record and not final):
                     break
                 fh.write(json.dumps(record) + "\n")
-                self._to_tensorboard(record)
+                self._to_trackers(record)
                 self.written += 1
         return self.steps.get(self.written) if self.written >= self.start else None
 
@@ -460,16 +483,22 @@ class MetricsLog:
         self._offsets[path] = offset + len(complete)
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
-    def _to_tensorboard(self, record: dict[str, Any]) -> None:
-        if self.tb is None:
-            return
-        for key in ("loss", "val_loss", "samples_per_s", "tokens_per_s"):
-            if key in record:
-                self.tb.add_scalar(f"train/{key}" if key != "val_loss" else "val/loss", record[key], record["step"])
+    def _to_trackers(self, record: dict[str, Any]) -> None:
+        metrics = {k: record[k] for k in ("loss", "val_loss", "samples_per_s", "tokens_per_s") if k in record}
+        for tracker in self.trackers:
+            tracker.log(record["step"], metrics)
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+    def told(self, recovery: Recovery) -> None:
+        """A recovery for the trackers: the count so far and its seconds, at the last step written."""
+        metrics = {"recoveries": float(len(self.recoveries.told))}
+        if recovery.seconds is not None:
+            metrics["recovery_s"] = recovery.seconds
+        for tracker in self.trackers:
+            tracker.log(max(self.written + 1, 0), metrics)
+
+    def close(self, outputs: dict[str, str]) -> None:
+        """Close the trackers' runs with `outputs` (where the weights are)."""
+        self.tracking = [tracker.finish(outputs) for tracker in self.trackers]
 
     @property
     def last_step(self) -> int:
@@ -501,16 +530,9 @@ class MetricsLog:
             "wall_s": wall_s,
             "failed": failed,
             "recoveries": self.recoveries.summary(),
+            "tracking": self.tracking,
         }
 
-
-def _tensorboard(path: Path) -> Any:
-    """A SummaryWriter when the `tensorboard` package is installed (optional extra), else None."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(log_dir=str(path))
 
 
 class Progress:

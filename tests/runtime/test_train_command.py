@@ -131,3 +131,49 @@ def test_presets_have_gpt2_shapes_and_take_the_tokenizers_vocabulary(tmp_path: P
         params = sum(p.numel() for p in build_model(resolve_config(TrainOptions(model="gpt2")).model, 0).parameters())
     # GPT-2's 124M with its head untied (+ 50,257 x 768).
     assert params == 124_439_808 + 50_257 * 768
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(300)
+def test_mlflow_and_wandb_get_the_config_losses_recoveries_and_the_weights(tmp_path: Path, monkeypatch) -> None:
+    import mlflow
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B without its servers (the files stay under OUT/wandb)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out_dir = tmp_path / "tracked"
+    code, _, err = _train(TrainOptions(file=_job_file(tmp_path), data=f"text:{CORPUS}", dp=2, steps=4,
+                                       fails=["kill:1@2"], track=["mlflow", "wandb"], out=out_dir))
+    assert code == 0, err
+    summary = json.loads((out_dir / "spotpipe.json").read_text())
+    runs = {t["tracker"]: t for t in summary["tracking"]}
+    assert set(runs) == {"mlflow", "wandb"}  # --track replaces the default (no tb/ this time)
+    assert not (out_dir / "tb").exists()
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=runs["mlflow"]["where"])
+    run = client.get_run(runs["mlflow"]["run_id"])
+    assert run.data.params["model.n_embd"] == "16" and run.data.params["dp"] == "2"
+    assert run.data.tags["weights"] == str(out_dir.resolve())
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in losses] == [1, 2, 3, 4]
+    assert [m.value for m in losses] == [json.loads(line)["loss"] for line in
+                                          (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert client.get_metric_history(run.info.run_id, "recoveries")[-1].value == 1.0
+
+    wandb_dir = Path(runs["wandb"]["where"])
+    assert runs["wandb"]["run_id"] and wandb_dir.is_dir() and wandb_dir.is_relative_to(out_dir)
+    assert list(wandb_dir.glob("*.wandb")), sorted(p.name for p in wandb_dir.iterdir())
+
+
+def test_a_tracker_not_installed_or_unknown_is_one_message(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    code, _, err = _train(TrainOptions(file=_job_file(tmp_path), track=["mlflow"], out=tmp_path / "out"))
+    assert code == 2 and "tracking 'mlflow' needs the mlflow package: pip install 'spotpipe[mlflow]'" in err
+    path = _job_file(tmp_path)
+    path.write_text('tracking = ["neptune"]\n' + path.read_text())
+    code, _, err = _train(TrainOptions(file=path, out=tmp_path / "out"))
+    assert code == 2 and "tracking ['neptune'] is unknown" in err
+    assert not (tmp_path / "out" / "ranks").exists()
