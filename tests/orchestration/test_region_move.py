@@ -57,6 +57,20 @@ def _enroll_all(job: TrainingJob) -> None:
     services.job_grow(job=job)
 
 
+def _east_job_at_step_30_with_a_checkpoint_of_20(settings) -> tuple[TrainingJob, Path]:
+    """A dp=2 job running on two east nodes, at step 30, whose newest complete checkpoint is step 20."""
+    job = make_job(make_team(), target_steps=100, deadline=timezone.now() + timedelta(hours=2),
+                   plan={"dp": 2, "pp": 1, "provider": "aws", "instance_types": ["g5.xlarge"],
+                         "zones": [EAST_ZONE, WEST_ZONE]})
+    services.acquisition_launch(acquisition=services.job_start(job=job))
+    _enroll_all(job)
+    TrainingJob.objects.filter(pk=job.pk).update(status="running", steps_done=30)
+    checkpoint = Path(settings.SPOTPIPE_ARTIFACTS) / f"job-{job.pk}" / "checkpoints" / "step-20"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"complete")  # what makes a checkpoint complete
+    return job, checkpoint
+
+
 def _states(client, ids: list[str]) -> set[str]:
     pages = client.describe_instances(InstanceIds=ids)["Reservations"]
     return {i["State"]["Name"] for r in pages for i in r["Instances"]}
@@ -65,17 +79,9 @@ def _states(client, ids: list[str]) -> set[str]:
 def test_a_job_whose_region_runs_dry_moves_to_the_other_from_its_checkpoint(two_regions, ec2_regions,
                                                                             monkeypatch, settings):
     monkeypatch.setenv("SPOTPIPE_REGION_PATIENCE_S", "60")
-    job = make_job(make_team(), target_steps=100, deadline=timezone.now() + timedelta(hours=2),
-                   plan={"dp": 2, "pp": 1, "provider": "aws", "instance_types": ["g5.xlarge"],
-                         "zones": [EAST_ZONE, WEST_ZONE]})
-    services.acquisition_launch(acquisition=services.job_start(job=job))
-    _enroll_all(job)
+    job, checkpoint = _east_job_at_step_30_with_a_checkpoint_of_20(settings)
     east_ids = list(Instance.objects.filter(job=job).values_list("provider_instance_id", flat=True))
     assert _states(ec2_regions(EAST), east_ids) <= {"pending", "running"}
-    TrainingJob.objects.filter(pk=job.pk).update(status="running", steps_done=30)
-    checkpoint = Path(settings.SPOTPIPE_ARTIFACTS) / f"job-{job.pk}" / "checkpoints" / "step-20"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "model.safetensors").write_bytes(b"complete")  # what makes a checkpoint complete
 
     # One east node is reclaimed and the east pool has no capacity: the job waits in its region.
     ec2_regions(EAST).terminate_instances(InstanceIds=[east_ids[0]])
@@ -147,15 +153,7 @@ def test_a_job_without_a_checkpoint_does_not_move_and_says_so_once(two_regions, 
 def test_a_move_whose_checkpoint_does_not_complete_goes_from_the_newest_complete_one(two_regions, ec2_regions,
                                                                                    monkeypatch, settings):
     monkeypatch.setenv("SPOTPIPE_REGION_PATIENCE_S", "0")
-    job = make_job(make_team(), target_steps=100, deadline=timezone.now() + timedelta(hours=2),
-                   plan={"dp": 2, "pp": 1, "provider": "aws", "instance_types": ["g5.xlarge"],
-                         "zones": [EAST_ZONE, WEST_ZONE]})
-    services.acquisition_launch(acquisition=services.job_start(job=job))
-    _enroll_all(job)
-    TrainingJob.objects.filter(pk=job.pk).update(status="running", steps_done=30)
-    checkpoint = Path(settings.SPOTPIPE_ARTIFACTS) / f"job-{job.pk}" / "checkpoints" / "step-20"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "model.safetensors").write_bytes(b"complete")
+    job, _ = _east_job_at_step_30_with_a_checkpoint_of_20(settings)
     east_ids = list(Instance.objects.filter(job=job).values_list("provider_instance_id", flat=True))
     ec2_regions(EAST).terminate_instances(InstanceIds=[east_ids[0]])
     offerings_mark_no_capacity(provider="aws", pools=[Pool(instance_type="g5.xlarge", zone=EAST_ZONE)],

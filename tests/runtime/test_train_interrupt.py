@@ -13,24 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.orchestration.providers.local.provider import group_pids
 from tests.runtime.test_train_command import CORPUS
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live processes of process group `pgid` (zombies excluded: they have exited)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
 
 
 @pytest.mark.runtime
@@ -59,6 +45,6 @@ def test_ctrl_c_stops_every_process_with_one_line(tmp_path: Path, when: str) -> 
     assert "Traceback" not in err + out and "KeyboardInterrupt" not in err + out, err
     assert err.count("interrupted") == 1, err
     deadline = time.monotonic() + 30  # ranks killed by the launcher are reaped by their forkserver
-    while _group_members(proc.pid) and time.monotonic() < deadline:
+    while group_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _group_members(proc.pid) == [], "processes of the command are still running"
+    assert group_pids(proc.pid) == [], "processes of the command are still running"
