@@ -162,6 +162,20 @@ def test_a_model_function_is_never_imported_and_cannot_be_auto_planned(world, tm
         format="json")
     assert unvalidated.status_code == 400, unvalidated.content
     assert "spotpipe submit" in str(unvalidated.json()["errors"]["config.model.layers"])
+    # On token data its context and vocabulary must be declared (spotpipe submit records them): a
+    # 400 naming both, nothing stored, never the GPT's defaults.
+    count = TrainingJob.objects.count()
+    text = {**payload, "config": {"model": model, "data": {"source": "text:/srv/corpus.txt"}},
+            "plan": {"dp": 2, "pp": 2}}
+    undeclared = world.member_client.post("/api/v1/jobs/", text, format="json")
+    assert undeclared.status_code == 400, undeclared.content
+    assert {"config.model.seq_len", "config.model.vocab_size"} <= set(undeclared.json()["errors"])
+    assert TrainingJob.objects.count() == count
+    declared = {**text, "config": {**text["config"], "model": {**model, "seq_len": 32, "vocab_size": 256}}}
+    accepted = world.member_client.post("/api/v1/jobs/", declared, format="json")
+    assert accepted.status_code == 201, accepted.content
+    shown = accepted.json()["config"]["model"]
+    assert (shown["seq_len"], shown["vocab_size"]) == (32, 256) and "n_embd" not in shown  # its kind's fields only
     assert "h19_user_model" not in sys.modules and not marker.exists()
 
 
