@@ -279,7 +279,7 @@ CELERY_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Without this Celery's Django fixup reconnects to the database for every task (MEASURED.md).
+# Without this Celery's Django fixup closes and reopens the database connection around every task.
 CELERY_DB_REUSE_MAX = 1000
 
 # --- spotpipe ------------------------------------------------------------------------------------

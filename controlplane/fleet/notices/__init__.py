@@ -2,8 +2,9 @@
 batches (an outbox), and react to each notice once.
 
 Why an outbox: publishing one Celery message per notice costs more CPU than the insert itself
-(docs/MEASURED.md), so the web request only inserts and *kicks*; a per-process kicker coalesces
-kicks into at most one `drain_notices` publish per window, and the drain task claims `received`
+(`python -m bench webhooks`, docs/webhooks.md), so the web request only inserts and *kicks*; a
+per-process kicker coalesces kicks into at most one `drain_notices` publish per window, and the
+drain task claims `received`
 rows in batches. The first notice after a quiet period is published at once (leading edge); those
 that arrive during the window are covered by one trailing publish. A periodic sweep re-kicks
 whatever was stored but never processed (worker or broker down).
