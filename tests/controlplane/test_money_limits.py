@@ -344,3 +344,13 @@ def test_a_limit_or_priority_out_of_range_is_a_400_naming_it_and_stores_nothing(
     assert answer.status_code == 400, answer.content
     assert field in answer.json()["errors"]
     assert not TrainingJob.objects.filter(team=team).exists()
+
+
+def test_a_move_asked_of_a_job_not_training_changes_nothing_so_the_region_review_moves_it_at_once():
+    from controlplane.orchestration.services.job_stop import job_request_stop
+
+    job = make_job(make_team())  # pending: no generation, nothing to checkpoint
+    assert job_request_stop(job=job, end_reason="", message="moving", move={"from": "a", "to": "b"}) is False
+    job.refresh_from_db()
+    assert (job.status, job.stop_requested_at, job.end_reason) == (JobStatus.PENDING, None, "")
+    assert not job.events.filter(kind="job_stopping").exists()

@@ -37,19 +37,23 @@ def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: d
     """Ask an active job to checkpoint and stop with `end_reason` (`EndReason`), or, with
     `requeue` (it gives back borrowed quota), to checkpoint and go back to its team's queue, or,
     with `move` (`region_move`'s from, to and price), to checkpoint and move region. A job that is
-    not training stops at once. False when it is not active or is stopping already."""
+    not training stops at once. False when it is not active or is stopping already, and for a move
+    when it is not training (nothing to checkpoint: the caller moves it at once)."""
     from controlplane.orchestration import tasks
 
     locked = _lock_job(job)
     if locked.status not in ACTIVE_JOB_STATUSES or locked.status == JobStatus.STOPPING:
         return False
+    training = locked.status in TRAINING and bool(locked.current_generation)
+    if move is not None and not training:
+        return False  # nothing to checkpoint first: the caller moves it at once
     locked.stop_requested_at = now or _now()
     locked.end_reason = end_reason  # what it will end with; the page shows it while stopping
     locked.save(update_fields=["stop_requested_at", "end_reason", "updated_at"])
     details = {"end_reason": end_reason, "at_step": locked.steps_done, "requeue": requeue, **(data or {})}
     if move is not None:
         details["move"] = move
-    if locked.status in TRAINING and locked.current_generation:
+    if training:
         then = "moving" if move is not None else "stopping"
         _job_set_status(locked, JobStatus.STOPPING, f"{message}: writing a checkpoint, then {then}", data=details)
     else:

@@ -85,14 +85,13 @@ def job_region_review(*, job: TrainingJob, now: datetime | None = None) -> str |
                 data={"from": region, "to": target})
         return None
     price = elsewhere[0].price
+    # The nodes it still has first write a checkpoint of the step they reached (the stop path:
+    # `job_stop.job_stop_progress` calls `region_move_after_checkpoint`), so the move redoes nothing.
     if job.status in TRAINING and job.current_generation and Instance.objects.filter(
-            job=job, state=InstanceState.RUNNING).exists():
-        # The nodes it still has first write a checkpoint of the step they reached (the stop path:
-        # `job_stop.job_stop_progress` calls `region_move_after_checkpoint`), so the move redoes nothing.
-        job_request_stop(job=job, end_reason="", message=f"moving from {region} to {target}: {region} has had no "
-                         f"capacity for {(now - since).total_seconds():.0f} s",
-                         move={"from": region, "to": target, "usd_per_hour": None if price is None else str(price)},
-                         now=now)
+            job=job, state=InstanceState.RUNNING).exists() and job_request_stop(
+            job=job, end_reason="", message=f"moving from {region} to {target}: {region} has had no capacity for "
+            f"{(now - since).total_seconds():.0f} s",
+            move={"from": region, "to": target, "usd_per_hour": None if price is None else str(price)}, now=now):
         return target
     _move(job, region=region, target=target, checkpoint=checkpoint, price=price, now=now)
     return target
