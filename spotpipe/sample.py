@@ -10,9 +10,11 @@ from typing import TextIO
 
 
 def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
-               tokenizer: str | None = None, top_k: int | None = None, out: TextIO = sys.stdout,
-               err: TextIO = sys.stderr) -> int:
-    """Print `prompt` and `tokens` sampled tokens; 0 on success, 2 for a folder or options that cannot."""
+               tokenizer: str | None = None, top_k: int | None = None, out: TextIO | None = None,
+               err: TextIO | None = None) -> int:
+    """Print `prompt` and `tokens` sampled tokens; 0 on success, 2 for a folder or options that cannot.
+    `out`/`err` default to the streams of the call (a default bound at import could be a closed one)."""
+    out, err = out or sys.stdout, err or sys.stderr
     from runtime.checkpointing.export import ExportError, _local, load_model, model_of_info, read_info
     from runtime.config import ModelSpec
     from runtime.data.dataset import DataError

@@ -244,8 +244,10 @@ def _preset_dict(name: str) -> dict[str, Any]:
     return dataclasses.asdict(model_preset(name))
 
 
-def run_train(options: TrainOptions, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Train; 0 when every step was done, 1 when the run failed, 2 for options or data that cannot run."""
+def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Train; 0 when every step was done, 1 when the run failed, 2 for options or data that cannot run.
+    `out`/`err` default to the streams of the call."""
+    out, err = out or sys.stdout, err or sys.stderr
     try:
         config = resolve_config(options)
         export = export_format(options, config)
@@ -406,8 +408,10 @@ def export_format(options: TrainOptions, config: JobConfig) -> str | None:
     return value
 
 
-def run_export_hf(directory: str, target: Path | None, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run_export_hf(directory: str, target: Path | None, *, out: TextIO | None = None,
+                  err: TextIO | None = None) -> int:
     """`spotpipe export-hf DIR [--out OUT]`: 0 when written, 2 when DIR cannot be exported."""
+    out, err = out or sys.stdout, err or sys.stderr
     from runtime.checkpointing.export import ExportError
     from runtime.models.hf_gpt2 import write_hf_folder
 
