@@ -15,8 +15,7 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
     """Print `prompt` and `tokens` sampled tokens; 0 on success, 2 for a folder or options that cannot.
     `out`/`err` default to the streams of the call (a default bound at import could be a closed one)."""
     out, err = out or sys.stdout, err or sys.stderr
-    from runtime.checkpointing.export import ExportError, _local, load_model, model_of_info, read_info
-    from runtime.config import ModelSpec
+    from runtime.checkpointing.export import ExportError, _local, load_model, model_of_info, read_info, spec_of_entry
     from runtime.data.dataset import DataError
     from runtime.data.tokenizer import load_tokenizer
     from runtime.models.generate import sample
@@ -34,7 +33,7 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
         else:
             info = read_info(local)
             entry = model_of_info(info)
-            spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+            spec = spec_of_entry(entry)
             if not spec.is_language_model or spec.seq_len < 1:
                 print(f"error: {directory} holds a {entry.get('kind')!r} model that is not a language model; sample "
                       "needs one (a gpt preset, or a model function declared with a vocabulary and context: "

@@ -73,13 +73,18 @@ def model_entry(spec: ModelSpec) -> dict[str, Any]:
     return spec.to_dict()
 
 
+def spec_of_entry(entry: Mapping[str, Any]) -> ModelSpec:
+    """The `ModelSpec` of a spotpipe.json `model` entry (keys it does not know are left out)."""
+    return ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+
+
 def build_from_entry(entry: Mapping[str, Any]) -> nn.Sequential:
     """The (untrained) `nn.Sequential` of a spotpipe.json `model` entry, built on the meta device
     (no memory, no initialisation: the weights are assigned when loaded)."""
     # A user model (kind "py") is built by its function through build_layer, like on the nodes.
     from runtime.models.model import build_model
 
-    spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+    spec = spec_of_entry(entry)
     spec.validate()
     with torch.device("meta"):
         return build_model(spec, 0)
@@ -424,7 +429,7 @@ def _build_for_real(model: nn.Sequential, indexes: list[int], *, entry: Mapping[
                     state: Mapping[str, torch.Tensor], where: str) -> None:
     from runtime.models.model import build_layer
 
-    spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+    spec = spec_of_entry(entry)
     with torch.device("cpu"):
         for i in indexes:
             layer = build_layer(spec, i, seed)

@@ -204,7 +204,7 @@ def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Pat
     `out` defaults to `directory/hf`; config.json is written last, so a folder with one is complete."""
     from safetensors.torch import save_file
 
-    from runtime.checkpointing.export import _atomic_write, model_of_info, read_info, write_json
+    from runtime.checkpointing.export import _atomic_write, model_of_info, read_info, spec_of_entry, write_json
     from runtime.data.tokenizer import byte_tokenizer_json
 
     info = read_info(directory)
@@ -213,7 +213,7 @@ def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Pat
         raise HFWeightsError(f"{directory} holds a {entry.get('kind')!r} model; a Hugging Face GPT-2 folder is "
                              "written for the gpt presets only (a model function's weights load into your own "
                              "nn.Sequential with load_state_dict(strict=True): docs/runtime.md)")
-    spec = ModelSpec(**{k: v for k, v in entry.items() if k in ModelSpec.__dataclass_fields__})
+    spec = spec_of_entry(entry)
     target = Path(out) if out is not None else Path(directory) / HF_FOLDER
     target.mkdir(parents=True, exist_ok=True)
     (target / CONFIG).unlink(missing_ok=True)  # incomplete until written again, last
