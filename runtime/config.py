@@ -272,6 +272,8 @@ BYTE_VOCAB_SIZE = 256
 TOKENIZED_FORMATS = ("text", "jsonl", "hf")
 """Source formats whose documents go through the job's tokenizer (`tokens` are ids already, `py`
 datasets give tensors): the model's vocabulary must cover the tokenizer's for these."""
+TOKEN_WINDOW_FORMATS = ("tokens", *TOKENIZED_FORMATS)
+"""Source formats whose samples are windows of `model.seq_len` token ids (`py` datasets give their own)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -826,7 +828,7 @@ def undeclared_context(config: JobConfig) -> list[LayoutError]:
 
 def _token_windows(config: JobConfig) -> bool:
     """The samples are token windows: a tokenized source or token ids."""
-    return config.data.tokenized or config.data.source.startswith("tokens:")
+    return config.data.source.partition(":")[0] in TOKEN_WINDOW_FORMATS
 
 
 _NESTED: dict[str, type] = {}  # annotation name -> dataclass, filled below

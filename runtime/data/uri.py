@@ -11,9 +11,9 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from runtime.config import TOKENIZED_FORMATS, LayoutError
+from runtime.config import TOKEN_WINDOW_FORMATS, LayoutError
 
-DATA_FORMATS = ("tokens", *TOKENIZED_FORMATS, "py")
+DATA_FORMATS = (*TOKEN_WINDOW_FORMATS, "py")
 """Formats a source may name: nanoGPT token files, UTF-8 text, JSON Lines, Hugging Face `datasets`
 folders, and a user's map-style dataset by import path."""
 FORMAT_OPTIONS: dict[str, dict[str, str]] = {
