@@ -269,11 +269,16 @@ def model_preset(name: str) -> ModelSpec:
 
 BYTE_VOCAB_SIZE = 256
 """Token ids of the built-in byte-level tokenizer: one per byte value."""
-TOKENIZED_FORMATS = ("text", "jsonl", "hf")
-"""Source formats whose documents go through the job's tokenizer (`tokens` are ids already, `py`
-datasets give tensors): the model's vocabulary must cover the tokenizer's for these."""
+TOKENIZED_FORMATS = ("text", "jsonl", "hf", "shards")
+"""Source formats whose documents go through the job's tokenizer (`shards` went through it when
+they were prepared; `tokens` are ids already, `py` datasets give tensors): the model's vocabulary
+must cover the tokenizer's for these."""
 TOKEN_WINDOW_FORMATS = ("tokens", *TOKENIZED_FORMATS)
 """Source formats whose samples are windows of `model.seq_len` token ids (`py` datasets give their own)."""
+
+
+MIN_CACHE_BYTES = 1 << 16
+"""The smallest `data.cache_bytes` (64 KiB): a cache that small still works, fetching every page again."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -289,6 +294,9 @@ class DataSpec:
     validation split of its own (nanoGPT's val.bin)."""
     val_batches: int = 4
     """Held-out batches of `global_batch` samples each that a validation pass computes the loss on."""
+    cache_bytes: int = 20 << 30
+    """The most each of the node's data caches holds (`shards:` pages; tokenized corpora and S3
+    mirrors): least recently used entries are evicted to stay within it."""
 
     @property
     def tokenized(self) -> bool:
@@ -314,6 +322,9 @@ class DataSpec:
         if self.val_batches < 1:
             found.append(LayoutError(f"data.val_batches={self.val_batches} must be at least 1",
                                      field="data.val_batches"))
+        if self.cache_bytes < MIN_CACHE_BYTES:
+            found.append(LayoutError(f"data.cache_bytes={self.cache_bytes} must be at least {MIN_CACHE_BYTES} "
+                                     "(64 KiB)", field="data.cache_bytes"))
         return found
 
 

@@ -1,7 +1,8 @@
 """`spotpipe` console script: `spotpipe demo [options]` (docs/demo.md), and the client commands
 `submit`, `jobs`, `status`, `logs`, `cancel`, `resume`, `pull` (a control plane's REST API), `train` (a job file
-on this machine, no control plane), `sample` (text from a trained model's weights folder) and
-`export-hf` (a gpt preset's weights as a Hugging Face GPT-2 folder); see docs/client.md."""
+on this machine, no control plane), `sample` (text from a trained model's weights folder),
+`export-hf` (a gpt preset's weights as a Hugging Face GPT-2 folder); see docs/client.md; and `data
+prepare` / `data cache` (a corpus tokenized once into shards; this machine's data caches), docs/data.md."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from runtime.sim.traces import FORMATS as TRACE_FORMATS
 from spotpipe.jobfile import EXPORT_FORMATS
 from spotpipe.trackers import TRACKERS
 
-CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "pull", "train", "sample", "export-hf")
+CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "pull", "train", "sample", "export-hf",
+                   "data")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +156,21 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--out", type=Path, default=Path("var/train"), help="output folder (default var/train)")
     train.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
 
+    data = sub.add_parser("data", help="prepare a corpus once into shards; list or clear the data caches")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    prepare = data_sub.add_parser(
+        "prepare", help="tokenize a text, jsonl or hf source once into shards + an index (a folder or s3://)",
+        description="Tokenize SOURCE once into sharded token files and an index at --out, which jobs then read "
+                    "with data.source = shards:OUT. Run it again to resume a prepare that was killed.")
+    prepare.add_argument("source", metavar="SOURCE", help="a text:, jsonl: or hf: source, as in data.source")
+    prepare.add_argument("--tokenizer", default="byte", help="byte (default) or a tokenizer.json path or s3:// URI")
+    prepare.add_argument("--out", required=True, metavar="LOCATION", help="a folder or s3://bucket/prefix/")
+    prepare.add_argument("--shard-bytes", type=int, help="largest shard (default 64 MiB)")
+    prepare.add_argument("--page-bytes", type=int, help="unit a node fetches and caches (default 256 KiB)")
+    prepare.add_argument("--workers", type=int, default=1, help="local processes tokenizing files (default 1)")
+    cache = data_sub.add_parser("cache", help="list this machine's data caches (or clear them)")
+    cache.add_argument("--clear", action="store_true", help="delete every entry no process is using")
+
 
 def run_client(args: argparse.Namespace) -> int:
     from spotpipe import commands
@@ -172,6 +189,13 @@ def run_client(args: argparse.Namespace) -> int:
         return commands.pull(args.job, args.dir)
     if args.command == "resume":
         return commands.resume(args.job, budget=args.budget)
+    if args.command == "data":
+        from spotpipe.data import run_cache, run_prepare
+
+        if args.data_command == "cache":
+            return run_cache(clear=args.clear)
+        return run_prepare(args.source, tokenizer=args.tokenizer, out=args.out, shard_bytes=args.shard_bytes,
+                           page_bytes=args.page_bytes, workers=args.workers)
     if args.command == "export-hf":
         from spotpipe.train import run_export_hf
 

@@ -54,12 +54,19 @@ def file_digest(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def content_key(*, fmt: str, options: dict[str, str], tokenizer: str, digests: dict[str, list[str]]) -> str:
+    """The content hash of a token stream: its source files' digests (per stream, in order), the
+    format and options, the tokenizer's identity and the tokenization rule's version. A prepared
+    corpus (`runtime.data.prepared`) records the same key as the node cache's entry of its source."""
+    blob = json.dumps({"version": CACHE_VERSION, "format": fmt, "options": options, "tokenizer": tokenizer,
+                       "content": digests}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def cache_key(*, fmt: str, options: dict[str, str], tokenizer: str, streams: dict[str, list[Path]]) -> str:
     """The content hash an entry is stored under (see the module docstring)."""
-    content = {name: [file_digest(p) for p in files] for name, files in streams.items()}
-    blob = json.dumps({"version": CACHE_VERSION, "format": fmt, "options": options, "tokenizer": tokenizer,
-                       "content": content}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    digests = {name: [file_digest(p) for p in files] for name, files in streams.items()}
+    return content_key(fmt=fmt, options=options, tokenizer=tokenizer, digests=digests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +128,16 @@ def tokenized(key: str, streams: dict[str, Callable[[], Documents]], tokenizer: 
               describe: dict[str, Any]) -> CachedTokens:
     """The cache entry `key`, tokenizing `streams` (stream name -> its documents) if no trusted entry
     exists; one process per node tokenizes, the others wait for it."""
+    from runtime.data.hygiene import touch
+
     base = cache_dir / "tokens"
     folder = base / key
     if (found := _trusted(folder)) is not None:
+        touch(folder)
         return found
     with exclusive(base / f"{key}.lock"):
         if (found := _trusted(folder)) is not None:  # another rank built it while this one waited
+            touch(folder)
             return found
         shutil.rmtree(folder, ignore_errors=True)  # a killed tokenizer's leftovers
         folder.mkdir(parents=True)
@@ -145,6 +156,7 @@ def tokenized(key: str, streams: dict[str, Callable[[], Documents]], tokenizer: 
             temporary = folder / f".meta.json.part-{os.getpid()}"
             temporary.write_text(json.dumps(meta, indent=1, sort_keys=True))
             os.replace(temporary, folder / "meta.json")
+            touch(folder)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

@@ -19,6 +19,9 @@ from runtime.config import DataSpec, JobConfig, ModelSpec
 from runtime.data.sampler import EpochPermutations, train_positions, val_positions
 from runtime.data.uri import SourceURI, parse_source
 
+PREFETCH_STEPS = 2
+"""Steps ahead whose samples a streamed source (`Split.prefetch`) starts fetching at each step."""
+
 
 class DataError(ValueError):
     """Data a node cannot use (a missing file, a token file of the wrong size, a token id beyond the
@@ -95,7 +98,11 @@ def open_dataset(spec: DataSpec, model: ModelSpec, *, cache_dir: Path | None = N
     """Open `spec.source` on this node; raises `DataError` naming what is wrong."""
     uri: SourceURI = parse_source(spec.source)
     module = importlib.import_module(f"runtime.data.formats.{uri.format}")
-    dataset = module.open_source(uri, spec, model, cache_root(cache_dir))
+    root = cache_root(cache_dir)
+    dataset = module.open_source(uri, spec, model, root)
+    from runtime.data.hygiene import evict_corpora
+
+    evict_corpora(root, spec.cache_bytes)  # what this open added may push older corpora out
     for name, split in (("training", dataset.train), ("validation", dataset.val)):
         if len(split) < 1:
             raise DataError(f"{spec.source}: the {name} split has no complete sample "
@@ -117,7 +124,12 @@ class Batches:
             from runtime.models.model import microbatch_data
 
             return microbatch_data(self.config.model, seed=self.config.seed, step=step, index=index, size=size)
-        first, count = train_positions(step=step, index=index, size=size, global_batch=self.config.global_batch)
+        batch = self.config.global_batch
+        first, count = train_positions(step=step, index=index, size=size, global_batch=batch)
+        prefetch = getattr(self.dataset.train, "prefetch", None)
+        if prefetch is not None:  # a streamed source: the same micro-batch of the next steps, in the background
+            ahead = [self._order.items(first + k * batch, count) for k in range(1, PREFETCH_STEPS + 1)]
+            prefetch(np.concatenate(ahead))
         return self.dataset.train.take(self._order.items(first, count))
 
     def val(self, *, batch: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -96,6 +96,8 @@ def fetch(location: str, cache_dir: Path) -> Fetched:
     """Mirror `location` into the node cache (downloading only what changed) and return the copy."""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from runtime.data.hygiene import touch
+
     root = cache_dir / "s3" / hashlib.sha256(location.encode()).hexdigest()[:20]
     bucket, key = _split(location)
     with exclusive(root.with_name(root.name + ".lock")):
@@ -121,6 +123,8 @@ def fetch(location: str, cache_dir: Path) -> Fetched:
                 temporary.unlink(missing_ok=True)
             _write_json(meta, expected)
         _remove_stale(root / "files", wanted)
+        (root / ".location").write_text(location)
+        touch(root)
     path = files[0] if len(objects) == 1 and objects[0]["Key"] == key else root / "files"
     return Fetched(path=path, files=files)
 

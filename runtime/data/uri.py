@@ -15,13 +15,15 @@ from runtime.config import TOKEN_WINDOW_FORMATS, LayoutError
 
 DATA_FORMATS = (*TOKEN_WINDOW_FORMATS, "py")
 """Formats a source may name: nanoGPT token files, UTF-8 text, JSON Lines, Hugging Face `datasets`
-folders, and a user's map-style dataset by import path."""
+folders, a corpus prepared by `spotpipe data prepare` (shards), and a user's map-style dataset by
+import path."""
 FORMAT_OPTIONS: dict[str, dict[str, str]] = {
     "tokens": {"dtype": "uint16"},
     "text": {},
     "jsonl": {"field": "text"},
     "hf": {"column": "text", "split": "train"},
     "py": {},
+    "shards": {},
 }
 """Options each format takes after `?`, with their defaults."""
 TOKEN_DTYPES = ("uint16", "uint32")
@@ -89,6 +91,8 @@ def parse_source(text: str, *, field: str = _FIELD) -> SourceURI:
         options[key] = value
     if fmt == "tokens" and options["dtype"] not in TOKEN_DTYPES:
         raise _bad(text, f"dtype={options['dtype']!r}; expected one of {TOKEN_DTYPES}", field)
+    if fmt == "shards" and "://" not in location and any(c in location for c in "*["):
+        raise _bad(text, "a shards: location is a folder or an s3://bucket/prefix/, not a glob", field)
     if fmt == "py":
         if not _IMPORT_PATH.match(location):
             raise _bad(text, "py: sources name a function as package.module:function", field)

@@ -135,8 +135,13 @@ def faults_from_trace(
     return faults, joins
 
 
-def _child(spec: dict[str, Any]) -> None:
+def _child(spec: dict[str, Any], environ: dict[str, str]) -> None:
     from runtime.train.trainer import WorkerSpec, _die_with_parent, run_worker
+
+    # The forkserver kept the environment of the run that started it: a rank takes the launcher's
+    # now (the data cache, S3 endpoint and credentials of this run), as a process it spawned would.
+    os.environ.clear()
+    os.environ.update(environ)
 
     # A terminal's Ctrl-C reaches the whole process group: the launcher answers it (it ends every
     # rank it started), so a rank neither stops half-way on its own nor prints a traceback.
@@ -210,7 +215,7 @@ def run_local(
             "device_index": node,  # the nodes share this host's GPUs (resolve_device wraps it)
             "faults": own,
         }
-        proc = ctx.Process(target=_child, args=(spec,), name=f"spotpipe-node-{node}", daemon=True)
+        proc = ctx.Process(target=_child, args=(spec, dict(os.environ)), name=f"spotpipe-node-{node}", daemon=True)
         proc.start()
         procs[node] = proc
 

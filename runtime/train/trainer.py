@@ -449,6 +449,13 @@ class Worker:
     def _run_generation(self, plan: Plan) -> tuple[str, str]:
         try:
             return self._generation_body(plan)
+        except DataError as exc:  # a streamed shard that went away or changed: no retry can fix it
+            reason = f"data: {exc}"
+            self.coord.mark_failed(reason)
+            self._emit({"event": "job_failed", "reason": reason})
+            if self.comm is not None:
+                self.comm.poison_commit(COMMIT_HEADER + len(plan["members"]))
+            raise JobCannotContinue(reason) from None
         except (RuntimeError, TimeoutError) as exc:
             if isinstance(exc, Fenced | JobCannotContinue):
                 raise

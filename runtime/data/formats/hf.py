@@ -58,7 +58,7 @@ def split_files(root: Path, name: str) -> list[Path] | None:
     return named or None
 
 
-def streams(uri: SourceURI, cache_dir: Path) -> dict[str, list[Path]]:
+def stream_files(uri: SourceURI, cache_dir: Path) -> dict[str, list[Path]]:
     """{"train": ..., "val": ...} when the location has a validation split, else {"all": ...}."""
     if not uri.is_s3 and is_glob(uri.location):
         return {"all": source_files(uri, cache_dir, DATA_SUFFIXES)}
@@ -119,11 +119,12 @@ def read_column(path: Path, column: str) -> Iterator[str]:
         row += len(values)
 
 
+def documents_of(uri: SourceURI, paths: list[Path]) -> Documents:
+    """The documents of `paths` in order: each row's `column` string."""
+    return ([text] for path in paths for text in read_column(path, uri.options["column"]))
+
+
 def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Path) -> Dataset:
     _pyarrow()
-    column = uri.options["column"]
-
-    def documents(paths: list[Path]) -> Documents:
-        return ([text] for path in paths for text in read_column(path, column))
-
-    return open_tokenized(uri, spec, model, cache_dir, files=streams(uri, cache_dir), documents=documents)
+    return open_tokenized(uri, spec, model, cache_dir, files=stream_files(uri, cache_dir),
+                          documents=lambda paths: documents_of(uri, paths))

@@ -42,11 +42,15 @@ def read_field(path: Path, field: str) -> Iterator[str]:
             yield record[field]
 
 
+def documents_of(uri: SourceURI, paths: list[Path]) -> Documents:
+    """The documents of `paths` in order: each line's `field` string."""
+    return ([text] for path in paths for text in read_field(path, uri.options["field"]))
+
+
+def stream_files(uri: SourceURI, cache_dir: Path) -> dict[str, list[Path]]:
+    return {"all": source_files(uri, cache_dir)}
+
+
 def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Path) -> Dataset:
-    field = uri.options["field"]
-
-    def documents(paths: list[Path]) -> Documents:
-        return ([text] for path in paths for text in read_field(path, field))
-
-    return open_tokenized(uri, spec, model, cache_dir, files={"all": source_files(uri, cache_dir)},
-                          documents=documents)
+    return open_tokenized(uri, spec, model, cache_dir, files=stream_files(uri, cache_dir),
+                          documents=lambda paths: documents_of(uri, paths))

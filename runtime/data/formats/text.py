@@ -79,10 +79,15 @@ def read_text(path: Path, chunk_bytes: int = CHUNK_BYTES, max_carry: int = MAX_P
                 yield text
 
 
-def documents(paths: list[Path]) -> Documents:
+def documents_of(uri: SourceURI, paths: list[Path]) -> Documents:
+    """The documents of `paths` in order: each file one, read in pieces."""
     return (read_text(path) for path in paths)
 
 
+def stream_files(uri: SourceURI, cache_dir: Path) -> dict[str, list[Path]]:
+    return {"all": source_files(uri, cache_dir)}
+
+
 def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Path) -> Dataset:
-    return open_tokenized(uri, spec, model, cache_dir, files={"all": source_files(uri, cache_dir)},
-                          documents=documents)
+    return open_tokenized(uri, spec, model, cache_dir, files=stream_files(uri, cache_dir),
+                          documents=lambda paths: documents_of(uri, paths))

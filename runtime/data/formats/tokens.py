@@ -37,13 +37,19 @@ def check_vocabulary(tokens: np.ndarray, vocab_size: int, name: str, chunk: int 
                         f"(model.vocab_size={vocab_size}); expected ids below {vocab_size}")
 
 
-def hold_out_tail(tokens: np.ndarray, spec: DataSpec, model: ModelSpec, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) of one token stream: the last `val_fraction` of the tokens (at least one
-    window, seq_len + 1 tokens) are held out."""
-    cut = len(tokens) - max(model.seq_len + 1, int(len(tokens) * spec.val_fraction))
+def hold_out_tail_cut(count: int, spec: DataSpec, model: ModelSpec, name: str) -> int:
+    """Where the held-out tail of a stream of `count` tokens starts: the last `val_fraction` of the
+    tokens (at least one window, seq_len + 1 tokens) are held out."""
+    cut = count - max(model.seq_len + 1, int(count * spec.val_fraction))
     if cut < model.seq_len + 1:
-        raise DataError(f"{name} has {len(tokens)} tokens: too few for a training and a validation "
+        raise DataError(f"{name} has {count} tokens: too few for a training and a validation "
                         f"split of at least {model.seq_len + 1} tokens each")
+    return cut
+
+
+def hold_out_tail(tokens: np.ndarray, spec: DataSpec, model: ModelSpec, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) of one token stream (`hold_out_tail_cut`)."""
+    cut = hold_out_tail_cut(len(tokens), spec, model, name)
     return tokens[:cut], tokens[cut:]
 
 

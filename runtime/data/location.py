@@ -1,0 +1,183 @@
+"""A prepared corpus's location: a local folder or an `s3://bucket/prefix/`, behind one small
+interface (read a whole object, read a byte range, write an object, list names), so `prepare`
+writes and `formats/shards` reads the same way wherever the corpus lives.
+
+Names are relative to the location ("index.json", "shards/all-000003-0000.bin"). S3 is reached
+with boto3's default credentials, region and `AWS_ENDPOINT_URL` (S3-compatible stores), as the
+other S3 sources are (`runtime.data.s3`); its errors become a `DataError` naming the object.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+from runtime.data.dataset import DataError
+
+
+class Missing(DataError):
+    """The object is not at the location."""
+
+
+class Location(Protocol):
+    url: str
+    """How the user wrote it (a folder path or s3://bucket/prefix/), for messages."""
+
+    def read(self, name: str) -> bytes: ...
+
+    def read_range(self, name: str, start: int, length: int) -> tuple[bytes, int]:
+        """`length` bytes from `start` (fewer at the end) and the object's whole size."""
+        ...
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write the object whole: readers see the old object or the new one, never a part."""
+        ...
+
+    def upload(self, name: str, path: Path) -> None: ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def size(self, name: str) -> int | None: ...
+
+
+class LocalFolder:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.root = Path(url)
+
+    def _path(self, name: str) -> Path:
+        return self.root / name
+
+    def read(self, name: str) -> bytes:
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            raise Missing(f"{self._path(name)} does not exist") from None
+        except OSError as exc:
+            raise DataError(f"{self._path(name)}: cannot read it ({exc.strerror})") from None
+
+    def read_range(self, name: str, start: int, length: int) -> tuple[bytes, int]:
+        path = self._path(name)
+        try:
+            with open(path, "rb") as handle:
+                total = os.fstat(handle.fileno()).st_size
+                handle.seek(start)
+                return handle.read(length), total
+        except FileNotFoundError:
+            raise Missing(f"{path} does not exist") from None
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read it ({exc.strerror})") from None
+
+    def write(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.part-{os.getpid()}")
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def upload(self, name: str, path: Path) -> None:
+        target = self._path(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)  # prepare stages its shards inside the output folder: a rename
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).is_file()
+
+    def size(self, name: str) -> int | None:
+        try:
+            return self._path(name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+
+class S3Prefix:
+    def __init__(self, url: str) -> None:
+        self.url = url if url.endswith("/") else url + "/"
+        self.bucket, _, prefix = self.url.removeprefix("s3://").partition("/")
+        self.prefix = prefix
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            # Many ranges are fetched at once by the prefetcher's threads (one pool per process).
+            self._client = boto3.client("s3", config=Config(max_pool_connections=32,
+                                                            retries={"max_attempts": 4, "mode": "standard"}))
+        return self._client
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _error(self, name: str, exc: Exception) -> DataError:
+        from runtime.data.s3 import _error
+
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        where = f"s3://{self.bucket}/{self._key(name)}"
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return Missing(f"{where} does not exist")
+        return _error(where, exc)
+
+    def read(self, name: str) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(name, exc) from None
+
+    def read_range(self, name: str, start: int, length: int) -> tuple[bytes, int]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name),
+                                            Range=f"bytes={start}-{start + length - 1}")
+            data = answer["Body"].read()
+        except (BotoCoreError, ClientError) as exc:
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
+                return b"", self.size(name) or 0
+            raise self._error(name, exc) from None
+        content_range = answer.get("ContentRange", "")  # "bytes 0-99/1234"
+        total = int(content_range.rpartition("/")[2]) if "/" in content_range else answer["ContentLength"]
+        return data, total
+
+    def write(self, name: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:  # a PUT replaces an object atomically
+            self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(name, exc) from None
+
+    def upload(self, name: str, path: Path) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.upload_file(str(path), self.bucket, self._key(name))
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(name, exc) from None
+        path.unlink(missing_ok=True)
+
+    def size(self, name: str) -> int | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(name))["ContentLength"]
+        except (BotoCoreError, ClientError) as exc:
+            if isinstance(self._error(name, exc), Missing):
+                return None
+            raise self._error(name, exc) from None
+
+    def exists(self, name: str) -> bool:
+        return self.size(name) is not None
+
+
+def open_location(url: str) -> Location:
+    """The location `url` names: `s3://bucket/prefix/` or a local folder."""
+    return S3Prefix(url) if url.startswith("s3://") else LocalFolder(url)

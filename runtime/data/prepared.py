@@ -1,0 +1,126 @@
+"""A prepared corpus: the token stream a text, jsonl or hf source makes (documents in order, joined
+by the tokenizer's separator), tokenized once and stored as shards plus an index.
+
+    LOCATION/index.json                    written last: a location without it is not prepared
+    LOCATION/shards/<stream>-<unit>-<part>.bin   flat token ids (the index's dtype)
+    LOCATION/shards/<...>.sums             one 8-byte blake2b digest per page of the shard
+    LOCATION/units/<stream>-<unit>.json    what each unit (one input file) wrote: a resumed
+                                           prepare skips the units it finds
+
+A stream ("all", or "train" and "val" when the source has its own validation split) is the
+concatenation of its shards' tokens, each shard's first `skip` tokens left out (the separator a
+unit writes before its first document, when no document came before it). Readers fetch pages
+(`page_bytes`, a multiple of the token width) by byte range and check each against its digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runtime.data.dataset import DataError
+from runtime.data.location import Location, Missing
+
+INDEX_NAME = "index.json"
+FORMAT = "spotpipe-shards"
+VERSION = 1
+DIGEST_BYTES = 8
+
+
+def page_digest(data: bytes) -> bytes:
+    """The digest a page is checked against (blake2b, 8 bytes: corruption, not an adversary)."""
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
+
+
+def page_sums(data: bytes, page_bytes: int) -> bytes:
+    """Every page's digest, in order: a shard's `.sums` object."""
+    return b"".join(page_digest(data[i : i + page_bytes]) for i in range(0, len(data), page_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    name: str
+    """The object's name under the location (`shards/...bin`); its digests are `name` + `.sums`."""
+    tokens: int
+    """Token ids in the object."""
+    bytes: int
+    sha256: str
+    """Of the whole object (checked by `spotpipe data prepare --verify`)."""
+    sums_sha256: str
+    """Of the `.sums` object: a reader checks the digests before trusting them."""
+    skip: int = 0
+    """Leading tokens that are not part of the stream."""
+
+    @property
+    def sums_name(self) -> str:
+        return self.name.removesuffix(".bin") + ".sums"
+
+
+@dataclass(kw_only=True, slots=True)
+class PreparedIndex:
+    source: str
+    """The source it was prepared from, as written."""
+    source_format: str
+    """That source's format (text, jsonl, hf)."""
+    tokenizer: str
+    """The `data.tokenizer` it was prepared with."""
+    tokenizer_identity: str
+    """`Tokenizer.identity`: a job reading the shards must use a tokenizer with the same identity."""
+    vocab_size: int
+    """The tokenizer's vocabulary: the model's must be at least this."""
+    dtype: str
+    page_bytes: int
+    max_id: int
+    content_hash: str
+    """The node cache's key of the same source read whole (`runtime.data.cache.content_key`): equal
+    hashes mean equal token streams."""
+    streams: dict[str, list[Shard]] = field(default_factory=dict)
+
+    def stream_tokens(self, name: str) -> int:
+        return sum(s.tokens - s.skip for s in self.streams[name])
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for shards in self.streams.values() for s in shards)
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        return json.dumps({"format": FORMAT, "version": VERSION, **body}, indent=1, sort_keys=True)
+
+
+def read_index(location: Location) -> PreparedIndex:
+    """The index at `location`; `DataError` naming the location and what was expected."""
+    where = f"{location.url.rstrip('/')}/{INDEX_NAME}"
+    try:
+        raw = location.read(INDEX_NAME)
+    except Missing:
+        partial = location.exists("units/.started")
+        hint = ("a prepare started there and did not finish: run the same `spotpipe data prepare` again to "
+                "complete it" if partial else "prepare the corpus there with `spotpipe data prepare`")
+        raise DataError(f"{where} does not exist: not a prepared corpus; {hint}") from None
+    try:
+        body = json.loads(raw)
+        if body.get("format") != FORMAT or body.get("version") != VERSION:
+            raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}, "
+                             f"expected {FORMAT!r} version {VERSION}")
+        body.pop("format"), body.pop("version")
+        streams = {name: [Shard(**s) for s in shards] for name, shards in body.pop("streams").items()}
+        index = PreparedIndex(**body, streams=streams)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise DataError(f"{where} is not a spotpipe shard index ({exc}); prepare the corpus again "
+                        "with `spotpipe data prepare`") from None
+    if not ("all" in index.streams or {"train", "val"} <= set(index.streams)):
+        raise DataError(f"{where} has streams {sorted(index.streams)}; expected 'all', or 'train' and 'val'")
+    if index.page_bytes < 1 or index.page_bytes % _width(index.dtype):
+        raise DataError(f"{where}: page_bytes {index.page_bytes} is not a positive multiple of the token width")
+    return index
+
+
+def _width(dtype: str) -> int:
+    return 2 if dtype == "uint16" else 4
+
+
+def index_as_dict(index: PreparedIndex) -> dict[str, Any]:
+    return json.loads(index.to_json())
