@@ -166,7 +166,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     prepare.add_argument("--tokenizer", default="byte", help="byte (default) or a tokenizer.json path or s3:// URI")
     prepare.add_argument("--out", required=True, metavar="LOCATION", help="a folder or s3://bucket/prefix/")
     prepare.add_argument("--shard-bytes", type=int, help="largest shard (default 64 MiB)")
-    prepare.add_argument("--page-bytes", type=int, help="unit a node fetches and caches (default 256 KiB)")
+    prepare.add_argument("--page-bytes", type=int, help="unit a node fetches and caches (default 64 KiB)")
     prepare.add_argument("--workers", type=int, default=1, help="local processes tokenizing files (default 1)")
     cache = data_sub.add_parser("cache", help="list this machine's data caches (or clear them)")
     cache.add_argument("--clear", action="store_true", help="delete every entry no process is using")

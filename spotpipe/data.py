@@ -14,7 +14,7 @@ from spotpipe.tables import print_table
 def run_prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int | None = None,
                 page_bytes: int | None = None, workers: int = 1, stream: IO[str] | None = None,
                 errors: IO[str] | None = None) -> int:
-    from runtime.data.dataset import DataError
+    from runtime.data.errors import DataError
     from runtime.data.prepare import DEFAULT_PAGE_BYTES, DEFAULT_SHARD_BYTES, prepare
 
     shard_bytes = shard_bytes or DEFAULT_SHARD_BYTES
@@ -39,15 +39,14 @@ def run_prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int | Non
 
 
 def run_cache(*, clear: bool, root: Path | None = None, stream: IO[str] | None = None) -> int:
-    from runtime.data.dataset import cache_root
+    from runtime.data.hygiene import cache_root, corpus_entries, page_entries
     from runtime.data.hygiene import clear as clear_all
-    from runtime.data.hygiene import corpus_entries, page_entries
 
     stream = stream if stream is not None else sys.stdout
     root = cache_root(root)
     if clear:
         freed = clear_all(root)
-        print(f"cleared {root}: {freed / 1e6:,.1f} MB freed", file=stream)
+        print(f"cleared {root}: {freed:,} bytes freed", file=stream)
         return 0
     entries = [*corpus_entries(root), *page_entries(root)]
     if not entries:

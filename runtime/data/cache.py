@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.data.dataset import DataError
+from runtime.data.errors import DataError
 from runtime.data.s3 import exclusive
 
 CACHE_VERSION = 1

@@ -16,17 +16,13 @@ import numpy as np
 import torch
 
 from runtime.config import DataSpec, JobConfig, ModelSpec
+from runtime.data.errors import DataError
+from runtime.data.hygiene import cache_root, evict_corpora
 from runtime.data.sampler import EpochPermutations, train_positions, val_positions
 from runtime.data.uri import SourceURI, parse_source
 
 PREFETCH_STEPS = 2
 """Steps ahead whose samples a streamed source (`Split.prefetch`) starts fetching at each step."""
-
-
-class DataError(ValueError):
-    """Data a node cannot use (a missing file, a token file of the wrong size, a token id beyond the
-    model's vocabulary...). The message names the value and what was expected; a worker that meets
-    one fails the job once with it (no retry can fix the data)."""
 
 
 class Split(Protocol):
@@ -85,23 +81,12 @@ class Dataset:
     tokenizer, and the size of each split."""
 
 
-def cache_root(explicit: Path | None = None) -> Path:
-    """The node's data cache: `explicit`, else $SPOTPIPE_DATA_CACHE, else ~/.cache/spotpipe/data."""
-    import os
-
-    if explicit is not None:
-        return explicit
-    return Path(os.environ.get("SPOTPIPE_DATA_CACHE") or Path.home() / ".cache" / "spotpipe" / "data")
-
-
 def open_dataset(spec: DataSpec, model: ModelSpec, *, cache_dir: Path | None = None) -> Dataset:
     """Open `spec.source` on this node; raises `DataError` naming what is wrong."""
     uri: SourceURI = parse_source(spec.source)
     module = importlib.import_module(f"runtime.data.formats.{uri.format}")
     root = cache_root(cache_dir)
     dataset = module.open_source(uri, spec, model, root)
-    from runtime.data.hygiene import evict_corpora
-
     evict_corpora(root, spec.cache_bytes)  # what this open added may push older corpora out
     for name, split in (("training", dataset.train), ("validation", dataset.val)):
         if len(split) < 1:

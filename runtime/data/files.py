@@ -12,7 +12,7 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from runtime.data.dataset import DataError
+from runtime.data.errors import DataError
 from runtime.data.uri import SourceURI
 
 GLOB_CHARS = "*["

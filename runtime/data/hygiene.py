@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.data.dataset import DataError
+from runtime.data.errors import DataError
 
 CORPUS_KINDS = ("tokens", "s3")
 _opened: set[Path] = set()
@@ -35,6 +35,15 @@ class CacheEntry:
     last_used: float
     describe: str
     """What it holds (the source, the S3 location), for `spotpipe data cache`."""
+
+
+def cache_root(explicit: Path | None = None) -> Path:
+    """The node's data cache: `explicit`, else $SPOTPIPE_DATA_CACHE, else ~/.cache/spotpipe/data."""
+    import os
+
+    if explicit is not None:
+        return explicit
+    return Path(os.environ.get("SPOTPIPE_DATA_CACHE") or Path.home() / ".cache" / "spotpipe" / "data")
 
 
 def folder_bytes(folder: Path) -> int:
@@ -128,6 +137,8 @@ def page_entries(root: Path) -> list[CacheEntry]:
     found = []
     for folder in sorted(p for p in base.iterdir() if p.is_dir() and p.name != "locks"):  # <sha256[:24]>/
         files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+        if not files:  # emptied by eviction or --clear
+            continue
         size = sum(p.stat().st_size for p in files)
         used = max((p.stat().st_mtime for p in files), default=folder.stat().st_mtime)
         found.append(CacheEntry("pages", folder, size, used, f"{len(files)} pages of shard {folder.name}"))

@@ -131,12 +131,17 @@ class PageCache:
         temporary = path.with_name(f".{path.name}.part-{os.getpid()}-{threading.get_ident()}")
         try:
             temporary.write_bytes(data)
-            os.replace(temporary, path)
-        except OSError:  # a full disk: no file, so the record is a miss; drop it
-            temporary.unlink(missing_ok=True)
+            # Evictions unlink inside their transaction, so none runs between this check and the
+            # rename: a page evicted while it was written is never left on disk without its record.
             with self._db() as db:
-                db.execute("DELETE FROM pages WHERE key = ?", (key,))
-                db.execute("UPDATE totals SET value = value - ? WHERE name = 'held'", (size,))
+                if db.execute("SELECT 1 FROM pages WHERE key = ?", (key,)).fetchone() is not None:
+                    os.replace(temporary, path)
+        except OSError:  # a full disk: no file, so the record is a miss; drop it (unless evicted already)
+            with self._db() as db:
+                if db.execute("DELETE FROM pages WHERE key = ?", (key,)).rowcount:
+                    db.execute("UPDATE totals SET value = value - ? WHERE name = 'held'", (size,))
+        finally:
+            temporary.unlink(missing_ok=True)
 
     def clear(self) -> int:
         """Delete every page; returns the bytes freed."""

@@ -26,14 +26,15 @@ from typing import IO, Any
 import numpy as np
 
 from runtime.data.cache import content_key, file_digest, token_dtype
-from runtime.data.dataset import DataError, cache_root
+from runtime.data.errors import DataError
+from runtime.data.hygiene import cache_root
 from runtime.data.location import Location, Missing, open_location
 from runtime.data.prepared import INDEX_NAME, PreparedIndex, Shard, page_sums
 from runtime.data.uri import SourceURI, parse_source
 
 PREPARABLE = ("text", "jsonl", "hf")
 DEFAULT_SHARD_BYTES = 64 << 20
-DEFAULT_PAGE_BYTES = 256 << 10
+DEFAULT_PAGE_BYTES = 64 << 10
 STARTED = "units/.started"
 
 

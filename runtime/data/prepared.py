@@ -20,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runtime.data.dataset import DataError
+from runtime.data.errors import DataError
 from runtime.data.location import Location, Missing
 
 INDEX_NAME = "index.json"

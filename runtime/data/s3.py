@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.data.dataset import DataError
+from runtime.data.errors import DataError
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from runtime.config import BYTE_VOCAB_SIZE, ModelSpec
-from runtime.data.dataset import DataError
+from runtime.data.errors import DataError
 
 DOCUMENT_SEPARATOR = "\n\n"
 """Joins documents when the tokenizer has no end-of-text token."""

@@ -103,6 +103,6 @@ def test_shards_gone_fail_the_job_once_naming_one(prepared, tmp_path):
     result = run_local(config, timeout_s=120)
     failures = {r["reason"] for r in result.records if r.get("event") == "job_failed"}
     named = [f for f in failures if f.startswith(f"data: {copy}/shards/all-") and " is missing" in f]
-    assert failures and named == sorted(failures), failures
+    assert failures and len(named) == len(failures), failures
     assert all(code not in (0, None) for code in result.exit_codes.values()), result.exit_codes
     assert not result.steps()

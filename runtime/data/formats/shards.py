@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,6 +33,9 @@ FETCH_THREADS = 16
 """Page downloads in flight per process (S3 answers each range in tens of milliseconds)."""
 MAX_PREFETCH_PAGES = 512
 """Background fetches queued at most per process: prefetching never runs ahead unbounded."""
+KEPT_PREFETCH_BYTES = 64 << 20
+"""Prefetched pages kept in memory until their step reads them, at most (per process; a page a step
+read while its prefetch was still running may stay until pushed out: the bound holds)."""
 
 
 class ShardedStream:
@@ -50,6 +54,8 @@ class ShardedStream:
         self._sums: dict[str, bytes] = {}
         self._sums_lock = threading.Lock()
         self._inflight: dict[tuple[int, int], Future] = {}
+        self._ready: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # prefetched, not yet read
+        self._ready_bytes = 0
         self._inflight_lock = threading.RLock()  # a future already done runs its callback at once, inside
 
     def __len__(self) -> int:
@@ -86,16 +92,42 @@ class ShardedStream:
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def fetch(self, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-        """The pages `wanted`, fetched concurrently (a page a prefetch already asked for is awaited)."""
-        unique = list(dict.fromkeys(wanted))
-        futures = {page: self._submit(page) for page in unique}
-        return {page: future.result() for page, future in futures.items()}
+        """The pages `wanted`: those a prefetch brought from memory, the others fetched concurrently
+        (a page a prefetch is still fetching is awaited, not fetched twice)."""
+        found, futures = {}, {}
+        with self._inflight_lock:
+            for page in dict.fromkeys(wanted):
+                data = self._ready.pop(page, None)
+                if data is not None:
+                    self._ready_bytes -= len(data)
+                    found[page] = data
+        for page in dict.fromkeys(wanted):
+            if page not in found:
+                futures[page] = self._submit(page)
+        found.update({page: future.result() for page, future in futures.items()})
+        return found
 
     def prefetch(self, wanted: list[tuple[int, int]]) -> None:
+        """Fetch `wanted` in the background and keep the pages in memory for the `fetch` that needs
+        them (a bounded number: the oldest kept pages are dropped, the page cache still has them)."""
         with self._inflight_lock:
-            room = MAX_PREFETCH_PAGES - len(self._inflight)
-        for page in list(dict.fromkeys(wanted))[: max(0, room)]:
-            self._submit(page)
+            fresh = [p for p in dict.fromkeys(wanted) if p not in self._ready and p not in self._inflight]
+            fresh = fresh[: max(0, MAX_PREFETCH_PAGES - len(self._inflight))]
+        for page in fresh:
+            self._submit(page).add_done_callback(lambda future, page=page: self._keep(page, future))
+
+    def _keep(self, page: tuple[int, int], future: Future) -> None:
+        if future.exception() is not None:
+            return  # the step that needs it fetches it again and fails with the error
+        data = future.result()
+        with self._inflight_lock:
+            if page in self._ready:
+                return
+            self._ready[page] = data
+            self._ready_bytes += len(data)
+            while self._ready_bytes > KEPT_PREFETCH_BYTES and self._ready:
+                _, dropped = self._ready.popitem(last=False)
+                self._ready_bytes -= len(dropped)
 
     def _submit(self, page: tuple[int, int]) -> Future:
         with self._inflight_lock:
