@@ -113,9 +113,18 @@ class Batches:
         first, count = train_positions(step=step, index=index, size=size, global_batch=batch)
         prefetch = getattr(self.dataset.train, "prefetch", None)
         if prefetch is not None:  # a streamed source: the same micro-batch of the next steps, in the background
-            ahead = [self._order.items(first + k * batch, count) for k in range(1, PREFETCH_STEPS + 1)]
-            prefetch(np.concatenate(ahead))
+            last = self.config.steps - 1 if self.config.steps else step + PREFETCH_STEPS
+            ahead = [self._order.items(first + k * batch, count) for k in range(1, PREFETCH_STEPS + 1)
+                     if step + k <= last]
+            if ahead:
+                prefetch(np.concatenate(ahead))
         return self.dataset.train.take(self._order.items(first, count))
+
+    def close(self) -> None:
+        """Stop a streamed source's background fetches (waiting for those running)."""
+        for split in (self.dataset.train, self.dataset.val) if self.dataset else ():
+            if (close := getattr(split, "close", None)) is not None:
+                close()
 
     def val(self, *, batch: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of micro-batch `index` of validation batch `batch` (held-out data)."""

@@ -29,7 +29,7 @@ from runtime.data.cache import content_key, file_digest, token_dtype
 from runtime.data.errors import DataError
 from runtime.data.hygiene import cache_root
 from runtime.data.location import Location, Missing, open_location
-from runtime.data.prepared import INDEX_NAME, PreparedIndex, Shard, page_sums
+from runtime.data.prepared import INDEX_NAME, PreparedIndex, Shard, pack_pages
 from runtime.data.uri import SourceURI, parse_source
 
 PREPARABLE = ("text", "jsonl", "hf")
@@ -90,8 +90,7 @@ def _done_before(job: PrepareJob, unit: Unit, location: Location, digest: str) -
             or recorded.get("shard_bytes") != job.shard_bytes:
         return None
     for part in recorded["parts"]:
-        sums = part["name"].removesuffix(".bin") + ".sums"
-        if location.size(part["name"]) != part["bytes"] or location.size(sums) is None:
+        if location.size(part["name"]) != part["bytes"]:
             return None
     fields = {k: recorded[k] for k in ("stream", "number", "digest", "documents", "lead", "max_id",
                                        "input_bytes", "parts")}
@@ -119,14 +118,11 @@ def run_unit(job: PrepareJob, unit: Unit) -> UnitResult:
     def flush(count: int) -> None:
         nonlocal pending, buffered
         tokens = np.concatenate(pending) if len(pending) > 1 else pending[0]
-        data, rest = tokens[:count].tobytes(), tokens[count:]
+        data, rest = pack_pages(tokens[:count].tobytes(), job.page_bytes), tokens[count:]
         name = f"shards/{unit.stream}-{unit.number:06d}-{len(result.parts):04d}.bin"
-        sums = page_sums(data, job.page_bytes)
         location.write(name, data)
-        location.write(name.removesuffix(".bin") + ".sums", sums)
         result.parts.append({"name": name, "tokens": count, "bytes": len(data),
-                             "sha256": hashlib.sha256(data).hexdigest(),
-                             "sums_sha256": hashlib.sha256(sums).hexdigest()})
+                             "sha256": hashlib.sha256(data).hexdigest()})
         pending, buffered = ([rest] if len(rest) else []), len(rest)
 
     for document in _documents(uri, path):
@@ -235,8 +231,8 @@ def prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int = DEFAULT
         raise DataError(f"SOURCE {source!r}: only {', '.join(PREPARABLE)} sources are prepared (tokens: and py: "
                         "sources are read as they are)")
     if page_bytes < 64 or page_bytes % 4 or shard_bytes < page_bytes:
-        raise DataError(f"--page-bytes {page_bytes} must be a multiple of 4 of at least 64, and --shard-bytes "
-                        f"{shard_bytes} at least --page-bytes")
+        raise DataError(f"--page-bytes {page_bytes} must be a multiple of 4 of at least 64 (8 of them the page's "
+                        f"digest), and --shard-bytes {shard_bytes} at least --page-bytes")
     if workers < 1:
         raise DataError(f"--workers {workers} must be at least 1")
     root = cache_root(cache_dir)

@@ -2,15 +2,15 @@
 by the tokenizer's separator), tokenized once and stored as shards plus an index.
 
     LOCATION/index.json                    written last: a location without it is not prepared
-    LOCATION/shards/<stream>-<unit>-<part>.bin   flat token ids (the index's dtype)
-    LOCATION/shards/<...>.sums             one 8-byte blake2b digest per page of the shard
+    LOCATION/shards/<stream>-<unit>-<part>.bin   pages of token ids, each checked by its own digest
     LOCATION/units/<stream>-<unit>.json    what each unit (one input file) wrote: a resumed
                                            prepare skips the units it finds
 
-A stream ("all", or "train" and "val" when the source has its own validation split) is the
-concatenation of its shards' tokens, each shard's first `skip` tokens left out (the separator a
-unit writes before its first document, when no document came before it). Readers fetch pages
-(`page_bytes`, a multiple of the token width) by byte range and check each against its digest.
+A shard is a run of pages of `page_bytes`: each page holds `page_bytes - 8` bytes of token ids (the
+last page fewer) followed by the 8-byte blake2b digest of those bytes, so one range read brings a
+page and what checks it. A stream ("all", or "train" and "val" when the source has its own
+validation split) is the concatenation of its shards' tokens, each shard's first `skip` tokens left
+out (the separator a unit writes before its first document, when no document came before it).
 """
 
 from __future__ import annotations
@@ -30,32 +30,50 @@ DIGEST_BYTES = 8
 
 
 def page_digest(data: bytes) -> bytes:
-    """The digest a page is checked against (blake2b, 8 bytes: corruption, not an adversary)."""
+    """The digest a page's tokens are checked against (blake2b, 8 bytes: corruption, not an adversary)."""
     return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
 
 
-def page_sums(data: bytes, page_bytes: int) -> bytes:
-    """Every page's digest, in order: a shard's `.sums` object."""
-    return b"".join(page_digest(data[i : i + page_bytes]) for i in range(0, len(data), page_bytes))
+def payload_bytes(page_bytes: int) -> int:
+    """Bytes of token ids in a page of `page_bytes`."""
+    return page_bytes - DIGEST_BYTES
+
+
+def pack_pages(tokens: bytes, page_bytes: int) -> bytes:
+    """A shard's bytes: the token bytes cut into pages, each followed by its digest."""
+    size = payload_bytes(page_bytes)
+    return b"".join(tokens[i : i + size] + page_digest(tokens[i : i + size]) for i in range(0, len(tokens), size))
+
+
+def unpack_page(page: bytes) -> bytes | None:
+    """The token bytes of one page, or None when they do not match its digest."""
+    body, digest = page[:-DIGEST_BYTES], page[-DIGEST_BYTES:]
+    return body if len(page) > DIGEST_BYTES and page_digest(body) == digest else None
+
+
+def unpack_pages(shard: bytes, page_bytes: int) -> bytes:
+    """A whole shard's token bytes (`ValueError` on a page that does not match its digest)."""
+    parts = []
+    for start in range(0, len(shard), page_bytes):
+        body = unpack_page(shard[start : start + page_bytes])
+        if body is None:
+            raise ValueError(f"page {start // page_bytes} does not match its digest")
+        parts.append(body)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
 class Shard:
     name: str
-    """The object's name under the location (`shards/...bin`); its digests are `name` + `.sums`."""
+    """The object's name under the location (`shards/...bin`)."""
     tokens: int
     """Token ids in the object."""
     bytes: int
+    """The object's size: its pages, digests included."""
     sha256: str
-    """Of the whole object (checked by `spotpipe data prepare --verify`)."""
-    sums_sha256: str
-    """Of the `.sums` object: a reader checks the digests before trusting them."""
+    """Of the whole object."""
     skip: int = 0
     """Leading tokens that are not part of the stream."""
-
-    @property
-    def sums_name(self) -> str:
-        return self.name.removesuffix(".bin") + ".sums"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -113,8 +131,8 @@ def read_index(location: Location) -> PreparedIndex:
                         "with `spotpipe data prepare`") from None
     if not ("all" in index.streams or {"train", "val"} <= set(index.streams)):
         raise DataError(f"{where} has streams {sorted(index.streams)}; expected 'all', or 'train' and 'val'")
-    if index.page_bytes < 1 or index.page_bytes % _width(index.dtype):
-        raise DataError(f"{where}: page_bytes {index.page_bytes} is not a positive multiple of the token width")
+    if index.page_bytes <= DIGEST_BYTES or payload_bytes(index.page_bytes) % _width(index.dtype):
+        raise DataError(f"{where}: page_bytes {index.page_bytes} leaves no whole tokens beside the page digest")
     return index
 
 

@@ -82,6 +82,14 @@ def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: B
 
 def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
     config.validate()
+    batches = Batches(config)
+    try:
+        return _train_on(config, steps, batches)
+    finally:
+        batches.close()  # a streamed source's prefetches stop with the run
+
+
+def _train_on(config: JobConfig, steps: int | None, batches: Batches) -> ReferenceRun:
     spec = config.model
     loss_fn = loss_for(spec)
     device = resolve_device(config)  # a cuda job's reference runs on this host's first GPU
@@ -89,7 +97,6 @@ def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
     states = {i: LayerState(i, build_layer(spec, i, config.seed).to(device)) for i in range(spec.num_layers)}
     params = [p for i in range(spec.num_layers) for p in states[i].params]
     home = home_pipelines(config)
-    batches = Batches(config)
     run = ReferenceRun(params={}, losses=[])
     last = config.steps if steps is None else steps
     for step in range(last):

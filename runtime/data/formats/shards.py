@@ -13,7 +13,6 @@ which fails the job once.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,7 +25,7 @@ from runtime.config import DataSpec, ModelSpec
 from runtime.data.dataset import DataError, Dataset
 from runtime.data.location import Location, Missing, open_location
 from runtime.data.pagecache import PageCache
-from runtime.data.prepared import DIGEST_BYTES, PreparedIndex, Shard, page_digest, read_index
+from runtime.data.prepared import PreparedIndex, Shard, payload_bytes, read_index, unpack_page
 from runtime.data.uri import SourceURI
 
 FETCH_THREADS = 16
@@ -51,8 +50,6 @@ class ShardedStream:
         self.pool = pool
         self.width = np.dtype(index.dtype).itemsize
         self.starts = np.cumsum([0] + [s.tokens - s.skip for s in shards]).tolist()
-        self._sums: dict[str, bytes] = {}
-        self._sums_lock = threading.Lock()
         self._inflight: dict[tuple[int, int], Future] = {}
         self._ready: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # prefetched, not yet read
         self._ready_bytes = 0
@@ -76,14 +73,15 @@ class ShardedStream:
         return out
 
     def pages(self, first: int, stop: int) -> list[tuple[int, int]]:
-        size = self.index.page_bytes
+        size = payload_bytes(self.index.page_bytes)
         return [(number, page) for number, lo, hi in self.pieces(first, stop)
                 for page in range(lo // size, (hi - 1) // size + 1)]
 
     # -- reading ------------------------------------------------------------------------------
     def read(self, first: int, stop: int, pages: dict[tuple[int, int], bytes]) -> np.ndarray:
-        """Tokens [first, stop) from `pages` (every page `pages(first, stop)` names, fetched)."""
-        size = self.index.page_bytes
+        """Tokens [first, stop) from `pages` (every page `pages(first, stop)` names, fetched: their
+        token bytes, digests checked and removed)."""
+        size = payload_bytes(self.index.page_bytes)
         parts = []
         for number, lo, hi in self.pieces(first, stop):
             blob = b"".join(pages[(number, page)] for page in range(lo // size, (hi - 1) // size + 1))
@@ -147,6 +145,7 @@ class ShardedStream:
         return self.cache.get(PageCache.key(shard.sha256, page), lambda: self._download(shard, page))
 
     def _download(self, shard: Shard, page: int) -> bytes:
+        """Page `page` of `shard`: its token bytes, after its size and digest are checked."""
         size = self.index.page_bytes
         expected = min(size, shard.bytes - page * size)
         where = f"{self.location.url.rstrip('/')}/{shard.name}"
@@ -158,29 +157,11 @@ class ShardedStream:
         if total != shard.bytes or len(data) != expected:
             raise DataError(f"{where} has {total} bytes; the index expects {shard.bytes}: the shard is not the one "
                             "prepared (prepare the corpus again)")
-        sums = self._page_sums(shard)
-        if page_digest(data) != sums[page * DIGEST_BYTES : (page + 1) * DIGEST_BYTES]:
+        body = unpack_page(data)
+        if body is None:
             raise DataError(f"{where}: page {page} (bytes {page * size}..{page * size + len(data)}) does not match "
                             "its digest: the shard's content is not the one prepared (prepare the corpus again)")
-        return data
-
-    def _page_sums(self, shard: Shard) -> bytes:
-        with self._sums_lock:
-            found = self._sums.get(shard.name)
-        if found is not None:
-            return found
-        where = f"{self.location.url.rstrip('/')}/{shard.sums_name}"
-        try:
-            sums = self.location.read(shard.sums_name)
-        except Missing:
-            raise DataError(f"{where} is missing: a shard's page digests; prepare the corpus again") from None
-        pages = -(-shard.bytes // self.index.page_bytes)
-        if hashlib.sha256(sums).hexdigest() != shard.sums_sha256 or len(sums) != pages * DIGEST_BYTES:
-            raise DataError(f"{where} does not match the index ({len(sums)} bytes, expected {pages * DIGEST_BYTES} "
-                            "with the recorded sha256): prepare the corpus again")
-        with self._sums_lock:
-            self._sums[shard.name] = sums
-        return sums
+        return body
 
 
 class ShardedWindows:
@@ -208,6 +189,9 @@ class ShardedWindows:
     def prefetch(self, ids: np.ndarray) -> None:
         """Start fetching the pages of windows `ids` (the next steps'), not waiting."""
         self.stream.prefetch([p for i in ids for p in self.stream.pages(*self._range(i))])
+
+    def close(self) -> None:
+        self.stream.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def check_tokenizer_matches(uri: SourceURI, index: PreparedIndex, spec: DataSpec, model: ModelSpec,

@@ -21,7 +21,7 @@ from runtime.data.dataset import Batches, DataError, open_dataset
 from runtime.data.location import open_location
 from runtime.data.pagecache import PageCache
 from runtime.data.prepare import prepare
-from runtime.data.prepared import read_index
+from runtime.data.prepared import read_index, unpack_pages
 
 from .conftest import assert_token_batches, corpus, make_config, tail_split
 
@@ -41,7 +41,8 @@ def stream_tokens(location: str, name: str = "all") -> np.ndarray:
     """A prepared stream's tokens, read back from its shard objects (skips applied)."""
     where = open_location(location)
     index = read_index(where)
-    parts = [np.frombuffer(where.read(s.name), dtype=index.dtype)[s.skip :] for s in index.streams[name]]
+    parts = [np.frombuffer(unpack_pages(where.read(s.name), index.page_bytes), dtype=index.dtype)[s.skip :]
+             for s in index.streams[name]]
     return np.concatenate(parts)
 
 
@@ -103,7 +104,7 @@ def test_on_s3_with_a_cache_smaller_than_the_corpus(s3, tmp_path, cache):
     prepare(f"text:{tmp_path / 'corpus'}", tokenizer="byte", out=out, workers=2, shard_bytes=4096, page_bytes=1024,
             stream=io.StringIO())
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="prepared/")["Contents"]]
-    assert "prepared/index.json" in keys and any(k.endswith(".sums") for k in keys)
+    assert "prepared/index.json" in keys and sum(k.endswith(".bin") for k in keys) > 10
     corpus_bytes = read_index(open_location(out)).total_bytes
     limit = 1 << 16
     assert corpus_bytes > limit, "the test needs a corpus larger than the cache"
