@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from bench.report import Progress, print_table
+from runtime.data.sampler import permuted
 
 OUT_DIR = Path("var/bench/training")
 TARGET_RATIO = 0.9
@@ -90,8 +91,7 @@ def _sample_ids(windows: int, first: int, count: int) -> np.ndarray:
     epochs, offsets = np.divmod(positions, windows)
     out = np.empty(count, dtype=np.int64)
     for epoch in np.unique(epochs):
-        perm = np.random.Generator(np.random.PCG64([SEED, int(epoch)])).permutation(windows)
-        out[epochs == epoch] = perm[offsets[epochs == epoch]]
+        out[epochs == epoch] = permuted(windows, SEED, int(epoch), offsets[epochs == epoch])
     return out
 
 

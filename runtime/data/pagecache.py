@@ -42,6 +42,7 @@ class PageCache:
         self._touched: dict[str, float] = {}
         self._touch_lock = threading.Lock()
         self._flushed = time.monotonic()
+        self._folders: set[Path] = set()
         with self._db() as db:
             db.execute("CREATE TABLE IF NOT EXISTS pages (key TEXT PRIMARY KEY, bytes INTEGER NOT NULL, "
                        "used REAL NOT NULL)")
@@ -127,7 +128,9 @@ class PageCache:
                 with contextlib.suppress(FileNotFoundError):
                     self._path(old_key).unlink()
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent not in self._folders:  # one mkdir per shard folder and process, not per page
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._folders.add(path.parent)
         temporary = path.with_name(f".{path.name}.part-{os.getpid()}-{threading.get_ident()}")
         try:
             temporary.write_bytes(data)

@@ -105,7 +105,8 @@ class PreparedIndex:
 
     def to_json(self) -> str:
         body = asdict(self)
-        return json.dumps({"format": FORMAT, "version": VERSION, **body}, indent=1, sort_keys=True)
+        # Compact: every node reads it when it opens the source (a 2,000-shard index is ~300 KB).
+        return json.dumps({"format": FORMAT, "version": VERSION, **body}, separators=(",", ":"), sort_keys=True)
 
 
 def read_index(location: Location) -> PreparedIndex:

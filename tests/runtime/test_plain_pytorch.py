@@ -2,9 +2,10 @@
 gives the loss curve of a plain PyTorch loop written here, with `torch.optim.AdamW`.
 
 The loop is independent of the runtime on purpose: it reads the token file with numpy, computes the
-batch order from the rule documented in `runtime/data/sampler.py` (a PCG64 permutation of the
-training windows per epoch, seeded by (seed, epoch); step t, micro-batch j reads the `size` stream
-positions from t * global_batch + j * size), and steps `torch.optim.AdamW`, not the runtime's
+batch order from the rule documented in `runtime/data/sampler.py` (its `permuted`, the permutation
+of the training windows keyed by (seed, epoch), looked up one position at a time; step t,
+micro-batch j reads the `size` stream positions from t * global_batch + j * size), and steps
+`torch.optim.AdamW`, not the runtime's
 `LayerState`. Only the modules come from the runtime: the model is `nn.Sequential` of
 `runtime.models.model.build_layer(spec, i, seed)`, the very constructor spotpipe's worker calls, so both
 start from the same initialisation (seeded per layer); a copy of the modules would test the copy.
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from runtime.config import DataSpec, model_preset
+from runtime.data.sampler import permuted
 from runtime.models.model import build_layer
 from spotpipe.train import TrainOptions, run_train
 
@@ -49,8 +51,7 @@ def sampler_ids(*, windows: int, seed: int, step: int, index: int, size: int) ->
     ids = []
     for position in range(first, first + size):
         epoch, offset = divmod(position, windows)
-        perm = np.random.Generator(np.random.PCG64([seed & 0xFFFF_FFFF_FFFF, epoch])).permutation(windows)
-        ids.append(perm[offset])
+        ids.append(permuted(windows, seed, epoch, np.array([offset]))[0])
     return np.array(ids)
 
 

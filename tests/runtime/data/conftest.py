@@ -12,6 +12,7 @@ import torch
 
 from runtime.config import DataSpec, JobConfig, ModelSpec
 from runtime.data.dataset import Batches
+from runtime.data.sampler import permuted
 
 SEQ_LEN = 8
 TRIPLES = [(0, 0, 2), (0, 1, 2), (3, 1, 2), (7, 0, 4), (250, 1, 2)]
@@ -47,13 +48,12 @@ def tail_split(tokens: list[int], config: JobConfig) -> tuple[list[int], list[in
 
 def expected_train_rows(rows: np.ndarray | list, config: JobConfig, step: int, index: int, size: int) -> list:
     """Items of micro-batch `index` of `step`: stream positions step*B + index*size ..., each epoch
-    a PCG64([seed, epoch]) permutation of the items."""
+    the (seed, epoch) permutation of the items, looked up one position at a time."""
     count = len(rows)
     picked = []
     for position in range(step * config.global_batch + index * size, step * config.global_batch + index * size + size):
         epoch, offset = divmod(position, count)
-        permutation = np.random.Generator(np.random.PCG64([config.seed, epoch])).permutation(count)
-        picked.append(rows[permutation[offset]])
+        picked.append(rows[int(permuted(count, config.seed, epoch, np.array([offset]))[0])])
     return picked
 
 
