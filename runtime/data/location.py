@@ -10,6 +10,7 @@ other S3 sources are (`runtime.data.s3`); its errors become a `DataError` naming
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -140,18 +141,22 @@ class S3Prefix:
             return Missing(f"{where} does not exist")
         return _error(where, exc)
 
-
-    def _presigned(self, name: str) -> str:
+    def _presigned(self, name: str, fresh: bool = False) -> str:
         """A presigned GET URL of the object, reused for every range until it nears expiry: a range
         read then costs one plain HTTP request (botocore's per-call work, a few ms of CPU under the
         GIL, would take a share of the training step at a few reads per sample)."""
+        from botocore.exceptions import BotoCoreError
+
         now = time.monotonic()
         with self._urls_lock:
             found = self._urls.get(name)
-        if found is not None and found[1] > now:
+        if found is not None and found[1] > now and not fresh:
             return found[0]
-        url = self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(name)},
-                                                 ExpiresIn=PRESIGNED_S)
+        try:
+            url = self.client.generate_presigned_url("get_object", ExpiresIn=PRESIGNED_S,
+                                                     Params={"Bucket": self.bucket, "Key": self._key(name)})
+        except BotoCoreError as exc:  # no credentials in the chain
+            raise DataError(f"s3://{self.bucket}/{self._key(name)}: cannot sign a request ({exc})") from None
         with self._urls_lock:
             self._urls[name] = (url, now + PRESIGNED_S / 2)
         return url
@@ -163,13 +168,19 @@ class S3Prefix:
         import urllib3
 
         where = f"s3://{self.bucket}/{self._key(name)}"
-        try:
-            answer = self._http.request("GET", self._presigned(name), headers=headers,
-                                        retries=urllib3.Retry(total=4, backoff_factor=0.2,
-                                                              status_forcelist=(500, 502, 503, 504)),
-                                        timeout=urllib3.Timeout(connect=10, read=60))
-        except urllib3.exceptions.HTTPError as exc:
-            raise DataError(f"{where}: cannot reach S3 ({type(exc).__name__}: {exc})") from None
+        for fresh in (False, True):  # a 403 once more with a new signature (temporary credentials rotate)
+            try:
+                answer = self._http.request("GET", self._presigned(name, fresh), headers=headers,
+                                            retries=urllib3.Retry(total=4, backoff_factor=0.2,
+                                                                  status_forcelist=(500, 502, 503, 504)),
+                                            timeout=urllib3.Timeout(connect=10, read=60))
+            except urllib3.exceptions.HTTPError as exc:
+                # Never the URL: its query is a signature that reads the object for minutes.
+                reason = getattr(exc, "reason", None) or exc
+                text = re.sub(r"\?\S*", "?...", str(reason))
+                raise DataError(f"{where}: cannot reach S3 ({type(reason).__name__}: {text})") from None
+            if answer.status != 403:
+                break
         if answer.status == 404:
             if b"NoSuchBucket" in answer.data:
                 raise DataError(f"{where}: bucket {self.bucket!r} does not exist (or is not visible to these "

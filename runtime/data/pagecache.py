@@ -27,7 +27,7 @@ from pathlib import Path
 
 from runtime.data.s3 import exclusive
 
-LOCK_STRIPES = 64
+LOCK_STRIPES = 256
 TOUCH_FLUSH_S = 2.0
 """Last-use stamps are written at most this often per process (a write per read would contend)."""
 
@@ -69,19 +69,20 @@ class PageCache:
 
     def get(self, key: str, fetch: Callable[[], bytes]) -> bytes:
         """The page `key`: from the cache, else `fetch()` (which checks it) stored and returned."""
-        found = self._read(key)
+        found = self.peek(key)
         if found is not None:
             return found
         stripe = int(hashlib.blake2b(key.encode(), digest_size=2).hexdigest(), 16) % LOCK_STRIPES
         with exclusive(self.root / "locks" / f"{stripe}.lock"):
-            found = self._read(key)  # another rank fetched it while this one waited
+            found = self.peek(key)  # another rank (or the prefetcher) fetched it while this one waited
             if found is not None:
                 return found
             data = fetch()
             self._store(key, data)
         return data
 
-    def _read(self, key: str) -> bytes | None:
+    def peek(self, key: str) -> bytes | None:
+        """The page `key` if the cache holds it (stamped as used), else None."""
         try:
             data = self._path(key).read_bytes()
         except FileNotFoundError:

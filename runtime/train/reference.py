@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,7 +51,8 @@ class ReferenceRun:
     """Steps skipped for a non-finite gradient."""
 
 
-def reference_run(config: JobConfig, steps: int | None = None) -> ReferenceRun:
+def reference_run(config: JobConfig, steps: int | None = None,
+                  on_step: Callable[[int], None] | None = None) -> ReferenceRun:
     """Train the whole model in one process, validating where the distributed run does.
 
     Single-threaded like every worker (`Worker.run`): some CPU kernels (the embedding's backward)
@@ -58,7 +60,7 @@ def reference_run(config: JobConfig, steps: int | None = None) -> ReferenceRun:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(config, steps)
+        return _train(config, steps, on_step)
     finally:
         torch.set_num_threads(threads)
 
@@ -80,16 +82,17 @@ def validation_loss(config: JobConfig, layers: list[torch.nn.Module], batches: B
     return total / count
 
 
-def _train(config: JobConfig, steps: int | None) -> ReferenceRun:
+def _train(config: JobConfig, steps: int | None, on_step: Callable[[int], None] | None = None) -> ReferenceRun:
     config.validate()
     batches = Batches(config)
     try:
-        return _train_on(config, steps, batches)
+        return _train_on(config, steps, batches, on_step)
     finally:
         batches.close()  # a streamed source's prefetches stop with the run
 
 
-def _train_on(config: JobConfig, steps: int | None, batches: Batches) -> ReferenceRun:
+def _train_on(config: JobConfig, steps: int | None, batches: Batches,
+              on_step: Callable[[int], None] | None) -> ReferenceRun:
     spec = config.model
     loss_fn = loss_for(spec)
     device = resolve_device(config)  # a cuda job's reference runs on this host's first GPU
@@ -100,6 +103,8 @@ def _train_on(config: JobConfig, steps: int | None, batches: Batches) -> Referen
     run = ReferenceRun(params={}, losses=[])
     last = config.steps if steps is None else steps
     for step in range(last):
+        if on_step is not None:  # a benchmark's clock: when each step starts
+            on_step(step)
         total = 0.0
         scale = loss_scale_at(config, step, run.skipped)
         # Sum the gradients in `grad_order`'s fixed order: per home pipeline, micro-batches in

@@ -3,8 +3,9 @@ folder or under `s3://bucket/prefix/`, read by random access on the global sampl
 
 A node reads only the pages (`index.page_bytes`, fetched by byte range and checked against their
 digests) holding the windows its micro-batches need, through the node's page cache
-(`runtime.data.pagecache`, bounded by `data.cache_bytes`, shared by the node's ranks), and fetches
-the pages of its next steps in the background (`Batches` calls `prefetch`). The samples are those
+(`runtime.data.pagecache`, bounded by `data.cache_bytes`, shared by the node's ranks), and has its
+prefetch process fetch the pages of its next steps (`Batches` calls `prefetch`;
+`runtime.data.pagefetch`). The samples are those
 of the source it was prepared from read whole: same token stream, same windows, same held-out tail,
 same sampler order. A shard that cannot be read while the job runs is a `DataError` naming it,
 which fails the job once.
@@ -13,9 +14,7 @@ which fails the job once.
 from __future__ import annotations
 
 import bisect
-import threading
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,37 +22,27 @@ import torch
 
 from runtime.config import DataSpec, ModelSpec
 from runtime.data.dataset import DataError, Dataset
-from runtime.data.location import Location, Missing, open_location
+from runtime.data.location import Location, open_location
 from runtime.data.pagecache import PageCache
-from runtime.data.prepared import PreparedIndex, Shard, payload_bytes, read_index, unpack_page
+from runtime.data.pagefetch import FETCH_THREADS, Prefetcher, cached_page
+from runtime.data.prepared import PreparedIndex, Shard, payload_bytes, read_index
 from runtime.data.uri import SourceURI
-
-FETCH_THREADS = 16
-"""Page downloads in flight per process (S3 answers each range in tens of milliseconds)."""
-MAX_PREFETCH_PAGES = 512
-"""Background fetches queued at most per process: prefetching never runs ahead unbounded."""
-KEPT_PREFETCH_BYTES = 64 << 20
-"""Prefetched pages kept in memory until their step reads them, at most (per process; a page a step
-read while its prefetch was still running may stay until pushed out: the bound holds)."""
 
 
 class ShardedStream:
     """One stream of a prepared corpus: token ranges read through the page cache."""
 
     def __init__(self, name: str, shards: list[Shard], index: PreparedIndex, location: Location,
-                 cache: PageCache, pool: ThreadPoolExecutor) -> None:
+                 cache: PageCache, pool: ThreadPoolExecutor, prefetcher: Prefetcher) -> None:
         self.name = name
         self.shards = shards
         self.index = index
         self.location = location
         self.cache = cache
         self.pool = pool
+        self.prefetcher = prefetcher
         self.width = np.dtype(index.dtype).itemsize
         self.starts = np.cumsum([0] + [s.tokens - s.skip for s in shards]).tolist()
-        self._inflight: dict[tuple[int, int], Future] = {}
-        self._ready: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # prefetched, not yet read
-        self._ready_bytes = 0
-        self._inflight_lock = threading.RLock()  # a future already done runs its callback at once, inside
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -90,78 +79,24 @@ class ShardedStream:
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def fetch(self, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-        """The pages `wanted`: those a prefetch brought from memory, the others fetched concurrently
-        (a page a prefetch is still fetching is awaited, not fetched twice)."""
-        found, futures = {}, {}
-        with self._inflight_lock:
-            for page in dict.fromkeys(wanted):
-                data = self._ready.pop(page, None)
-                if data is not None:
-                    self._ready_bytes -= len(data)
-                    found[page] = data
-        for page in dict.fromkeys(wanted):
-            if page not in found:
-                futures[page] = self._submit(page)
+        """The pages `wanted`: those in the page cache (a prefetch brought them) read from it, the
+        others fetched concurrently (one the prefetcher is fetching is awaited there, not fetched twice)."""
+        found, missing = {}, []
+        for number, page in dict.fromkeys(wanted):
+            data = self.cache.peek(PageCache.key(self.shards[number].sha256, page))
+            if data is None:
+                missing.append((number, page))
+            else:
+                found[(number, page)] = data
+        futures = {(number, page): self.pool.submit(cached_page, self.cache, self.location, self.shards[number],
+                                                    page, self.index.page_bytes)
+                   for number, page in missing}
         found.update({page: future.result() for page, future in futures.items()})
         return found
 
     def prefetch(self, wanted: list[tuple[int, int]]) -> None:
-        """Fetch `wanted` in the background and keep the pages in memory for the `fetch` that needs
-        them (a bounded number: the oldest kept pages are dropped, the page cache still has them)."""
-        with self._inflight_lock:
-            fresh = [p for p in dict.fromkeys(wanted) if p not in self._ready and p not in self._inflight]
-            fresh = fresh[: max(0, MAX_PREFETCH_PAGES - len(self._inflight))]
-        for page in fresh:
-            self._submit(page).add_done_callback(lambda future, page=page: self._keep(page, future))
-
-    def _keep(self, page: tuple[int, int], future: Future) -> None:
-        if future.exception() is not None:
-            return  # the step that needs it fetches it again and fails with the error
-        data = future.result()
-        with self._inflight_lock:
-            if page in self._ready:
-                return
-            self._ready[page] = data
-            self._ready_bytes += len(data)
-            while self._ready_bytes > KEPT_PREFETCH_BYTES and self._ready:
-                _, dropped = self._ready.popitem(last=False)
-                self._ready_bytes -= len(dropped)
-
-    def _submit(self, page: tuple[int, int]) -> Future:
-        with self._inflight_lock:
-            future = self._inflight.get(page)
-            if future is None:
-                future = self.pool.submit(self._page, *page)
-                self._inflight[page] = future
-                future.add_done_callback(lambda _, page=page: self._done(page))
-            return future
-
-    def _done(self, page: tuple[int, int]) -> None:
-        with self._inflight_lock:
-            self._inflight.pop(page, None)
-
-    def _page(self, number: int, page: int) -> bytes:
-        shard = self.shards[number]
-        return self.cache.get(PageCache.key(shard.sha256, page), lambda: self._download(shard, page))
-
-    def _download(self, shard: Shard, page: int) -> bytes:
-        """Page `page` of `shard`: its token bytes, after its size and digest are checked."""
-        size = self.index.page_bytes
-        expected = min(size, shard.bytes - page * size)
-        where = f"{self.location.url.rstrip('/')}/{shard.name}"
-        try:
-            data, total = self.location.read_range(shard.name, page * size, size)
-        except Missing:
-            raise DataError(f"{where} is missing: the shard the index lists went away while the job ran; "
-                            "prepare the corpus again or restore the shard") from None
-        if total != shard.bytes or len(data) != expected:
-            raise DataError(f"{where} has {total} bytes; the index expects {shard.bytes}: the shard is not the one "
-                            "prepared (prepare the corpus again)")
-        body = unpack_page(data)
-        if body is None:
-            raise DataError(f"{where}: page {page} (bytes {page * size}..{page * size + len(data)}) does not match "
-                            "its digest: the shard's content is not the one prepared (prepare the corpus again)")
-        return body
+        """Ask the prefetch process for `wanted` (not waiting)."""
+        self.prefetcher.ask([(self.shards[number], page) for number, page in dict.fromkeys(wanted)])
 
 
 class ShardedWindows:
@@ -191,6 +126,7 @@ class ShardedWindows:
         self.stream.prefetch([p for i in ids for p in self.stream.pages(*self._range(i))])
 
     def close(self) -> None:
+        self.stream.prefetcher.close()
         self.stream.pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -218,7 +154,8 @@ def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Pat
     check_tokenizer_matches(uri, index, spec, model, cache_dir)
     cache = PageCache(cache_dir / "pages", spec.cache_bytes)
     pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="shard-fetch")
-    streams = {name: ShardedStream(name, shards, index, location, cache, pool)
+    prefetcher = Prefetcher(location.url, index.page_bytes, cache)
+    streams = {name: ShardedStream(name, shards, index, location, cache, pool, prefetcher)
                for name, shards in index.streams.items()}
     if "val" in streams:
         train, val = streams["train"], streams["val"]

@@ -207,3 +207,17 @@ def _word_tokenizer(path: Path) -> None:
     tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(path))
+
+
+def test_an_unreachable_store_is_an_error_without_the_signed_url(monkeypatch):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for name, value in (("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"), ("AWS_ACCESS_KEY_ID", "testing"),
+                        ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(DataError, match=r"s3://corpus-bucket/prepared/index\.json: cannot reach S3") as caught:
+        open_dataset(DataSpec(source="shards:s3://corpus-bucket/prepared/"), make_config("text:x").model)
+    assert "X-Amz-Signature" not in str(caught.value) and "X-Amz-Credential" not in str(caught.value)
