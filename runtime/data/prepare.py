@@ -1,4 +1,4 @@
-"""`spotpipe data prepare`: tokenize a text, jsonl or hf source once into a prepared corpus
+"""`spotpipe data prepare`: tokenize a text, jsonl, hf or wds source once into a prepared corpus
 (`runtime.data.prepared`), locally or on S3, so no node tokenizes or downloads the whole corpus.
 
 Work is cut into units, one per input file (per stream); each unit tokenizes its file's documents,
@@ -32,7 +32,7 @@ from runtime.data.location import Location, Missing, open_location
 from runtime.data.prepared import INDEX_NAME, PreparedIndex, Shard, pack_pages
 from runtime.data.uri import SourceURI, parse_source
 
-PREPARABLE = ("text", "jsonl", "hf")
+PREPARABLE = ("text", "jsonl", "hf", "wds")
 DEFAULT_SHARD_BYTES = 64 << 20
 DEFAULT_PAGE_BYTES = 64 << 10
 STARTED = "units/.started"

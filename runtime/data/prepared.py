@@ -1,4 +1,4 @@
-"""A prepared corpus: the token stream a text, jsonl or hf source makes (documents in order, joined
+"""A prepared corpus: the token stream a text, jsonl, hf or wds source makes (documents in order, joined
 by the tokenizer's separator), tokenized once and stored as shards plus an index.
 
     LOCATION/index.json                    written last: a location without it is not prepared
@@ -81,7 +81,7 @@ class PreparedIndex:
     source: str
     """The source it was prepared from, as written."""
     source_format: str
-    """That source's format (text, jsonl, hf)."""
+    """That source's format (text, jsonl, hf, wds)."""
     tokenizer: str
     """The `data.tokenizer` it was prepared with."""
     tokenizer_identity: str
