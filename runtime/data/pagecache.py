@@ -50,7 +50,7 @@ class PageCache:
             db.execute("CREATE TABLE IF NOT EXISTS totals (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
             db.execute("INSERT OR IGNORE INTO totals VALUES ('held', 0), ('peak', 0), ('fetched', 0)")
 
-    def _db(self) -> sqlite3.Connection:
+    def _db(self) -> _Transaction:
         """This thread's connection (sqlite3 connections are not shared across threads)."""
         db = getattr(self._local, "db", None)
         if db is None:

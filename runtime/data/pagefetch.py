@@ -11,6 +11,7 @@ prefetch that fails is dropped: the step that needs the page fetches it again an
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 from collections import OrderedDict
@@ -100,6 +101,9 @@ class Prefetcher:
 
 def serve(url: str, page_bytes: int, cache_root: Path, limit_bytes: int) -> None:
     """The prefetch process: fetch each requested page into the cache until stdin closes."""
+    # A terminal's Ctrl-C reaches the whole process group: the rank's launcher answers it, and
+    # this process ends with its rank (stdin closes), quietly.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     location = open_location(url)
     cache = PageCache(cache_root, limit_bytes)
 

@@ -164,7 +164,7 @@ def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Pat
         train_tokens, val_tokens = len(train), len(val)
     else:
         whole = streams["all"]
-        cut = hold_out_tail_cut(len(whole), spec, model, f"{uri} ({len(whole)} tokens)")
+        cut = hold_out_tail_cut(len(whole), spec, model, str(uri))
         train_split = ShardedWindows(whole, 0, cut, model.seq_len)
         val_split = ShardedWindows(whole, cut, len(whole), model.seq_len)
         train_tokens, val_tokens = cut, len(whole) - cut
