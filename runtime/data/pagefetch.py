@@ -14,6 +14,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,6 +83,9 @@ class Prefetcher:
             if self.process is None:
                 self.process = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                                 text=True, bufsize=1)
+                # A Popen dropped while its child runs is kept by `subprocess` (to reap it later),
+                # stdin open: close stdin when this object goes, so the process ends then too.
+                weakref.finalize(self, _close_quietly, self.process.stdin)
             self.process.stdin.write("".join(lines))
             self.process.stdin.flush()
         except OSError:  # it died: the steps fetch their own pages
@@ -97,6 +101,11 @@ class Prefetcher:
                 self.process.kill()
                 self.process.wait()
             self.process = None
+
+
+def _close_quietly(stream) -> None:
+    with contextlib.suppress(OSError):
+        stream.close()
 
 
 def serve(url: str, page_bytes: int, cache_root: Path, limit_bytes: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,23 @@ def test_a_kill_streaming_from_s3_through_a_small_cache_keeps_the_math(prepared,
     assert result.exit_codes[1] == -9, result.exit_codes
     assert_same_math(result, config)
     assert_same_validation(result, config)
+    # Each rank's prefetch process (named by this test's own cache) ended with its rank, killed or not.
+    deadline = time.monotonic() + 60
+    while prefetchers_of(node_cache) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert prefetchers_of(node_cache) == []
+
+
+def prefetchers_of(cache: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"runtime.data.pagefetch" in argv and any(str(cache).encode() in arg for arg in argv):
+            found.append(int(proc.name))
+    return found
 
 
 def test_a_notice_and_a_replacement_keep_the_math(prepared):
