@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -43,7 +44,8 @@ class Unit:
     stream: str
     number: int
     path: str
-    """The local input file (an S3 source is mirrored into the node cache first)."""
+    """The input file: a local path, or `s3://bucket/key`, downloaded by the unit's worker alone."""
+    size: int
 
     @property
     def manifest(self) -> str:
@@ -99,11 +101,29 @@ def _done_before(job: PrepareJob, unit: Unit, location: Location, digest: str) -
 
 def run_unit(job: PrepareJob, unit: Unit) -> UnitResult:
     """Tokenize one input file into its shards and manifest (or find them done)."""
+    if not unit.path.startswith("s3://"):
+        return _run_unit(job, unit, Path(unit.path))
+    downloaded = Path(job.cache_dir) / "prepare" / f"{os.getpid()}-{unit.stream}-{unit.number}"
+    downloaded.parent.mkdir(parents=True, exist_ok=True)
+    bucket, _, key = unit.path.removeprefix("s3://").partition("/")
+    try:
+        _s3_client().download_file(bucket, key, str(downloaded))
+        return _run_unit(job, unit, downloaded)
+    finally:
+        downloaded.unlink(missing_ok=True)
+
+
+def _s3_client():
+    import boto3
+
+    return boto3.client("s3")
+
+
+def _run_unit(job: PrepareJob, unit: Unit, path: Path) -> UnitResult:
     from runtime.data.tokenizer import load_tokenizer
 
     uri = parse_source(job.source)
     location = open_location(job.out)
-    path = Path(unit.path)
     digest = file_digest(path)
     if (found := _done_before(job, unit, location, digest)) is not None:
         return found
@@ -111,7 +131,7 @@ def run_unit(job: PrepareJob, unit: Unit) -> UnitResult:
     dtype = np.dtype(token_dtype(tokenizer.vocab_size))
     shard_tokens = max(1, job.shard_bytes // dtype.itemsize)
     result = UnitResult(stream=unit.stream, number=unit.number, digest=digest, documents=0, lead=0, max_id=-1,
-                        input_bytes=path.stat().st_size)
+                        input_bytes=unit.size)
     pending: list[np.ndarray] = []
     buffered = 0
 
@@ -146,12 +166,38 @@ def run_unit(job: PrepareJob, unit: Unit) -> UnitResult:
 
 
 def plan_units(uri: SourceURI, cache_dir: Path) -> list[Unit]:
-    """One unit per input file, streams in order (all; or train then val)."""
+    """One unit per input file, streams in order (all; or train then val). The objects of an S3
+    text, jsonl or wds source are listed, not mirrored: each unit downloads its own object, so the
+    preparing machine never holds the whole corpus (an hf source's splits are found in its mirror)."""
     module = importlib.import_module(f"runtime.data.formats.{uri.format}")
+    if uri.is_s3 and uri.format != "hf":
+        return [Unit("all", number, url, size) for number, (url, size) in enumerate(_s3_files(uri, module))]
     units = []
     for stream, paths in module.stream_files(uri, cache_dir).items():
-        units.extend(Unit(stream, number, str(path)) for number, path in enumerate(paths))
+        units.extend(Unit(stream, number, str(path), path.stat().st_size) for number, path in enumerate(paths))
     return units
+
+
+def _s3_files(uri: SourceURI, module) -> list[tuple[str, int]]:
+    """(s3:// URL, size) of each object the source's mirror would hold, in its order: one object, or
+    every object under the prefix without a hidden part and with the format's suffix (as
+    `runtime.data.files.folder_files` picks a folder's files)."""
+    from runtime.data.s3 import list_objects
+
+    prefix, objects = list_objects(uri.location)
+    if len(objects) == 1 and objects[0]["Key"] == uri.key_prefix:
+        return [(f"s3://{uri.bucket}/{objects[0]['Key']}", objects[0]["Size"])]
+    suffixes = getattr(module, "FILE_SUFFIXES", ())
+    chosen = []
+    for obj in objects:
+        relative = obj["Key"][len(prefix):]
+        if any(part.startswith(".") for part in relative.split("/")):
+            continue
+        if not suffixes or relative.endswith(suffixes):
+            chosen.append((f"s3://{uri.bucket}/{obj['Key']}", obj["Size"]))
+    if not chosen:
+        raise DataError(f"{uri}: no input files under s3://{uri.bucket}/{prefix}")
+    return sorted(chosen)
 
 
 def assemble(job: PrepareJob, uri: SourceURI, results: list[UnitResult]) -> PreparedIndex:
@@ -184,7 +230,7 @@ class Progress:
 
     def __init__(self, units: list[Unit], out: IO[str]) -> None:
         self.total_files = len(units)
-        self.total_bytes = sum(Path(u.path).stat().st_size for u in units) or 1
+        self.total_bytes = sum(u.size for u in units) or 1
         self.out = out
         self.started = time.perf_counter()
         self.done_files = self.done_bytes = self.worked_bytes = self.skipped = 0

@@ -26,7 +26,8 @@ from runtime.data.uri import SourceURI
 if TYPE_CHECKING:  # torch: not imported by `spotpipe data prepare`'s workers
     from runtime.data.dataset import Dataset
 
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+FILE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+"""A folder's files read as shards (others, a README say, are left out)."""
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -76,7 +77,7 @@ def documents_of(uri: SourceURI, paths: list[Path]) -> Documents:
 
 
 def stream_files(uri: SourceURI, cache_dir: Path) -> dict[str, list[Path]]:
-    return {"all": source_files(uri, cache_dir, TAR_SUFFIXES)}
+    return {"all": source_files(uri, cache_dir, FILE_SUFFIXES)}
 
 
 def open_source(uri: SourceURI, spec: DataSpec, model: ModelSpec, cache_dir: Path) -> Dataset:

@@ -221,3 +221,20 @@ def test_an_unreachable_store_is_an_error_without_the_signed_url(monkeypatch):
     with pytest.raises(DataError, match=r"s3://corpus-bucket/prepared/index\.json: cannot reach S3") as caught:
         open_dataset(DataSpec(source="shards:s3://corpus-bucket/prepared/"), make_config("text:x").model)
     assert "X-Amz-Signature" not in str(caught.value) and "X-Amz-Credential" not in str(caught.value)
+
+
+def test_an_s3_source_is_prepared_object_by_object_not_mirrored(s3, tmp_path, cache):
+    client, bucket = s3
+    texts = [corpus(30 + i, 1500) for i in range(4)]
+    for key, text in zip(("raw/a.txt", "raw/b/c.txt", "raw/d.txt", "raw/e.md"), texts, strict=True):
+        client.put_object(Bucket=bucket, Key=key, Body=text.encode())
+    client.put_object(Bucket=bucket, Key="raw/.hidden/x.txt", Body=b"hidden: not part of the corpus")
+    client.put_object(Bucket=bucket, Key="raw-other/y.txt", Body=b"another prefix")
+    out = tmp_path / "prepared"
+    summary = prepare(f"text:s3://{bucket}/raw/", tokenizer="byte", out=str(out), workers=2, **SMALL,
+                      stream=io.StringIO())
+    assert summary.files == 4 and not (cache / "s3").exists(), "the preparing machine mirrored the corpus"
+    whole = Batches(make_config(f"text:s3://{bucket}/raw/"))  # the node's own reader: mirror + tokenize
+    assert summary.index.content_hash == whole.dataset.description["content_hash"]
+    np.testing.assert_array_equal(stream_tokens(str(out))[: len(whole.dataset.train.tokens)],
+                                  np.asarray(whole.dataset.train.tokens))
