@@ -40,8 +40,6 @@ class Location(Protocol):
         """Write the object whole: readers see the old object or the new one, never a part."""
         ...
 
-    def upload(self, name: str, path: Path) -> None: ...
-
     def exists(self, name: str) -> bool: ...
 
     def size(self, name: str) -> int | None: ...
@@ -84,11 +82,6 @@ class LocalFolder:
             os.replace(temporary, path)
         finally:
             temporary.unlink(missing_ok=True)
-
-    def upload(self, name: str, path: Path) -> None:
-        target = self._path(name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)  # prepare stages its shards inside the output folder: a rename
 
     def exists(self, name: str) -> bool:
         return self._path(name).is_file()
@@ -211,15 +204,6 @@ class S3Prefix:
             self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
         except (BotoCoreError, ClientError) as exc:
             raise self._error(name, exc) from None
-
-    def upload(self, name: str, path: Path) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.upload_file(str(path), self.bucket, self._key(name))
-        except (BotoCoreError, ClientError) as exc:
-            raise self._error(name, exc) from None
-        path.unlink(missing_ok=True)
 
     def size(self, name: str) -> int | None:
         from botocore.exceptions import BotoCoreError, ClientError

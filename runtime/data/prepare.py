@@ -103,20 +103,16 @@ def run_unit(job: PrepareJob, unit: Unit) -> UnitResult:
     """Tokenize one input file into its shards and manifest (or find them done)."""
     if not unit.path.startswith("s3://"):
         return _run_unit(job, unit, Path(unit.path))
+    from runtime.data.s3 import _client as s3_client
+
     downloaded = Path(job.cache_dir) / "prepare" / f"{os.getpid()}-{unit.stream}-{unit.number}"
     downloaded.parent.mkdir(parents=True, exist_ok=True)
     bucket, _, key = unit.path.removeprefix("s3://").partition("/")
     try:
-        _s3_client().download_file(bucket, key, str(downloaded))
+        s3_client().download_file(bucket, key, str(downloaded))
         return _run_unit(job, unit, downloaded)
     finally:
         downloaded.unlink(missing_ok=True)
-
-
-def _s3_client():
-    import boto3
-
-    return boto3.client("s3")
 
 
 def _run_unit(job: PrepareJob, unit: Unit, path: Path) -> UnitResult:
