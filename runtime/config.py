@@ -109,9 +109,43 @@ _BUILT_IN_DEFAULTS = {"seq_len": 16, "vocab_size": 64}
 MODEL_FIELDS: dict[str, tuple[str, ...]] = {
     "gpt": ("kind", "n_layer", "n_embd", "n_head", "seq_len", "vocab_size"),
     "mlp": ("kind", "n_layer", "n_embd", "in_features", "vocab_size"),
-    "py": ("kind", "path", "args", "loss", "layers", "seq_len", "vocab_size", "language_model"),
+    "py": ("kind", "path", "args", "loss", "layers", "seq_len", "vocab_size", "language_model", "layer_measures"),
 }
 """Which `ModelSpec` fields mean something for each kind (the rest are left out of its dict)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerMeasure:
+    """One layer of a user's model for one sample, as `runtime.models.usermodel.validate_model`
+    measures it on torch's meta device where the code is (no compute, any size): what the planner
+    predicts the layer's times and memory from (`plan: auto`), and what tells the partitioner
+    which layers hold no parameters. A micro-batch of n samples costs `fixed_* + n * per sample`
+    (measured at one and two samples: a layer saves its weights for the backward, and may compute on
+    them, whatever the samples)."""
+
+    parameters: int
+    """Parameters the layer holds (0: it joins a neighbour's stage)."""
+    forward_flops: float
+    """Floating-point operations of the forward, per sample."""
+    activation_bytes: float
+    """Bytes the forward saves for the backward, per sample."""
+    fixed_forward_flops: float = 0.0
+    """Floating-point operations of the forward whatever the samples."""
+    fixed_activation_bytes: float = 0.0
+    """Bytes the forward saves for the backward whatever the samples (its weights, mostly)."""
+    output_bytes: float
+    """Bytes of the layer's output, per sample (what a stage boundary after it sends)."""
+    kernels: int = 1
+    """Kernels the forward launches (the per-kernel overhead of small layers)."""
+    input_grad: bool = True
+    """Whether the layer's input takes a gradient (not for the first layer, nor integer inputs)."""
+
+    def problems(self, path: str) -> list[LayoutError]:
+        """Every value out of range, named by its dotted path."""
+        return [LayoutError(f"{path}.{name}={getattr(self, name)!r} must be >= 0", field=f"{path}.{name}")
+                for name in ("parameters", "forward_flops", "activation_bytes", "fixed_forward_flops",
+                             "fixed_activation_bytes", "output_bytes", "kernels")
+                if getattr(self, name) < 0]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -153,15 +187,24 @@ class ModelSpec:
     language_model: bool | None = None
     """py only: whether the model's output is logits over `vocab_size` tokens at each position (what
     `spotpipe sample` needs). None: a model with a vocabulary trained on token windows is one."""
+    layer_measures: list[LayerMeasure] = field(default_factory=list)
+    """py only: each layer measured for one sample, recorded with `layers` by `validate_model`;
+    empty: not measured (the planner cannot plan the model, and every layer is taken to hold
+    parameters)."""
 
     def __post_init__(self) -> None:
         for name, default in _BUILT_IN_DEFAULTS.items():
             if getattr(self, name) == _UNSET:
                 setattr(self, name, 0 if self.kind == USER_MODEL_KIND else default)
+        # A profile's stored model dict (`ModelProfile.spec`) holds the measures as plain dicts.
+        self.layer_measures = [m if isinstance(m, LayerMeasure) else LayerMeasure(**m) for m in self.layer_measures]
 
     def to_dict(self) -> dict[str, Any]:
         """The fields of this model's kind only (what spotpipe.json, the API and the job page show)."""
-        return {name: getattr(self, name) for name in MODEL_FIELDS[self.kind if self.kind in MODEL_FIELDS else "mlp"]}
+        out = {name: getattr(self, name) for name in MODEL_FIELDS[self.kind if self.kind in MODEL_FIELDS else "mlp"]}
+        if "layer_measures" in out:
+            out["layer_measures"] = [dataclasses.asdict(m) for m in self.layer_measures]
+        return out
 
     @property
     def is_language_model(self) -> bool:
@@ -178,11 +221,19 @@ class ModelSpec:
         """Layers the partitioner can place: input layer + blocks + head (py: `layers`)."""
         return self.layers if self.kind == USER_MODEL_KIND else self.n_layer + 2
 
+    @property
+    def max_stages(self) -> int:
+        """The most pipeline stages the model can be cut into: one per layer holding parameters (a
+        layer without joins a neighbour's stage; `runtime.parallel.partition`)."""
+        parameters = self.layer_parameters()
+        return self.num_layers if parameters is None else sum(1 for p in parameters if p > 0)
+
     def layer_parameters(self) -> list[int] | None:
-        """Parameters of each layer of a built-in model (what `runtime.models.model.build_layer`
-        makes, counted without building it); None for a user's model (only its code knows)."""
+        """Parameters of each layer: of a built-in model, what `runtime.models.model.build_layer`
+        makes, counted without building it; of a user's model, as measured (`layer_measures`), None
+        when it was not (only its code knows)."""
         if self.kind == USER_MODEL_KIND:
-            return None
+            return [m.parameters for m in self.layer_measures] or None
         c, v = self.n_embd, self.vocab_size
         if self.kind == "gpt":
             block = 12 * c * c + 13 * c  # ln_1, c_attn (3c, bias), c_proj, ln_2, mlp_fc (4c), mlp_proj
@@ -212,6 +263,7 @@ class ModelSpec:
                 if getattr(self, name) < 0:
                     found.append(LayoutError(f"model.{name}={getattr(self, name)} must be >= 0 (0: not declared)",
                                              field=f"model.{name}"))
+            found += self._measure_problems()
             return found
         if self.language_model is not None:
             found.append(LayoutError(f"model.language_model is for a user's model (kind={USER_MODEL_KIND!r}); "
@@ -220,8 +272,8 @@ class ModelSpec:
             if getattr(self, name):
                 found.append(LayoutError(f"model.{name} is for a user's model; expected kind={USER_MODEL_KIND!r} "
                                          f"with it, or no {name} for kind={self.kind!r}", field=f"model.{name}"))
-        if self.args or self.layers:
-            name = "args" if self.args else "layers"
+        if self.args or self.layers or self.layer_measures:
+            name = "args" if self.args else "layers" if self.layers else "layer_measures"
             found.append(LayoutError(f"model.{name} is for a user's model (kind={USER_MODEL_KIND!r}); "
                                      f"expected none for kind={self.kind!r}", field=f"model.{name}"))
         for name in ("n_layer", "n_embd", "seq_len", "vocab_size", "in_features", "n_head"):
@@ -231,6 +283,20 @@ class ModelSpec:
         if self.kind == "gpt" and self.n_head >= 1 and self.n_embd % self.n_head:
             found.append(LayoutError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}",
                                      field="model.n_head"))
+        return found
+
+    def _measure_problems(self) -> list[LayoutError]:
+        """A user's model's `layer_measures`: one per layer, values in range, some layer with parameters."""
+        measures = self.layer_measures
+        if not measures:
+            return []
+        found = [p for i, m in enumerate(measures) for p in m.problems(f"model.layer_measures[{i}]")]
+        if self.layers and len(measures) != self.layers:
+            found.append(LayoutError(f"model.layer_measures has {len(measures)} entries; expected model.layers="
+                                     f"{self.layers} (one per layer)", field="model.layer_measures"))
+        if not any(m.parameters > 0 for m in measures):
+            found.append(LayoutError("model.layer_measures says no layer holds parameters; expected at least one "
+                                     "layer with parameters to train", field="model.layer_measures"))
         return found
 
     def validate(self) -> None:
@@ -581,9 +647,12 @@ class JobConfig:
             if getattr(self, name) < 1:
                 bad(f"{name}={getattr(self, name)} must be at least 1", name)
         known = self.model.num_layers > 0  # a user's model not validated yet: its layers are unknown
-        if known and self.pp > self.model.num_layers and self.model.kind == USER_MODEL_KIND:
+        stages = self.model.max_stages
+        if known and self.pp > stages and self.model.kind == USER_MODEL_KIND:
+            held = "" if stages == self.model.num_layers else f", {stages} of them with parameters"
             bad(f"pp={self.pp} stages but the model function {self.model.path} returns only "
-                f"{self.model.num_layers} layers; expected pp <= {self.model.num_layers}", "pp")
+                f"{self.model.num_layers} layers{held}; expected pp <= {stages} (a layer without parameters "
+                "joins a neighbour's stage)", "pp")
         elif known and self.pp > self.model.num_layers:
             bad(f"pp={self.pp} stages but the model has only {self.model.num_layers} layers "
                 f"(n_layer={self.model.n_layer} + input + head); expected pp <= {self.model.num_layers}", "pp")
@@ -792,6 +861,10 @@ def _check_value(path: str, annotation: str, value: Any) -> Any:
         if not isinstance(value, list) or len(value) > 100_000:
             raise _type_error(path, "a list of strings", value)
         value = [_check_value(f"{path}[{i}]", "str", v) for i, v in enumerate(value)]
+    elif base == "list[LayerMeasure]":
+        if not isinstance(value, list) or len(value) > 100_000:
+            raise _type_error(path, "a list of per-layer measures (objects)", value)
+        value = [_build(LayerMeasure, v, prefix=f"{path}[{i}].") for i, v in enumerate(value)]
     elif base == "list[float]":
         if not isinstance(value, list) or len(value) > 100_000:
             raise _type_error(path, "a list of numbers", value)

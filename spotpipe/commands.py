@@ -5,6 +5,7 @@ or an unreadable file."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -102,9 +103,10 @@ def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
 
 def validate_user_model(body: dict[str, Any]) -> dict[str, Any]:
     """A job file's body with its user model (`config.model.kind = "py"`) checked here, where the
-    code is (the control plane never imports it), and its layer count and profiled per-layer costs
-    recorded in the contract (`config.model.layers`, `config.layer_costs`); raises `LayoutError`
-    naming what is wrong. Other models: the body unchanged."""
+    code is (the control plane never imports it), and its layer count, per-layer measures (what
+    `plan: auto` plans from) and profiled per-layer costs recorded in the contract
+    (`config.model.layers`, `config.model.layer_measures`, `config.layer_costs`); raises
+    `LayoutError` naming what is wrong. Other models: the body unchanged."""
     config = body.get("config")
     model = config.get("model") if isinstance(config, dict) else None
     if not (isinstance(model, dict) and model.get("kind") == "py"):
@@ -117,7 +119,9 @@ def validate_user_model(body: dict[str, Any]) -> dict[str, Any]:
     job = JobConfig.from_dict({**config, **layout, "strategy": "none", "steps": 1})
     apply_declaration(job)
     report = validate_model(job, need_data=False)
-    body = {**body, "config": {**config, "model": {**model, "layers": report.num_layers, **report.declared}}}
+    measured = {"layer_measures": [dataclasses.asdict(m) for m in report.measures]} if report.measures else {}
+    body = {**body, "config": {**config, "model": {**model, "layers": report.num_layers, **report.declared,
+                                                   **measured}}}
     if report.layer_costs is not None and config.get("layer_costs") is None:
         body["config"]["layer_costs"] = report.layer_costs
     return body

@@ -279,10 +279,12 @@ def plan_job(
         raise LayoutError(f"model.layers is not set for the model function {base.model.path}; expected its layer "
                           "count, which `spotpipe submit` records by validating the model on your machine",
                           field="model.layers")
-    if ask.auto and base.model.kind == USER_MODEL_KIND:
-        raise LayoutError(f"plan.auto cannot plan a model function ({base.model.path}): the planner predicts step "
-                          "times from the model's layers, and the control plane never imports user code; expected "
-                          "an explicit plan (plan.dp, plan.pp)", field="plan.auto")
+    if ask.auto and base.model.kind == USER_MODEL_KIND and not base.model.layer_measures:
+        raise LayoutError(f"plan.auto cannot plan the model function {base.model.path} without its per-layer measures "
+                          "(model.layer_measures): the planner predicts step times and memory from them, and the "
+                          "control plane never imports user code; expected them recorded by `spotpipe submit` "
+                          "(which measures the model where its code and data are), or an explicit plan "
+                          "(plan.dp, plan.pp)", field="plan.auto")
     if ask.auto:
         return _planned(base, contract, team_id=team_id, total_microbatches=total_microbatches, deadline=deadline,
                         budget_usd=budget_usd, ask=ask, at=at or timezone.now(), capacity=capacity)
@@ -310,8 +312,8 @@ def explicit_plan_estimate(*, config: JobConfig, ask: PlanAsk, team_id: int,
                            at: datetime) -> tuple[Candidate, Mapping[str, InstanceSpec]] | None:
     """The planner's estimate of an explicit layout: `config`'s dp x pp priced on the cheapest of the
     plan's allowed pools, as the acquisition would buy it, with the catalogue it was priced from.
-    None when the planner cannot price it (a model function, no known pool)."""
-    if config.model.kind == USER_MODEL_KIND:
+    None when the planner cannot price it (a model function never measured, no known pool)."""
+    if config.model.kind == USER_MODEL_KIND and not config.model.layer_measures:
         return None
     mbs = config.microbatch_size
     planner = _local_planner(config, mbs) if ask.provider == ProviderKind.LOCAL else _planner()
@@ -366,7 +368,7 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
         budget_usd=float(budget_usd) if budget_usd is not None else None,
         strategy=base.strategy, microbatch_size=mbs,
         schedules=(base.schedule,) if "schedule" in contract else SCHEDULES,
-        max_pp=min(16, base.model.num_layers),
+        max_pp=min(16, base.model.max_stages),
     )
     try:
         chosen = planner.plan(request)

@@ -54,6 +54,13 @@ class TokenWindows:
         return rows[:, :-1], rows[:, 1:]  # (B, T), (B, T)
 
 
+def stand_in_windows(seq_len: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets shaped and typed as `TokenWindows.take` gives them (every token 0): what a
+    client checks and measures a model with when the data are only on the nodes."""
+    rows = torch.zeros((size, seq_len), dtype=torch.int64)
+    return rows, rows.clone()
+
+
 class MapSplit:
     """A user's map-style dataset (`__len__`, `__getitem__(i) -> (input, target)`), or a range of it."""
 

@@ -27,7 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError, LayoutErrors, ModelSpec, undeclared_context
+from runtime.config import (
+    USER_MODEL_KIND,
+    JobConfig,
+    LayerMeasure,
+    LayoutError,
+    LayoutErrors,
+    ModelSpec,
+    undeclared_context,
+)
 from runtime.models.declaration import DECLARED_FIELDS, Model
 from runtime.parallel.partition import time_layers
 
@@ -259,11 +267,15 @@ class ModelReport:
     """Parameters per layer."""
     declared: dict[str, Any] = field(default_factory=dict)
     """What the model function declared (`spotpipe.Model`), already checked against the job's values."""
+    measures: list[LayerMeasure] = field(default_factory=list)
+    """Each layer for one sample (`LayerMeasure`); empty when the data could not be opened here."""
 
     def record(self, config: JobConfig) -> None:
-        """Write `num_layers`, the declared context and vocabulary, and (unless the job set its own)
-        the profiled costs into `config`."""
+        """Write `num_layers`, the declared context and vocabulary, the layers' measures and (unless
+        the job set its own) the profiled costs into `config`."""
         config.model.layers = self.num_layers
+        if self.measures:
+            config.model.layer_measures = list(self.measures)
         for name, value in self.declared.items():
             setattr(config.model, name, value)
         if config.layer_costs is None and self.layer_costs is not None:
@@ -316,13 +328,15 @@ def apply_declaration(config: JobConfig) -> None:
 def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = True,
                    need_data: bool = True) -> ModelReport:
     """Check a user's model before any process starts; raises `ModelError` with one message naming
-    what is wrong and what was expected: not importable, wrong return type, fewer layers than pipeline
-    stages, a layer without parameters, non-deterministic initialisation, a layer whose output cannot
-    feed the next (a dry forward of one micro-batch on the meta device), a loss that cannot take the
-    output. With `profile`, also times forward+backward per layer on that micro-batch. Without
-    `need_data`, data this machine cannot open (a path only the nodes have) skips the dry forward and
-    the profile (the nodes run them at start)."""
-    from runtime.data.dataset import Batches, DataError
+    what is wrong and what was expected: not importable, wrong return type, fewer layers with
+    parameters than pipeline stages (a layer without joins a neighbour's stage), non-deterministic
+    initialisation, a layer whose output cannot feed the next (a dry forward of one micro-batch on the
+    meta device), a loss that cannot take the output. It measures each layer on the meta device
+    (`LayerMeasure`) and, with `profile`, times forward+backward per layer on that micro-batch.
+    Without `need_data`, data this machine cannot open (a path only the nodes have) are stood in for
+    by token windows of zeros when the data are token windows (their shape is known), else the dry
+    forward, the measures and the profile are skipped (the nodes run them at start)."""
+    from runtime.data.dataset import Batches, DataError, stand_in_windows
 
     spec = config.model
     problems = spec.problems()
@@ -348,10 +362,6 @@ def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = Tr
         else:
             layer, again = first.layers[i], second.layers[i]
         layers.append(layer)
-        if not any(True for _ in layer.parameters()):
-            raise ModelError(f"{_layer_name(layers, i)} has no parameters; expected every layer to hold parameters "
-                             "(stages are balanced by per-layer cost, and a stage without parameters has nothing to "
-                             "train): fold it into a neighbour, e.g. nn.Sequential(nn.Flatten(), nn.Linear(...))")
         differs = _same_init(layer, again)
         if differs is not None:
             how = (f"layer factory {i} run twice under torch.manual_seed({layer_seed(config.seed, i)})"
@@ -362,16 +372,46 @@ def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = Tr
                              "(no fresh torch.Generator, numpy or random draws), so every rank builds the same layer")
     report = ModelReport(num_layers=count, declared=dict(first.declared),
                          parameters=[sum(p.numel() for p in layer.parameters()) for layer in layers])
+    held = sum(1 for p in report.parameters if p > 0)
+    if not held:
+        raise ModelError(f"model function {spec.path} returns {count} layers and none holds parameters; expected "
+                         "at least one layer with parameters to train")
+    if held < config.pp:
+        raise ModelError(f"model function {spec.path} returns {count} layers of which {held} hold parameters, fewer "
+                         f"than the pp={config.pp} pipeline stages (a layer without parameters joins a neighbour's "
+                         f"stage); expected at least {config.pp} layers with parameters (or a smaller pp)", field="pp")
     try:
         batches = batches if batches is not None else Batches(config)
     except DataError:
         if need_data:
             raise
-        return report
-    x, y = batches.train(step=0, index=0, size=config.microbatch_size)
+        if config.tokens_per_sample is None:
+            return report
+        # Token windows have one shape and type whatever the data: the model is checked and measured on them.
+        x, y = stand_in_windows(config.tokens_per_sample, config.microbatch_size)
+    else:
+        x, y = batches.train(step=0, index=0, size=config.microbatch_size)
     with torch.device("meta"):
         meta = [build_user_layer(spec, i, config.seed) for i in range(count)]
     report.boundaries = dry_forward(config, meta, x, y)
+    report.measures = measure_layers_per_sample(meta, x)
     if profile:
         report.layer_costs = time_layers(layers, x)
     return report
+
+
+def measure_layers_per_sample(meta: list[nn.Module], x: torch.Tensor) -> list[LayerMeasure]:
+    """Each of `meta` (layers on the meta device, fed in turn from `x`) measured as a `LayerMeasure`:
+    at one sample of `x` and at two, the difference being what a sample adds and the rest what the
+    layer costs whatever the samples."""
+    from runtime.planner.meta_features import measure_layers
+
+    one = measure_layers(meta, x[:1])
+    two = measure_layers(meta, torch.cat([x[:1], x[:1]]))
+    parameters = [sum(p.numel() for p in layer.parameters()) for layer in meta]
+    return [LayerMeasure(parameters=held, forward_flops=b.forward_flops - a.forward_flops,
+                         fixed_forward_flops=max(0.0, 2 * a.forward_flops - b.forward_flops),
+                         activation_bytes=b.activation_bytes - a.activation_bytes,
+                         fixed_activation_bytes=max(0.0, 2 * a.activation_bytes - b.activation_bytes),
+                         output_bytes=a.output_bytes, kernels=a.ops, input_grad=a.has_input_grad)
+            for held, a, b in zip(parameters, one, two, strict=True)]

@@ -185,10 +185,11 @@ def pipelines_layout(
     if not pipelines:
         raise LayoutError("no pipeline to run; expected at least one list of nodes")
     costs = costs or config.layer_costs or estimate_layer_costs(config.model)
+    parameters = config.model.layer_parameters()
     stage_ids: dict[tuple[int, int], int] = {}
     chains = []
     for nodes in pipelines:
-        bounds = partition_layers(costs, len(nodes))
+        bounds = partition_layers(costs, len(nodes), parameters=parameters)
         chain = []
         for bound, node in zip(bounds, nodes, strict=True):
             chain.append((stage_ids.setdefault(bound, len(stage_ids)), node))

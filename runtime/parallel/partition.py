@@ -53,13 +53,40 @@ def time_layers(layers: list, x: object, *, repeats: int = 3) -> list[float]:
     return costs
 
 
-def partition_layers(costs: list[float], parts: int) -> list[tuple[int, int]]:
+def partition_layers(costs: list[float], parts: int, *,
+                     parameters: list[int] | list[float] | None = None) -> list[tuple[int, int]]:
     """Contiguous `[lo, hi)` layer ranges, one per stage, minimising the most expensive stage.
 
     Exact dynamic programme over split points (layers are few), ties broken towards earlier cuts.
     Memoised: a layout of a fleet cuts every pipeline of the same size the same way.
+    `parameters` (per layer, a count or bytes; None: every layer holds some): a layer without
+    parameters joins the stage of the next layer that has some (trailing ones: of the last such
+    layer), since a stage without parameters would have nothing to train or all-reduce.
     """
-    return list(_partition(tuple(costs), parts))
+    if parameters is None or all(p > 0 for p in parameters):
+        return list(_partition(tuple(costs), parts))
+    units = _units(parameters)
+    if parts > len(units):
+        raise LayoutError(f"cannot split {len(costs)} layers into {parts} stages: only {len(units)} of them hold "
+                          f"parameters (the others join a neighbour's stage); expected at most {len(units)} stages")
+    bounds = _partition(tuple(sum(costs[lo:hi]) for lo, hi in units), parts)
+    return [(units[first][0], units[end - 1][1]) for first, end in bounds]
+
+
+def _units(parameters: list[int] | list[float]) -> list[tuple[int, int]]:
+    """The layers grouped so that each group ends at a layer with parameters (trailing layers
+    without join the last group): the pieces a stage boundary may fall between."""
+    units: list[tuple[int, int]] = []
+    start = 0
+    for i, held in enumerate(parameters):
+        if held > 0:
+            units.append((start, i + 1))
+            start = i + 1
+    if not units:
+        raise LayoutError("no layer of the model holds parameters; expected at least one layer to train")
+    if start < len(parameters):
+        units[-1] = (units[-1][0], len(parameters))
+    return units
 
 
 @functools.lru_cache(maxsize=256)

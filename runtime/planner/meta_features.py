@@ -5,6 +5,7 @@ this module on first use, so that importing the planner does not load torch."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from functools import cache
 
 import torch
@@ -44,14 +45,25 @@ def meta_layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> 
     if spec.kind == USER_MODEL_KIND:  # the planner runs in the control plane, which never imports user code
         raise ValueError(f"the planner has no features for a model function ({spec.path}); it plans built-in models")
     kind = getattr(torch, dtype)
-    out: list[LayerFeatures] = []
     if spec.kind == "gpt":
         x = torch.zeros((microbatch_size, spec.seq_len), dtype=torch.long, device="meta")
     else:
         x = torch.zeros((microbatch_size, spec.in_features), device="meta", dtype=kind)
-    for index in range(spec.num_layers):
-        with torch.device("meta"):
-            layer = build_layer(spec, index, 0).to(kind)
+
+    def layers() -> Iterator[torch.nn.Module]:  # one at a time: a large model is never whole, even on meta
+        for index in range(spec.num_layers):
+            with torch.device("meta"):
+                yield build_layer(spec, index, 0).to(kind)
+
+    return tuple(measure_layers(layers(), x))
+
+
+def measure_layers(layers: Iterable[torch.nn.Module], x: torch.Tensor) -> list[LayerFeatures]:
+    """The features of `layers` run in turn on the meta device from the input `x` (its first
+    dimension: the samples measured); each layer's input is the previous one's output."""
+    out: list[LayerFeatures] = []
+    x = x.to("meta")
+    for index, layer in enumerate(layers):
         takes_grad = x.is_floating_point() and index > 0
         inp = x.detach().requires_grad_(takes_grad)
         saved: dict[int, float] = {}
@@ -73,4 +85,4 @@ def meta_layer_features(spec_items: tuple, microbatch_size: int, dtype: str) -> 
             )
         )
         x = y.detach()
-    return tuple(out)
+    return out

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from runtime.config import ModelSpec
+from runtime.config import USER_MODEL_KIND, ModelSpec
 from runtime.planner.profile import DeviceSpec, LayerProfile, ModelProfile
 
 DIRECTIONS = ("forward_s", "backward_input_s", "backward_weight_s")
@@ -41,8 +41,32 @@ def layer_features(spec: ModelSpec, *, microbatch_size: int, dtype: str = "float
     from runtime.planner.meta_features import meta_layer_features
 
     spec.validate()
-    items = ((k, json.dumps(v, sort_keys=True) if k == "args" else v) for k, v in asdict(spec).items())  # hashable
+    if spec.kind == USER_MODEL_KIND:
+        return measured_layer_features(spec, microbatch_size=microbatch_size, dtype=dtype)
+    items = ((k, json.dumps(v, sort_keys=True) if k == "args" else v)  # hashable; a built-in model has no measures
+             for k, v in asdict(spec).items() if k != "layer_measures")
     return list(meta_layer_features(tuple(sorted(items)), microbatch_size, dtype))
+
+
+ELEMENT_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+
+
+def measured_layer_features(spec: ModelSpec, *, microbatch_size: int, dtype: str = "float32") -> list[LayerFeatures]:
+    """A user's model's features for one micro-batch, from its per-sample `layer_measures` (taken in
+    float32 where its code is: the control plane never imports it). Raises ValueError when the model
+    was never measured."""
+    if not spec.layer_measures:
+        raise ValueError(f"the model function {spec.path} has no model.layer_measures; the planner predicts "
+                         "from them (spotpipe submit and spotpipe train record them)")
+    scale = ELEMENT_BYTES[dtype] / ELEMENT_BYTES["float32"]
+    return [
+        LayerFeatures(forward_flops=m.fixed_forward_flops + m.forward_flops * microbatch_size,
+                      param_bytes=m.parameters * ELEMENT_BYTES[dtype],
+                      activation_bytes=(m.fixed_activation_bytes + m.activation_bytes * microbatch_size) * scale,
+                      output_bytes=m.output_bytes * microbatch_size * scale, has_input_grad=m.input_grad,
+                      ops=m.kernels)
+        for m in spec.layer_measures
+    ]
 
 
 def _row(flops: float, nbytes: float, ops: int, device: DeviceSpec) -> list[float]:

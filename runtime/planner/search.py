@@ -240,7 +240,7 @@ class Planner:
             prof = self.profile_for(spec, pool.instance_type, mbs)
             capacity = it.device_memory_bytes * MEMORY_HEADROOM
             fits_any = False
-            for pp in range(1, min(request.max_pp, spec.num_layers, pool.max_nodes) + 1):
+            for pp in range(1, min(request.max_pp, spec.max_stages, pool.max_nodes) + 1):
                 bounds = self.bounds(cost, pp)
                 for dp in range(1, pool.max_nodes // pp + 1):
                     if request.global_batch % (dp * mbs):
@@ -256,11 +256,11 @@ class Planner:
             if not fits_any:
                 need = min(
                     self.peak_memory_bytes(prof, self.bounds(cost, pp), 1)
-                    for pp in range(1, min(request.max_pp, spec.num_layers, pool.max_nodes) + 1)
+                    for pp in range(1, min(request.max_pp, spec.max_stages, pool.max_nodes) + 1)
                 )
                 skipped.append(
                     f"{pool.instance_type}: the model needs at least {need / 2**30:.1f} GiB per node even split "
-                    f"over {min(request.max_pp, spec.num_layers, pool.max_nodes)} stages; the type has "
+                    f"over {min(request.max_pp, spec.max_stages, pool.max_nodes)} stages; the type has "
                     f"{it.device_memory_gib:.0f} GiB ({MEMORY_HEADROOM:.0%} usable)"
                 )
         return out, skipped
@@ -432,7 +432,7 @@ class Planner:
         prof = self.profile_for(request.model, best.instance_type, mbs)
         capacity = self.catalog[best.instance_type].device_memory_bytes * MEMORY_HEADROOM
         total_mb = request.global_batch // mbs
-        max_pp = min(request.model.num_layers, request.max_pp)
+        max_pp = min(request.model.max_stages, request.max_pp)
         out = []
         for n in range(1, best.nodes + 1):
             options = []

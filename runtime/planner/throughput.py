@@ -79,6 +79,10 @@ class CostModel:
     """Multiplies every compute duration (e.g. processes per core on an oversubscribed CPU)."""
     step_overhead_s: float = 0.0
     """Fixed per-step cost outside the action lists (e.g. Python bookkeeping of the executor)."""
+    parameters: list[float] | None = None
+    """What each layer holds, for the partition only (a layer without parameters joins a neighbour's
+    stage, as in the runtime); None: every layer holds some (`param_bytes` may still be 0 to leave
+    the all-reduce out of a model)."""
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -88,6 +92,7 @@ class CostModel:
             fiw=profile.fiw(),
             output_bytes=[lay.output_bytes for lay in profile.layers],
             param_bytes=[lay.param_bytes for lay in profile.layers],
+            parameters=[lay.param_bytes for lay in profile.layers],
             network=network or Network(),
             memory_bandwidth_gbs=kwargs.pop("memory_bandwidth_gbs", profile.device.memory_bandwidth_gbs),
             **kwargs,
@@ -100,7 +105,7 @@ class CostModel:
         if key not in self._cache:
             from runtime.parallel.partition import partition_layers
 
-            self._cache[key] = partition_layers(self.layer_costs(), pp)
+            self._cache[key] = partition_layers(self.layer_costs(), pp, parameters=self.parameters)
         return self._cache[key]
 
     def layer_costs(self) -> list[float]:

@@ -19,7 +19,7 @@ def pipeline_templates(config: JobConfig) -> dict[int, list[int]]:
     for n in range(1, config.num_nodes + 1):
         k = -(-n // config.pp)
         sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
-        if min(sizes) >= config.min_stages and max(sizes) <= config.model.num_layers:
+        if min(sizes) >= config.min_stages and max(sizes) <= config.model.max_stages:
             out[n] = sizes
     return out
 

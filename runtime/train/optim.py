@@ -126,7 +126,8 @@ class LayerState:
     def flat(self) -> torch.Tensor:
         """All state tensors concatenated, plus the version as the last element (float64), in host
         memory (a hand-over sends it over gloo; on a GPU node it is copied once, here)."""
-        body = torch.cat([t.reshape(-1).double() for t in self.tensors()]).cpu()
+        parts = [t.reshape(-1).double() for t in self.tensors()]
+        body = torch.cat(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)  # a layer without parameters
         return torch.cat([body, torch.tensor([float(self.version)], dtype=torch.float64)])
 
     def load_flat(self, flat: torch.Tensor) -> None:

@@ -143,7 +143,13 @@ def test_a_py_source_is_never_imported_by_the_control_plane(world, tmp_path: Pat
     assert any("user code" in n for n in _notes(response.json()["id"]))
 
 
-def test_a_model_function_is_never_imported_and_cannot_be_auto_planned(world, tmp_path: Path, monkeypatch):
+MEASURES = [{"parameters": 4096 + 64, "forward_flops": 8192.0 * 64, "activation_bytes": 256.0 * 4,
+             "output_bytes": 256.0, "kernels": 3, "input_grad": i > 0} for i in range(4)]
+"""Four layers of a model function as `spotpipe submit` records them (per sample, `LayerMeasure`)."""
+
+
+def test_a_model_function_is_never_imported_and_is_auto_planned_from_its_measures(world, tmp_path: Path,
+                                                                                   monkeypatch):
     marker = tmp_path / "imported"
     (tmp_path / "h19_user_model.py").write_text(
         f"open({str(marker)!r}, 'w').write('imported')\ndef net():\n    raise SystemExit('ran user code')\n")
@@ -153,7 +159,26 @@ def test_a_model_function_is_never_imported_and_cannot_be_auto_planned(world, tm
                "deadline": (timezone.now() + timedelta(hours=1)).isoformat()}
     auto = world.member_client.post("/api/v1/jobs/", {**payload, "plan": {"auto": True}}, format="json")
     assert auto.status_code == 400, auto.content
-    assert "plan.auto cannot plan a model function" in str(auto.json()["errors"]["plan.auto"])
+    assert "without its per-layer measures (model.layer_measures)" in str(auto.json()["errors"]["plan.auto"])
+    measured = {**payload, "config": {"model": {**model, "layer_measures": MEASURES}}}
+    planned = world.member_client.post("/api/v1/jobs/", {**measured, "plan": {"auto": True}}, format="json")
+    assert planned.status_code == 201, planned.content
+    plan = planned.json()["plan"]
+    assert plan["chosen_by"] == "planner" and plan["predicted"]["hours"] > 0 and plan["predicted"]["cost_usd"] > 0
+    stored = JobConfig.from_dict(TrainingJob.objects.get(pk=planned.json()["id"]).config)
+    assert (stored.dp, stored.pp) == (plan["dp"], plan["pp"]) and len(stored.layer_costs) == 4
+    # The same feasibility rules as a preset: a deadline no plan meets names the fastest plan.
+    late = world.member_client.post("/api/v1/jobs/", {**measured, "target_steps": 10**6,
+                                                      "plan": {"auto": True, "max_nodes": 2},
+                                                      "deadline": (timezone.now() + timedelta(seconds=1)).isoformat()},
+                                    format="json")
+    assert late.status_code == 400, late.content
+    assert "the fastest plan" in late.json()["errors"]["deadline"][0]
+    # An explicit plan with a deadline is judged from the start, as a preset's is.
+    explicit_measured = world.member_client.post("/api/v1/jobs/", {**measured, "plan": {"dp": 2, "pp": 2}},
+                                                 format="json")
+    assert explicit_measured.status_code == 201, explicit_measured.content
+    assert explicit_measured.json()["plan"]["predicted"]["hours"] > 0
     explicit = world.member_client.post("/api/v1/jobs/", {**payload, "plan": {"dp": 2, "pp": 2}}, format="json")
     assert explicit.status_code == 201, explicit.content
     assert explicit.json()["config"]["model"]["path"] == "h19_user_model:net"
@@ -177,6 +202,28 @@ def test_a_model_function_is_never_imported_and_cannot_be_auto_planned(world, tm
     shown = accepted.json()["config"]["model"]
     assert (shown["seq_len"], shown["vocab_size"]) == (32, 256) and "n_embd" not in shown  # its kind's fields only
     assert "h19_user_model" not in sys.modules and not marker.exists()
+
+
+@pytest.mark.parametrize(("measures", "field", "message"), [
+    (MEASURES[:3], "config.model.layer_measures", "has 3 entries; expected model.layers=4"),
+    ([{**m, "parameters": 0} for m in MEASURES], "config.model.layer_measures", "no layer holds parameters"),
+    ([{**MEASURES[0], "forward_flops": -1.0}, *MEASURES[1:]], "config.model.layer_measures[0].forward_flops",
+     "must be >= 0"),
+    ([{**MEASURES[0], "parameters": "many"}, *MEASURES[1:]], "config.model.layer_measures[0].parameters",
+     "must be an integer"),
+    ([{**MEASURES[0], "weight": 1}, *MEASURES[1:]], "config.model.layer_measures[0].weight", "unknown field"),
+    ([1, 2, 3, 4], "config.model.layer_measures[0]", "must be an object"),
+    ("x", "config.model.layer_measures", "must be a list of per-layer measures"),
+])
+def test_bad_layer_measures_are_a_400_naming_the_field_and_nothing_is_stored(world, measures, field, message):
+    model = {"kind": "py", "path": "h19_user_model:net", "layers": 4, "layer_measures": measures}
+    before = TrainingJob.objects.count()
+    body = {"name": "mine", "strategy": "recycle", "target_steps": 20, "config": {"model": model},
+            "plan": {"auto": True}, "deadline": (timezone.now() + timedelta(hours=1)).isoformat()}
+    response = world.member_client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert message in " ".join(response.json()["errors"].get(field, [])), response.json()
+    assert TrainingJob.objects.count() == before
 
 
 # --- S3: looked up with the control plane's credentials -----------------------------------------------

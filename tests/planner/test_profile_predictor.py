@@ -98,3 +98,22 @@ def test_features_follow_the_device_dtype():
     assert f64[1].param_bytes == 2 * f32[1].param_bytes
     assert f64[1].output_bytes == 2 * f32[1].output_bytes
     assert f64[1].forward_flops == f32[1].forward_flops
+
+
+def test_a_model_functions_measures_for_one_sample_predict_as_the_same_layers_measured_whole():
+    """`layer_measures` (one sample, as `spotpipe submit` records them) scaled to a micro-batch give
+    the features the planner computes for the same layers as a built-in model: FLOPs and bytes grow
+    linearly with the samples, parameters do not."""
+    import torch
+
+    from runtime.models.model import build_layer
+    from runtime.models.usermodel import measure_layers_per_sample
+
+    with torch.device("meta"):
+        layers = [build_layer(MLP, i, 0) for i in range(MLP.num_layers)]
+    measures = measure_layers_per_sample(layers, torch.zeros((4, MLP.in_features)))
+    user = ModelSpec(kind="py", path="mine.nets:mlp", layers=MLP.num_layers, layer_measures=measures)
+    assert layer_features(user, microbatch_size=4) == layer_features(MLP, microbatch_size=4)
+    assert user.layer_parameters() == MLP.layer_parameters() and user.max_stages == MLP.num_layers
+    with pytest.raises(ValueError, match=r"has no model\.layer_measures"):
+        layer_features(ModelSpec(kind="py", path="mine.nets:mlp", layers=4), microbatch_size=4)

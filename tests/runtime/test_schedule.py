@@ -37,6 +37,18 @@ def test_partition_balances_cost() -> None:
     assert partition_layers([1.0] * 5, 5) == [(i, i + 1) for i in range(5)]
 
 
+def test_a_layer_without_parameters_joins_the_next_layers_stage_and_trailing_ones_the_last() -> None:
+    held = [0, 5, 0, 0, 5, 5, 0]  # free first, inside, last
+    assert partition_layers([1.0] * 7, 3, parameters=held) == [(0, 2), (2, 5), (5, 7)]
+    assert partition_layers([1.0] * 7, 1, parameters=held) == [(0, 7)]
+    # Costs still balance, over the groups: the heavy free layer goes with the layer after it.
+    assert partition_layers([1.0, 1.0, 9.0, 1.0, 1.0], 2, parameters=[3, 3, 0, 3, 3]) == [(0, 2), (2, 5)]
+    with pytest.raises(LayoutError, match=r"only 3 of them hold parameters .* expected at most 3 stages"):
+        partition_layers([1.0] * 7, 4, parameters=held)
+    with pytest.raises(LayoutError, match=r"no layer of the model holds parameters"):
+        partition_layers([1.0, 1.0], 1, parameters=[0, 0])
+
+
 def test_partition_rejects_more_stages_than_layers() -> None:
     with pytest.raises(LayoutError, match=r"3 layers into 4 stages"):
         partition_layers([1, 1, 1], 4)

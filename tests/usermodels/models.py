@@ -153,7 +153,13 @@ def mismatched() -> nn.Sequential:
 
 
 def parameterless() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    """Layers without parameters inside and at both ends: each joins a neighbour's stage."""
+    return nn.Sequential(nn.Identity(), nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2),
+                         nn.Identity())
+
+
+def no_parameters() -> nn.Sequential:
+    return nn.Sequential(nn.ReLU(), nn.Tanh())
 
 
 _calls = [0]

@@ -109,6 +109,35 @@ def test_a_model_with_a_non_persistent_buffer_and_tied_weights_loads_and_runs(tm
     assert mixing.up.weight is mixing.down.weight
 
 
+@pytest.mark.runtime
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", ["recycle", "bamboo", "oobleck", "checkpoint"])
+def test_layers_without_parameters_join_a_neighbours_stage_and_keep_the_math(tmp_path: Path, strategy: str) -> None:
+    """Identity, ReLU and Tanh layers (first, inside, last) are accepted at any pp: each joins the
+    stage of the next layer with parameters (the last ones: the previous), so every stage has
+    parameters to train; a kill keeps the math and the weights load into the user's own model."""
+    out_dir = tmp_path / "out"
+    (tmp_path / "job.toml").write_text(RESMLP_FILE.replace(":resmlp", ":parameterless").replace("pp = 2", "pp = 3")
+                                       .replace("args = { width = 16, blocks = 2 }\n", ""))
+    code, _out, err = _train(file=tmp_path / "job.toml", strategy=strategy, fails=["kill:1@2"], out=out_dir)
+    assert code == 0, err
+    summary = json.loads((out_dir / "spotpipe.json").read_text())
+    measures = summary["config"]["model"]["layer_measures"]
+    assert [m["parameters"] for m in measures] == [0, 112, 0, 272, 0, 34, 0]
+    config = JobConfig.from_dict(summary["config"])
+    from runtime.parallel.layout import initial_layout
+
+    assert initial_layout(config).stages == ((0, 2), (2, 4), (4, 7))
+    assert_reference(out_dir)
+    assert_loaded_model_is_the_reference(out_dir)
+    from safetensors.torch import load_file
+
+    from tests.usermodels.models import parameterless
+
+    weights = {k: v for shard in sorted(out_dir.glob("model*.safetensors")) for k, v in load_file(shard).items()}
+    parameterless().load_state_dict(weights, strict=True)  # the user's own nn.Sequential takes them
+
+
 def assert_loaded_model_is_the_reference(out_dir: Path) -> None:
     """`spotpipe.load_model` on the run's folder gives a module whose forward equals the reference
     model's (trained in one process) on the same input."""
@@ -167,7 +196,10 @@ BAD = [
                                           "pipeline stages; expected at least 4 layers"),
     (dict(model=f"{M}:mismatched"), "layer 2 (Linear) cannot take the output of layer 1 (Linear), a tensor of shape "
                                     "(2, 16) (float32): RuntimeError"),
-    (dict(model=f"{M}:parameterless"), "layer 1 (ReLU) has no parameters; expected every layer to hold parameters"),
+    (dict(model=f"{M}:no_parameters"), f"model function {M}:no_parameters returns 2 layers and none holds "
+                                        "parameters; expected at least one layer with parameters to train"),
+    (dict(model=f"{M}:parameterless", pp=4), f"model function {M}:parameterless returns 7 layers of which 3 hold "
+                                             "parameters, fewer than the pp=4 pipeline stages"),
     (dict(model=f"{M}:nondeterministic"), "layer 0 (Linear) is initialised non-deterministically: layer factory 0 run "
                                           "twice under torch.manual_seed(0) gave different values of 'weight'"),
     (dict(model=f"{M}:resmlp"), "model.loss: the loss (cross-entropy) cannot take the last layer's output"),
@@ -231,8 +263,10 @@ def test_validate_model_records_layers_and_costs() -> None:
     assert report.boundaries[2] == ((4, 8, 4, 4), torch.float32)
     report.record(config)
     assert config.model.layers == 4 and config.layer_costs == report.layer_costs
+    assert [m.parameters for m in config.model.layer_measures] == report.parameters
+    assert config.model.layer_measures[0].input_grad is False and config.model.layer_measures[1].input_grad
     with pytest.raises(ModelError, match=r"returns 4 layers but the job's contract says model\.layers=5"):
-        config.model.layers = 5
+        config.model.layers, config.model.layer_measures = 5, []  # a contract of another version of the code
         validate_model(config, profile=False)
 
 
@@ -251,11 +285,13 @@ def test_submit_validates_here_and_sends_layers_and_costs(tmp_path: Path, monkey
     (tmp_path / "job.toml").write_text(RESMLP_FILE)
     assert commands.submit(tmp_path / "job.toml") == 0
     assert sent[0]["config"]["model"]["layers"] == 4 and len(sent[0]["config"]["layer_costs"]) == 4
-    (tmp_path / "bad.toml").write_text(RESMLP_FILE.replace(":resmlp", ":parameterless")
+    measures = sent[0]["config"]["model"]["layer_measures"]
+    assert len(measures) == 4 and all(m["parameters"] > 0 and m["forward_flops"] > 0 for m in measures)
+    (tmp_path / "bad.toml").write_text(RESMLP_FILE.replace(":resmlp", ":no_parameters")
                                           .replace("args = { width = 16, blocks = 2 }\n", ""))
     err = io.StringIO()
     assert commands.submit(tmp_path / "bad.toml", err=err) == 2
-    assert "layer 1 (ReLU) has no parameters" in err.getvalue() and len(sent) == 1  # nothing sent
+    assert "none holds parameters" in err.getvalue() and len(sent) == 1  # nothing sent
 
 
 @pytest.mark.runtime
