@@ -35,6 +35,10 @@ BEAT_SCHEDULE["billing.check_budgets"] = {"task": "billing.check_budgets", "sche
 BEAT_SCHEDULE["planning.replan_jobs"] = {"task": "planning.replan_jobs", "schedule": float(
     tunable_from_env("SPOTPIPE_REPLAN_PERIOD_S"))}
 
+# Jobs: forward new metrics of jobs submitted with `tracking` to their MLflow / W&B runs.
+BEAT_SCHEDULE["jobs.forward_tracking"] = {"task": "jobs.forward_tracking", "schedule": float(
+    tunable_from_env("SPOTPIPE_TRACKING_PERIOD_S"))}
+
 # Observability: fold new notices, instances and reconfigurations into the counts /metrics reads, so
 # a scrape's cost follows the rows of the last periods rather than the whole history.
 BEAT_SCHEDULE["observability.refresh_metrics_rollup"] = {

@@ -136,6 +136,9 @@ TUNABLES: tuple[Tunable, ...] = (
             "a process of its own; `none`: the nodes bring their own"),
     Tunable("SPOTPIPE_RENDEZVOUS_HOST", "127.0.0.1", "the address nodes use to reach that store"),
     Tunable("SPOTPIPE_REPLAN_PERIOD_S", 300.0, "how often beat re-plans jobs that allow it", kind=float),
+    Tunable("SPOTPIPE_TRACKING_PERIOD_S", 15.0, "how often beat forwards new metrics of jobs with `tracking` to "
+            "their experiment trackers (MLflow at `MLFLOW_TRACKING_URI`, W&B with `WANDB_API_KEY` or "
+            "`WANDB_MODE=offline`, both from the control plane's environment)", kind=float),
     Tunable("SPOTPIPE_METRICS_ROLLUP_PERIOD_S", 60.0, "how often beat folds new notices, instances and "
             "reconfigurations into the metrics roll-up (a scrape counts the rows of the last two periods)",
             kind=float),

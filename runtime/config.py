@@ -103,6 +103,9 @@ def _raise(problems: list[LayoutError]) -> None:
         raise LayoutErrors(problems)
 
 
+EXPORT_FORMATS = ("hf",)
+"""`export` (job contract, job file, `spotpipe train --export`): hf also writes the final weights as a
+Hugging Face GPT-2 folder (`runtime.models.hf_gpt2.write_hf_folder`)."""
 _UNSET = -(2**60)  # beyond any integer a contract may hold (`_check_value`): never a user's value
 _BUILT_IN_DEFAULTS = {"seq_len": 16, "vocab_size": 64}
 """A built-in model's context and vocabulary when not set; a user's model has none until declared."""
@@ -549,6 +552,10 @@ class JobConfig:
     export_shard_bytes: int = 2 * 10**9
     """The largest safetensors shard of an exported model (bytes); a writer's tensors past it go to
     its next shard (see runtime/checkpointing/export.py)."""
+    export: str = ""
+    """Another format the final weights are also written in, beside them (`EXPORT_FORMATS`): `hf`, a
+    Hugging Face GPT-2 folder `hf/` (gpt presets), written by the node that completes the export;
+    empty: spotpipe's safetensors only."""
     checkpoint_dir: str = ""
     """Where checkpoints go (every strategy; local directory or s3://bucket/prefix) when the job has no
     export dir; empty means a per-job temporary directory (`runtime.checkpointing.checkpoints.checkpoint_root`)."""
@@ -719,6 +726,12 @@ class JobConfig:
             problem = requirement_problem(entry)
             if problem:
                 bad(f"requirements[{index}] {entry[:80]!r} {problem}", f"requirements[{index}]")
+        if self.export not in ("", *EXPORT_FORMATS):
+            bad(f"export={self.export!r} is unknown; expected one of {', '.join(EXPORT_FORMATS)} (or none)", "export")
+        elif self.export == "hf" and self.model.kind != "gpt":
+            bad(f"export = 'hf' writes a Hugging Face GPT-2 folder, for the gpt presets; the model is "
+                f"{self.model.kind!r} (a model function's weights load into your own nn.Sequential with "
+                "load_state_dict(strict=True): docs/runtime.md)", "export")
         if self.export_shard_bytes < 1:
             bad(f"export_shard_bytes={self.export_shard_bytes} must be at least 1", "export_shard_bytes")
         if not self.op_timeout_s > 0:  # `not >` also rejects NaN

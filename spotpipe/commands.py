@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from runtime.models.hf_layout import CONFIG as HF_CONFIG
+from runtime.models.hf_layout import HF_FOLDER
 from spotpipe.client import Client, ClientError, endpoint_from_environment
 from spotpipe.jobfile import JobFileError, deadline_at_send, load_job_file
 
@@ -85,12 +87,6 @@ def submit(path: Path, *, out: TextIO = sys.stdout) -> int:
     from runtime.config import LayoutError, each_error
 
     body = load_job_file(path, at_send=True)
-    if "export" in body:  # read by `spotpipe train` only: never dropped silently
-        raise JobFileError(f"{path}: export = {body['export']!r} is for spotpipe train; a control-plane job's weights "
-                           "are converted after download: spotpipe export-hf DIR")
-    if "tracking" in body:
-        raise JobFileError(f"{path}: tracking = {body['tracking']!r} is for spotpipe train; a control-plane job's "
-                           "metrics are on its page and in GET /api/v1/jobs/{id}/metrics/")
     try:
         body = validate_user_model(body)  # before anything is sent: the control plane never imports it
     except LayoutError as exc:
@@ -246,11 +242,12 @@ def resume(job_id: int, *, budget: str | None = None, out: TextIO = sys.stdout) 
 
 
 def _download_order(name: str) -> int:
-    """Shards first, then the indexes (and a single-file model: the export's own "complete" mark),
-    spotpipe.json last: a folder interrupted midway never looks like a finished one."""
+    """Shards first, then the indexes (and a single-file model: the export's own "complete" mark, as
+    config.json is the Hugging Face folder's), spotpipe.json last: a folder interrupted midway never
+    looks like a finished one."""
     if name == "spotpipe.json":
         return 2
-    return 1 if name.endswith(".index.json") or name == "model.safetensors" else 0
+    return 1 if name.endswith(".index.json") or name in ("model.safetensors", f"{HF_FOLDER}/{HF_CONFIG}") else 0
 
 
 def _sha256(path: Path) -> str:
@@ -277,11 +274,14 @@ def pull(job_id: int, directory: Path | None = None, *, out: TextIO = sys.stdout
         raise ClientError(f"job {job_id} has no complete weights yet ({job['status']}, step {job['steps_done']} of "
                           f"{job['target_steps']}): its workers write them when it finishes or stops")
     files = sorted(listing["files"], key=lambda f: (_download_order(f["name"]), f["name"]))
-    unsafe = [f["name"] for f in files if Path(f["name"]).name != f["name"] or f["name"].startswith(".")]
+    unsafe = [f["name"] for f in files if not _pullable(f["name"])]
     if unsafe:
-        raise ClientError(f"the listing names files outside one folder: {unsafe}; refusing to write them")
+        raise ClientError(f"the listing names files outside the job's folder and its {HF_FOLDER}/ folder: {unsafe}; "
+                          "refusing to write them")
     target = Path(directory) if directory is not None else Path(f"job-{job_id}")
     target.mkdir(parents=True, exist_ok=True)
+    if any(f["name"].startswith(f"{HF_FOLDER}/") for f in files):
+        (target / HF_FOLDER).mkdir(exist_ok=True)
     total = sum(f["size"] for f in files)
     print(f"job {job_id}: {len(files)} files, {_megabytes(total)}, into {target}", file=out, flush=True)
     for k, f in enumerate(files, 1):
@@ -297,10 +297,20 @@ def pull(job_id: int, directory: Path | None = None, *, out: TextIO = sys.stdout
         kind = json.loads((target / "spotpipe.json").read_text()).get("model", {}).get("kind")
     except (OSError, ValueError, AttributeError):
         kind = None
+    if (target / HF_FOLDER / HF_CONFIG).is_file():
+        print(f"  transformers.AutoModelForCausalLM.from_pretrained(\"{target / HF_FOLDER}\")   # the Hugging Face "
+              "folder", file=out)
     if kind == "gpt":
         print(f"  spotpipe sample {target} --prompt 'Hello'   # or: spotpipe export-hf {target} (Hugging Face)",
               file=out)
     return 0
+
+
+def _pullable(name: str) -> bool:
+    """A listed name `pull` writes: a plain file name, or one inside the Hugging Face folder."""
+    parts = name.split("/")
+    plain = all(p and not p.startswith(".") and "\\" not in p for p in parts)
+    return plain and (len(parts) == 1 or (len(parts) == 2 and parts[0] == HF_FOLDER))
 
 
 def describe_weights(client: Client, job: dict[str, Any]) -> str | None:

@@ -10,8 +10,8 @@
     max_runtime_s = 86400         # optional limits: stop (checkpoint first) after this long training,
     max_wait_s = 3600             #   or after this long without capacity; crashes survived:
     max_restarts_on_errors = 3    #   the next one fails the job (end_reason user_error)
-    export = "hf"                 # spotpipe train only: also OUT/hf, a Hugging Face GPT-2 folder
-    tracking = ["mlflow"]         # spotpipe train only: tensorboard, mlflow, wandb (spotpipe.trackers)
+    export = "hf"                 # also a Hugging Face GPT-2 folder hf/ beside the weights (config.export)
+    tracking = ["mlflow"]         # mlflow, wandb (train: also tensorboard); submit: the control plane logs
 
     [config]                      # the runtime's JobConfig fields (runtime/config.py) but the layout
     global_batch = 32
@@ -40,11 +40,6 @@ from typing import Any
 TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "capacity", "config", "model_spec",
              "plan", "priority", "max_runtime_s", "max_wait_s", "max_restarts_on_errors", "allow_over_budget",
              "export", "tracking")
-TRAIN_ONLY = ("export", "tracking")
-"""Keys `spotpipe train` reads that a control-plane job does not take yet (`spotpipe submit` refuses them)."""
-EXPORT_FORMATS = ("hf",)
-"""`export` (job file) / `--export` (spotpipe train): hf also writes the weights as a Hugging Face GPT-2
-folder (`runtime.models.hf_gpt2.write_hf_folder`)."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -84,6 +79,12 @@ def load_job_file(path: str | Path, *, now: datetime | None = None, at_send: boo
         raise JobFileError(f"{path}: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(TOP_LEVEL)}")
     body = dict(data)
     body.setdefault("name", path.stem)
+    config = body.setdefault("config", {}) if "export" in body else None
+    if isinstance(config, dict):  # `export` is a contract field (the nodes write it), at the top for short
+        if config.get("export", body["export"]) != body["export"]:
+            raise JobFileError(f"{path}: export = {body['export']!r} and config.export = {config['export']!r}; "
+                               "expected one of them")
+        config["export"] = body.pop("export")
     try:
         checked = deadline_at_send(body, now=now or datetime.now(UTC))  # a bad deadline fails here, at once
     except JobFileError as exc:

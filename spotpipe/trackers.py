@@ -37,6 +37,10 @@ class Tracker(Protocol):
 
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
+    def suspend(self) -> None:
+        """Let go of the run without ending it (the control plane resumes it by id with its next batch)."""
+        ...
+
     def finish(self, outputs: dict[str, str]) -> dict[str, Any]:
         """Close the run, recording `outputs` (the weights' location); returns what spotpipe.json keeps."""
         ...
@@ -59,11 +63,14 @@ def default_trackers() -> list[str]:
 
 
 def open_trackers(names: list[str], *, out_dir: Path, config: dict[str, Any], run_name: str) -> list[Tracker]:
-    opened: list[Tracker] = []
-    for name in names:
-        opened.append({"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB}[name](
-            out_dir=out_dir, config=config, run_name=run_name))
-    return opened
+    return [open_tracker(name, out_dir=out_dir, config=config, run_name=run_name) for name in names]
+
+
+def open_tracker(name: str, *, out_dir: Path, config: dict[str, Any], run_name: str,
+                 run_id: str | None = None) -> Tracker:
+    """A new run of tracker `name` with `config` logged, or (`run_id`, MLflow and W&B) that run resumed."""
+    kind = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB}[name]
+    return kind(out_dir=out_dir, config=config, run_name=run_name, run_id=run_id)  # type: ignore[no-any-return]
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -81,7 +88,7 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class _TensorBoard:
     name = "tensorboard"
 
-    def __init__(self, *, out_dir: Path, config: dict[str, Any], run_name: str) -> None:
+    def __init__(self, *, out_dir: Path, config: dict[str, Any], run_name: str, run_id: str | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.path = out_dir / "tb"
@@ -91,6 +98,9 @@ class _TensorBoard:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar("val/loss" if key == "val_loss" else f"train/{key}", value, step)
+
+    def suspend(self) -> None:
+        self.writer.flush()
 
     def finish(self, outputs: dict[str, str]) -> dict[str, Any]:
         for key, value in outputs.items():
@@ -105,7 +115,7 @@ class _MLflow:
 
     name = "mlflow"
 
-    def __init__(self, *, out_dir: Path, config: dict[str, Any], run_name: str) -> None:
+    def __init__(self, *, out_dir: Path, config: dict[str, Any], run_name: str, run_id: str | None = None) -> None:
         import time
 
         from mlflow.entities import Param
@@ -116,12 +126,16 @@ class _MLflow:
             self.uri = (out_dir.resolve() / "mlruns").as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=self.uri)
+        self.clock = time.time
+        if run_id:
+            self.run = self.client.get_run(run_id)
+            self.run_id = run_id
+            return
         experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "spotpipe"
         experiment = self.client.get_experiment_by_name(experiment_name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(experiment_name)
         self.run = self.client.create_run(experiment_id, run_name=run_name)
         self.run_id = self.run.info.run_id
-        self.clock = time.time
         params = [Param(k, v) for k, v in _flat(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
@@ -131,6 +145,9 @@ class _MLflow:
 
         at = int(self.clock() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), at, step) for k, v in metrics.items()])
+
+    def suspend(self) -> None:
+        pass  # MLflow's client holds nothing open: the run id is the whole handle
 
     def finish(self, outputs: dict[str, str]) -> dict[str, Any]:
         for key, value in outputs.items():
@@ -142,14 +159,19 @@ class _MLflow:
 class _WandB:
     name = "wandb"
 
-    def __init__(self, *, out_dir: Path, config: dict[str, Any], run_name: str) -> None:
+    def __init__(self, *, out_dir: Path, config: dict[str, Any], run_name: str, run_id: str | None = None) -> None:
         import wandb
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "spotpipe", name=run_name,
-                              dir=str(out_dir), config=config, reinit="finish_previous")
+                              dir=str(out_dir), config=None if run_id else config, id=run_id,
+                              resume="allow" if run_id else None, reinit="finish_previous")
+        self.run_id = self.run.id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
+
+    def suspend(self) -> None:
+        self.run.finish()  # its local service ends; resumed by id (`resume="allow"`) with the next batch
 
     def finish(self, outputs: dict[str, str]) -> dict[str, Any]:
         for key, value in outputs.items():

@@ -46,7 +46,7 @@ from runtime.config import (
     preset_vocabulary,
     resolve_strategy,
 )
-from spotpipe.jobfile import EXPORT_FORMATS, JobFileError, load_job_file
+from spotpipe.jobfile import JobFileError, load_job_file
 from spotpipe.recoveries import Recoveries, Recovery
 from spotpipe.trackers import TrackerError, check_trackers, default_trackers, open_trackers
 
@@ -97,7 +97,7 @@ class TrainOptions:
     """`--device cuda`: every node on one GPU of its own (`JobConfig.device`)."""
     init_from: str | None = None
     export: str | None = None
-    """`--export hf`: also OUT/hf, a Hugging Face GPT-2 folder (`EXPORT_FORMATS`)."""
+    """`--export hf`: also OUT/hf, a Hugging Face GPT-2 folder (the contract's `export`)."""
     track: list[str] | None = None
     """`--track NAME` (repeatable; job file `tracking`): experiment trackers (`spotpipe.trackers.TRACKERS`)."""
     seq_len: int | None = None
@@ -167,7 +167,7 @@ def resolve_config(options: TrainOptions) -> JobConfig:
         raise TrainError(f"--vocab-size {options.vocab_size} is below the tokenizer's {tokenizer_ids} ids; expected "
                          f"at least {tokenizer_ids}")
     for key in ("global_batch", "seed", "val_every", "lr", "init_from", "lr_schedule", "lr_min", "clip",
-                "weight_decay", "eps", "recompute", "skip_nonfinite", "precision", "device"):
+                "weight_decay", "eps", "recompute", "skip_nonfinite", "precision", "device", "export"):
         if getattr(options, key) is not None:
             contract[key] = getattr(options, key)
     for key, flag in (("warmup_steps", "warmup"), ("weight_decay_min_dim", "decay_min_dim")):
@@ -250,7 +250,6 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
     out, err = out or sys.stdout, err or sys.stderr
     try:
         config = resolve_config(options)
-        export = export_format(options, config)
         trackers = tracking_of(options)
         faults = [parse_fail(text) for text in options.fails]
         for fault in faults:
@@ -303,7 +302,7 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
                   f"--steps is the total, expected more than {start}", file=err)
             return 2
     try:
-        return _launch(config, faults, data, options, out=out, err=err, start=start, export=export,
+        return _launch(config, faults, data, options, out=out, err=err, start=start,
                        trackers=trackers)
     except KeyboardInterrupt:
         # run_local has ended every rank it started (its `finally`); one line, no traceback.
@@ -312,7 +311,7 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
 
 
 def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: TrainOptions, *,
-            out: TextIO, err: TextIO, start: int = 0, export: str | None = None,
+            out: TextIO, err: TextIO, start: int = 0,
             trackers: list[str] | None = None) -> int:
     from runtime.train.launcher import run_local
 
@@ -377,8 +376,14 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     print(f"done: {config.steps} steps in {result.wall_s:.1f} s, "
           f"loss {log.first_loss:.4f} -> {log.last_loss:.4f}{val}; "
           f"metrics in {out_dir / 'metrics.jsonl'}, weights in {out_dir}/model*.safetensors", file=out)
-    if export == "hf":
-        return run_export_hf(str(out_dir), None, out=out, err=err)
+    if config.export == "hf":  # written by the rank that completed the export
+        from runtime.models.hf_layout import CONFIG, HF_FOLDER
+
+        if not (out_dir / HF_FOLDER / CONFIG).is_file():
+            print(f"error: the weights are in {out_dir}, but the Hugging Face folder was not written (see the "
+                  f"exported events in {ranks}); spotpipe export-hf {out_dir} writes it", file=err)
+            return 1
+        _say_hf_folder(out_dir / HF_FOLDER, out)
     return 0
 
 
@@ -393,21 +398,6 @@ def tracking_of(options: TrainOptions) -> list[str] | None:
     return check_trackers(names)
 
 
-def export_format(options: TrainOptions, config: JobConfig) -> str | None:
-    """`--export` (else the job file's `export`), checked against the model before anything runs."""
-    value = options.export if options.export is not None else (
-        load_job_file(options.file).get("export") if options.file else None)
-    if value is None:
-        return None
-    if value not in EXPORT_FORMATS:
-        raise TrainError(f"export {value!r} is unknown; expected one of {', '.join(EXPORT_FORMATS)}")
-    if config.model.kind != "gpt":
-        raise TrainError(f"export = {value!r} writes a Hugging Face GPT-2 folder, for the gpt presets; the model is "
-                         f"{config.model.kind!r} (a model function's weights load into your own nn.Sequential with "
-                         "load_state_dict(strict=True): docs/runtime.md)")
-    return value
-
-
 def run_export_hf(directory: str, target: Path | None, *, out: TextIO | None = None,
                   err: TextIO | None = None) -> int:
     """`spotpipe export-hf DIR [--out OUT]`: 0 when written, 2 when DIR cannot be exported."""
@@ -420,9 +410,13 @@ def run_export_hf(directory: str, target: Path | None, *, out: TextIO | None = N
     except (ExportError, OSError) as exc:
         print(f"error: {exc}", file=err)
         return 2
-    print(f"Hugging Face folder: {written} (transformers.AutoModelForCausalLM.from_pretrained and "
-          "AutoTokenizer.from_pretrained load it)", file=out)
+    _say_hf_folder(written, out)
     return 0
+
+
+def _say_hf_folder(folder: Path, out: TextIO) -> None:
+    print(f"Hugging Face folder: {folder} (transformers.AutoModelForCausalLM.from_pretrained and "
+          "AutoTokenizer.from_pretrained load it)", file=out)
 
 
 class MetricsLog:

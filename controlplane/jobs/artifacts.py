@@ -26,14 +26,17 @@ from django.http import Http404
 from controlplane.jobs.models import TrainingJob
 from controlplane.tunables import tunable
 from runtime.checkpointing.durability import CHECKPOINTS, complete_steps
+from runtime.models.hf_layout import CONFIG, HF_FILES, HF_FOLDER
 
 logger = logging.getLogger(__name__)
 
 SIDECAR = ".sha256.json"
 # What a job's folder may hold that the API serves: the export's weight files, its optimizer state,
-# their indexes and spotpipe.json. Nothing else (temporary files, the sidecar) is listed or served.
+# their indexes, spotpipe.json, and the Hugging Face folder of `export = "hf"`. Nothing else
+# (temporary files, the sidecar, checkpoints) is listed or served.
 ARTIFACT_NAME = re.compile(
     r"(model|optimizer)(-\d{5}-of-\d{5})?\.safetensors|(model|optimizer)\.safetensors\.index\.json|spotpipe\.json"
+    rf"|{HF_FOLDER}/({'|'.join(re.escape(name) for name in HF_FILES)})"
 )
 _CHUNK = 1 << 20
 
@@ -72,9 +75,9 @@ class _LocalFolder:
             return None
 
     def stat(self, name: str) -> tuple[int, str] | None:
-        """(size, version) of a regular file (no links), else None."""
+        """(size, version) of a regular file (no links, nor in a linked folder), else None."""
         path = self.root / name
-        if path.is_symlink() or not path.is_file():
+        if any(p.is_symlink() for p in (path, *path.parents[: len(Path(name).parts) - 1])) or not path.is_file():
             return None
         st = path.stat()
         return st.st_size, str(st.st_mtime_ns)
@@ -199,6 +202,8 @@ def _export_files(folder: _LocalFolder | _S3Folder) -> list[str] | None:
         elif prefix == "model":
             return None
     names.append("spotpipe.json")
+    if folder.stat(f"{HF_FOLDER}/{CONFIG}") is not None:  # written last: the Hugging Face folder is whole
+        names += [f"{HF_FOLDER}/{name}" for name in HF_FILES]
     return names
 
 

@@ -303,3 +303,26 @@ class Package(models.Model):
 
     def __str__(self) -> str:
         return f"{self.filename} ({self.sha256[:12]})"
+
+
+class JobTracker(models.Model):
+    """An experiment tracker the control plane forwards a job's metrics to (`tracking` of the job),
+    with its run there and how far the forwarding got (`controlplane.jobs.tracking`)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="trackers")
+    name = models.CharField(max_length=20, help_text="mlflow or wandb (controlplane.jobs.tracking.TRACKERS).")
+    run_id = models.CharField(max_length=100, blank=True, help_text="The run's id in the tracker; empty until opened.")
+    run_name = models.CharField(max_length=200, blank=True)
+    where = models.CharField(max_length=500, blank=True, help_text="The tracking URI, or W&B's folder.")
+    last_step = models.IntegerField(default=0, help_text="Steps done already sent (0: none).")
+    ended = models.BooleanField(default=False, help_text="The job ended and its run was closed.")
+    error = models.CharField(max_length=500, blank=True, help_text="The last failure to reach the tracker.")
+    claimed_until = models.DateTimeField(
+        null=True, blank=True, help_text="A forwarding round holds the run until then (one round at a time).")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="job_tracker_unique")]
+        indexes = [models.Index(fields=["ended"], name="job_tracker_open_idx", condition=models.Q(ended=False))]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} -> {self.name} {self.run_id or '(not opened)'}"

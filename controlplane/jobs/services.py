@@ -32,6 +32,7 @@ from controlplane.jobs.models import (
 )
 from controlplane.jobs.packages import unknown_uploads
 from controlplane.jobs.plans import parse_plan_request
+from controlplane.jobs.tracking import job_trackers_create, job_trackers_reopen, tracking_problems
 from controlplane.planning.services import plan_job
 from runtime.config import JOB_STRATEGIES, LayoutError, alias_field, contract_from_model_spec, each_error
 from runtime.planner.capacity_policy import CAPACITY_POLICIES, DEFAULT_CAPACITY_POLICY, ON_DEMAND, SPOT
@@ -176,6 +177,7 @@ def job_submit(
     max_wait_s: int | None = None,
     max_restarts_on_errors: int | None = None,
     allow_over_budget: bool = False,
+    tracking: list[str] | None = None,
 ) -> TrainingJob:
     """Validate and store a new job (status pending) with its contract and plan, and its `submitted`
     event. The contract is validated by building the runtime's `JobConfig` with the plan's layout,
@@ -190,7 +192,8 @@ def job_submit(
     `priority` orders its team's queue; `max_runtime_s`, `max_wait_s` and `max_restarts_on_errors`
     are its limits (None: the model's defaults). A job its team's quota has no room for is stored
     `queued` (`admission.admit_or_queue`). An explicit plan estimated above the budget is refused
-    (422 `PlanInfeasible`) unless `allow_over_budget`.
+    (422 `PlanInfeasible`) unless `allow_over_budget`. `tracking`: experiment trackers the control
+    plane forwards the job's metrics to (`controlplane.jobs.tracking`), each configured here.
 
     The job's data (`config.data`) is then checked as far as the control plane can
     (`data_checks.check_data`: an s3 source or tokenizer must be there for its AWS credentials),
@@ -203,6 +206,9 @@ def job_submit(
     limits = {"priority": priority, "max_runtime_s": max_runtime_s, "max_wait_s": max_wait_s,
               "max_restarts_on_errors": max_restarts_on_errors}
     errors.update(job_limit_errors(**limits))
+    tracking = tracking if tracking is not None else []
+    if problems := tracking_problems(tracking):
+        errors["tracking"] = problems
     limits = {k: v for k, v in limits.items() if v is not None}
     capacity = capacity or DEFAULT_CAPACITY_POLICY
     job_plan = runtime_config = None
@@ -243,8 +249,10 @@ def job_submit(
                   "deadline": deadline.isoformat() if deadline else None,
                   "budget_usd": str(budget) if budget is not None else None, "capacity": capacity,
                   "plan": {k: getattr(job_plan, k) for k in ("chosen_by", "provider", "nodes", "dp", "pp")},
-                  **limits, **({"data_checks": data_check.notes} if data_check.notes else {})},
+                  **limits, **({"data_checks": data_check.notes} if data_check.notes else {}),
+                  **({"tracking": tracking} if tracking else {})},
         )
+        job_trackers_create(job=job, names=tracking)
         admitted, why = admit_or_queue(job)
         if admitted == JobStatus.QUEUED:
             job_set_status(job, JobStatus.QUEUED, f"queued: {why}", kind="queued")
@@ -326,6 +334,7 @@ def job_resume(*, job: TrainingJob, user: Any | None = None, budget_usd: Any = N
     admitted, why = admit_or_queue(locked)
     if admitted == JobStatus.QUEUED:
         job_set_status(locked, JobStatus.QUEUED, f"queued: {why}", kind="queued")
+    job_trackers_reopen(job=locked)
     _sync(job, locked, ["status", "status_message", "finished_at", "updated_at", "config", "steps_done",
                         "budget_usd", "end_reason", "exit_code", "end_log", "stop_requested_at", "queued_at"])
     return job

@@ -34,8 +34,8 @@ import torch
 
 from runtime.checkpointing.export import INFO, ExportError, WeightsFolder
 from runtime.config import ModelSpec
+from runtime.models.hf_layout import CONFIG, HF_FILES, HF_FOLDER, HF_WEIGHTS, TOKENIZER, TOKENIZER_CONFIG
 
-CONFIG = "config.json"
 MODEL_TYPE = "gpt2"
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
 """transformers' names of GELU with the tanh approximation (what our blocks compute)."""
@@ -163,9 +163,6 @@ class HFGPT2Weights:
 
 # --- out: a Hugging Face GPT-2 folder of a trained gpt preset ----------------------------------------
 
-HF_FOLDER = "hf"
-"""The Hugging Face folder `spotpipe train --export hf` writes inside its output folder."""
-HF_WEIGHTS = "model.safetensors"
 
 
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
@@ -225,14 +222,42 @@ def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Pat
     else:
         raise HFWeightsError(f"the job's tokenizer {tokenizer!r} is not a file here; expected 'byte' or the "
                              "tokenizer.json the job trained with")
-    _atomic_write(target / "tokenizer.json", lambda tmp: Path(tmp).write_text(tokenizer_json, encoding="utf-8"))
-    write_json(target / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+    _atomic_write(target / TOKENIZER, lambda tmp: Path(tmp).write_text(tokenizer_json, encoding="utf-8"))
+    write_json(target / TOKENIZER_CONFIG, {"tokenizer_class": "PreTrainedTokenizerFast",
                                                   "model_max_length": spec.seq_len,
                                                   "clean_up_tokenization_spaces": False})
     state = hf_state(spec, WeightsFolder(directory).state_dict())
     _atomic_write(target / HF_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     write_json(target / CONFIG, hf_config(spec))
     return target
+
+
+def write_hf_beside(directory: str) -> str:
+    """`write_hf_folder` of a finished export into `directory/hf` (what a job's `export = "hf"` asks of
+    the node that completes its export); `directory` may be `s3://bucket/prefix`: the weights are
+    read through a local copy and the folder is staged locally, then uploaded in `HF_FILES` order
+    (config.json last, so a listing that finds it finds the rest). Returns where it was written."""
+    if not str(directory).startswith("s3://"):
+        return str(write_hf_folder(directory))
+    import shutil
+    import tempfile
+
+    import boto3
+
+    from runtime.checkpointing.export import _local, _s3_location
+
+    source = _local(directory)
+    staging = Path(tempfile.mkdtemp(prefix="spotpipe-hf-"))
+    try:
+        written = write_hf_folder(source, staging)
+        bucket, prefix = _s3_location(directory)
+        client = boto3.client("s3")
+        for name in HF_FILES:
+            client.upload_file(str(written / name), bucket, f"{prefix}{HF_FOLDER}/{name}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(source, ignore_errors=True)
+    return f"{str(directory).rstrip('/')}/{HF_FOLDER}"
 
 
 def load_hf_gpt2(directory: str | Path) -> torch.nn.Sequential:

@@ -928,14 +928,24 @@ class Worker:
 
     def _export(self) -> None:
         """Write this node's share of the job's final weights and optimizer state (`runtime.checkpointing.export`):
-        the layers it is the designated writer of in the final layout (first owner of each run)."""
+        the layers it is the designated writer of in the final layout (first owner of each run). The
+        node that completes the export also writes the job's other `export` format beside it (`hf/`);
+        a failure there is reported in the event, and the weights stand."""
         assert self.layout is not None
         complete = export_layers(
             self.spec.export_dir, spec=self.config.model, writers=self._writers(self.layout), node=self.node,
             states=self.held, steps_done=self.committed, export_id=f"{self.spec.job_id}/{self.committed}",
             info=self._export_info(self.committed), max_shard_bytes=self.config.export_shard_bytes,
         )
-        self._emit({"event": "exported", "dir": self.spec.export_dir, "complete": complete})
+        event: dict[str, Any] = {"event": "exported", "dir": self.spec.export_dir, "complete": complete}
+        if complete and self.config.export == "hf":
+            from runtime.models.hf_gpt2 import write_hf_beside
+
+            try:
+                event["hf"] = write_hf_beside(self.spec.export_dir)
+            except (ExportError, OSError) as exc:
+                event["hf_error"] = str(exc)
+        self._emit(event)
 
 
 def run_worker(spec: WorkerSpec, on_step: StepCallback | None = None) -> dict[str, Any]:

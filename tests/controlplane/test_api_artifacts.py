@@ -152,6 +152,50 @@ def test_an_s3_store_lists_and_serves_what_the_workers_uploaded(s3, settings) ->
     assert f'spotpipe.load_model("{location}")' in body["load_snippet"]
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_the_hugging_face_folder_of_an_hf_export_is_listed_and_served(where: str, request, store: Path,
+                                                                      settings) -> None:
+    """`export = "hf"`: the node that completes the export writes `hf/` beside it (`write_hf_beside`,
+    staged and uploaded on S3); the listing adds its files once its config.json (written last) is
+    there, and serves them by their names under hf/. A linked hf folder is not served."""
+    from runtime.checkpointing.export import export_layers, model_entry
+    from runtime.config import ModelSpec
+    from runtime.models.hf_gpt2 import write_hf_beside
+    from runtime.models.model import build_layer
+    from runtime.train.optim import LayerState
+
+    if where == "s3":
+        _, bucket = request.getfixturevalue("s3")
+        settings.SPOTPIPE_ARTIFACTS = f"s3://{bucket}/store"
+        settings.SPOTPIPE_S3_ENDPOINT_URL = None  # boto3 finds moto through AWS_ENDPOINT_URL
+    team = make_team()
+    job = make_job(team)
+    location = artifacts.job_artifacts_location(job=job)
+    spec = ModelSpec(kind="gpt", n_layer=1, n_embd=8, n_head=2, seq_len=8, vocab_size=256)
+    states = {i: LayerState(i, build_layer(spec, i, 0)) for i in range(spec.num_layers)}
+    assert export_layers(location, spec=spec, writers=dict.fromkeys(states, 0), node=0, states=states, steps_done=3,
+                         export_id="x/3", info={"model": model_entry(spec), "steps_done": 3, "tokenizer": "byte"})
+    api = token_client(make_api_token(team, user=make_api_user(team)))
+    url = f"/api/v1/jobs/{job.pk}/artifacts/"
+    assert not [f for f in api.get(url).json()["files"] if f["name"].startswith("hf/")]
+    assert write_hf_beside(location) == f"{location}/hf"
+    files = {f["name"]: f for f in api.get(url).json()["files"]}
+    assert {"hf/config.json", "hf/model.safetensors", "hf/tokenizer.json", "hf/tokenizer_config.json"} <= set(files)
+    response = api.get(url + "hf/config.json")
+    assert response.status_code == 200 and 'filename="config.json"' in response["Content-Disposition"]
+    served = b"".join(response.streaming_content)
+    assert json.loads(served)["model_type"] == "gpt2" and hashlib.sha256(served).hexdigest() == files[
+        "hf/config.json"]["sha256"]
+    for bad in ("hf/notes.txt", "hf/../spotpipe.json", "hf", "hf/", "other/config.json"):
+        assert api.get(url + bad).status_code == 404, bad
+    if where == "local":  # a linked folder is another folder: nothing in it is served
+        folder = store / f"job-{job.pk}"
+        (folder / "hf").rename(folder / "elsewhere")
+        (folder / "hf").symlink_to(folder / "elsewhere")
+        assert not [f for f in api.get(url).json()["files"] if f["name"].startswith("hf/")]
+        assert api.get(url + "hf/config.json").status_code == 404
+
+
 def test_the_job_page_links_the_files_and_shows_the_snippet(store: Path) -> None:
     team = make_team()
     user = make_api_user(team)

@@ -140,6 +140,8 @@ def test_a_deadline_no_plan_meets_names_the_deadline_and_the_fastest_plan(world)
         ({"config": {**CONFIG, "loss_scale_growth_interval": 0}}, "config.loss_scale_growth_interval"),
         ({"config": {**CONFIG, "link_gbps": -1}}, "config.link_gbps"),
         ({"config": {**CONFIG, "join_batch_wait_s": -5}}, "config.join_batch_wait_s"),
+        ({"config": {**CONFIG, "export": "onnx"}}, "config.export"),
+        ({"config": {**CONFIG, "export": "hf"}}, "config.export"),  # a Hugging Face GPT-2 folder needs a gpt
         ({"config": None, "model_spec": {"kind": "gpt", "layers": 2, "heads": 3, "d_model": 32}},
          "model_spec.heads"),
     ],

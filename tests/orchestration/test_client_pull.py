@@ -14,6 +14,7 @@ import torch
 
 from controlplane.jobs.models import TrainingJob
 from runtime.checkpointing.export import export_state_dict, write_json
+from runtime.models.hf_layout import HF_FILES, HF_FOLDER
 from spotpipe import commands
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_job, make_team
@@ -23,6 +24,14 @@ def _export(folder: Path) -> None:
     state = {"0.weight": torch.arange(12.0).reshape(3, 4), "0.bias": torch.ones(3), "1.weight": torch.zeros(2, 3)}
     write_json(folder / "spotpipe.json", {"model": {"kind": "gpt"}, "steps_done": 4})
     export_state_dict(folder, state, max_shard_bytes=40, steps_done=4)  # sharded: several files and an index
+    (folder / HF_FOLDER).mkdir()  # `export = "hf"`: the transport is what is tested (the files: test_hf_export)
+    for name in HF_FILES:
+        (folder / HF_FOLDER / name).write_text(f"the Hugging Face folder's {name}")
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+                  and not p.name.startswith("."))
 
 
 def _run(command, *args) -> tuple[int, str, str]:
@@ -50,14 +59,14 @@ def test_pull_downloads_verified_weights_and_never_saves_a_bad_file(control_plan
     TrainingJob.objects.filter(pk=job.pk).update(status="finished", steps_done=job.target_steps)
     code, out, err = _run(commands.pull, job.pk, tmp_path / "weights")
     assert code == 0, err
-    served = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    got = sorted(p.name for p in (tmp_path / "weights").iterdir())
-    assert got == served and len(got) >= 4
+    served, got = _files(folder), _files(tmp_path / "weights")
+    assert got == served and len(got) >= 8 and "hf/config.json" in got
     for name in got:
         assert (tmp_path / "weights" / name).read_bytes() == (folder / name).read_bytes()
     lines = [line for line in out.splitlines() if line.startswith("  [")]
     assert "spotpipe.json" in lines[-1] and "model.safetensors.index.json" in lines[-2]  # the marks last
-    assert "spotpipe export-hf" in out
+    assert "hf/config.json" in lines[-3] and not any("hf/" in line for line in lines[-2:])  # the folder's mark
+    assert "spotpipe export-hf" in out and f'from_pretrained("{tmp_path / "weights" / "hf"}")' in out
 
     code, out, _ = _run(commands.pull, job.pk, tmp_path / "weights")
     assert code == 0 and out.count("already here, sha256 verified") == len(got)
@@ -76,3 +85,12 @@ def test_pull_downloads_verified_weights_and_never_saves_a_bad_file(control_plan
 
     code, out, _ = _run(commands.status, job.pk)
     assert code == 0 and f"spotpipe pull {job.pk}" in out and f"at {folder}" in out
+
+
+@pytest.mark.parametrize(("name", "written"), [
+    ("model.safetensors", True), ("hf/config.json", True), ("spotpipe.json", True),
+    ("../model.safetensors", False), ("hf/../x", False), ("other/config.json", False), ("hf/sub/x", False),
+    (".sha256.json", False), ("hf/.hidden", False), ("hf", True), ("/etc/passwd", False), ("a\\b", False), ("", False),
+])
+def test_pull_writes_only_plain_names_and_the_hugging_face_folders(name: str, written: bool) -> None:
+    assert commands._pullable(name) is written

@@ -2,7 +2,8 @@
 process) sends a job with `plan.auto` and a deadline one node cannot meet to a live control plane;
 the planner's layout (dp x pp > 1) runs on the planned number of local nodes; `spotpipe logs
 --follow` prints its timeline to the end; the job page shows the plan with its predicted and
-measured figures. A bad job file gets the API's own 400 messages from the client.
+measured figures; the job's MLflow run (`tracking`) gets every step the nodes reported. A bad job
+file gets the API's own 400 messages from the client.
 
 Marker `scenario`: CI runs it in the PostgreSQL pass only, with the other end-to-end runs; on the
 embedded default the headless demo (tests/demo/) submits through the same service (`job_submit`,
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.jobs.models import JobGeneration, JobStatus, TrainingJob
+from controlplane.jobs.models import JobGeneration, JobStatus, JobTracker, TrainingJob
+from controlplane.jobs.tracking import forward_open_trackers
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.local.provider import LocalProvider
 from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
@@ -72,9 +74,13 @@ def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
     team = make_team()
     user = make_api_user(team)
     token = make_api_token(team, user=user)
+    # The control plane logs the job to MLflow with its own environment's URI (a file store here).
+    mlflow_uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     # One node takes 60 steps x 4 micro-batches x 4 layers x 12 ms = 11.5 s by the plan's profile.
     job_file = tmp_path / "job.toml"
-    job_file.write_text(JOB_FILE.format(deadline="8s"))
+    job_file.write_text('tracking = ["mlflow"]\n' + JOB_FILE.format(deadline="8s"))
     beat = Beat()
     job = None
     try:
@@ -103,6 +109,16 @@ def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
         assert "Chosen by the planner" in html and f"dp={plan['dp']} x pp={plan['pp']}" in html
         empty = "<td>\N{EN DASH}</td>"
         assert html.count(empty) < 4  # the plan table has predicted and measured figures filled in
+
+        # Its metrics, as the nodes reported them, reach its MLflow run (beat's round, run here).
+        from mlflow.tracking import MlflowClient
+
+        forward_open_trackers()
+        tracker = JobTracker.objects.get(job=job)
+        assert tracker.ended and tracker.last_step == job.steps_done, tracker.error
+        losses = MlflowClient(tracking_uri=mlflow_uri).get_metric_history(tracker.run_id, "loss")
+        assert sorted(m.step for m in losses) == list(range(1, job.steps_done + 1))
+        assert MlflowClient(tracking_uri=mlflow_uri).get_run(tracker.run_id).data.tags["status"] == "finished"
     finally:
         beat.stop.set()
         stop_everything(provider, job)

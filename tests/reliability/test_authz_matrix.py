@@ -145,7 +145,7 @@ ROWS: list[Row] = [
     Row("api/v1/^jobs/(?P<pk>[^/.]+)/artifacts/$", "GET", "/api/v1/jobs/{job}/artifacts/", API_OBJ),
     # The matrix's job has no weights yet: its own team gets 404 for the file too (a file that
     # exists is served to its team only: tests/controlplane/test_api_artifacts.py).
-    Row("api/v1/jobs/<str:pk>/artifacts/<str:name>", "GET", "/api/v1/jobs/{job}/artifacts/model.safetensors",
+    Row("api/v1/jobs/<str:pk>/artifacts/<path:name>", "GET", "/api/v1/jobs/{job}/artifacts/model.safetensors",
         E(401, 404, 404, 404, 403)),
     # --- packages for jobs' requirements: a team's users upload; its users and agents download
     Row("api/v1/^packages/$", "POST", "/api/v1/packages/", E(401, 201, 201, 400, 403), content_type=MULTIPART,

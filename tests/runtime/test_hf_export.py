@@ -91,14 +91,29 @@ def test_export_hf_of_a_model_it_cannot_write_is_one_message_before_anything_run
     assert not out_dir.exists()
 
 
-def test_export_in_a_job_file_is_refused_by_submit_never_dropped(tmp_path: Path) -> None:
-    from spotpipe.commands import submit
+def test_export_and_tracking_in_a_job_file_are_sent_by_submit(tmp_path: Path, monkeypatch) -> None:
+    """A job file's top-level `export` is the contract's `config.export` (the node that completes the
+    export writes the format); written in both places differently, it is one error and nothing is sent."""
+    from spotpipe import commands
 
+    sent = []
+
+    class Client:
+        def submit(self, body):
+            sent.append(body)
+            return {"id": 1, "name": "x", "status": "queued", "plan": {}}
+
+    monkeypatch.setattr(commands, "_client", Client)
+    monkeypatch.setattr(commands, "describe_plan", lambda plan: "")
     path = _job_file(tmp_path)
-    path.write_text('export = "hf"\n' + path.read_text())
+    path.write_text('export = "hf"\ntracking = ["mlflow"]\n' + path.read_text())
+    assert commands.submit(path, out=io.StringIO(), err=io.StringIO()) == 0
+    assert sent[0]["config"]["export"] == "hf" and "export" not in sent[0]
+    assert sent[0]["tracking"] == ["mlflow"]  # the control plane logs it (tests/controlplane/test_job_tracking.py)
+    path.write_text(path.read_text().replace("[config]\n", '[config]\nexport = "onnx"\n'))
     err = io.StringIO()
-    assert submit(path, out=io.StringIO(), err=err) == 2  # before any request: no control plane is configured
-    assert "export = 'hf' is for spotpipe train" in err.getvalue() and "spotpipe export-hf DIR" in err.getvalue()
+    assert commands.submit(path, out=io.StringIO(), err=err) == 2 and len(sent) == 1
+    assert "export = 'hf' and config.export = 'onnx'; expected one of them" in err.getvalue()
 
 
 def test_export_hf_of_a_folder_without_a_gpt_is_refused(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from controlplane.jobs.models import (
     TrainingJob,
 )
 from controlplane.jobs.services import MAX_METRIC_BATCH
+from controlplane.jobs.tracking import TRACKERS
 from runtime.config import model_spec_view
 
 
@@ -77,9 +78,11 @@ class JobDetailSerializer(JobSerializer):
                                               "at completion (billing.metering.job_spend).")
     queue_position = serializers.SerializerMethodField(
         help_text="A queued job's place in its team's queue (1: next admitted); null otherwise.")
+    tracking = serializers.SerializerMethodField(
+        help_text="The job's experiment tracker runs: name, run_id, run_name, where, last_step sent, ended, error.")
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "spend", "queue_position"]
+        fields = [*JobSerializer.Meta.fields, "spend", "queue_position", "tracking"]
         read_only_fields = fields
 
     @extend_schema_field(SpendSerializer)
@@ -93,6 +96,11 @@ class JobDetailSerializer(JobSerializer):
         if job.status != JobStatus.QUEUED:
             return None
         return queue_positions(team_id=job.team_id).get(job.pk)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_tracking(self, job: TrainingJob) -> list[dict]:
+        return list(job.trackers.order_by("name").values("name", "run_id", "run_name", "where", "last_step", "ended",
+                                                         "error"))
 
 
 class ResumedFromSerializer(serializers.Serializer):
@@ -165,6 +173,10 @@ class JobSubmitSerializer(serializers.Serializer):
     allow_over_budget = serializers.BooleanField(
         required=False, default=False, help_text="Submit an explicit plan estimated above budget_usd anyway (the "
         "job stops at its budget); otherwise 422.")
+    tracking = serializers.ListField(
+        child=CharField(max_length=40), required=False, default=list, max_length=len(TRACKERS),
+        help_text=f"Experiment trackers the control plane forwards the job's metrics to: some of {list(TRACKERS)}, "
+        "each configured in the control plane's environment (docs/api.md, \"Experiment trackers\").")
 
 
 class JobResumeSerializer(serializers.Serializer):

@@ -12,8 +12,8 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("packages", PackageViewSet, basename="package")
 
 urlpatterns = [
-    # A file of the job's artifacts: its name as is (no trailing slash), one path segment.
-    path("jobs/<str:pk>/artifacts/<str:name>", JobViewSet.as_view({"get": "artifact_download"}),
+    # A file of the job's artifacts: its name as is (no trailing slash), in the folder or its hf/ folder.
+    path("jobs/<str:pk>/artifacts/<path:name>", JobViewSet.as_view({"get": "artifact_download"}),
          name="job-artifact-download"),
     path("teams/<str:pk>/quota/", TeamQuotaView.as_view(), name="team-quota"),
     *router.urls,

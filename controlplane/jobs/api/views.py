@@ -124,7 +124,7 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
     def artifact_download(self, request: Request, pk: str | None = None, name: str = "") -> FileResponse:
         """One file of the job's artifacts listing, streamed (only names the listing has)."""
         artifact, stream = artifacts.job_artifact_open(job=self._job(), name=name)
-        response = FileResponse(stream, as_attachment=True, filename=artifact.name,
+        response = FileResponse(stream, as_attachment=True, filename=artifact.name.rpartition("/")[2],
                                 content_type="application/octet-stream")
         response["Content-Length"] = str(artifact.size)
         response["X-Checksum-SHA256"] = artifact.sha256

@@ -1,0 +1,14 @@
+"""Celery tasks of the jobs app."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from controlplane.jobs.tracking import forward_open_trackers
+
+
+@shared_task(name="jobs.forward_tracking", ignore_result=True)
+def forward_tracking() -> int:
+    """Forward new metrics of jobs with `tracking` to their experiment trackers (beat, every
+    SPOTPIPE_TRACKING_PERIOD_S)."""
+    return forward_open_trackers()
