@@ -28,8 +28,8 @@ from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
 from agent.requirements import InstallFailed, job_python, job_requirements
 from agent.supervisor import WorkerSupervisor
-from agent.worker_entry import EXIT_FENCED, EXIT_JOB_FAILED
 from runtime.config import UPLOAD_PREFIX
+from runtime.worker_exits import EXIT_FENCED, EXIT_JOB_FAILED, NOT_CRASHES
 
 # What a worker's `metrics` message carries into the control plane's sample (POST /jobs/{id}/metrics/):
 # a training step's loss and speed, or a validation pass's val_loss (a message without loss).
@@ -315,7 +315,7 @@ class Agent:
         self._flush_metrics(final=True)
         generation = self._command_generation()
         failure, self._failure = self._failure, ""
-        crashed = code not in (0, EXIT_JOB_FAILED, EXIT_FENCED)
+        crashed = code not in NOT_CRASHES
         self._event("worker_exit", code=code, generation=generation, message=failure,
                     log_tail=self.supervisor.log_tail(LOG_TAIL_LINES) if crashed else None)
         if code in (EXIT_JOB_FAILED, EXIT_FENCED):

@@ -26,13 +26,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from runtime.worker_exits import EXIT_FENCED, EXIT_JOB_FAILED
+
 WATCH_INTERVAL_S = 0.02
-# Exit code of a worker whose job cannot go on (the runtime agreed on an impossible plan); the agent
-# reports it with the reason and does not restart the worker.
-EXIT_JOB_FAILED = 4
-# Exit code of a worker the job dropped (declared gone while it was hung): restarting it as it was
-# would only be dropped again.
-EXIT_FENCED = 3
 # Runtime node id of incarnation k of control-plane node n: n + k * INCARNATION_STRIDE. Incarnation 0
 # (a node's first worker) keeps n, so nothing changes for a job without restarts; control-plane node
 # ids stay far below the stride (one per instance a job ever had).

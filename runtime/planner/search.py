@@ -18,19 +18,17 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from runtime.checkpointing.youngdaly import young_interval
-from runtime.config import AUTO_STRATEGY, ModelSpec
+from runtime.config import AUTO_STRATEGY, ModelSpec, resolve_strategy
 from runtime.parallel.layout import split_microbatches
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
 from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile, ProfileStore
 from runtime.planner.throughput import CostModel, Network
+from runtime.strategies import get_strategy
 
 MEMORY_HEADROOM = 0.9
 """Fraction of device memory the planner lets a stage use (allocator fragmentation, workspace)."""
 
-RECOVERY_S = {"recycle": 2.0 + 5.0, "oobleck": 30.0 + 5.0, "bamboo": 10.0 + 5.0, "checkpoint": 120.0 + 5.0}
-"""Seconds of lost progress per preemption beyond the step in flight (reaction + detection), per
-strategy; checkpoint also loses half a checkpoint interval (Young/Daly, see `goodput_fraction`)."""
 CHECKPOINT_COST_S = 30.0
 SCREEN_SLACK = 0.2
 """The closed form is within about 15% of the replay; candidates that miss a limit by less than this
@@ -144,12 +142,13 @@ def goodput_fraction(*, strategy: str, nodes: int, rate_per_node_hour: float, st
     lam = nodes * rate_per_node_hour / 3600.0  # failures per second for the job
     if lam <= 0:
         return 1.0
-    if strategy == "checkpoint":
+    recovery_s = get_strategy(resolve_strategy(strategy)).recovery_s  # the strategy's own figure
+    if get_strategy(resolve_strategy(strategy)).restarts_from_checkpoint:
         mtbf = 1.0 / lam
         interval = young_interval(checkpoint_cost_s=CHECKPOINT_COST_S, mtbf_s=mtbf)
-        waste = CHECKPOINT_COST_S / interval + (interval / 2 + RECOVERY_S["checkpoint"]) / mtbf
+        waste = CHECKPOINT_COST_S / interval + (interval / 2 + recovery_s) / mtbf
         return max(0.0, 1.0 - waste)
-    lost_per_failure = RECOVERY_S.get(strategy, RECOVERY_S["oobleck"]) + step_s / 2
+    lost_per_failure = recovery_s + step_s / 2
     return 1.0 / (1.0 + lam * lost_per_failure)
 
 

@@ -36,6 +36,7 @@ class BambooStrategy:
     decision = "takeover"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+    recovery_s = 10.0 + 5.0  # the takeover, then detection
     batches_joiners = False  # a joiner fills a taken-over slot
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:

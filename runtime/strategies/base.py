@@ -26,6 +26,10 @@ class Strategy(Protocol):
     falls_back_to_checkpoint: bool
     """True: when a change loses every copy of some layer (all holders of a stage at once), the job
     restarts from the last complete checkpoint instead of failing (`membership.make_plan`)."""
+    recovery_s: float
+    """Seconds of progress a preemption costs beyond the step in flight (reaction + detection), as the
+    planner prices it (`runtime.planner.search.goodput_fraction`); checkpoint also loses the work since
+    its last checkpoint, which the planner adds itself."""
     batches_joiners: bool
     """True: a regroup costs this strategy a restart or a re-instantiation (tens of seconds), so
     joiners that find an empty slot wait for a batch worth it (`membership.joiners_worth_a_regroup`);

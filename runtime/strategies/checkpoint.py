@@ -19,6 +19,7 @@ class CheckpointStrategy:
     decision = "restart"
     restarts_from_checkpoint = True
     falls_back_to_checkpoint = False  # it always restarts from one
+    recovery_s = 120.0 + 5.0  # a restart from the checkpoint, then detection
     batches_joiners = True  # every regroup is a restart from the checkpoint
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:

@@ -14,6 +14,7 @@ class NoneStrategy:
     decision = "restart"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = False
+    recovery_s = 30.0 + 5.0  # no recovery of its own: the planner prices a loss as a re-instantiation
     batches_joiners = False  # it never runs with an empty slot
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:

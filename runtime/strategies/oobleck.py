@@ -31,6 +31,7 @@ class OobleckStrategy:
     decision = "reinstantiate"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+    recovery_s = 30.0 + 5.0  # re-instantiating the pipelines, then detection
     batches_joiners = True  # every regroup re-instantiates the pipelines
 
     def layout_for(self, config: JobConfig, slots: Slots) -> Layout:

@@ -47,6 +47,7 @@ class RecycleStrategy:
     decision = "reroute"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+    recovery_s = 2.0 + 5.0  # re-routing the micro-batches, then detection
     batches_joiners = False  # a joiner fills a hole with a switch
 
     def __init__(self, costs: LinkCosts | None = None) -> None:

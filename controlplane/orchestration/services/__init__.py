@@ -52,7 +52,6 @@ from controlplane.orchestration.services.generations import (
 )
 from controlplane.orchestration.services.job_end import (
     FINISH_GRACE,
-    WORKER_EXIT_JOB_FAILED,
     job_fail,
     job_fail_if_stalled,
     job_finish,
@@ -78,7 +77,6 @@ __all__ = [
     "ENROLL_TIMEOUT",
     "FINISH_GRACE",
     "LAUNCH_STALE_AFTER",
-    "WORKER_EXIT_JOB_FAILED",
     "acquisition_attach",
     "acquisition_enroll_key",
     "acquisition_from_enroll_key",

@@ -13,17 +13,11 @@ from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
 from controlplane.tunables import tunable
+from runtime.worker_exits import EXIT_FENCED, EXIT_JOB_FAILED, NOT_CRASHES
 
 # After the last step, how long to wait for the members' workers to exit on their own (they save
 # their final state) before the job is declared finished and its nodes released anyway.
 FINISH_GRACE = timedelta(seconds=30)
-# Exit code of an agent's worker whose runtime found that the job cannot go on
-# (agent.worker_entry.EXIT_JOB_FAILED; the control plane does not import the agent).
-WORKER_EXIT_JOB_FAILED = 4
-# Exit code of a worker the job dropped (agent.worker_entry.EXIT_FENCED): the runtime's doing, not a crash.
-WORKER_EXIT_FENCED = 3
-NOT_CRASHES = frozenset({0, WORKER_EXIT_JOB_FAILED, WORKER_EXIT_FENCED})
-"""Worker exit codes that are not a crash of the job's code (a preempted node's worker reports no exit)."""
 RUN_STARTS = ("submitted", "resumed")
 """Timeline kinds a run of the job starts at: its limits count from the newest."""
 
@@ -78,9 +72,9 @@ def worker_exit_report(*, instance: Instance, code: int | None, reason: str, gen
     the job fails `user_error` with the exit code and the log's last lines. Returns True when the
     job was failed."""
     job = instance.job
-    if job is None or code is None or code in (0, WORKER_EXIT_FENCED):
+    if job is None or code is None or code in (0, EXIT_FENCED):
         return False
-    if code == WORKER_EXIT_JOB_FAILED:
+    if code == EXIT_JOB_FAILED:
         return job_fail(job=job, reason=f"runtime cannot continue: {reason or 'no reason given'}",
                         end_reason=EndReason.NO_CHECKPOINT, data={"instance": instance.pk, "generation": generation})
     crashes = job_crashes(job)
