@@ -9,7 +9,7 @@ runtime's schedule with communication).
 Two caches make a trace of thousands of events cheap:
 
 * **state -> step.** Pipelines are interchangeable, so a state is canonicalised before planning:
-  rows (pipelines) sorted by their pattern of live slots (not for recycle, see `RELABEL_FREE`),
+  rows (pipelines) sorted by their pattern of live slots (not for recycle, see `canonical`),
   nodes renumbered by slot. Checkpoint and
   oobleck plan from the number of live nodes only (`alive_nodes` in slot order), so their key is
   that count; bamboo runs each pipeline on its own row, so (no row empty) its key is the set of
@@ -38,40 +38,30 @@ from runtime.planner.throughput import CostModel
 from runtime.strategies import get_strategy
 from runtime.strategies.links import stated_by_cost_models
 
-SCHEDULE = {"checkpoint": "1f1b", "bamboo": "1f1b", "oobleck": "1f1b", "recycle": "fiw"}
-"""The schedule each strategy runs in the simulator (recycle's re-routed work fits F-I-W's bubbles)."""
-
 Pattern = tuple[tuple[bool, ...], ...]
 """Per pipeline row of the slot grid, which stages still hold a node."""
 
-COUNT_KEYED = frozenset({"checkpoint", "oobleck"})
-"""Strategies whose plan depends only on how many nodes are live (they re-chunk `alive_nodes`)."""
 
-
-ROW_SEPARABLE = frozenset({"bamboo"})
-"""Strategies whose plan runs every pipeline on its own row of slots (bamboo's takeover stays in
-the pipeline), so while no row is empty the plan's groups are its distinct rows: the step depends
-only on which row patterns occur and how many rows there are."""
-
-
-RELABEL_FREE = frozenset({"bamboo", "checkpoint", "oobleck"})
-"""Strategies whose plan's step does not depend on which pipeline holds which row. Not recycle:
-spill breaks ties by pipeline (a later pipeline's node hosts first), so reordering rows can move a
-hop (0.02% of a step in the cache test); recycle states are keyed exactly."""
+def schedule_of(strategy: str) -> str:
+    """The schedule `strategy` runs in the simulator (`Strategy.simulated_schedule`)."""
+    return get_strategy(strategy).simulated_schedule
 
 
 def _separable(strategy: str, pattern: Pattern) -> bool:
-    return strategy in ROW_SEPARABLE and all(map(any, pattern))
+    return get_strategy(strategy).plans_per_row and all(map(any, pattern))
 
 
 def canonical(strategy: str, pattern: Pattern) -> tuple:
-    """The cache key of a state: the live-node count for count-keyed strategies, the set of
-    distinct rows for row-separable ones, else the rows sorted (pipelines are interchangeable)."""
-    if strategy in COUNT_KEYED:
+    """The cache key of a state (the strategy's own traits, `runtime.strategies.base.Strategy`): the
+    live-node count when it plans from the count, the set of distinct rows when it plans per row,
+    the rows sorted when its rows are interchangeable, else the state itself (recycle: spill breaks
+    ties by pipeline, so reordering rows can move a hop, 0.02% of a step in the cache test)."""
+    traits = get_strategy(strategy)
+    if traits.plans_from_count:
         return (len(pattern), len(pattern[0]) if pattern else 0, sum(map(sum, pattern)))
     if _separable(strategy, pattern):
         return (len(pattern), tuple(sorted(set(pattern))))
-    if strategy in RELABEL_FREE:
+    if traits.rows_interchangeable:
         return tuple(sorted(pattern))
     return pattern
 
@@ -79,7 +69,7 @@ def canonical(strategy: str, pattern: Pattern) -> tuple:
 def representative(strategy: str, pattern: Pattern) -> Pattern:
     """The state planned for `pattern`'s key: the rows sorted; for a row-separable strategy each
     distinct row once and the first repeated to the same number of rows (same groups, same step)."""
-    rows = sorted(pattern) if strategy in RELABEL_FREE else list(pattern)
+    rows = sorted(pattern) if get_strategy(strategy).rows_interchangeable else list(pattern)
     if _separable(strategy, pattern):
         distinct = sorted(set(pattern))
         rows = distinct + [distinct[0]] * (len(pattern) - len(distinct))
@@ -134,7 +124,7 @@ class PlanSteps:
             microbatches=per_pipe,
             global_batch=pipelines * per_pipe,
             strategy=strategy,
-            schedule=SCHEDULE[strategy],
+            schedule=schedule_of(strategy),
             # What a worker of this job states: its layers' device time (seconds per micro-batch) and
             # the links' bandwidth, from which recycle prices a spill host's traffic as it would.
             **stated_by_cost_models([self.cost]),
@@ -170,7 +160,7 @@ class PlanSteps:
                 layout = self.layout(strategy, pattern)
             except LayoutError:
                 return float("inf")
-            return self.layout_step(layout, SCHEDULE[strategy])
+            return self.layout_step(layout, schedule_of(strategy))
 
     def layout_step(self, layout: Layout, schedule: str) -> float:
         """The longest group's step; each distinct group replayed once (see the module notes)."""
@@ -195,4 +185,4 @@ class PlanSteps:
             layout = self.layout(strategy, pattern)
         except LayoutError:
             return float("inf")
-        return self.cost.step_time(layout, schedule=SCHEDULE[strategy])
+        return self.cost.step_time(layout, schedule=schedule_of(strategy))

@@ -36,6 +36,10 @@ class BambooStrategy:
     decision = "takeover"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+    simulated_schedule = "1f1b"
+    plans_from_count = False
+    plans_per_row = True  # the takeover stays in the pipeline
+    rows_interchangeable = True
     recovery_s = 10.0 + 5.0  # the takeover, then detection
     batches_joiners = False  # a joiner fills a taken-over slot
 

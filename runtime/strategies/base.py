@@ -26,6 +26,17 @@ class Strategy(Protocol):
     falls_back_to_checkpoint: bool
     """True: when a change loses every copy of some layer (all holders of a stage at once), the job
     restarts from the last complete checkpoint instead of failing (`membership.make_plan`)."""
+    simulated_schedule: str
+    """The schedule the simulator runs it with (`runtime/sim/plans.py`)."""
+    plans_from_count: bool
+    """Its layout depends only on how many nodes are live (it re-chunks `alive_nodes`): the simulator
+    keys its plans by that count."""
+    plans_per_row: bool
+    """Its layout runs every pipeline on its own row of slots, so while no row is empty the layout's
+    groups are its distinct rows: the simulator keys its plans by the row patterns that occur."""
+    rows_interchangeable: bool
+    """Its layout's step does not depend on which pipeline holds which row: the simulator plans a
+    state with its rows sorted."""
     recovery_s: float
     """Seconds of progress a preemption costs beyond the step in flight (reaction + detection), as the
     planner prices it (`runtime.planner.search.goodput_fraction`); checkpoint also loses the work since

@@ -19,6 +19,10 @@ class CheckpointStrategy:
     decision = "restart"
     restarts_from_checkpoint = True
     falls_back_to_checkpoint = False  # it always restarts from one
+    simulated_schedule = "1f1b"
+    plans_from_count = True
+    plans_per_row = False
+    rows_interchangeable = True
     recovery_s = 120.0 + 5.0  # a restart from the checkpoint, then detection
     batches_joiners = True  # every regroup is a restart from the checkpoint
 

@@ -14,6 +14,10 @@ class NoneStrategy:
     decision = "restart"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = False
+    simulated_schedule = "1f1b"
+    plans_from_count = False
+    plans_per_row = False
+    rows_interchangeable = False
     recovery_s = 30.0 + 5.0  # no recovery of its own: the planner prices a loss as a re-instantiation
     batches_joiners = False  # it never runs with an empty slot
 

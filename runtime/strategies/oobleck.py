@@ -31,6 +31,10 @@ class OobleckStrategy:
     decision = "reinstantiate"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+    simulated_schedule = "1f1b"
+    plans_from_count = True
+    plans_per_row = False
+    rows_interchangeable = True
     recovery_s = 30.0 + 5.0  # re-instantiating the pipelines, then detection
     batches_joiners = True  # every regroup re-instantiates the pipelines
 

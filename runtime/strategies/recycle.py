@@ -47,6 +47,10 @@ class RecycleStrategy:
     decision = "reroute"
     restarts_from_checkpoint = False
     falls_back_to_checkpoint = True
+    simulated_schedule = "fiw"  # re-routed work fits F-I-W's bubbles
+    plans_from_count = False
+    plans_per_row = False
+    rows_interchangeable = False  # spill breaks ties by pipeline (a later one's node hosts first): states keyed exactly
     recovery_s = 2.0 + 5.0  # re-routing the micro-batches, then detection
     batches_joiners = False  # a joiner fills a hole with a switch
 

@@ -13,7 +13,7 @@ from runtime.config import LayoutError, ModelSpec
 from runtime.planner.throughput import CostModel
 from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
-from runtime.sim.plans import SCHEDULE, PlanSteps
+from runtime.sim.plans import PlanSteps, schedule_of
 from runtime.sim.synthetic import synthetic_trace
 from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent, load_trace
 
@@ -152,7 +152,7 @@ def test_cached_plan_lengths_equal_uncached(strategy):
             except LayoutError:  # no plan: the cache must say so too
                 assert cached.step(strategy, pattern) == math.inf
                 continue
-            want = fresh.layout_step(layout, SCHEDULE[strategy])
+            want = fresh.layout_step(layout, schedule_of(strategy))
             assert cached.step(strategy, pattern) == pytest.approx(want, rel=1e-12), (dp, pp, pattern)
             assert cached.step(strategy, pattern) == pytest.approx(want, rel=1e-12)  # and again, from the cache
 
@@ -168,7 +168,7 @@ def test_grouped_step_equals_whole_replay(strategy, tolerance):
         whole = model.plans.exact_step(strategy, pattern)
         if whole == math.inf:
             continue
-        grouped = model.plans.layout_step(model.plans.layout(strategy, pattern), SCHEDULE[strategy])
+        grouped = model.plans.layout_step(model.plans.layout(strategy, pattern), schedule_of(strategy))
         assert grouped == pytest.approx(whole, rel=tolerance)
         assert grouped <= whole * (1 + 1e-9)
 
