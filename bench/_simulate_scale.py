@@ -18,7 +18,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
 from runtime.config import ModelSpec
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.synthetic import synthetic_trace

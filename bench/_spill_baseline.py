@@ -20,17 +20,7 @@ def baseline_layout_for(config: JobConfig, slots: Slots) -> Layout:
     peers = [[n for row in slots if (n := row[s]) is not None] for s in range(config.pp)]
     if config.recycle_spill and lost:
         return spill_by_schedule_search(config, base, routes, lost, peers, alive_nodes(slots))
-    return _layout(base, routes)
-
-
-def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list[int] | None = None) -> Layout:
-    return Layout(
-        num_layers=base.num_layers,
-        stages=base.stages,
-        routes=tuple(tuple(r) for r in routes),
-        pipeline_of=tuple(pipeline_of) if pipeline_of is not None else base.pipeline_of,
-        microbatch_size=base.microbatch_size,
-    )
+    return base.with_routes(routes)
 
 
 def spill_by_schedule_search(
@@ -60,7 +50,7 @@ def spill_by_schedule_search(
     def length(trial: list[list[tuple[int, int]]]) -> float:
         # Micro-batches with a hop not placed yet are left out of the estimate.
         kept = [i for i, r in enumerate(trial) if all(n >= 0 for _, n in r)]
-        layout = _layout(base, [trial[i] for i in kept], [base.pipeline_of[i] for i in kept])
+        layout = base.with_routes([trial[i] for i in kept], [base.pipeline_of[i] for i in kept])
         return round(schedule_length(layout, config.schedule, durations), 9)
 
     def place(m: int, h: int) -> None:
@@ -85,4 +75,4 @@ def spill_by_schedule_search(
     for _ in range(2):
         for m, h in lost:
             place(m, h)
-    return _layout(base, routes)
+    return base.with_routes(routes)

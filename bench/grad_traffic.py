@@ -18,7 +18,7 @@ import torch.distributed as dist
 from runtime.config import JobConfig, ModelSpec
 from runtime.distributed.comm import Comm
 from runtime.distributed.grad_order import RunSum, grad_plan, home_pipelines
-from runtime.parallel.layout import initial_layout
+from runtime.strategies import initial_layout
 
 LAYER_NUMEL = (40_000, 25_000)
 """Two layers of one stage (float32: 260 kB of gradient): big enough that headers do not count."""

@@ -17,10 +17,10 @@ from pathlib import Path
 from bench import _simulate_scale as scale_section
 from bench.report import Progress, print_table
 from runtime.config import ModelSpec
+from runtime.parallel.throughput import CostModel, Network
 from runtime.planner.catalog import instance_types
 from runtime.planner.predictor import default_predictor
 from runtime.planner.profile import DeviceSpec
-from runtime.planner.throughput import CostModel, Network
 from runtime.sim.engine import (
     STORAGE_GBPS,
     STRATEGIES,

@@ -181,7 +181,7 @@ def plain_run(tokens: Path, *, dp: int, pp: int, microbatches: int, global_batch
     import torch.distributed as dist
 
     from runtime.config import JobConfig, model_preset
-    from runtime.parallel.layout import initial_layout
+    from runtime.strategies import initial_layout
 
     config = JobConfig(model=model_preset("gpt-nano"), dp=dp, pp=pp, microbatches=microbatches,
                        global_batch=global_batch, strategy="none", steps=steps)

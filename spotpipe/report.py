@@ -61,10 +61,10 @@ def simulate_comparison(trace: Trace, *, strategy: str, dp: int, pp: int, instan
     runtime's own schedules (`runtime.sim`), the GPT above profiled for `instance_type` by the
     planner's predictor, and the market's price for it."""
     from runtime.config import ModelSpec
+    from runtime.parallel.throughput import CostModel, Network
     from runtime.planner.catalog import instance_types
     from runtime.planner.predictor import default_predictor
     from runtime.planner.profile import DeviceSpec
-    from runtime.planner.throughput import CostModel, Network
     from runtime.sim.engine import SimParams, checkpoint_write_s, simulate
     from runtime.sim.iteration import IterationModel
     from runtime.sim.prices import PriceSeries

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from runtime.config import JobConfig
-from runtime.parallel.layout import Layout, initial_layout
+from runtime.parallel.layout import Layout
+from runtime.strategies import initial_layout
 
 Unit = tuple[int, int]
 """(home pipeline, first micro-batch of the unit): sorting units sorts them in summation order."""

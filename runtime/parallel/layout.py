@@ -8,6 +8,7 @@ counts; bamboo adds *replicas*, stages a node keeps in sync without running them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,19 @@ class Layout:
     """(stage, node): a redundant copy of the stage that the node keeps up to date (bamboo)."""
     standby: tuple[int, ...] = ()
     """Members that hold no work in this generation (spares waiting for a hole to fill)."""
+
+    def with_routes(self, routes: Iterable[Iterable[Hop]], pipeline_of: Iterable[int] | None = None, *,
+                    replicas: Iterable[Hop] = ()) -> Layout:
+        """These stages with other routes (a strategy re-routing micro-batches around lost nodes): the
+        same layers, stages and micro-batch size, `pipeline_of` kept unless given, no standby."""
+        return Layout(
+            num_layers=self.num_layers,
+            stages=self.stages,
+            routes=tuple(tuple(r) for r in routes),
+            pipeline_of=tuple(pipeline_of) if pipeline_of is not None else self.pipeline_of,
+            microbatch_size=self.microbatch_size,
+            replicas=tuple(replicas),
+        )
 
     # -- derived views ------------------------------------------------------------------------
     @property
@@ -210,10 +224,3 @@ def pipelines_layout(
     )
     layout.validate()
     return layout
-
-
-def initial_layout(config: JobConfig) -> Layout:
-    """The failure-free layout of a job under its strategy (see `runtime.strategies`)."""
-    from runtime.strategies import initial_layout as for_strategy
-
-    return for_strategy(config)

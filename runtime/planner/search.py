@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import AUTO_STRATEGY, ModelSpec, resolve_strategy
 from runtime.parallel.layout import split_microbatches
+from runtime.parallel.throughput import CostModel, Network
 from runtime.planner.catalog import InstanceSpec, instance_types
 from runtime.planner.predictor import ProfilePredictor, default_predictor
 from runtime.planner.profile import BYTES_PER_PARAM_TRAINING, DeviceSpec, ModelProfile, ProfileStore
-from runtime.planner.throughput import CostModel, Network
 from runtime.strategies import get_strategy
 
 MEMORY_HEADROOM = 0.9

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from runtime.config import DeviceTime, JobConfig, ModelSpec
 from runtime.parallel.layout import pipelines_layout
-from runtime.planner.throughput import CostModel, Network
+from runtime.parallel.throughput import CostModel, Network
 
 
 @dataclass(frozen=True, slots=True)

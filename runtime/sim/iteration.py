@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.config import LayoutError, ModelSpec
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 from runtime.sim.plans import Pattern, PlanSteps
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import ScheduleError, independent_parts
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 from runtime.strategies import get_strategy
 from runtime.strategies.links import stated_by_cost_models
 

@@ -67,13 +67,6 @@ class BambooStrategy:
                 nxt = (s + 1) % config.pp
                 if own[nxt] != own[s] and (nxt, own[s]) not in replicas:
                     replicas.append((nxt, own[s]))
-        layout = Layout(
-            num_layers=base.num_layers,
-            stages=base.stages,
-            routes=tuple(routes),
-            pipeline_of=tuple(pipeline_of),
-            microbatch_size=base.microbatch_size,
-            replicas=tuple(replicas),
-        )
+        layout = base.with_routes(routes, pipeline_of, replicas=replicas)
         layout.validate()
         return layout

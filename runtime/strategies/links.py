@@ -4,16 +4,18 @@ Spill (`runtime.strategies.spill`) charges a host that takes on a stage it does 
 stage's gradient all-reduce (`LinkCosts.stage_join_times`), in seconds next to the compute it
 saves. Every survivor plans alone and must reach the same plan, so the inputs are the config's, not
 a measurement: the bandwidth it states (`JobConfig.link_gbps`), each layer's parameter bytes (the
-built-in models' shapes, `ModelSpec.layer_parameters`; float32 gradients, as the runtime reduces
-them) and each layer's device time (the emulated `device_time`, else `layer_costs`, measured or the planner's,
-seconds of forward + backward per micro-batch split evenly over F, I and W). The costs are a
-`runtime.planner.throughput.CostModel` (the model that prices the simulator's steps), so the
+built-in models' shapes, or a user's model's measures, `ModelSpec.layer_parameters`; float32
+gradients, as the runtime reduces them) and each layer's device time (the emulated `device_time`,
+else `layer_costs`, measured or the planner's, seconds of forward + backward per micro-batch split
+evenly over F, I and W). The costs are a
+`runtime.parallel.throughput.CostModel` (the model that prices the simulator's steps), so the
 join's formula has one owner; the simulator, the planner and the benchmarks get the runtime's
 placement by calling `layout_for` with the job's config.
 
 No link costs (spill scores compute only, as before 2026-11-27) when the job states no bandwidth
 (`link_gbps=0`), has no time scale to set traffic against (neither `device_time` nor
-`layer_costs`), or runs a user's model (its shapes are known only to its code).
+`layer_costs`), or runs a user's model that was not measured (no `model.layer_measures`: its shapes
+are known only to its code).
 
 What a job priced by a cost model states (`stated_by_cost_models`) is written here once: the
 simulator's jobs (`runtime.sim.plans`) and the jobs the control plane plans itself
@@ -28,7 +30,7 @@ import math
 from collections.abc import Sequence
 
 from runtime.config import JobConfig
-from runtime.planner.throughput import CostModel, Network
+from runtime.parallel.throughput import CostModel, Network
 from runtime.strategies.spill import LinkCosts
 
 GRADIENT_BYTES_PER_PARAMETER = 4

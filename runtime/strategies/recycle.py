@@ -62,7 +62,7 @@ class RecycleStrategy:
         if config.recycle_spill and lost:
             costs = self.costs if self.costs is not None else link_costs(config)
             return _spill(config, base, routes, lost, slots, costs)
-        return _layout(base, routes)
+        return base.with_routes(routes)
 
 
 def peer_routes(config: JobConfig, slots: Slots) -> tuple[Layout, Routes, list[tuple[int, int]]]:
@@ -108,16 +108,6 @@ def peer_routes(config: JobConfig, slots: Slots) -> tuple[Layout, Routes, list[t
     return base, routes, lost
 
 
-def _layout(base: Layout, routes: list[list[tuple[int, int]]], pipeline_of: list[int] | None = None) -> Layout:
-    return Layout(
-        num_layers=base.num_layers,
-        stages=base.stages,
-        routes=tuple(tuple(r) for r in routes),
-        pipeline_of=tuple(pipeline_of) if pipeline_of is not None else base.pipeline_of,
-        microbatch_size=base.microbatch_size,
-    )
-
-
 def _spill(
     config: JobConfig,
     base: Layout,
@@ -133,8 +123,8 @@ def _spill(
         holders = {s: sum(row[s] is not None for row in slots) for s in range(len(base.stages))}
         durations = costs.stage_compute(base.stages)
         join = costs.stage_join_times(base.stages, holders)
-        return _layout(base, place_lost_hops(base, routes, lost, slots, durations, config.schedule, join))
+        return base.with_routes(place_lost_hops(base, routes, lost, slots, durations, config.schedule, join))
     dt = config.device_time
     per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
     durations = stage_durations(base, [per_layer] * base.num_layers)
-    return _layout(base, place_lost_hops(base, routes, lost, slots, durations, config.schedule))
+    return base.with_routes(place_lost_hops(base, routes, lost, slots, durations, config.schedule))

@@ -68,7 +68,7 @@ def exact_budget(whole_layout_tasks: int) -> int:
 
 class LinkCosts(Protocol):
     """Seconds of compute and of a stage's join, from the cost model that prices the step
-    (`runtime.planner.throughput.CostModel`), so spill's score and the step have one owner."""
+    (`runtime.parallel.throughput.CostModel`), so spill's score and the step have one owner."""
 
     def stage_compute(self, stages: tuple[tuple[int, int], ...]) -> Durations:
         """Stage id -> (F, I, W) seconds of one micro-batch."""
@@ -98,7 +98,7 @@ def place_lost_hops(
 
     `join` (stage -> time, in the unit of `durations`): what a host that does not hold a stage pays
     once for taking it on, beyond the compute: its share of that stage's gradient all-reduce and
-    optimizer update at the end of the step (`runtime.planner.throughput.CostModel.stage_join_times`,
+    optimizer update at the end of the step (`runtime.parallel.throughput.CostModel.stage_join_times`,
     the simulator's own cost model). None: compute only (unit costs, or no network model)."""
     job = _Job(base, routes, lost, slots, durations, schedule, join or {})
     first = job.by_load(head=True)
@@ -284,15 +284,7 @@ class _Exact:
             else:
                 routes.append(tuple(route))
                 pipes.append(job.base.pipeline_of[m])
-        base = job.base
-        layout = Layout(
-            num_layers=base.num_layers,
-            stages=base.stages,
-            routes=tuple(routes),
-            pipeline_of=tuple(pipes),
-            microbatch_size=base.microbatch_size,
-        )
-        return set(independent_parts(layout))
+        return set(independent_parts(job.base.with_routes(routes, pipes)))
 
     def cost(self, groups: set[Layout]) -> int:
         """List-schedule tasks of the groups not scheduled yet in this plan."""

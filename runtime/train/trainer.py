@@ -42,10 +42,10 @@ from runtime.distributed.coordinator import Coordinator, Heartbeat, connect, wai
 from runtime.distributed.membership import Plan, initial_plan, joiners_worth_a_regroup, make_plan
 from runtime.models.model import build_layer
 from runtime.parallel.device import DeviceUnavailable, Staging, resolve_device, use_device
-from runtime.parallel.executor import Executor
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import build_schedule, forward_schedule, schedule_length, stage_durations
 from runtime.strategies import get_strategy
+from runtime.train.executor import Executor
 from runtime.train.loss_scale import loss_scale_at
 from runtime.train.optim import LayerState, held_bytes
 from runtime.train.reference import named_parameters

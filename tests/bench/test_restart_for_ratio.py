@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.simulate import RESTART_SEARCH_MAX_S, checkpoint_rate_with_restart, restart_for_ratio
 from runtime.config import ModelSpec
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 from runtime.sim.engine import SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.synthetic import synthetic_trace

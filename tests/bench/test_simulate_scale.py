@@ -7,7 +7,7 @@ import os
 
 from bench import _simulate_scale as scale
 from runtime.config import ModelSpec
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 from runtime.sim.engine import SimParams
 
 SPEC = ModelSpec(kind="mlp", n_layer=6, n_embd=8)  # 8 layers: one per stage of the 125 x 8 fleet

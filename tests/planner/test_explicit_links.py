@@ -13,8 +13,8 @@ from django.utils import timezone
 from controlplane.jobs.services import job_submit
 from controlplane.planning.services import _planner
 from runtime.config import JobConfig
+from runtime.parallel.throughput import CostModel
 from runtime.planner.catalog import instance_types
-from runtime.planner.throughput import CostModel
 from runtime.strategies.links import link_costs
 from tests.controlplane.factories import make_team
 

@@ -19,9 +19,9 @@ from controlplane.planning.services import _planner
 from runtime.config import JobConfig
 from runtime.distributed.membership import plan_for_fleet
 from runtime.parallel.layout import Layout, pipelines_layout
+from runtime.parallel.throughput import CostModel
 from runtime.planner.catalog import instance_types
 from runtime.planner.search import default_microbatch_size
-from runtime.planner.throughput import CostModel
 from runtime.strategies.base import full_slots
 from runtime.strategies.links import link_costs
 from runtime.strategies.recycle import RecycleStrategy

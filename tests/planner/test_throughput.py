@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import ModelSpec
-from runtime.planner.throughput import CostModel, Network, allreduce_time
+from runtime.parallel.throughput import CostModel, Network, allreduce_time
 
 SPEC = ModelSpec(kind="mlp", n_layer=6, n_embd=8)  # 8 layers
 

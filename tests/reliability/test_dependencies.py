@@ -155,7 +155,7 @@ def test_dropped_packages_are_not_required(dropped: str) -> None:
 # The runtime modules the control plane, the planner and the simulator use without torch (the
 # control plane's web and Celery processes never load it: tests/controlplane/test_process_imports.py).
 # A runtime package's __init__ imports nothing, so these load even where their package also holds
-# torch modules (runtime.parallel.executor, runtime.distributed.comm, ...): docs/runtime.md, "Modules".
+# torch modules (runtime.train.executor, runtime.distributed.comm, ...): docs/runtime.md, "Modules".
 TORCH_FREE = (
     "runtime.config", "runtime.strategies", "runtime.parallel.layout", "runtime.parallel.partition",
     "runtime.parallel.schedule", "runtime.distributed.membership", "runtime.checkpointing.durability",

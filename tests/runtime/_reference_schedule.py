@@ -28,7 +28,7 @@ from runtime.parallel.schedule import (
     simulate,
     stage_durations,
 )
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 
 
 @dataclass(slots=True)

@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from runtime.distributed.comm import Comm, PeerAborted
 from runtime.models.model import build_layer
-from runtime.parallel.executor import Executor
-from runtime.parallel.layout import initial_layout
 from runtime.parallel.schedule import ALL_REDUCE, RECV_GRAD, SEND_ACT, build_schedule
+from runtime.strategies import initial_layout
+from runtime.train.executor import Executor
 from runtime.train.optim import LayerState, norm_needed
 from tests.runtime.conftest import gloo_pair, small_config
 

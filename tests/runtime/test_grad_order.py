@@ -18,8 +18,8 @@ from runtime.distributed.grad_order import (
     home_pipelines,
     runs_in_order,
 )
-from runtime.parallel.layout import Layout, initial_layout
-from runtime.strategies import get_strategy
+from runtime.parallel.layout import Layout
+from runtime.strategies import get_strategy, initial_layout
 from tests.runtime.conftest import small_config
 
 LAYER_SHAPES = {0: [(3, 2), (3,)], 1: [(2, 2)], 2: [(2,)], 3: [(2, 3), (2,)]}

@@ -8,7 +8,7 @@ import pytest
 
 from runtime.config import JobConfig, ModelSpec
 from runtime.models.model import build_layer
-from runtime.parallel.layout import initial_layout
+from runtime.strategies import initial_layout
 from runtime.train.launcher import run_local
 
 MODEL = ModelSpec(kind="gpt", n_layer=6, n_embd=128, n_head=4, seq_len=16, vocab_size=4096)

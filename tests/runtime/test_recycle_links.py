@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from runtime.config import DeviceTime, JobConfig, LayoutError, ModelSpec
+from runtime.config import DeviceTime, JobConfig, LayerMeasure, LayoutError, ModelSpec
 from runtime.distributed.membership import plan_for_fleet
 from runtime.parallel.layout import Layout
-from runtime.planner.throughput import CostModel, Network, allreduce_time
+from runtime.parallel.throughput import CostModel, Network, allreduce_time
 from runtime.sim.iteration import IterationModel
 from runtime.strategies import get_strategy
 from runtime.strategies.base import full_slots
@@ -63,13 +63,19 @@ def test_link_costs_price_a_join_as_the_stage_all_reduce_at_the_stated_bandwidth
     joins = costs.stage_join_times(stages, {0: 2, 1: 1})
     assert joins[1] == pytest.approx(allreduce_time(nbytes, 2, Network(bandwidth_gbps=4.0)))
     assert costs.stage_compute(stages)[1] == pytest.approx((0.010, 0.010, 0.010))  # 5 layers x 2 ms
-    # Nothing to price with: no bandwidth stated, no time scale, or a user's model (shapes unknown).
+    # Nothing to price with: no bandwidth stated, no time scale, or a user's model never measured.
     assert link_costs(dataclasses.replace(config, link_gbps=0.0)) is None
     assert link_costs(dataclasses.replace(config, device_time=None)) is None
     measured = dataclasses.replace(config, device_time=None, layer_costs=[0.03] * 8)
     assert measured_costs(measured).fiw == [pytest.approx((0.01, 0.01, 0.01))] * 8
     user = dataclasses.replace(config, model=ModelSpec(kind="py", path="pkg.mod:fn", layers=8))
     assert link_costs(user) is None
+    # Measured (`layer_measures`, as spotpipe submit records them), its parameters price the joins.
+    measures = [LayerMeasure(parameters=100 * (i + 1), forward_flops=1.0, activation_bytes=1.0, output_bytes=1.0)
+                for i in range(8)]
+    measured_user = dataclasses.replace(user, model=ModelSpec(kind="py", path="pkg.mod:fn", layers=8,
+                                                             layer_measures=measures))
+    assert link_costs(measured_user).param_bytes == [400.0 * (i + 1) for i in range(8)]
 
 
 def measured_costs(config: JobConfig) -> CostModel:

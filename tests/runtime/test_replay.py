@@ -15,7 +15,7 @@ from runtime.parallel.schedule import (
     stage_durations,
     step_end,
 )
-from runtime.planner.throughput import CostModel, Network
+from runtime.parallel.throughput import CostModel, Network
 from tests.runtime._reference_schedule import reference_build_schedule, reference_step_time
 from tests.runtime.test_list_schedule import random_layouts
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.parallel.layout import initial_layout, pipelines_layout, split_microbatches
+from runtime.parallel.layout import pipelines_layout, split_microbatches
 from runtime.parallel.partition import partition_layers
 from runtime.parallel.schedule import (
     COMPUTE,
@@ -21,6 +21,7 @@ from runtime.parallel.schedule import (
     simulate,
     validate_schedule,
 )
+from runtime.strategies import initial_layout
 
 pytestmark = pytest.mark.timeout(30)
 

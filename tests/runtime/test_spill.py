@@ -115,7 +115,7 @@ def test_spill_at_fleet_size_moves_only_lost_hops() -> None:
 def _costs(gbps: float):  # type: ignore[no-untyped-def]
     """A cost model of the p3 case's scale (GPT, 24 layers): about 10 ms of compute per layer and
     direction, 50 MB of parameters and 8 MB of activation per layer, at `gbps`."""
-    from runtime.planner.throughput import CostModel, Network
+    from runtime.parallel.throughput import CostModel, Network
 
     return CostModel(
         fiw=[(0.010, 0.010, 0.012)] * 24,

@@ -21,9 +21,9 @@ from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.distributed.membership import initial_plan, make_plan
 from runtime.models.model import build_layer
-from runtime.parallel.layout import Layout, initial_layout
+from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import action_duration, build_schedule, simulate, validate_schedule
-from runtime.strategies import get_strategy
+from runtime.strategies import get_strategy, initial_layout
 from runtime.strategies.base import full_slots
 from runtime.strategies.oobleck import pipeline_templates
 from runtime.train.launcher import faults_from_trace

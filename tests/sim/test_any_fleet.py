@@ -10,7 +10,7 @@ import random
 import pytest
 
 from runtime.config import LayoutError, ModelSpec
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import PlanSteps, schedule_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import ModelSpec
-from runtime.planner.throughput import CostModel
+from runtime.parallel.throughput import CostModel
 from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.prices import PriceSeries

@@ -125,7 +125,7 @@ def test_layers_without_parameters_join_a_neighbours_stage_and_keep_the_math(tmp
     measures = summary["config"]["model"]["layer_measures"]
     assert [m["parameters"] for m in measures] == [0, 112, 0, 272, 0, 34, 0]
     config = JobConfig.from_dict(summary["config"])
-    from runtime.parallel.layout import initial_layout
+    from runtime.strategies import initial_layout
 
     assert initial_layout(config).stages == ((0, 2), (2, 4), (4, 7))
     assert_reference(out_dir)
