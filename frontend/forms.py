@@ -95,8 +95,8 @@ class JobSubmitForm(forms.Form):
     source = forms.CharField(
         required=False, max_length=1000, label="Data source (FORMAT:LOCATION)",
         widget=forms.TextInput(attrs={"placeholder": "text:s3://bucket/corpus/ (empty: synthetic tokens)"}),
-        help_text="tokens:, text:, jsonl:PATH?field=NAME, hf:, wds: (WebDataset tars), shards: (prepared by "
-                  "spotpipe data prepare) or "
+        help_text="tokens:, text:, jsonl:PATH?field=NAME, hf:, wds: (WebDataset tars), mds: (MosaicML MDS), "
+                  "shards: (prepared by spotpipe data prepare) or "
                   "py:module:function; a path on the nodes, a glob or an s3:// URI",
     )
     tokenizer = forms.CharField(required=False, max_length=1000, initial=DEFAULT_TOKENIZER, label="Tokenizer",

@@ -338,7 +338,7 @@ def model_preset(name: str) -> ModelSpec:
 
 BYTE_VOCAB_SIZE = 256
 """Token ids of the built-in byte-level tokenizer: one per byte value."""
-TOKENIZED_FORMATS = ("text", "jsonl", "hf", "wds", "shards")
+TOKENIZED_FORMATS = ("text", "jsonl", "hf", "wds", "mds", "shards")
 """Source formats whose documents go through the job's tokenizer (`shards` went through it when
 they were prepared; `tokens` are ids already, `py` datasets give tensors): the model's vocabulary
 must cover the tokenizer's for these."""

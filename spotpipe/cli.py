@@ -158,10 +158,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="prepare a corpus once into shards; list or clear the data caches")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     prepare = data_sub.add_parser(
-        "prepare", help="tokenize a text, jsonl, hf or wds source once into shards + an index (a folder or s3://)",
+        "prepare", help="tokenize a text, jsonl, hf, wds or mds source once into shards + an index (a folder or s3://)",
         description="Tokenize SOURCE once into sharded token files and an index at --out, which jobs then read "
                     "with data.source = shards:OUT. Run it again to resume a prepare that was killed.")
-    prepare.add_argument("source", metavar="SOURCE", help="a text:, jsonl:, hf: or wds: source, as in data.source")
+    prepare.add_argument("source", metavar="SOURCE",
+                         help="a text:, jsonl:, hf:, wds: or mds: source, as in data.source")
     prepare.add_argument("--tokenizer", default="byte", help="byte (default) or a tokenizer.json path or s3:// URI")
     prepare.add_argument("--out", required=True, metavar="LOCATION", help="a folder or s3://bucket/prefix/")
     prepare.add_argument("--shard-bytes", type=int, help="largest shard (default 64 MiB)")

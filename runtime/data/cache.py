@@ -1,4 +1,4 @@
-"""The node cache of tokenized corpora: text-like sources (text, jsonl, hf, wds) are tokenized once per
+"""The node cache of tokenized corpora: text-like sources (text, jsonl, hf, wds, mds) are tokenized once per
 node into token files (the `tokens:` format) and every later open, by any rank or run, memory-maps
 them.
 

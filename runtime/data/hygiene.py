@@ -1,6 +1,6 @@
 """Sizes, limits and clearing of the node's data caches (`cache_root()`):
 
-- corpora: `tokens/<key>/` (tokenized text, jsonl, hf, wds sources: `runtime.data.cache`) and
+- corpora: `tokens/<key>/` (tokenized text, jsonl, hf, wds, mds sources: `runtime.data.cache`) and
   `s3/<hash>/` (mirrors of S3 locations: `runtime.data.s3`). After a source is opened, least
   recently used entries are deleted until the corpora fit in `data.cache_bytes`; the entries this
   process opened are kept, and if they alone exceed the limit the open fails, naming both sizes

@@ -1,4 +1,4 @@
-"""`spotpipe data prepare`: tokenize a text, jsonl, hf or wds source once into a prepared corpus
+"""`spotpipe data prepare`: tokenize a text, jsonl, hf, wds or mds source once into a prepared corpus
 (`runtime.data.prepared`), locally or on S3, so no node tokenizes or downloads the whole corpus.
 
 Work is cut into units, one per input file (per stream); each unit tokenizes its file's documents,
@@ -33,7 +33,7 @@ from runtime.data.location import Location, Missing, open_location
 from runtime.data.prepared import INDEX_NAME, PreparedIndex, Shard, pack_pages
 from runtime.data.uri import SourceURI, parse_source
 
-PREPARABLE = ("text", "jsonl", "hf", "wds")
+PREPARABLE = ("text", "jsonl", "hf", "wds", "mds")
 DEFAULT_SHARD_BYTES = 64 << 20
 DEFAULT_PAGE_BYTES = 64 << 10
 STARTED = "units/.started"
@@ -164,9 +164,10 @@ def _run_unit(job: PrepareJob, unit: Unit, path: Path) -> UnitResult:
 def plan_units(uri: SourceURI, cache_dir: Path) -> list[Unit]:
     """One unit per input file, streams in order (all; or train then val). The objects of an S3
     text, jsonl or wds source are listed, not mirrored: each unit downloads its own object, so the
-    preparing machine never holds the whole corpus (an hf source's splits are found in its mirror)."""
+    preparing machine never holds the whole corpus (a format with `LISTABLE = False` is mirrored:
+    an hf source's splits, an mds source's index, are found in the mirror)."""
     module = importlib.import_module(f"runtime.data.formats.{uri.format}")
-    if uri.is_s3 and uri.format != "hf":
+    if uri.is_s3 and getattr(module, "LISTABLE", True):
         return [Unit("all", number, url, size) for number, (url, size) in enumerate(_s3_files(uri, module))]
     units = []
     for stream, paths in module.stream_files(uri, cache_dir).items():

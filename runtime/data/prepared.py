@@ -81,7 +81,7 @@ class PreparedIndex:
     source: str
     """The source it was prepared from, as written."""
     source_format: str
-    """That source's format (text, jsonl, hf, wds)."""
+    """That source's format (text, jsonl, hf, wds, mds)."""
     tokenizer: str
     """The `data.tokenizer` it was prepared with."""
     tokenizer_identity: str

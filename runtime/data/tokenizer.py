@@ -1,4 +1,4 @@
-"""Tokenizers of text-like sources (text, jsonl, hf, wds): the built-in byte-level one and a Hugging Face
+"""Tokenizers of text-like sources (text, jsonl, hf, wds, mds): the built-in byte-level one and a Hugging Face
 `tokenizer.json`, behind one small interface.
 
 `identity` names what the token ids depend on, so the node cache (`runtime.data.cache`) keys a

@@ -15,13 +15,14 @@ from runtime.config import TOKEN_WINDOW_FORMATS, LayoutError
 
 DATA_FORMATS = (*TOKEN_WINDOW_FORMATS, "py")
 """Formats a source may name: nanoGPT token files, UTF-8 text, JSON Lines, Hugging Face `datasets`
-folders, WebDataset tars of text, a corpus prepared by `spotpipe data prepare` (shards), and a
+folders, WebDataset tars and MosaicML MDS shards of text, a corpus prepared by `spotpipe data prepare` (shards), and a
 user's map-style dataset by import path."""
 FORMAT_OPTIONS: dict[str, dict[str, str]] = {
     "tokens": {"dtype": "uint16"},
     "text": {},
     "jsonl": {"field": "text"},
     "wds": {"field": "txt"},
+    "mds": {"field": "text"},
     "hf": {"column": "text", "split": "train"},
     "py": {},
     "shards": {},

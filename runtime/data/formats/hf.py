@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # torch: not imported by `spotpipe data prepare`'s workers
     from runtime.data.dataset import Dataset
 
 DATA_SUFFIXES = (".arrow", ".parquet")
+LISTABLE = False
+"""`spotpipe data prepare` mirrors an S3 hf source (its splits are found in the folder) rather than
+handing each unit one object."""
 VAL_SPLITS = ("validation", "valid", "val", "test")
 
 

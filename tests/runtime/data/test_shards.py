@@ -195,7 +195,7 @@ def test_bad_locations_tokenizers_and_vocabularies(prepared, tmp_path, s3):
         open_dataset(DataSpec(source=f"shards:{prepared}"), small)
     with pytest.raises(DataError, match="bucket 'no-such-bucket-here' does not exist"):
         open_dataset(DataSpec(source="shards:s3://no-such-bucket-here/corpus/"), model)
-    with pytest.raises(DataError, match="only text, jsonl, hf, wds sources are prepared"):
+    with pytest.raises(DataError, match="only text, jsonl, hf, wds, mds sources are prepared"):
         prepare(f"tokens:{tmp_path}", tokenizer="byte", out=str(tmp_path / "x"))
     with pytest.raises(DataError, match="already holds a prepared corpus"):
         prepare(f"text:{tmp_path / 'corpus'}", tokenizer="byte", out=str(prepared))
