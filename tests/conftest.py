@@ -140,3 +140,21 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"reference data not found at {SHARED_DATA}; set SPOTPIPE_SHARED_DATA")
     return SHARED_DATA
+
+
+@pytest.fixture
+def submitted(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """`spotpipe submit` against no control plane: the bodies it would send, in order (the answer is
+    a queued job with an empty plan)."""
+    from spotpipe import commands
+
+    sent: list[dict] = []
+
+    class Client:
+        def submit(self, body: dict) -> dict:
+            sent.append(body)
+            return {"id": len(sent), "name": body.get("name", "x"), "status": "queued", "plan": {}}
+
+    monkeypatch.setattr(commands, "_client", Client)
+    monkeypatch.setattr(commands, "describe_plan", lambda plan: "")
+    return sent

@@ -91,20 +91,12 @@ def test_export_hf_of_a_model_it_cannot_write_is_one_message_before_anything_run
     assert not out_dir.exists()
 
 
-def test_export_and_tracking_in_a_job_file_are_sent_by_submit(tmp_path: Path, monkeypatch) -> None:
+def test_export_and_tracking_in_a_job_file_are_sent_by_submit(tmp_path: Path, submitted: list[dict]) -> None:
     """A job file's top-level `export` is the contract's `config.export` (the node that completes the
     export writes the format); written in both places differently, it is one error and nothing is sent."""
     from spotpipe import commands
 
-    sent = []
-
-    class Client:
-        def submit(self, body):
-            sent.append(body)
-            return {"id": 1, "name": "x", "status": "queued", "plan": {}}
-
-    monkeypatch.setattr(commands, "_client", Client)
-    monkeypatch.setattr(commands, "describe_plan", lambda plan: "")
+    sent = submitted
     path = _job_file(tmp_path)
     path.write_text('export = "hf"\ntracking = ["mlflow"]\n' + path.read_text())
     assert commands.submit(path, out=io.StringIO(), err=io.StringIO()) == 0

@@ -270,18 +270,10 @@ def test_validate_model_records_layers_and_costs() -> None:
         validate_model(config, profile=False)
 
 
-def test_submit_validates_here_and_sends_layers_and_costs(tmp_path: Path, monkeypatch) -> None:
+def test_submit_validates_here_and_sends_layers_and_costs(tmp_path: Path, submitted: list[dict]) -> None:
     from spotpipe import commands
 
-    sent = []
-
-    class Client:
-        def submit(self, body):
-            sent.append(body)
-            return {"id": 1, "name": "x", "status": "queued", "plan": {}}
-
-    monkeypatch.setattr(commands, "_client", Client)
-    monkeypatch.setattr(commands, "describe_plan", lambda plan: "")
+    sent = submitted
     (tmp_path / "job.toml").write_text(RESMLP_FILE)
     assert commands.submit(tmp_path / "job.toml") == 0
     assert sent[0]["config"]["model"]["layers"] == 4 and len(sent[0]["config"]["layer_costs"]) == 4
