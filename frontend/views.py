@@ -64,6 +64,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     spent = costs.job_costs_so_far(job_ids=[job.pk]).get(job.pk)
     return _page(request, "job_detail.html", "job", reverse("frontend:job-data", args=[job.pk]), job=job,
                  plan=job_plan_summary(job=job, cost_so_far=spent), artifacts=_artifacts(job),
+                 trackers=list(job.trackers.order_by("name")),
                  spend=job_spend(job=job, at=timezone.now()),
                  queue_position=queue_positions(team_id=job.team_id).get(job.pk) if job.status == "queued" else None)
 

@@ -17,7 +17,7 @@ from controlplane.jobs.models import JobTracker, Reconfiguration, TrainingJob
 from controlplane.jobs.services import job_record_metrics
 from controlplane.jobs.tasks import forward_tracking
 from controlplane.jobs.tracking import forward_open_trackers
-from tests.controlplane.api_helpers import make_team_world
+from tests.controlplane.api_helpers import make_team_world, token_client
 
 pytestmark = pytest.mark.django_db
 
@@ -88,6 +88,11 @@ def test_mlflow_gets_the_contract_each_step_once_and_the_outcome(world, mlflow_s
     tags = run.data.tags
     assert tags["weights"] == str(tmp_path / "artifacts" / f"job-{job.pk}") and tags["status"] == "finished"
     assert (tags["recoveries"], tags["recovery_lost_s"]) == ("1", "2.5")
+    # The job page names the run.
+    page = token_client()
+    page.force_login(world.member)
+    html = page.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="trackers-table"' in html and tracker.run_id in html and "closed" in html
 
 
 def test_wandb_offline_gets_a_run_resumed_by_id_each_round(world, monkeypatch, settings, tmp_path):
