@@ -164,7 +164,21 @@ def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
     weights = describe_weights(client, job)
     if weights:
         print(f"  {weights}", file=out)
+    for tracker in job.get("tracking") or []:
+        print(f"  {describe_tracker(tracker)}", file=out)
     return 0
+
+
+def describe_tracker(tracker: dict[str, Any]) -> str:
+    """One line: where a job's experiment tracker run is and how far the control plane logged it."""
+    if not tracker.get("run_id"):
+        state = "not opened yet (the control plane opens it with the job's first steps)"
+    else:
+        how = "closed" if tracker.get("ended") else "logging"
+        state = f"run {tracker.get('run_name') or ''} {tracker['run_id']} at {tracker.get('where') or '?'}, " \
+                f"{tracker.get('last_step', 0)} steps sent, {how}"
+    error = f"; last error: {tracker['error']}" if tracker.get("error") else ""
+    return f"tracking {tracker.get('name', '?')}: {state}{error}"
 
 
 def describe_spend(job: dict[str, Any]) -> str:

@@ -88,7 +88,14 @@ def test_mlflow_gets_the_contract_each_step_once_and_the_outcome(world, mlflow_s
     tags = run.data.tags
     assert tags["weights"] == str(tmp_path / "artifacts" / f"job-{job.pk}") and tags["status"] == "finished"
     assert (tags["recoveries"], tags["recovery_lost_s"]) == ("1", "2.5")
-    # The job page names the run.
+    # The API, `spotpipe status` and the job page name the run.
+    from spotpipe.commands import describe_tracker
+
+    shown = world.member_client.get(f"/api/v1/jobs/{job.pk}/").json()["tracking"]
+    assert [(t["name"], t["run_id"], t["last_step"], t["ended"]) for t in shown] == [
+        ("mlflow", tracker.run_id, 3, True)]
+    line = describe_tracker(shown[0])
+    assert line.startswith("tracking mlflow: run ") and tracker.run_id in line and "3 steps sent, closed" in line
     page = token_client()
     page.force_login(world.member)
     html = page.get(f"/jobs/{job.pk}/").content.decode()
