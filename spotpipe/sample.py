@@ -15,7 +15,14 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
     """Print `prompt` and `tokens` sampled tokens; 0 on success, 2 for a folder or options that cannot.
     `out`/`err` default to the streams of the call (a default bound at import could be a closed one)."""
     out, err = out or sys.stdout, err or sys.stderr
-    from runtime.checkpointing.export import ExportError, _local, load_model, model_of_info, read_info, spec_of_entry
+    from runtime.checkpointing.export import (
+        ExportError,
+        load_model,
+        local_folder,
+        model_of_info,
+        read_info,
+        spec_of_entry,
+    )
     from runtime.data.dataset import DataError
     from runtime.data.tokenizer import load_tokenizer
     from runtime.models.generate import sample
@@ -26,7 +33,7 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
               "at least 1 when given", file=err)
         return 2
     try:
-        local = _local(directory)
+        local = local_folder(directory)
         if is_hf_gpt2(local):  # `spotpipe train --export hf`'s folder: its own tokenizer.json
             spec = spec_of_hf(read_config(local))
             recorded = str(local / "tokenizer.json") if (local / "tokenizer.json").is_file() else "byte"

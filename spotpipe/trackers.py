@@ -147,7 +147,7 @@ class _MLflow:
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), at, step) for k, v in metrics.items()])
 
     def suspend(self) -> None:
-        pass  # MLflow's client holds nothing open: the run id is the whole handle
+        """Nothing to let go of: MLflow's client holds nothing open, the run id is the whole handle."""
 
     def finish(self, outputs: dict[str, str]) -> dict[str, Any]:
         for key, value in outputs.items():

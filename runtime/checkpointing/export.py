@@ -267,7 +267,7 @@ def distributed_plans(spec: ModelSpec, writers: Mapping[int, int], *, optimizer:
 # --- reading -------------------------------------------------------------------------------------
 
 
-def _local(directory: str | Path) -> Path:
+def local_folder(directory: str | Path) -> Path:
     """A local folder of `directory`: itself, or an `s3://bucket/prefix` downloaded to a temporary folder."""
     text = str(directory)
     if not text.startswith("s3://"):
@@ -384,7 +384,7 @@ def load_model(directory: str | Path) -> nn.Sequential:
     what the weights do not (a non-persistent buffer such as a causal mask, a plain tensor attribute)
     or weights tied inside it is built for real, as the nodes build it (the job's seed), and the
     weights copied into it."""
-    local = _local(directory)
+    local = local_folder(directory)
     if not (local / INFO).is_file():
         from runtime.models.hf_gpt2 import is_hf_gpt2, load_hf_gpt2
 
@@ -471,7 +471,7 @@ def export_layers(directory: str | Path, *, spec: ModelSpec, writers: Mapping[in
                                 max_shard_bytes=max_shard_bytes)
 
 
-def _s3_location(url: str) -> tuple[str, str]:
+def s3_location(url: str) -> tuple[str, str]:
     """(bucket, key prefix ending in "/" or empty) of `s3://bucket/prefix`."""
     bucket, _, prefix = url[5:].partition("/")
     prefix = prefix.strip("/")
@@ -487,7 +487,7 @@ def _upload_export(url: str, local: Path, *, plans: Mapping[str, ShardPlan], ord
     a reader never finds an index naming a missing object (S3 is read-after-write consistent)."""
     import boto3
 
-    bucket, prefix = _s3_location(url)
+    bucket, prefix = s3_location(url)
     client = boto3.client("s3")
     export_id = str(metadata["export"])
     if info:
@@ -557,7 +557,7 @@ class InitialState:
         """`spec`: the job's model; a Hugging Face GPT-2 folder (`runtime.models.hf_gpt2`) is checked against it."""
         from runtime.models.hf_gpt2 import HFGPT2Weights, is_hf_gpt2
 
-        local = _local(directory)
+        local = local_folder(directory)
         if not Path(local).is_dir():
             raise ExportError(f"init_from {str(directory)!r} is not a folder; expected a folder of weights "
                               "that a spotpipe job wrote (model*.safetensors) or a Hugging Face GPT-2 folder")

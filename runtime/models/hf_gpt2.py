@@ -244,13 +244,13 @@ def write_hf_beside(directory: str) -> str:
 
     import boto3
 
-    from runtime.checkpointing.export import _local, _s3_location
+    from runtime.checkpointing.export import local_folder, s3_location
 
-    source = _local(directory)
+    source = local_folder(directory)
     staging = Path(tempfile.mkdtemp(prefix="spotpipe-hf-"))
     try:
         written = write_hf_folder(source, staging)
-        bucket, prefix = _s3_location(directory)
+        bucket, prefix = s3_location(directory)
         client = boto3.client("s3")
         for name in HF_FILES:
             client.upload_file(str(written / name), bucket, f"{prefix}{HF_FOLDER}/{name}")
