@@ -340,7 +340,7 @@ def _notice(instance: Any) -> int:
 
 def _drain() -> None:
     """The worker's drain, run as the worker runs it (reconfigurations applied inline)."""
-    from controlplane.fleet.tasks import drain_notices
+    from controlplane.orchestration.tasks import drain_notices
 
     drain_notices.apply().get()
 

@@ -139,8 +139,8 @@ class _Cluster:
 
     def _beat(self) -> None:
         """controlplane/beat.py's orchestration entries, at the same periods."""
-        from controlplane.fleet.tasks import sweep_notices
         from controlplane.orchestration import tasks
+        from controlplane.orchestration.tasks import sweep_notices
 
         ticks = 0
         while not self.stop.wait(0.5):

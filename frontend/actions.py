@@ -12,8 +12,8 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from controlplane.common.errors import DomainError
-from controlplane.fleet.api.serializers import TerminateSerializer
 from controlplane.fleet.notices import notice_retry
+from controlplane.orchestration.api.serializers import TerminateSerializer
 from controlplane.orchestration.providers.base import ProviderError
 from controlplane.orchestration.services import instance_terminate
 from frontend.access import admin_team_ids, instance_for_request, notice_for_request

@@ -10,9 +10,10 @@ from celery import shared_task
 from django.db import OperationalError
 
 from controlplane.fleet.models import Instance
+from controlplane.fleet.notices.handoff import DRAIN_TASK, PROCESS_TASK, SWEEP_TASK, drain_pace, drain_started
 from controlplane.jobs.admission import queue_admit
 from controlplane.jobs.models import Reconfiguration, TrainingJob
-from controlplane.orchestration import heartbeat_watch, services
+from controlplane.orchestration import heartbeat_watch, notices, services
 from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.providers import ProviderError
 
@@ -122,3 +123,44 @@ def instance_joined(instance_id: int) -> int | None:
         return None
     generation = services.job_grow(job=instance.job, instance=instance)
     return generation.number if generation is not None else None
+
+
+# Interruption notices: claimed from fleet's outbox and reacted to here (`orchestration.notices`).
+
+
+@shared_task(
+    name=DRAIN_TASK, acks_late=True, ignore_result=True,
+    autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3,
+)
+def drain_notices() -> dict:
+    """Claim stored notices in batches and react to each. Safe to run twice or concurrently."""
+    drain_pace()
+    drain_started()
+    result = notices.notices_drain(paced=True)
+    if result.more:
+        # Hand the rest to a fresh task instead of holding this worker past its budget.
+        drain_notices.delay()
+    return {"processed": result.processed, "failed": result.failed, "batches": result.batches}
+
+
+@shared_task(
+    name=SWEEP_TASK, acks_late=True, ignore_result=True,
+    autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3,
+)
+def sweep_notices() -> dict:
+    """Periodic: requeue stale claims and drain whatever was stored but never processed."""
+    result = notices.notices_sweep()
+    if result.more:
+        drain_notices.delay()
+    if result.processed:
+        logger.info("sweep processed %d notices left behind", result.processed)
+    return {"processed": result.processed, "failed": result.failed, "batches": result.batches}
+
+
+@shared_task(
+    name=PROCESS_TASK, acks_late=True, ignore_result=True,
+    autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3,
+)
+def process_notice(notice_id: int) -> None:
+    """One notice per task: the `per_request` hand-off (the bench's baseline), not the default."""
+    notices.notice_process(notice_id=notice_id)

@@ -1,5 +1,5 @@
 """Inbound webhook endpoints. Each does only: size and content-type checks, authentication,
-parsing, one idempotent insert, answer. Reacting happens in workers (fleet.notices).
+parsing, one idempotent insert, answer. Reacting happens in workers (orchestration.notices).
 
 Plain Django views rather than DRF: this path is measured per request and DRF's machinery (content
 negotiation, authentication classes) costs more than the insert. Errors use the API's shape,

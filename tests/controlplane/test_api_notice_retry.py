@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from controlplane.fleet import notices as notices_module
 from controlplane.fleet.models import InterruptionNotice, NoticeStatus
-from controlplane.fleet.notices import processing
+from controlplane.fleet.notices import claims
+from controlplane.orchestration.notices import notices_drain
 from tests.controlplane.api_helpers import make_team_world
 
 pytestmark = pytest.mark.django_db
@@ -33,14 +33,14 @@ def test_an_admin_retries_a_failed_notice_and_a_worker_processes_it(worlds, monk
     alpha, _ = worlds
     notice = _notice(alpha)
     handed: list[list[int]] = []
-    monkeypatch.setattr(processing, "notices_handoff", lambda *, notice_ids: handed.append(notice_ids))
+    monkeypatch.setattr(claims, "notices_handoff", lambda *, notice_ids: handed.append(notice_ids))
     with django_capture_on_commit_callbacks(execute=True):
         response = alpha.admin_client.post(f"/api/v1/notices/{notice.pk}/retry/")
     assert response.status_code == 200, response.content
     assert response.json()["status"] == "received" and response.json()["attempts"] == 0
     assert handed == [[notice.pk]]
     # The workers' own path picks it up as a new notice.
-    assert notices_module.notices_drain().processed == 1
+    assert notices_drain().processed == 1
     notice.refresh_from_db()
     assert notice.status == NoticeStatus.PROCESSED and notice.attempts == 1
 

@@ -17,11 +17,12 @@ import pytest
 from django.db import OperationalError, connection
 
 from controlplane.fleet.models import Instance, InterruptionNotice, NoticeKind, NoticeSource, NoticeStatus
-from controlplane.fleet.notices import NoticeDraft, notices_drain, notices_store, processing
-from controlplane.fleet.notices.reaction import InstanceMap, instance_keys
+from controlplane.fleet.notices import NoticeDraft, notices_store
 from controlplane.jobs.models import JobGeneration, Reconfiguration
 from controlplane.orchestration import services, tasks
 from controlplane.orchestration.models import AcquisitionReason
+from controlplane.orchestration.notices import notices_drain, processing
+from controlplane.orchestration.notices.reaction import InstanceMap, instance_keys
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.services import generations
 from tests.controlplane.factories import make_job, make_team

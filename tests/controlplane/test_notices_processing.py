@@ -11,20 +11,18 @@ from django.utils import timezone
 
 from controlplane.fleet import notices
 from controlplane.fleet.models import InterruptionNotice, NoticeKind, NoticeSource, NoticeStatus
-from controlplane.fleet.notices import (
-    MAX_ATTEMPTS,
-    NoticeDraft,
-    handoff,
-    notice_process,
-    notices_claim,
-    notices_drain,
-    notices_store,
-    notices_sweep,
-    processing,
-)
+from controlplane.fleet.notices import MAX_ATTEMPTS, NoticeDraft, claims, handoff, notices_claim, notices_store
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration
 from controlplane.jobs.reconfiguration import reconfiguration_decide
+from controlplane.orchestration import tasks
+from controlplane.orchestration.notices import (
+    notice_process,
+    notices_drain,
+    notices_process_batch,
+    notices_sweep,
+    processing,
+)
 from tests.controlplane.factories import make_instance, make_job, make_team
 
 pytestmark = pytest.mark.django_db
@@ -250,8 +248,6 @@ def test_kicker_publishes_at_once_then_coalesces(monkeypatch, settings):
 def test_handoff_modes(monkeypatch, settings):
     calls = []
     monkeypatch.setattr(handoff._kicker, "kick", lambda: calls.append("kick"))
-    from controlplane.fleet import tasks
-
     monkeypatch.setattr(tasks.process_notice, "delay", lambda notice_id: calls.append(notice_id))
     settings.SPOTPIPE_NOTICE_HANDOFF = "batched"
     notices.notices_handoff(notice_ids=[1, 2])
@@ -313,8 +309,6 @@ class _FakeRedis:
 def test_at_most_one_drain_waits_in_the_queue(monkeypatch):
     """Across web processes, a kick while a drain is queued (not yet started) publishes nothing: that
     drain will claim after the kick's commit. Once it starts, the next kick queues another."""
-    from controlplane.fleet import tasks
-
     fake = _FakeRedis()
     published = []
     monkeypatch.setattr(handoff, "_pending_store", lambda: fake)
@@ -328,8 +322,6 @@ def test_at_most_one_drain_waits_in_the_queue(monkeypatch):
 
 
 def test_failed_publish_releases_the_pending_flag(monkeypatch):
-    from controlplane.fleet import tasks
-
     fake = _FakeRedis()
     monkeypatch.setattr(handoff, "_pending_store", lambda: fake)
 
@@ -356,7 +348,7 @@ def _batch_statements(team, count: int, tag: str) -> tuple[int, list]:
                                instance=instance)
     stored = notices_store(drafts=[draft(team, i.provider_instance_id, f"{tag}-{n}") for n, i in enumerate(instances)])
     with CaptureQueriesContext(connection) as queries:
-        assert notices.notices_process_batch(notice_ids=list(stored.stored.values())) == (count, 0)
+        assert notices_process_batch(notice_ids=list(stored.stored.values())) == (count, 0)
     return len(queries.captured_queries), instances
 
 
@@ -378,22 +370,22 @@ def test_a_paced_drain_stops_once_it_has_caught_up(monkeypatch):
     """The kicked drain ends after a claim that came back short: what arrives later gets its own
     paced drain (one big batch) instead of a stream of small claims from this one."""
     team = make_team()
-    claims: list[list[int]] = []
-    real_claim = processing._claim_by_lane
+    claimed: list[list[int]] = []
+    real_claim = claims.notices_claim_by_lane
 
     def claim(*, limit):
         agents, others = real_claim(limit=limit)
-        claims.append(agents + others)
+        claimed.append(agents + others)
         return agents, others
 
-    monkeypatch.setattr(processing, "_claim_by_lane", claim)
+    monkeypatch.setattr(processing, "notices_claim_by_lane", claim)
     notices_store(drafts=[draft(team, f"i-{n}", f"a{n}") for n in range(5)])
     assert notices_drain(batch_size=3, paced=True).processed == 5
-    assert [len(c) for c in claims] == [3, 2]  # no claim after the short one
-    claims.clear()
+    assert [len(c) for c in claimed] == [3, 2]  # no claim after the short one
+    claimed.clear()
     notices_store(drafts=[draft(team, f"i-{n}", f"b{n}") for n in range(5)])
     assert notices_drain(batch_size=3).processed == 5  # the sweep's drain claims until nothing is left
-    assert [len(c) for c in claims] == [3, 2, 0]
+    assert [len(c) for c in claimed] == [3, 2, 0]
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["redis", "per-process"])

@@ -20,8 +20,8 @@ from controlplane.fleet import notices
 from controlplane.fleet.models import InterruptionNotice, NoticeStatus
 from controlplane.fleet.notices import handoff
 from controlplane.fleet.services import instance_transition
-from controlplane.fleet.tasks import sweep_notices
 from controlplane.jobs.models import JobEvent, Reconfiguration
+from controlplane.orchestration.tasks import sweep_notices
 from controlplane.webhooks import signing
 from controlplane.webhooks.credentials import credentials_cache_clear
 from tests.controlplane.factories import make_instance, make_job, make_team, make_webhook_credential

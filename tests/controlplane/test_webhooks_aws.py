@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from controlplane.fleet.models import InterruptionNotice, NoticeKind, NoticeSource, NoticeStatus
-from controlplane.fleet.notices import notices_drain
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, Reconfiguration
+from controlplane.orchestration.notices import notices_drain
 from controlplane.webhooks import sns
 from controlplane.webhooks.models import SnsSubscription
 from tests.controlplane.factories import (

@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from controlplane.fleet.models import InterruptionNotice, NoticeKind, NoticeSource
-from controlplane.fleet.notices import notices_drain
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, Reconfiguration
+from controlplane.orchestration.notices import notices_drain
 from controlplane.webhooks import oidc, signing
 from controlplane.webhooks.credentials import credential_rotate, credentials_cache_clear
 from controlplane.webhooks.models import WebhookCredential

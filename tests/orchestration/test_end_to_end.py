@@ -71,7 +71,7 @@ class Beat(threading.Thread):
 
     def run(self) -> None:
         ticks = 0
-        from controlplane.fleet.tasks import sweep_notices
+        from controlplane.orchestration.tasks import sweep_notices
 
         while not self.stop.wait(0.5):
             tasks.detect_dead_agents.delay()

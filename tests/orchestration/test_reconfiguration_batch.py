@@ -13,12 +13,12 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from controlplane.fleet import notices
 from controlplane.fleet.models import Instance, InterruptionNotice, NoticeKind, NoticeSource, NoticeStatus
-from controlplane.fleet.notices import NoticeDraft, notice_process, notices_store
+from controlplane.fleet.notices import NoticeDraft, notices_store
 from controlplane.fleet.services import instance_transition
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration, TrainingJob
 from controlplane.orchestration import services, tasks
+from controlplane.orchestration.notices import notice_process, notices_process_batch
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.services import applying, generations
 from controlplane.webhooks.alerts import alert_endpoint_create
@@ -220,7 +220,7 @@ def _one_after_another(world: World, capture) -> None:
 
 def _as_one_batch(world: World, capture) -> None:
     with capture(execute=True):
-        assert notices.notices_process_batch(notice_ids=world.notice_ids) == (len(world.notice_ids), 0)
+        assert notices_process_batch(notice_ids=world.notice_ids) == (len(world.notice_ids), 0)
 
 
 def test_a_batch_ends_where_one_after_another_ends(django_capture_on_commit_callbacks, monkeypatch):
@@ -311,7 +311,7 @@ def _leave_batch_statements(team, count: int, tag: str, capture) -> int:
         ]
     )
     with CaptureQueriesContext(connection) as queries, capture(execute=True) as callbacks:
-        assert notices.notices_process_batch(notice_ids=list(stored.stored.values())) == (count, 0)
+        assert notices_process_batch(notice_ids=list(stored.stored.values())) == (count, 0)
     # The batch's apply, and with Redis one wake-up of the moved nodes' held agent polls: per batch,
     # not per notice.
     assert len(callbacks) == 1 + bool(settings.REDIS_URL)

@@ -9,12 +9,12 @@ import pytest
 from django.utils import timezone
 
 from controlplane.fleet.models import Instance, InterruptionNotice
-from controlplane.fleet.notices import notices_drain
 from controlplane.fleet.states import InstanceState
 from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration
 from controlplane.market.models import SpotPrice
 from controlplane.orchestration import reactions, services
 from controlplane.orchestration.models import Acquisition
+from controlplane.orchestration.notices import notices_drain
 from controlplane.orchestration.selectors import pools_ranked
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertDelivery

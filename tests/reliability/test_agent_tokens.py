@@ -17,11 +17,11 @@ from agent.main import Agent, AgentConfig
 from controlplane.accounts.models import ApiToken, TokenKind
 from controlplane.accounts.services import api_token_create
 from controlplane.common.errors import Conflict
-from controlplane.fleet import notices
 from controlplane.fleet.models import NoticeKind, NoticeSource
 from controlplane.fleet.notices import NoticeDraft, notices_store
 from controlplane.fleet.services import instance_transition
 from controlplane.orchestration import services
+from controlplane.orchestration.notices import notices_process_batch
 from controlplane.orchestration.providers import set_provider
 from tests.controlplane.factories import make_instance, make_job, make_team
 from tests.orchestration.fakes import FakeProvider
@@ -107,7 +107,7 @@ def test_a_preemption_processed_in_a_notice_batch_revokes_the_token(settings):
                           action="terminate", dedup_key=f"{team.pk}:test:{i.pk}",
                           provider_instance_id=i.provider_instance_id) for i in instances]
     stored = notices_store(drafts=drafts)
-    assert notices.notices_process_batch(notice_ids=list(stored.stored.values())) == (2, 0)
+    assert notices_process_batch(notice_ids=list(stored.stored.values())) == (2, 0)
     for instance, client in zip(instances, clients, strict=True):
         instance.refresh_from_db()
         assert instance.state == "preempted"

@@ -64,10 +64,3 @@ class HeartbeatResultSerializer(serializers.Serializer):
     job = serializers.IntegerField(allow_null=True)
     job_status = CharField(allow_null=True)
     current_generation = serializers.IntegerField(allow_null=True)
-
-
-class TerminateSerializer(serializers.Serializer):
-    """Input of `POST /instances/{id}/terminate/`."""
-
-    reason = CharField(max_length=200, required=False, allow_blank=True,
-                                   help_text="Recorded on the instance's and the job's events.")

@@ -1,5 +1,6 @@
 """Instances (read, plus the agent heartbeat) and interruption notices (read only here; the
-webhooks app receives them)."""
+webhooks app receives them). Terminating an instance is orchestration's
+(`orchestration.api.views.InstanceTerminateViewSet`, the same `/instances/{id}/terminate/`)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ from controlplane.fleet.api.serializers import (
     InstanceEventSerializer,
     InstanceSerializer,
     NoticeSerializer,
-    TerminateSerializer,
 )
 from controlplane.fleet.heartbeats import instance_heartbeat_record
 
@@ -70,40 +70,6 @@ class InstanceViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
             "current_generation": job.current_generation if job else None,
         }
         return Response(HeartbeatResultSerializer(result).data)
-
-
-    @extend_schema(request=TerminateSerializer, responses={
-        200: InstanceSerializer,
-        400: OpenApiResponse(description="A bad `reason` (named)."),
-        401: OpenApiResponse(description="No or a bad token."),
-        403: OpenApiResponse(description="Not an admin of the instance's team, or an agent token."),
-        404: OpenApiResponse(description="Not one of your teams' instances."),
-        409: OpenApiResponse(description="The instance already ended (`errors.state`)."),
-        502: OpenApiResponse(description="The cloud provider refused or could not be reached; nothing changed."),
-    })
-    @action(detail=True, methods=["post"])
-    def terminate(self, request: Request, pk: str | None = None) -> Response:
-        """Terminate the instance now (team admins): the provider ends it, its billing closes, its
-        agent token is revoked, and a job it served reacts as to any node leaving."""
-        from controlplane.accounts.scoping import admin_team_ids_for_request
-        from controlplane.orchestration.providers.base import ProviderError
-        from controlplane.orchestration.services import instance_terminate
-
-        instance = self.get_object()
-        if instance.team_id not in admin_team_ids_for_request(request):
-            raise exceptions.PermissionDenied("only admins of the instance's team may terminate it")
-        data = validate_or_400(TerminateSerializer(data=request.data or {}))
-        reason = data.get("reason") or f"terminated by {request.user.username} through the API"
-        try:
-            instance_terminate(instance=instance, reason=reason)
-        except ProviderError as exc:
-            raise ProviderUnavailable(f"the provider did not terminate the instance: {exc}"[:300]) from None
-        return Response(InstanceSerializer(self.get_queryset().get(pk=instance.pk)).data)
-
-
-class ProviderUnavailable(exceptions.APIException):
-    status_code = 502
-    default_detail = "the cloud provider did not answer"
 
 
 class NoticeViewSet(TeamScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):

@@ -16,6 +16,20 @@ from controlplane.tunables import tunable
 logger = logging.getLogger(__name__)
 
 
+# The notice tasks' names (their wire identity: queued messages and beat's database rows carry them).
+# The tasks react, so they live in orchestration (`orchestration/tasks.py`); fleet publishes them by
+# name, through the app's registry, and so never imports orchestration.
+DRAIN_TASK = "fleet.drain_notices"
+SWEEP_TASK = "fleet.sweep_notices"
+PROCESS_TASK = "fleet.process_notice"
+
+
+def _task(name: str) -> Any:
+    from controlplane.celery import app
+
+    return app.tasks[name]
+
+
 DRAIN_PENDING_KEY = "spotpipe:notices:drain-pending:{queue}"
 DRAIN_PENDING_TTL_S = 30
 _pending_client: tuple[int, Any] | None = None
@@ -51,8 +65,6 @@ def _pending_key() -> str:
 def _publish_drain() -> bool:
     """Ask a worker to drain stored notices, unless a drain is already queued and not yet started
     (it will claim after our commit, so it covers our rows). Returns whether it published."""
-    from controlplane.fleet.tasks import drain_notices
-
     client = _pending_store()
     if client is not None:
         try:
@@ -62,7 +74,7 @@ def _publish_drain() -> bool:
             logger.warning("drain-pending flag unavailable; publishing without it", exc_info=True)
             client = None
     try:
-        drain_notices.delay()
+        _task(DRAIN_TASK).delay()
     except Exception:
         if client is not None:
             client.delete(_pending_key())  # let the next kick try again
@@ -171,11 +183,9 @@ def notices_handoff(*, notice_ids: list[int]) -> None:
     if mode == "none":
         return
     if mode == "per_request":
-        from controlplane.fleet.tasks import process_notice
-
         for notice_id in notice_ids:
             try:
-                process_notice.delay(notice_id)
+                _task(PROCESS_TASK).delay(notice_id)
             except Exception:
                 logger.exception("could not publish process_notice(%s); the sweep will retry", notice_id)
         return

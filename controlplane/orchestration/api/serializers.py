@@ -108,3 +108,10 @@ class UnavailableOfferingSerializer(serializers.Serializer):
 class UnavailableOfferingListSerializer(serializers.Serializer):
     count = serializers.IntegerField()
     results = UnavailableOfferingSerializer(many=True)
+
+
+class TerminateSerializer(serializers.Serializer):
+    """Input of `POST /instances/{id}/terminate/`."""
+
+    reason = CharField(max_length=200, required=False, allow_blank=True,
+                       help_text="Recorded on the instance's and the job's events.")

@@ -1,6 +1,8 @@
-"""API routes of this app, mounted under /api/v1/: the node agent protocol."""
+"""API routes of this app, mounted under /api/v1/: the node agent protocol, and terminating an
+instance (the rest of `/instances/` is fleet's)."""
 
 from django.urls import path
+from rest_framework.routers import SimpleRouter
 
 from controlplane.orchestration.api.views import (
     AgentEventView,
@@ -8,8 +10,12 @@ from controlplane.orchestration.api.views import (
     AgentTokenView,
     CommandsView,
     EnrollView,
+    InstanceTerminateViewSet,
     UnavailableOfferingsView,
 )
+
+router = SimpleRouter()
+router.register("instances", InstanceTerminateViewSet, basename="instance")
 
 urlpatterns = [
     path("agents/enroll/", EnrollView.as_view(), name="agent-enroll"),
@@ -18,4 +24,5 @@ urlpatterns = [
     path("agents/notices/", AgentNoticeView.as_view(), name="agent-notices"),
     path("agents/events/", AgentEventView.as_view(), name="agent-events"),
     path("offerings/unavailable/", UnavailableOfferingsView.as_view(), name="offerings-unavailable"),
+    *router.urls,
 ]

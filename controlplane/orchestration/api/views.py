@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import time
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, status
+from rest_framework import exceptions, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.accounts.scoping import team_ids_for_request
+from controlplane.accounts.scoping import admin_team_ids_for_request, team_ids_for_request
 from controlplane.accounts.selectors import agent_token_live
 from controlplane.accounts.services import agent_token_rotate
-from controlplane.common.api import UsersOnly, agent_token, validate_or_400, validated_query
+from controlplane.common.api import TeamScopedViewSetMixin, UsersOnly, agent_token, validate_or_400, validated_query
+from controlplane.fleet import selectors as fleet_selectors
+from controlplane.fleet.api.serializers import InstanceSerializer
 from controlplane.fleet.models import Instance
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration import selectors, services, tasks
@@ -30,11 +34,13 @@ from controlplane.orchestration.api.serializers import (
     CommandsSerializer,
     EnrollResultSerializer,
     EnrollSerializer,
+    TerminateSerializer,
     UnavailableOfferingListSerializer,
     UnavailableOfferingsQuerySerializer,
 )
 from controlplane.orchestration.enqueue import enqueue
 from controlplane.orchestration.offerings import unavailable_offerings_for_teams
+from controlplane.orchestration.providers.base import ProviderError
 
 # How often a long-poll held by this (WSGI) view looks at the database: one indexed single-row query.
 POLL_INTERVAL_S = 0.025
@@ -186,3 +192,43 @@ class UnavailableOfferingsView(APIView):
         listed = unavailable_offerings_for_teams(team_ids=team_ids_for_request(request),
                                                  provider=query.get("provider") or None)
         return Response({"count": len(listed), "results": [u.to_dict() for u in listed]})
+
+
+class ProviderUnavailable(exceptions.APIException):
+    status_code = 502
+    default_detail = "the cloud provider did not answer"
+
+
+class InstanceTerminateViewSet(TeamScopedViewSetMixin, viewsets.GenericViewSet):
+    """`POST /instances/{id}/terminate/`: ending a node is orchestration's (the provider, billing, the
+    agent's token, the job's reaction); fleet's `InstanceViewSet` serves the rest of `/instances/`."""
+
+    serializer_class = InstanceSerializer
+    permission_classes = [IsAuthenticated, UsersOnly]
+
+    def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
+        return fleet_selectors.instance_list(team_ids=team_ids)
+
+    @extend_schema(request=TerminateSerializer, responses={
+        200: InstanceSerializer,
+        400: OpenApiResponse(description="A bad `reason` (named)."),
+        401: OpenApiResponse(description="No or a bad token."),
+        403: OpenApiResponse(description="Not an admin of the instance's team, or an agent token."),
+        404: OpenApiResponse(description="Not one of your teams' instances."),
+        409: OpenApiResponse(description="The instance already ended (`errors.state`)."),
+        502: OpenApiResponse(description="The cloud provider refused or could not be reached; nothing changed."),
+    })
+    @action(detail=True, methods=["post"])
+    def terminate(self, request: Request, pk: str | None = None) -> Response:
+        """Terminate the instance now (team admins): the provider ends it, its billing closes, its
+        agent token is revoked, and a job it served reacts as to any node leaving."""
+        instance = self.get_object()
+        if instance.team_id not in admin_team_ids_for_request(request):
+            raise exceptions.PermissionDenied("only admins of the instance's team may terminate it")
+        data = validate_or_400(TerminateSerializer(data=request.data or {}))
+        reason = data.get("reason") or f"terminated by {request.user.username} through the API"
+        try:
+            services.instance_terminate(instance=instance, reason=reason)
+        except ProviderError as exc:
+            raise ProviderUnavailable(f"the provider did not terminate the instance: {exc}"[:300]) from None
+        return Response(InstanceSerializer(self.get_queryset().get(pk=instance.pk)).data)

@@ -1,5 +1,5 @@
 """When a decided reconfiguration is applied: whoever decides one (the notice processor in
-`fleet.notices`, `liveness` for a node that stopped) calls `reconfigurations_apply_after_commit`
+`orchestration.notices`, `liveness` for a node that stopped) calls `reconfigurations_apply_after_commit`
 inside its transaction, and the next generation is published once the decision has committed.
 
 In a Celery worker (the notice drain) it is applied inline: one broker hop less between a notice

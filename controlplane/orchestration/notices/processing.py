@@ -1,74 +1,35 @@
-"""Claiming stored notices and processing them in batches (one transaction, bulk writes), the
-drain a worker runs, retries, and the periodic sweep that is the outbox's safety net."""
+"""Processing claimed notices in batches (one transaction, bulk writes), the drain a worker runs,
+and the periodic sweep that is the outbox's safety net. Claiming and marking the notice rows is
+fleet's (`fleet.notices.claims`); what one notice does is `reaction`."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.locks import lock_jobs_then_instances
-from controlplane.fleet.models import Instance, InterruptionNotice, NoticeSource, NoticeStatus
-from controlplane.fleet.notices.handoff import notices_handoff
-from controlplane.fleet.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
+from controlplane.fleet.models import Instance, InterruptionNotice
+from controlplane.fleet.notices.claims import (
+    PROCESSED_FIELDS,
+    notice_mark_processed,
+    notice_record_failure,
+    notices_claim_by_lane,
+    notices_requeue_stale,
+    notices_to_process,
+    notices_waiting,
+)
 from controlplane.fleet.services import instances_moved_save
 from controlplane.jobs.models import JobEvent
 from controlplane.jobs.reconfiguration import current_generations, reconfigurations_create
+from controlplane.orchestration.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
 from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
 
 logger = logging.getLogger(__name__)
-
-# A claim not processed within this long is put back (the worker died); after MAX_ATTEMPTS claims
-# a notice is marked failed and waits for an operator's retry.
-CLAIM_STALE_AFTER = timedelta(seconds=30)
-MAX_ATTEMPTS = 5
-
-
-# Agents' own notices are claimed first, however many cloud notices wait: an agent speaks for a node
-# that runs a job, while a webhook burst is mostly duplicates and nodes of no job, and its backlog
-# (thousands of rows, seconds of processing) must not sit between a job and its reaction.
-_AGENTS_FIRST = Case(When(source=NoticeSource.AGENT, then=Value(0)), default=Value(1))
-
-
-def notices_claim(*, limit: int) -> list[int]:
-    """Claim up to `limit` received notices, agents' first, then oldest first, for this worker: mark
-    them enqueued and count the attempt. On PostgreSQL concurrent drains skip each other's locked
-    rows; on SQLite the immediate transaction serialises them."""
-    agents, others = _claim_by_lane(limit=limit)
-    return agents + others
-
-
-def _claim_by_lane(*, limit: int) -> tuple[list[int], list[int]]:
-    """`notices_claim`, split into (agents' notices, the rest), so a drain can react to the agents'
-    in a transaction of their own before the rest of a burst's batch."""
-    with transaction.atomic():
-        qs = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).order_by(
-            _AGENTS_FIRST, "received_at", "id"
-        )
-        if connection.features.has_select_for_update_skip_locked:
-            qs = qs.select_for_update(skip_locked=True)
-        rows = list(qs.values_list("id", "source")[:limit])
-        if rows:
-            InterruptionNotice.objects.filter(id__in=[pk for pk, _ in rows]).update(
-                status=NoticeStatus.ENQUEUED, enqueued_at=timezone.now(), attempts=F("attempts") + 1
-            )
-    agents = [pk for pk, source in rows if source == NoticeSource.AGENT]
-    return agents, [pk for pk, source in rows if source != NoticeSource.AGENT]
-
-
-_DONE_FIELDS = ["status", "processed_at", "error", "unknown_instance", "instance", "team"]
-
-
-def _mark_processed(notice: InterruptionNotice, at: datetime | None = None) -> None:
-    notice.status = NoticeStatus.PROCESSED
-    notice.processed_at = at or timezone.now()
-    notice.error = ""
 
 
 def notice_process(*, notice_id: int) -> InterruptionNotice | None:
@@ -107,12 +68,7 @@ def _process_together(notice_ids: list[int]) -> None:
     insert for the new ones, and one update each for the instances and the notices. Orchestration applies the new
     reconfigurations together once this commits."""
     with transaction.atomic():
-        rows = list(
-            InterruptionNotice.objects.select_for_update()
-            .filter(id__in=notice_ids)
-            .exclude(status__in=[NoticeStatus.PROCESSED, NoticeStatus.FAILED])
-            .order_by("id")
-        )
+        rows = notices_to_process(notice_ids=notice_ids)
         if not rows:
             return
         known = _lock_instances(rows)
@@ -120,12 +76,12 @@ def _process_together(notice_ids: list[int]) -> None:
         batch = ReactionBatch(known=known, now=timezone.now(), generations=current_generations(jobs=jobs.values()))
         for notice in rows:
             react(notice, batch)
-            _mark_processed(notice, batch.now)
+            notice_mark_processed(notice, batch.now)
         instances_moved_save(moved=list(batch.moved.values()), events=batch.instance_events, at=batch.now)
         JobEvent.objects.bulk_create(batch.job_events)
         # One reconfiguration per leaving node, applied by orchestration once this commits.
         reconfigurations_apply_after_commit(reconfigurations=reconfigurations_create(drafts=batch.drafts))
-        bulk_update_by_pk(InterruptionNotice, rows, _DONE_FIELDS)
+        bulk_update_by_pk(InterruptionNotice, rows, PROCESSED_FIELDS)
 
 
 # PostgreSQL's answers that mean "run the transaction again": a deadlock (40P01) and a
@@ -179,12 +135,6 @@ def notices_process_batch(*, notice_ids: list[int]) -> tuple[int, int]:
     return processed, failed
 
 
-def notice_record_failure(*, notice_id: int, error: str) -> None:
-    """Keep a failed attempt's error; the row stays claimed and the sweep retries it after
-    CLAIM_STALE_AFTER, or gives up after MAX_ATTEMPTS."""
-    InterruptionNotice.objects.filter(pk=notice_id).exclude(status=NoticeStatus.PROCESSED).update(error=error[:2000])
-
-
 @dataclass(kw_only=True, slots=True)
 class DrainResult:
     processed: int = 0
@@ -212,7 +162,7 @@ def notices_drain(
     result = DrainResult()
     started = time.monotonic()
     while True:
-        agents, others = _claim_by_lane(limit=batch_size)
+        agents, others = notices_claim_by_lane(limit=batch_size)
         ids = agents + others
         if not ids:
             return result
@@ -230,35 +180,8 @@ def notices_drain(
             # rather than a stream of small claims from this one.
             return result
         if time.monotonic() - started > time_budget_s:
-            result.more = InterruptionNotice.objects.filter(status=NoticeStatus.RECEIVED).exists()
+            result.more = notices_waiting()
             return result
-
-
-def notice_retry(*, notice: InterruptionNotice) -> InterruptionNotice:
-    """Give a failed notice (MAX_ATTEMPTS spent) another round: back to received with its attempts
-    reset (its last error kept until it is processed), handed to the workers on commit exactly as
-    a new one. Any other status is a Conflict: a processed notice is never reacted to twice."""
-    from controlplane.common.errors import Conflict
-
-    with transaction.atomic():
-        locked = InterruptionNotice.objects.select_for_update().get(pk=notice.pk)
-        if locked.status != NoticeStatus.FAILED:
-            raise Conflict(f"notice {locked.pk} is {locked.status}; only a failed notice is retried", field="status")
-        locked.status = NoticeStatus.RECEIVED
-        locked.attempts = 0
-        locked.enqueued_at = None
-        locked.save(update_fields=["status", "attempts", "enqueued_at"])
-        transaction.on_commit(lambda: notices_handoff(notice_ids=[locked.pk]))
-    return locked
-
-
-def notices_requeue_stale(*, older_than: timedelta = CLAIM_STALE_AFTER) -> int:
-    """Put back notices claimed long ago and never processed (the worker died, or processing
-    failed), so the next drain retries them; give up after MAX_ATTEMPTS."""
-    cutoff = timezone.now() - older_than
-    stale = InterruptionNotice.objects.filter(status=NoticeStatus.ENQUEUED, enqueued_at__lt=cutoff)
-    stale.filter(attempts__gte=MAX_ATTEMPTS).update(status=NoticeStatus.FAILED)
-    return stale.filter(attempts__lt=MAX_ATTEMPTS).update(status=NoticeStatus.RECEIVED)
 
 
 def notices_sweep(*, batch_size: int = 200, time_budget_s: float = 5.0) -> DrainResult:
