@@ -66,8 +66,10 @@ setup: $(STAMP)
 migrate: setup
 	$(BIN)/python manage.py migrate --noinput
 
+# ruff, then the import contracts of pyproject.toml ([tool.importlinter]: no circles, no upward imports).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 # Installs Debian's chromium when no Chromium is found; fails with what to do when it cannot.
 browser:

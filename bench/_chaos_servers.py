@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from spotpipe.processes import MARK
+from spotpipe.demo.processes import MARK
 
 
 class MissingBinary(RuntimeError):

@@ -139,7 +139,7 @@ class Soak:
     def start_servers(self) -> None:
         import shutil
 
-        from spotpipe import processes
+        from spotpipe.demo import processes
 
         processes.sweep(self.var_dir)  # anything left by an interrupted run of this var dir
         self.pg = PrivatePostgres(self.var_dir / "postgres")
@@ -173,7 +173,7 @@ class Soak:
 
     def start_stack(self) -> None:
         from controlplane.orchestration.providers.local.provider import LocalProvider
-        from spotpipe import processes
+        from spotpipe.demo import processes
 
         self.stack = processes.Stack(var_dir=self.var_dir, env={})
         self.provider = LocalProvider(self.var_dir / "nodes", start_timeout_s=60)
@@ -202,8 +202,8 @@ class Soak:
     def submit(self) -> None:
         from controlplane.orchestration import tasks
         from controlplane.webhooks.credentials import credential_create
-        from spotpipe import seed
-        from spotpipe.driver import Console, Driver, submit_job
+        from spotpipe.demo import seed
+        from spotpipe.demo.driver import Console, Driver, submit_job
 
         seed.seed_market(seed=self.seed)
         team = seed.seed_team()
@@ -274,7 +274,7 @@ class Soak:
             time.sleep(0.5)
 
     def inject(self, index: int, kind: str, rng: random.Random) -> FaultRecord:
-        from spotpipe.preemption_script import NOTICE_S
+        from spotpipe.demo.preemption_script import NOTICE_S
 
         t0 = time.monotonic()
         record = FaultRecord(index=index, kind=kind, at_s=round(t0 - self.started, 1), at_step=self.job.steps_done,
@@ -309,7 +309,7 @@ class Soak:
             self.redis.start()
             record.detail = f"SIGKILLed Redis and started it again, empty (port {self.redis.port})"
         elif kind == "web":
-            from spotpipe import processes
+            from spotpipe.demo import processes
 
             processes.stop(self.stack.procs.pop("web"), timeout=8.0)
             self.stack.start_granian(host="127.0.0.1", port=self.web_port, workers=1, threads=48)
@@ -406,7 +406,7 @@ class Soak:
     def stop_stack_and_count_orphans(self) -> list[str]:
         """Stop beat, worker and web gracefully; whatever still carries the stack's mark a few
         seconds later (a node, an agent, a worker, a rendezvous store) is an orphan."""
-        from spotpipe import processes
+        from spotpipe.demo import processes
 
         if self.stack is not None:
             self.stack.stop()
@@ -423,7 +423,7 @@ class Soak:
         return orphans
 
     def close(self) -> None:
-        from spotpipe import processes
+        from spotpipe.demo import processes
 
         if self.stack is not None:
             with contextlib.suppress(Exception):

@@ -88,7 +88,7 @@ def _load(*, prices: int, metrics: int, notices: int, progress: Any) -> dict[str
     from django.utils import timezone
 
     from controlplane.accounts.models import Membership, Role, Team
-    from spotpipe import demo_history
+    from spotpipe.demo import history as demo_history
 
     now = timezone.now()
     pools = demo_history.ensure_market(pools=POOLS)
@@ -142,7 +142,7 @@ def _existing() -> dict[str, Any]:
     from django.db import connection
 
     from controlplane.jobs.models import TrainingJob
-    from spotpipe import demo_history
+    from spotpipe.demo import history as demo_history
 
     jobs = {role: TrainingJob.objects.get(team__slug="bench", name=name) for role, name in
             (("running", "gpt-350m-recycle"), ("finished", "gpt-125m-checkpoint"), ("pending", "mlp-smoke-test"))}

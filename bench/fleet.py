@@ -1,7 +1,7 @@
 """Fleet benchmark: does the control plane hold a fleet of agents while it takes webhooks?
 
 The production-like stack on loopback: the web server as docker-compose runs it (granian, ASGI,
-3 workers, 16 view threads each, `spotpipe.processes.granian_args`) and, as docker-compose runs it
+3 workers, 16 view threads each, `spotpipe.demo.processes.granian_args`) and, as docker-compose runs it
 too, the agent channel's own server (the same application, `AGENT_SERVER_WORKERS` workers: the
 agents' every request goes there; `--agent-server shared` sends them to the web server instead, as
 before 2026-12-01), PostgreSQL (scratch database
@@ -48,7 +48,7 @@ from bench import webhooks as wh
 from bench._cpu_account import CpuWindow, Root, exited_unreaped, read_processes
 from bench._fleet_agents import Fleet, HTTPConnection
 from bench.report import Progress, print_table
-from spotpipe.processes import AGENT_SERVER_WORKERS
+from spotpipe.demo.processes import AGENT_SERVER_WORKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -442,7 +442,7 @@ def run(*, quick: bool = False, progress: Progress | None = None, agents: int | 
         heartbeat_s: float = 10.0, requests: int | None = None, connections: int = 8, notices: int | None = None,
         web_workers: int = 3, threads: int = 16, agent_server: str = "own",
         agent_workers: int = AGENT_SERVER_WORKERS) -> dict:
-    from spotpipe.processes import granian_args
+    from spotpipe.demo.processes import granian_args
 
     if agent_server not in AGENT_SERVER_LABELS:
         raise ValueError(f"agent_server {agent_server!r} is unknown; expected one of {list(AGENT_SERVER_LABELS)}")

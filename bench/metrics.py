@@ -73,7 +73,7 @@ def _world() -> dict[str, Any]:
     """A team, an instance type and the jobs the history belongs to (through the real services)."""
     from controlplane.accounts.models import Team
     from controlplane.jobs.services import job_submit
-    from spotpipe import demo_history
+    from spotpipe.demo import history as demo_history
 
     pool = demo_history.ensure_market(pools=1)[0]
     team = Team.objects.create(name="Bench", slug="bench")

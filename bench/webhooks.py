@@ -13,7 +13,7 @@ Variants, each against the same server code and a fresh set of rows:
   SPOTPIPE_BENCH_ENDPOINTS=1): what this server costs per request at best.
 
 The server: granian's ASGI workers, `--threads` view threads each (SPOTPIPE_WEB_THREADS), and
-keep-alive (as docker-compose runs it, `spotpipe.processes.granian_args`), or gunicorn (`--server
+keep-alive (as docker-compose runs it, `spotpipe.demo.processes.granian_args`), or gunicorn (`--server
 gunicorn`, or a variant's `_gunicorn` suffix) with gthread workers and keep-alive, or sync workers
 (`--worker-class sync`, one connection per request). The client: wrk with bench/webhooks_wrk.lua
 over keep-alive connections when wrk is installed (Debian's `wrk`), else the Python client (one
@@ -548,7 +548,7 @@ def _split_server(name: str, default: str) -> tuple[str, str]:
 
 def _server_cmd(port: int, *, server: str, web_workers: int, worker_class: str, threads: int) -> list[str]:
     if server == "granian":
-        from spotpipe.processes import granian_args
+        from spotpipe.demo.processes import granian_args
 
         return [PYTHON, *granian_args(host="127.0.0.1", port=port, workers=web_workers)]
     cmd = [str(BIN / "gunicorn"), "controlplane.wsgi:application", "-b", f"127.0.0.1:{port}",

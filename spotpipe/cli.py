@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from spotpipe.demo import DemoOptions, run_demo
+    from spotpipe.demo.run import DemoOptions, run_demo
 
     return run_demo(DemoOptions(
         host=args.host, port=args.port, strategy=args.strategy, nodes=args.nodes,

@@ -18,7 +18,7 @@ from django.utils import timezone
 from controlplane.accounts.models import Role
 from controlplane.jobs.models import MetricSample, TrainingJob
 from frontend import browser
-from spotpipe import demo_history
+from spotpipe.demo import history as demo_history
 from tests.controlplane.factories import make_team, make_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]

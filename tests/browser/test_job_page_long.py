@@ -13,7 +13,7 @@ from controlplane.accounts.models import Role
 from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration
 from frontend import browser
 from frontend.selectors import EVENTS_PER_PAGE
-from spotpipe import demo_history
+from spotpipe.demo import history as demo_history
 from tests.controlplane.factories import make_team, make_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]

@@ -13,7 +13,7 @@ from controlplane.accounts.models import Role
 from controlplane.market import rollup
 from controlplane.market.models import PriceHour, SpotPrice
 from controlplane.market.selectors import spot_price_history
-from spotpipe import demo_history
+from spotpipe.demo import history as demo_history
 from tests.controlplane.factories import make_team, make_user
 
 pytestmark = pytest.mark.django_db

@@ -101,14 +101,14 @@ def test_the_demo_asks_for_development_mode_itself():
     # The demo itself is replaced by a probe that reports the settings it would run with.
     script = textwrap.dedent("""
         import sys, types
-        probe = types.ModuleType("spotpipe.demo")
+        probe = types.ModuleType("spotpipe.demo.run")
         probe.DemoOptions = lambda **options: options
         def run_demo(options):
             from django.conf import settings
             print("DEBUG", settings.DEBUG)
             return 0
         probe.run_demo = run_demo
-        sys.modules["spotpipe.demo"] = probe
+        sys.modules["spotpipe.demo.run"] = probe
         from spotpipe import cli
         sys.exit(cli.main(["demo"]))
     """)

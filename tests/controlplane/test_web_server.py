@@ -1,4 +1,4 @@
-"""The product's web server (granian, started exactly as `spotpipe.processes.granian_args` and
+"""The product's web server (granian, started exactly as `spotpipe.demo.processes.granian_args` and
 docker-compose start it) in front of the control plane: a real process on loopback, the test's
 database, real HTTP. What only a real server shows: the notice is stored and answered, a replay
 is answered without a second row, an oversized body is refused by the view, every refusal on a
@@ -23,7 +23,7 @@ from django.db import connection
 
 from controlplane.common.wsgi_environ import DropProcessEnviron, process_only_keys
 from controlplane.fleet.models import InterruptionNotice
-from spotpipe.processes import granian_args, web_threads_env
+from spotpipe.demo.processes import granian_args, web_threads_env
 from tests.controlplane.factories import make_team, make_webhook_credential
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

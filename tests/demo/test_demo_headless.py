@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from spotpipe.processes import stray_pids
+from spotpipe.demo.processes import stray_pids
 
 DURATION_S = 60
 # The demo's 240 steps run at 3-4 a second on a quiet 2-core machine and 1-2 on a slow or loaded one

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spotpipe.processes import stray_pids
+from spotpipe.demo.processes import stray_pids
 from tests.demo.test_demo_headless import DemoDatabase, _free_port, _spotpipe, demo_env
 
 

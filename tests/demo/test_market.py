@@ -9,7 +9,7 @@ import statistics
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
-from spotpipe import market
+from spotpipe.demo import market
 
 END = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
-from spotpipe import preemption_script
-from spotpipe.driver import layout_for
+from spotpipe.demo import preemption_script
+from spotpipe.demo.driver import layout_for
 
 
 def _trace(removals: list[tuple[float, int]]) -> Trace:
@@ -77,7 +77,7 @@ def test_a_trace_file_is_read(shared_data):
 
 
 def test_timeline_labels_say_what_a_generation_did():
-    from spotpipe.driver import event_label
+    from spotpipe.demo.driver import event_label
 
     assert event_label("generation", "generation 2: 3 workers (death [3]: reroute)") == "WORK RE-ROUTED"
     assert event_label("generation", "generation 3: 4 workers (1 node(s) joined; 0 hole(s) (grow))") == "GREW BACK"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from spotpipe import processes
+from spotpipe.demo import processes
 
 
 def test_sweep_ends_marked_processes_in_their_own_sessions_and_spares_the_rest(tmp_path):
@@ -39,7 +39,7 @@ def test_the_demo_itself_and_its_parents_are_never_swept(tmp_path, monkeypatch):
     var_dir = tmp_path / "var"
     # A demo started with the mark already in its environment (a nested run) must not kill itself.
     script = (f"import os, sys; os.environ[{processes.MARK!r}] = {str(var_dir.resolve())!r}; "
-              "from spotpipe.processes import stray_pids; print(stray_pids(sys.argv[1]))")
+              "from spotpipe.demo.processes import stray_pids; print(stray_pids(sys.argv[1]))")
     env = {**os.environ, processes.MARK: str(var_dir.resolve())}
     out = subprocess.run([sys.executable, "-c", script, str(var_dir)], env=env, capture_output=True, text=True,
                          cwd=processes.REPO_ROOT, check=True, timeout=30)

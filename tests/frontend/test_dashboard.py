@@ -18,7 +18,7 @@ from django.utils import timezone
 from controlplane.accounts.models import Role
 from controlplane.jobs.models import JobStatus, TrainingJob
 from runtime.config import MODEL_PRESETS
-from spotpipe import demo_history
+from spotpipe.demo import history as demo_history
 from tests.controlplane.factories import make_job, make_team, make_user
 
 pytestmark = pytest.mark.django_db

@@ -51,7 +51,7 @@ def _local(tmp_path, monkeypatch, settings, control_plane) -> LocalProvider:
     # A loaded machine may take long to write a checkpoint: the stop waits for it rather than give up.
     monkeypatch.setenv("SPOTPIPE_STOP_CHECKPOINT_WAIT_S", "150")
     # Local nodes priced as a spot node at $36/h ($0.01 a second), so budgets meet real spend.
-    # (as `spotpipe.seed` prices them for the demo).
+    # (as `spotpipe.demo.seed` prices them for the demo).
     local_type, local_zone = _instance_type_row("local", "local.node"), _zone_row("local", "local")
     at = timezone.now() - timedelta(hours=1)
     SpotPrice.objects.create(instance_type=local_type, zone=local_zone, product="Linux/UNIX", price=Decimal("36"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spotpipe.processes import stray_pids, sweep
+from spotpipe.demo.processes import stray_pids, sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 280

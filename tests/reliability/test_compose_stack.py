@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from spotpipe.processes import AGENT_SERVER_WORKERS
+from spotpipe.demo.processes import AGENT_SERVER_WORKERS
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 

@@ -23,7 +23,7 @@ from controlplane.accounts.models import Membership, Role, Team
 from controlplane.accounts.services import api_token_create
 from controlplane.webhooks.alerts import alert_endpoint_create
 from frontend import browser
-from spotpipe import demo_history
+from spotpipe.demo import history as demo_history
 
 USERNAME, PASSWORD = "demo", "spotpipe-demo"
 

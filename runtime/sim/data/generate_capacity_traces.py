@@ -19,7 +19,7 @@ An open spell ends more often in the region's busy hours (its working day, UTC) 
 The second region differs on purpose: shorter calm spells and short tight spells, but rarer droughts
 that last longer, busy three hours later (the west coast's day).
 
-Prices follow the product's synthetic market (`spotpipe.demo_history.price_rows`): a mean-reverting
+Prices follow the product's synthetic market (`spotpipe.demo.history.price_rows`): a mean-reverting
 random walk per pool between 25% and 90% of on-demand around 40%, here one change an hour.
 """
 
@@ -121,7 +121,7 @@ def availability(pattern: RegionPattern) -> list[int]:
 
 
 def prices(pattern: RegionPattern) -> list[tuple[datetime, float]]:
-    """(time, USD/hour) one change an hour: `spotpipe.demo_history.price_rows`'s walk."""
+    """(time, USD/hour) one change an hour: `spotpipe.demo.history.price_rows`'s walk."""
     rng = random.Random(1000 + pattern.seed)
     level = rng.uniform(0.3, 0.5)
     out = []

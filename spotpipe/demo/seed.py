@@ -21,7 +21,7 @@ from controlplane.market.ingest import PriceRow, spot_prices_ingest_file, spot_p
 from controlplane.market.models import InstanceType, SpotPool, SpotPrice, Zone
 from controlplane.market.services import catalogue_load
 from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
-from spotpipe import market
+from spotpipe.demo import market
 
 DEMO_TEAM = "demo"
 DEMO_USER = "demo"

@@ -33,11 +33,11 @@ from controlplane.orchestration import tasks
 from controlplane.orchestration.providers.local.provider import LocalProvider
 from controlplane.orchestration.rendezvous import rendezvous_release
 from runtime.config import resolve_strategy
-from spotpipe import preemption_script, processes, report, seed
-from spotpipe.driver import Console, Driver, layout_for, steps_for, submit_job
-from spotpipe.learning import learning_lines, learning_summary
-from spotpipe.market import STAND_IN_TYPE
-from spotpipe.preemption_script import describe
+from spotpipe.demo import preemption_script, processes, report, seed
+from spotpipe.demo.driver import Console, Driver, layout_for, steps_for, submit_job
+from spotpipe.demo.learning import learning_lines, learning_summary
+from spotpipe.demo.market import STAND_IN_TYPE
+from spotpipe.demo.preemption_script import describe
 
 SUMMARY_NAME = "demo-summary.json"
 
@@ -139,7 +139,7 @@ def planner_advice(job: Any) -> dict[str, Any]:
     from django.utils import timezone
 
     from controlplane.planning.services import plan_compute, plan_input_from_job
-    from spotpipe.market import DEMO_TYPES
+    from spotpipe.demo.market import DEMO_TYPES
 
     data = plan_input_from_job(job=job, instance_types=[t for t, _ in DEMO_TYPES], at=timezone.now(),
                                deadline_hours=1.0)

@@ -34,8 +34,8 @@ from controlplane.jobs.services import job_submit
 from controlplane.orchestration.providers import ProviderError
 from controlplane.orchestration.providers.local.provider import LocalProvider
 from runtime.config import MODEL_PRESETS
-from spotpipe.learning import corpus_source
-from spotpipe.preemption_script import NOTICE_S, Preemption, describe, max_survivable
+from spotpipe.demo.learning import corpus_source
+from spotpipe.demo.preemption_script import NOTICE_S, Preemption, describe, max_survivable
 
 # The demo's job contract (the runtime's JobConfig fields): gpt-nano (4 blocks, width 128, context
 # 128, byte vocabulary) learning the Python standard library's source, validated every 25 steps;
