@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                                     out_dir=out_dir)
 
     class AgentWorker(Worker):
-        def _emit(self, record: dict[str, Any]) -> None:
-            super()._emit(record)
+        def emit(self, record: dict[str, Any]) -> None:
+            super().emit(record)
             if record.get("event") == "generation":
                 emit({"type": "generation", "generation": record["generation"], "step": record.get("start_step"),
                       "members": record.get("members")})

@@ -53,7 +53,7 @@ class Fault:
     """`step`: inside a training step. `transfer`: inside a state hand-over at a generation change
     (the first one starting at `step` or later, any if `step` is None), before the node's transfer
     message `at` (-1: the middle one; their number: after the last); a node not in the hand-over
-    fires once the nodes in it have met (see `Worker._transfer_fault_hook`). `validation`: inside
+    fires once the nodes in it have met (see `FaultInjector.at_transfer`). `validation`: inside
     the validation pass on the parameters after `step` steps, before its action `at`."""
     delay_s: float = 0.0
     """`delay`: how long the worker sleeps."""

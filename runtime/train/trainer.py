@@ -10,6 +10,10 @@ states, build process groups and the schedule), run steps, and commit each with 
 that also carries notices and join requests. A failed or timed-out call means a peer is dead or
 hung: drop the groups (so every peer fails fast too), form the next generation through the store
 and continue from the last committed step. A notice means: finish this step, hand over, leave.
+
+This module is the worker's life across generations (start, regroup, finish, checkpoints, export);
+one generation's steps are `runtime.train.loop`, bringing the layer states to a new plan is
+`runtime.train.handover`, and the faults tests and benchmarks inject are `runtime.train.faults`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import contextlib
 import ctypes
 import json
 import math
-import os
 import resource
 import signal
 import sys
@@ -33,27 +36,24 @@ import torch
 import torch.distributed as dist
 
 from runtime.checkpointing.checkpoints import Checkpoints, checkpoint_root
-from runtime.checkpointing.durability import checkpoint_due
 from runtime.checkpointing.export import ExportError, InitialState, export_layers, model_entry
 from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError
 from runtime.data.dataset import Batches, DataError
-from runtime.distributed.comm import Comm, bury, reap
-from runtime.distributed.coordinator import Coordinator, Heartbeat, connect, wait_ready
-from runtime.distributed.membership import Plan, initial_plan, joiners_worth_a_regroup, make_plan
-from runtime.models.model import build_layer
+from runtime.distributed.comm import Comm
+from runtime.distributed.coordinator import Coordinator, Heartbeat, connect
+from runtime.distributed.membership import Plan, initial_plan, make_plan
 from runtime.parallel.device import DeviceUnavailable, Staging, resolve_device, use_device
 from runtime.parallel.layout import Layout
-from runtime.parallel.schedule import build_schedule, forward_schedule, schedule_length, stage_durations
+from runtime.parallel.schedule import forward_schedule, stage_durations
 from runtime.strategies import get_strategy
 from runtime.train.executor import Executor
-from runtime.train.loss_scale import loss_scale_at
+from runtime.train.faults import FaultInjector
+from runtime.train.handover import Handover
+from runtime.train.loop import COMMIT_HEADER, train_generation
 from runtime.train.optim import LayerState, held_bytes
 from runtime.train.reference import named_parameters
 
 StepCallback = Callable[[dict[str, Any]], None]
-COMMIT_HEADER = 4
-"""The step commit's fixed entries (loss sum, loss count, joiners worth a regroup, stop asked), before
-one notice flag per member: what one all-reduce makes every member agree on."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -85,7 +85,7 @@ class WorkerSpec:
     faults: list[dict[str, Any]] = field(default_factory=list)
     """Injected faults: {"kind": "kill"|"stop"|"notice"|"delay", "step": k, "at": action index or -1
     (mid-step), "delay_s": seconds for "delay"}; with "phase": "transfer", during a state hand-over
-    instead (see `Worker._transfer_fault_hook`)."""
+    instead (`runtime.train.faults`)."""
 
 
 class Fenced(RuntimeError):
@@ -127,8 +127,11 @@ class Worker:
         process's): the history an fp16 loss scale is computed from (`runtime.train.loss_scale`),
         handed to joiners in each plan and recorded in checkpoints."""
         self.notice = False
-        self.fired: set[int] = set()
-        self._state_bytes: dict[int, int] = {}
+        self.faults = FaultInjector(spec.faults, emit=self.emit, give_notice=self.give_notice) if spec.faults else None
+        """Injected faults (tests and benchmarks only, `runtime.train.faults`); None in production."""
+        self.handover: Handover | None = None
+        """This node's side of every generation change (`runtime.train.handover`), once `run` opened
+        the store, the device and the initial state."""
         self.comm: Comm | None = None
         self.out = Path(spec.out_dir) if spec.out_dir else None
         # Every strategy writes checkpoints (the plan says when): `checkpoint` restarts from them
@@ -141,7 +144,7 @@ class Worker:
         self.step_times: list[float] = []
         self.slowest_per_unit: float | None = None
         """The slowest committed step's seconds per unit of its layout's estimated length
-        (`schedule_length`): what a step of any layout is expected to take (`_step_timeout`)."""
+        (`schedule_length`): what a step of any layout is expected to take (`step_timeout`)."""
         self._first_step_s: float | None = None
         self.init: InitialState | None = None
         self.init_step = 0
@@ -152,7 +155,8 @@ class Worker:
         self.staging: Staging | None = None
 
     # -- reporting ----------------------------------------------------------------------------
-    def _emit(self, record: dict[str, Any]) -> None:
+    def emit(self, record: dict[str, Any]) -> None:
+        """Record an event or a step's metrics (`metrics-<node>.jsonl`; steps also to `on_step`)."""
         record = {"node": self.node, "time": time.time(), **record}
         if self.out is not None:
             with open(self.out / f"metrics-{self.node}.jsonl", "a") as fh:
@@ -160,49 +164,10 @@ class Worker:
         if self.on_step is not None and "step" in record and "event" not in record:
             self.on_step(record)
 
-    # -- fault injection (tests and benchmarks) -----------------------------------------------
-    def _fault_hook(self, step: int, index: int, total: int, phase: str = "step") -> None:
-        for i, fault in enumerate(self.spec.faults):
-            if i in self.fired or fault.get("phase", "step") != phase or fault["step"] != step:
-                continue
-            at = fault.get("at", -1)
-            if (at if at >= 0 else total // 2) != index:
-                continue
-            self._inject(i, fault, step)
-
-    def _transfer_fault_hook(self, plan: Plan, index: int, total: int) -> None:
-        """Faults with phase "transfer" fire in the first hand-over whose start step is at least
-        the fault's `step` (any, if None): before this node's transfer message `at` (messages it
-        sends or receives, in plan order; -1 = the middle one; `at` == their number = after the
-        last one, before waiting for its sends). A node not taking part fires at its index 0, once
-        every node that does has met at the transfer barrier (so the hand-over is under way)."""
-        for i, fault in enumerate(self.spec.faults):
-            if i in self.fired or fault.get("phase") != "transfer":
-                continue
-            if fault.get("step") is not None and plan["start_step"] < fault["step"]:
-                continue
-            at = fault.get("at", -1)
-            if (at if at >= 0 else total // 2) != index:
-                continue
-            if total == 0:
-                involved = sorted({n for _, src, dst in plan["transfers"] for n in (src, dst)})
-                keys = [f"gen/{plan['generation']}/xfer/ready/{n}" for n in involved]
-                deadline = time.monotonic() + self.config.rendezvous_timeout_s
-                while not self.coord.store.check(keys) and time.monotonic() < deadline:
-                    time.sleep(0.002)
-            self._inject(i, fault, plan["start_step"])
-
-    def _inject(self, i: int, fault: dict[str, Any], step: int) -> None:
-        self.fired.add(i)
-        self._emit({"event": f"inject_{fault['kind']}", "step": step, "phase": fault.get("phase", "step")})
-        if fault["kind"] == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif fault["kind"] == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
-        elif fault["kind"] == "notice":
-            self.notice = True
-        elif fault["kind"] == "delay":
-            time.sleep(fault["delay_s"])  # a slow link or a slow step: late, not lost
+    def give_notice(self) -> None:
+        """This node is about to go (SIGTERM from its agent, or an injected notice): finish the
+        step, hand over, leave."""
+        self.notice = True
 
     # -- the main loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -218,44 +183,23 @@ class Worker:
             self.batches = self._open_data()
             self._open_init()
             self._check_model()
-            if spec.joining:
-                ready = time.time()
-                self.coord.request_join(self.node)
-                self._emit({"event": "join_requested", "ready_time": ready})
-                taken = self.coord.wait_joined(self.node, cfg.rendezvous_timeout_s)
-                if taken is not None:
-                    if not self.coord.store.check([f"joined/{self.node}"]):
-                        # No empty slot for us: stand by outside the group (heartbeating, so the
-                        # plan that next finds a hole -- a member dies or leaves -- takes us) until
-                        # a generation takes us or the job ends. No bound: idling is the control
-                        # plane's call (it can stop the node); the others never wait for a spare.
-                        self._emit({"event": "spare", "generation": taken})
-                    taken = self.coord.wait_joined(self.node, None, spare=False)
-                failed = self.coord.failure()
-                if failed is not None:
-                    self._emit({"event": "job_failed", "reason": failed})
-                    raise JobCannotContinue(failed)
-                if taken is None:
-                    self._emit({"event": "join_too_late"})
-                    return {"node": self.node, "outcome": "too_late", "committed": 0}
-                plan = self.coord.read_plan(taken)
-            else:
-                generation = spec.generation
-                plan = self.coord.read_plan(generation)
-                if plan is None:
-                    plan = self.coord.publish_plan(
-                        generation, initial_plan(cfg, start_step=self.init_step, started_at=time.time())
-                    )
-            assert plan is not None
+            self.handover = Handover(
+                config=cfg, node=self.node, device=self.device, coord=self.coord,
+                generation_store=self.store_prefix, checkpoints=self.ckpt, init=self.init,
+                init_step=self.init_step, emit=self.emit, faults=self.faults,
+            )
+            plan = self._join() if spec.joining else self._first_plan()
+            if plan is None:
+                return {"node": self.node, "outcome": "too_late", "committed": 0}
             while True:
                 if "error" in plan:
                     reason = f"generation {plan['generation']} cannot run: {plan['error']}"
                     self.coord.mark_failed(reason)  # replacements still waiting to join give up too
-                    self._emit({"event": "job_failed", "reason": reason})
+                    self.emit({"event": "job_failed", "reason": reason})
                     raise JobCannotContinue(reason)
                 if self.node not in plan["members"] and self.node not in plan["leaving"]:
                     raise Fenced(f"node {self.node} is not a member of generation {plan['generation']}")
-                self._emit(
+                self.emit(
                     {
                         "event": "generation",
                         "generation": plan["generation"],
@@ -279,17 +223,54 @@ class Worker:
                     return {"node": self.node, "outcome": outcome, "committed": self.committed}
                 self._close_comm()
                 if outcome == "failure":
-                    self._emit({"event": "failure_detected", "generation": plan["generation"], "reason": reason})
+                    self.emit({"event": "failure_detected", "generation": plan["generation"], "reason": reason})
                 if self.coord.is_done():
                     # The others committed the last step and finished while this generation failed
                     # here: there is nobody left to regroup with, and the job's result is theirs.
-                    self._emit({"event": "job_done_without_us", "committed": self.committed})
+                    self.emit({"event": "job_done_without_us", "committed": self.committed})
                     return {"node": self.node, "outcome": "done_elsewhere", "committed": self.committed}
                 plan = self._next_plan(plan, reason, graceful=outcome == "graceful")
         finally:
             heartbeat.stop()
-            self._emit({"event": "heartbeat_stats", "max_gap_s": heartbeat.max_gap_s})
+            self.emit({"event": "heartbeat_stats", "max_gap_s": heartbeat.max_gap_s})
             self._close_comm()
+
+    def _first_plan(self) -> Plan:
+        """The plan of the generation this node starts in (published by the first node to get here)."""
+        plan = self.coord.read_plan(self.spec.generation)
+        if plan is None:
+            plan = self.coord.publish_plan(
+                self.spec.generation,
+                initial_plan(self.config, start_step=self.init_step, started_at=time.time()),
+            )
+        return plan
+
+    def _join(self) -> Plan | None:
+        """As a replacement: ask to join, and wait until a generation takes this node (None: the job
+        ended first). With no empty slot it stands by outside the group meanwhile."""
+        cfg = self.config
+        ready = time.time()
+        self.coord.request_join(self.node)
+        self.emit({"event": "join_requested", "ready_time": ready})
+        taken = self.coord.wait_joined(self.node, cfg.rendezvous_timeout_s)
+        if taken is not None:
+            if not self.coord.store.check([f"joined/{self.node}"]):
+                # No empty slot for us: stand by outside the group (heartbeating, so the plan that
+                # next finds a hole -- a member dies or leaves -- takes us) until a generation takes
+                # us or the job ends. No bound: idling is the control plane's call (it can stop the
+                # node); the others never wait for a spare.
+                self.emit({"event": "spare", "generation": taken})
+            taken = self.coord.wait_joined(self.node, None, spare=False)
+        failed = self.coord.failure()
+        if failed is not None:
+            self.emit({"event": "job_failed", "reason": failed})
+            raise JobCannotContinue(failed)
+        if taken is None:
+            self.emit({"event": "join_too_late"})
+            return None
+        plan = self.coord.read_plan(taken)
+        assert plan is not None, f"generation {taken} took node {self.node} but has no plan"
+        return plan
 
     def _open_device(self) -> None:
         """This node's device (`JobConfig.device`, the spec's GPU index). A node that cannot use the
@@ -300,7 +281,7 @@ class Worker:
         except DeviceUnavailable as exc:
             reason = f"device: {exc}"
             self.coord.mark_failed(reason)
-            self._emit({"event": "job_failed", "reason": reason})
+            self.emit({"event": "job_failed", "reason": reason})
             raise JobCannotContinue(reason) from None
         use_device(self.device)
         self.staging = Staging(self.device)
@@ -313,7 +294,7 @@ class Worker:
         except DataError as exc:
             reason = f"data: {exc}"
             self.coord.mark_failed(reason)
-            self._emit({"event": "job_failed", "reason": reason})
+            self.emit({"event": "job_failed", "reason": reason})
             raise JobCannotContinue(reason) from None
 
     def _open_init(self) -> None:
@@ -326,7 +307,7 @@ class Worker:
         except (ExportError, OSError) as exc:
             reason = f"init_from: {exc}"
             self.coord.mark_failed(reason)
-            self._emit({"event": "job_failed", "reason": reason})
+            self.emit({"event": "job_failed", "reason": reason})
             raise JobCannotContinue(reason) from None
         self.init_step = self.init.start_step
         self.skipped_at = self.init.skipped_at
@@ -346,17 +327,17 @@ class Worker:
         except LayoutError as exc:
             reason = f"model: {exc}"
             self.coord.mark_failed(reason)
-            self._emit({"event": "job_failed", "reason": reason})
+            self.emit({"event": "job_failed", "reason": reason})
             raise JobCannotContinue(reason) from None
 
-    def _validate(self, executor: Executor, layout: Layout, members: list[int], step: int, generation: int) -> None:
+    def validate(self, executor: Executor, layout: Layout, members: list[int], step: int, generation: int) -> None:
         """The held-out loss of the parameters after `step` steps, computed by the pipeline without a
         backward pass, summed over the members like a step's loss; every member emits it. The first
         member records it in the store, so a generation that fails after this does not redo it."""
         started = time.perf_counter()
         actions = forward_schedule(layout).get(self.node, [])
-        if self.spec.faults:
-            executor.hook = lambda i, n: self._fault_hook(step, i, n, phase="validation")
+        if self.faults:
+            executor.hook = self.faults.step_hook(step, phase="validation")
         total = torch.zeros(2, dtype=torch.float64)
         for batch in range(self.config.data.val_batches):
             result = executor.run_validation(batch, actions)
@@ -365,14 +346,14 @@ class Worker:
         self.comm.commit(total)
         if members.index(self.node) == 0:
             self.coord.store.set(f"val/{step}", "1")
-        self._emit({"step": step - 1, "generation": generation, "val_loss": float(total[0] / max(total[1], 1)),
+        self.emit({"step": step - 1, "generation": generation, "val_loss": float(total[0] / max(total[1], 1)),
                     "val_time_s": time.perf_counter() - started})
 
     def _close_comm(self) -> None:
         if self.comm is not None:
             parked = self.comm.close()
             self.comm = None
-            self._emit({"event": "groups_closed", "parked": parked})
+            self.emit({"event": "groups_closed", "parked": parked})
 
     def _next_plan(self, previous: Plan, reason: str, *, graceful: bool) -> Plan:
         cfg = self.config
@@ -380,7 +361,7 @@ class Worker:
         if (graceful and self.strategy.restarts_from_checkpoint and "waiting" not in previous
                 and self.saved_step != self.committed):
             # At a graceful boundary every member is here: a checkpoint now loses no step.
-            self._save_checkpoint(Layout.from_dict(previous["layout"]), self.committed, previous["generation"])
+            self.save_checkpoint(Layout.from_dict(previous["layout"]), self.committed, previous["generation"])
         recent = self.step_times[-20:]
         record = {
             "committed": self.committed,
@@ -441,7 +422,7 @@ class Worker:
         )
         # Where a regroup's time goes (`bench runtime`'s breakdown): waiting on the store for every
         # survivor's answer, and the plan itself (`decide_s`, on the member that computed it).
-        self._emit({"event": "regroup", "generation": generation, "form_s": time.perf_counter() - began,
+        self.emit({"event": "regroup", "generation": generation, "form_s": time.perf_counter() - began,
                     "decide_s": decided[0] if decided else None})
         return plan
 
@@ -452,7 +433,7 @@ class Worker:
         except DataError as exc:  # a streamed shard that went away or changed: no retry can fix it
             reason = f"data: {exc}"
             self.coord.mark_failed(reason)
-            self._emit({"event": "job_failed", "reason": reason})
+            self.emit({"event": "job_failed", "reason": reason})
             if self.comm is not None:
                 self.comm.poison_commit(COMMIT_HEADER + len(plan["members"]))
             raise JobCannotContinue(reason) from None
@@ -488,7 +469,7 @@ class Worker:
                     f"and none joined: {plan['waiting']}"
                 )
                 self.coord.mark_failed(reason)
-                self._emit({"event": "job_failed", "reason": reason})
+                self.emit({"event": "job_failed", "reason": reason})
                 raise JobCannotContinue(reason)
             time.sleep(0.05)
         return "graceful", "join"
@@ -496,155 +477,15 @@ class Worker:
     def _generation_body(self, plan: Plan) -> tuple[str, str]:
         if "waiting" in plan:
             return self._wait_for_joiners(plan)
-        cfg = self.config
-        generation = plan["generation"]
         layout = Layout.from_dict(plan["layout"])
         self.layout = layout
-        self._apply_state(plan, layout)
+        self.handover.apply(plan, layout, self.held)
         self._take_history(plan)
-        handover = any(src in plan["leaving"] for _, src, _ in plan["transfers"])
         if self.node in plan["leaving"]:
             if any(src == self.node for _, src, _ in plan["transfers"]):
-                self._await_handover(plan)
+                self.handover.await_receivers(plan)
             return "left", "notice"
-        members = plan["members"]
-        began = time.perf_counter()
-        wait_ready(
-            self.coord,
-            generation,
-            self.node,
-            members,
-            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-            # Members not in the hand-over wait here while it runs: a legitimately long one (big
-            # layers) must not run them out of time; a hung one is caught by heartbeat or abort.
-            timeout_s=cfg.rendezvous_timeout_s + (self._transfer_timeout(plan) if plan["transfers"] else 0.0),
-            abort_of=generation,
-        )
-        ready = time.perf_counter()
-        self.comm = Comm(
-            self.store_prefix(generation),
-            prefix="pg",
-            node=self.node,
-            members=members,
-            timeout_s=cfg.op_timeout_s,
-        )
-        built = time.perf_counter()
-        actions = build_schedule(layout, cfg.schedule, self._durations(layout)).get(self.node, [])
-        self._emit(
-            {
-                "event": "generation_ready",
-                "generation": generation,
-                "barrier_s": ready - began,
-                "group_s": built - ready,
-                "schedule_s": time.perf_counter() - built,
-            }
-        )
-        executor = Executor(cfg, layout, self.node, self.held, self.comm, self.batches, self.staging)
-        # Hang detection scales with the step (docs/runtime.md "Timeouts"): every call of a step is
-        # bounded by a few times the step time this layout is expected to take, from the slowest
-        # step measured so far; a wait bounded by more than the heartbeat timeout also gives up as
-        # soon as the awaited peer's heartbeat is stale (hung), so long bounds do not slow that down.
-        unit = schedule_length(layout, cfg.schedule, self._durations(layout))
-        self.comm.peer_watch = lambda peer: self._peer_hung(peer, members)
-        self.comm.watch_above_s = cfg.heartbeat_timeout_s
-        bound = self._step_timeout(unit, executor)
-        self.comm.set_timeout(bound)
-        self._emit({"event": "step_timeout", "generation": generation, "op_timeout_s": bound})
-        index = members.index(self.node)
-        start = plan["start_step"]
-        if self.config.validation_due(start) and not self.coord.store.check([f"val/{start}"]):
-            self._validate(executor, layout, members, start, generation)  # the generation that failed did not
-        deferred = set(plan.get("deferred", []))
-        # Join requests up to `told` are dealt with. The first member asks the one rule
-        # (`joiners_worth_a_regroup`) whether the joiners waiting are worth a regroup now; those not
-        # taken yet (no empty slot, or too few for a strategy whose regroup is a restart) it tells
-        # to stand by itself, rather than have everyone regroup just to say it. The next plan,
-        # whatever forms it, still sees them among the joiners since `joins_consumed`.
-        told = plan["joins_consumed"]
-        slot_nodes = [n for row in plan["slots"] for n in row]
-        filled = sum(n is not None for n in slot_nodes)
-        standing_by = len(plan.get("spare", []))
-        first_waiting: float | None = None  # when this member first saw a joiner of this generation waiting
-        step = plan["start_step"]
-        self.committed = step
-        while step < cfg.steps:
-            started = time.perf_counter()
-            if self.spec.faults:
-                executor.hook = lambda i, n, s=step: self._fault_hook(s, i, n)
-            result = executor.run_step(step, actions, loss_scale_at(cfg, step, self.skipped_at))
-            if not self.notice and self.coord.notice_pending(self.node):
-                self.notice = True
-            vector = torch.zeros(COMMIT_HEADER + len(members), dtype=torch.float64)
-            vector[0], vector[1] = result.loss_sum, result.loss_count
-            if index == 0:
-                pending = self.coord.join_count()
-                waiting, now = pending - plan["joins_consumed"], time.monotonic()
-                if waiting > 0 and first_waiting is None:
-                    first_waiting = now
-                if waiting > 0 and joiners_worth_a_regroup(
-                        cfg.strategy, pp=cfg.pp, filled=filled, empty=len(slot_nodes) - filled,
-                        waiting=waiting + standing_by, urgent=bool(deferred), waited_s=now - (first_waiting or now),
-                        wait_bound_s=cfg.join_batch_wait_s):
-                    vector[2] = waiting
-                elif pending > told:
-                    for joiner in self.coord.joiners(told, pending):
-                        self.coord.tell_spare(joiner, generation)
-                    told = pending
-                # A limit asked the job to stop: the commit makes every member stop at this step.
-                vector[3] = float(self.coord.stop_requested())
-            # A deferred node already told the others; it leaves once a replacement joins.
-            vector[COMMIT_HEADER + index] = float(self.notice and self.node not in deferred)
-            self.comm.commit(vector)
-            if step == plan["start_step"]:
-                bury()  # the previous generation's groups, once their calls have failed
-                if handover and index == 0:
-                    self.coord.mark_started(generation)  # a node that handed its state over may go
-            elif step == plan["start_step"] + 1:
-                reap()  # groups given up after failures, beyond a few (off the recovery path)
-            if result.skipped:
-                self.skipped_at.append(step)
-            step += 1
-            self.committed = step
-            self.skipped_steps += int(result.skipped)
-            elapsed = time.perf_counter() - started
-            self.step_times.append(elapsed)
-            step_bound = bound
-            if unit > 0:
-                self.slowest_per_unit = max(self.slowest_per_unit or 0.0, elapsed / unit)
-            bound = self._step_timeout(unit, executor)
-            if checkpoint_due(plan, step, cfg.steps):
-                self._save_checkpoint(layout, step, generation)
-                # The writers write their shares after the commit: the next step's first messages
-                # from a writer come that much later, which its step time did not measure.
-                bound += self._checkpoint_allowance(layout)
-            self.comm.set_timeout(bound)
-            self._emit(
-                {
-                    "step": step - 1,
-                    "generation": generation,
-                    "loss": float(vector[0] / max(vector[1], 1)),
-                    "step_time_s": elapsed,
-                    "op_timeout_s": step_bound,
-                    "samples_per_s": cfg.global_batch / elapsed,
-                    "stage_times_s": {str(k): v for k, v in result.stage_time_s.items()},
-                    "members": len(members),
-                    # inf/NaN as null: the record stays strict JSON (`skipped` says why)
-                    "grad_norm": result.grad_norm if result.grad_norm is not None
-                    and math.isfinite(result.grad_norm) else None,
-                    "skipped": result.skipped,
-                    "skipped_steps": self.skipped_steps,
-                }
-            )
-            if self.config.validation_due(step):
-                self._validate(executor, layout, members, step, generation)
-            if vector[3] > 0 and step < cfg.steps:
-                if self.saved_step != step:
-                    self._save_checkpoint(layout, step, generation)
-                return "stopped", "stop requested"
-            notices = vector[COMMIT_HEADER:].sum() > 0
-            if vector[2] > 0 or notices:
-                return "graceful", "notice" if notices else "join"
-        return "done", ""
+        return train_generation(self, plan, layout)
 
     def _take_history(self, plan: Plan) -> None:
         """The job's skipped steps before the plan's start: a checkpoint's own record when the plan
@@ -658,7 +499,7 @@ class Worker:
         elif "skipped_at" in plan:
             self.skipped_at = [int(s) for s in plan["skipped_at"]]
 
-    def _step_timeout(self, unit: float, executor: Executor) -> float:
+    def step_timeout(self, unit: float, executor: Executor) -> float:
         """The bound of every call of this node's next step (`JobConfig.step_timeout`): from the
         slowest step measured so far, scaled to this layout's estimated length `unit` (a degraded
         layout that gives a survivor twice the work expects a step twice as long); before any
@@ -671,14 +512,14 @@ class Worker:
             self._first_step_s = cfg.first_step_timeout(flop)
         return cfg.step_timeout(None, first_s=self._first_step_s)
 
-    def _checkpoint_allowance(self, layout: Layout) -> float:
+    def checkpoint_allowance(self, layout: Layout) -> float:
         """How much longer than a step the calls of the step after a checkpoint may wait: the
         slowest writer's share written at the hand-over bound (`JobConfig.transfer_timeout` of its
         layers' state bytes, counted in float64 as a hand-over message: an over-estimate), the same
         on every node. Tiny models: about op_timeout_s; GPT-2's stage 0 (813 MB in float32): about 34 s."""
         shares: dict[int, int] = {}
         for layer, writer in self._writers(layout).items():
-            shares[writer] = shares.get(writer, 0) + self._transfer_bytes(layer)
+            shares[writer] = shares.get(writer, 0) + self.handover.transfer_bytes(layer)
         return self.config.transfer_timeout(max(shares.values(), default=0))
 
     def _step_flop(self, executor: Executor) -> float:
@@ -687,14 +528,14 @@ class Worker:
         sample: the first layer's input elements per sample (token ids), or per feature vector
         (float inputs, features last). An over-estimate is harmless: this only bounds a first step."""
         cfg = self.config
-        params = sum((self._transfer_bytes(i) // 8 - 1) // 3 for i in range(executor.layout.num_layers))
+        params = sum((self.handover.transfer_bytes(i) // 8 - 1) // 3 for i in range(executor.layout.num_layers))
         shape, dtype = executor.boundaries[0]
         per_sample = math.prod(shape[1:]) if len(shape) > 1 else 1
         if dtype.is_floating_point and len(shape) > 1:
             per_sample //= max(shape[-1], 1)
         return 6.0 * params * cfg.global_batch * max(per_sample, 1)
 
-    def _peer_hung(self, peer: int | None, members: list[int]) -> str | None:
+    def peer_hung(self, peer: int | None, members: list[int]) -> str | None:
         """Why a step's wait for `peer` (None: any member) should stop before its bound: the peer is
         gone (dead mark from a supervisor, or heartbeat older than `heartbeat_timeout_s`: hung)."""
         peers = [peer] if peer is not None else [n for n in members if n != self.node]
@@ -703,31 +544,11 @@ class Worker:
             return f"peers {gone} are gone (dead, or no heartbeat for {self.config.heartbeat_timeout_s}s: hung)"
         return None
 
-    def _await_handover(self, plan: Plan) -> None:
-        """A leaving node that sent state stays until the generation that received it committed its
-        first step. If that generation is given up first (a receiver or another member died during
-        the hand-over), it still holds the state -- perhaps the only copy -- and raises, so it joins
-        the next rendezvous (kept as `deferred` again if the job needs it) instead of leaving."""
-        generation = plan["generation"]
-        receivers = sorted({dst for _, src, dst in plan["transfers"] if src == self.node})
-        deadline = time.monotonic() + self.config.rendezvous_timeout_s
-        while not self.coord.started(generation) and not self.coord.is_over():
-            why = self.coord.aborted(generation)
-            if why is not None:
-                raise RuntimeError(f"hand-over: generation {generation} was given up: {why}")
-            gone = [n for n in receivers if self.coord.is_gone(n, self.config.heartbeat_timeout_s)]
-            if gone:
-                raise RuntimeError(f"hand-over: receivers {gone} of generation {generation} are gone")
-            if time.monotonic() > deadline:  # the state was sent; do not outstay the notice for ever
-                self._emit({"event": "handover_unconfirmed", "generation": generation})
-                return
-            time.sleep(0.005)
-
     def store_prefix(self, generation: int) -> dist.Store:
         """The store namespace of one generation's groups."""
         return dist.PrefixStore(f"{self.spec.job_id}/gen/{generation}", self.store)
 
-    def _durations(self, layout: Layout):
+    def durations(self, layout: Layout):
         dev = self.config.device_time
         if dev is not None:
             per_layer = [(dev.forward_ms, dev.backward_input_ms, dev.backward_weight_ms)] * layout.num_layers
@@ -736,134 +557,7 @@ class Worker:
             return stage_durations(layout, [(c / 3, c / 3, c / 3) for c in self.config.layer_costs])
         return stage_durations(layout)
 
-    # -- state across generations -------------------------------------------------------------
-    def _new_layer(self, index: int) -> LayerState:
-        # Built on the CPU (the seeded init is the CPU generator's), then moved: the same start on any device.
-        return LayerState(index, build_layer(self.config.model, index, self.config.seed).to(self.device))
-
-    def _initial_layer(self, index: int) -> LayerState:
-        """Layer `index` as the job starts: seeded, or loaded from `init_from`."""
-        state = self._new_layer(index)
-        if self.init is not None:
-            self.init.apply(state)
-        return state
-
-    def _transfer_bytes(self, index: int) -> int:
-        """Bytes of layer `index`'s hand-over message (`LayerState.flat`: params and both AdamW
-        moments in float64, plus the version); shapes only, built on the meta device."""
-        if index not in self._state_bytes:
-            with torch.device("meta"):
-                module = build_layer(self.config.model, index, self.config.seed)
-            self._state_bytes[index] = 8 * (3 * sum(p.numel() for p in module.parameters()) + 1)
-        return self._state_bytes[index]
-
-    def _handover_trouble(self, generation: int, peers: list[int]) -> str | None:
-        """Why a hand-over wait should stop before its timeout: the generation was given up, or a
-        peer we exchange state with is gone (dead mark, or no heartbeat: hung)."""
-        why = self.coord.aborted(generation)
-        if why is not None:
-            return f"hand-over: generation {generation} was given up: {why}"
-        gone = [n for n in peers if self.coord.is_gone(n, self.config.heartbeat_timeout_s)]
-        if gone:
-            return f"hand-over: peers {gone} of generation {generation} are gone (dead or no heartbeat)"
-        return None
-
-    def _transfer_timeout(self, plan: Plan) -> float:
-        """The bound of every call of this plan's hand-over (`JobConfig.transfer_timeout`), from all
-        the bytes it moves: the same on every node."""
-        return self.config.transfer_timeout(sum(self._transfer_bytes(layer) for layer, _, _ in plan["transfers"]))
-
-    def _apply_state(self, plan: Plan, layout: Layout) -> None:
-        """Roll back / restore / receive so that we hold exactly our layers at the plan's step."""
-        start = plan["start_step"]
-        mine = layout.layers_of(self.node) if self.node in plan["members"] else set()
-        for state in self.held.values():
-            state.zero_grad()  # gradients of the interrupted step are partial: the step is redone
-        if plan["restore_step"] is not None:
-            self.held = {}
-            for i in sorted(mine):
-                if start > self.init_step:
-                    state = self._new_layer(i)
-                    self.ckpt.load(start, state, self.config.model)
-                else:
-                    state = self._initial_layer(i)
-                self.held[i] = state
-            return
-        for i, state in list(self.held.items()):
-            if state.version == start + 1:
-                state.rollback_to(start)
-            if state.version != start:
-                del self.held[i]
-        transfers = plan["transfers"]
-        involved = sorted({n for _, src, dst in transfers for n in (src, dst)})
-        if self.node in involved:
-            # Meet at the store first: a source that died after the plan was published is caught by
-            # its heartbeat here, instead of hanging the group's construction for the full timeout.
-            wait_ready(
-                self.coord,
-                f"{plan['generation']}/xfer",
-                self.node,
-                involved,
-                heartbeat_timeout_s=self.config.heartbeat_timeout_s,
-                timeout_s=self.config.rendezvous_timeout_s,
-                abort_of=plan["generation"],
-            )
-            # Every call is bounded by the transfer timeout, not the (short) op timeout: moving a
-            # big layer legitimately takes longer than any message of a step. A peer killed
-            # mid-transfer fails our calls at once (closed connection); one hung (SIGSTOP) is seen
-            # by its stale heartbeat, or by a member giving the generation up, not at the bound.
-            timeout = self._transfer_timeout(plan)
-            mine_moves = [t for t in transfers if self.node in t[1:]]
-            peers = sorted({n for _, src, dst in mine_moves for n in (src, dst)} - {self.node})
-            began = time.perf_counter()
-            # A short-lived group of its own (it may include leaving nodes, which then exit).
-            comm = Comm(
-                self.store_prefix(plan["generation"]),
-                prefix="xfer",
-                node=self.node,
-                members=involved,
-                timeout_s=timeout,
-                watch=lambda: self._handover_trouble(plan["generation"], peers),
-            )
-            try:
-                for index, (layer, src, dst) in enumerate(mine_moves):
-                    if self.spec.faults:
-                        self._transfer_fault_hook(plan, index, len(mine_moves))
-                    if src == self.node:
-                        comm.send(self.held[layer].flat(), dst, layer)
-                    else:
-                        state = self._new_layer(layer)
-                        buf = torch.empty(state.numel() + 1, dtype=torch.float64)
-                        comm.recv(buf, src, layer)
-                        state.load_flat(buf)
-                        self.held[layer] = state
-                if self.spec.faults:
-                    self._transfer_fault_hook(plan, len(mine_moves), len(mine_moves))
-                comm.wait_sends()
-            finally:
-                comm.close()
-            self._emit(
-                {
-                    "event": "transfer",
-                    "generation": plan["generation"],
-                    "bytes": sum(self._transfer_bytes(layer) for layer, _, _ in mine_moves),
-                    "timeout_s": timeout,
-                    "seconds": time.perf_counter() - began,
-                }
-            )
-        elif transfers and self.spec.faults:
-            self._transfer_fault_hook(plan, 0, 0)
-        if self.node in plan["leaving"]:
-            return  # keep what we sent until the receivers are training with it (_await_handover)
-        for i in sorted(mine):
-            if i not in self.held:
-                if start != self.init_step:
-                    raise RuntimeError(f"layer {i} missing at step {start} and no transfer planned")
-                self.held[i] = self._initial_layer(i)
-        for i in list(self.held):
-            if i not in mine:
-                del self.held[i]
-
+    # -- checkpoints and the final export ------------------------------------------------------
     @staticmethod
     def _writers(layout: Layout) -> dict[int, int]:
         """Layer -> its designated writer in `layout` (the first owner of each owner run), for
@@ -881,7 +575,7 @@ class Worker:
             "skipped_steps_at": [s for s in self.skipped_at if s < steps_done],
         }
 
-    def _save_checkpoint(self, layout: Layout, step: int, generation: int) -> None:
+    def save_checkpoint(self, layout: Layout, step: int, generation: int) -> None:
         """Write this node's share of the checkpoint of `step` (the layers it is the designated
         writer of) and time it: the write's duration is the checkpoint cost of the next interval."""
         writers = self._writers(layout)
@@ -896,14 +590,14 @@ class Worker:
         )
         self.ckpt_cost_s = time.perf_counter() - began
         self.saved_step = step
-        self._emit({"event": "checkpoint", "step": step, "generation": generation, "seconds": self.ckpt_cost_s,
+        self.emit({"event": "checkpoint", "step": step, "generation": generation, "seconds": self.ckpt_cost_s,
                     "complete": complete, "dir": self.ckpt.step_dir(step)})
 
     def _finish(self, outcome: str) -> None:
         if outcome == "left":
             self.coord.mark_left(self.node)  # the others stop expecting us at a rendezvous
         self._emit_held_state()
-        self._emit({"event": outcome, "committed": self.committed})
+        self.emit({"event": outcome, "committed": self.committed})
         if outcome == "done":
             self.coord.mark_done()
         elif outcome == "stopped":
@@ -923,7 +617,7 @@ class Worker:
         """What this process holds at its end: its layers and their state's bytes (`held_bytes`),
         and its peak resident memory (informative: it includes the Python and torch runtime)."""
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        self._emit({"event": "held_state", "layers": sorted(self.held), **held_bytes(self.held.values()),
+        self.emit({"event": "held_state", "layers": sorted(self.held), **held_bytes(self.held.values()),
                     "peak_rss_bytes": peak_kib * 1024})
 
     def _export(self) -> None:
@@ -945,7 +639,7 @@ class Worker:
                 event["hf"] = write_hf_beside(self.spec.export_dir)
             except (ExportError, OSError) as exc:
                 event["hf_error"] = str(exc)
-        self._emit(event)
+        self.emit(event)
 
 
 def run_worker(spec: WorkerSpec, on_step: StepCallback | None = None) -> dict[str, Any]:
@@ -963,8 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(WorkerSpec(**json.loads(text)), on_step=lambda m: print(json.dumps(m), flush=True))
 
     def on_sigterm(signum: int, frame: object) -> None:
-        # SIGTERM is how an agent forwards a preemption notice: finish the step, hand over, leave.
-        worker.notice = True
+        # SIGTERM is how an agent forwards a preemption notice.
+        worker.give_notice()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     summary = worker.run()

@@ -150,7 +150,7 @@ def test_the_runtimes_spare_event_reaches_the_agent_as_a_spare_line(tmp_path: Pa
     _store, args = _one_node_entry_args(tmp_path, 10)
 
     def stand_by_then_finish(self) -> dict:
-        self._emit({"event": "spare", "generation": 4})  # what Worker.run emits when told spare/<node>
+        self.emit({"event": "spare", "generation": 4})  # what Worker.run emits when told spare/<node>
         return {"node": self.node, "outcome": "done", "committed": 3}
 
     monkeypatch.setattr(runtime_worker.Worker, "run", stand_by_then_finish)
