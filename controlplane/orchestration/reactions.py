@@ -58,27 +58,27 @@ def react_leave(config: JobConfig, slots: Slots, leaving: set[int], *, noticed: 
     back)."""
     plan = plan_for_fleet(config, slots, gone=leaving - noticed, noticed=noticed & leaving,
                           checkpoint_step=checkpoint_step)
-    if "error" in plan:
-        return Reaction(decision="fail", slots=None, reason=f"the job cannot continue: {plan['error']}")
-    if "waiting" in plan:
-        return Reaction(decision="wait", slots=None, reason=plan["waiting"])
-    nxt = plan["slots"]
-    deferred = plan.get("deferred") or []
+    if plan.error is not None:
+        return Reaction(decision="fail", slots=None, reason=f"the job cannot continue: {plan.error}")
+    if plan.waiting is not None:
+        return Reaction(decision="wait", slots=None, reason=plan.waiting)
+    nxt = plan.slots
+    deferred = plan.deferred
     reason = f"{len(leaving)} node(s) left; {len(holes(nxt))} hole(s)"
     if deferred:
         reason += f"; {len(deferred)} noticed node(s) stay until a replacement joins"
-    if plan.get("restore_step") is not None and not get_strategy(config.strategy).restarts_from_checkpoint:
+    if plan.restore_step is not None and not get_strategy(config.strategy).restarts_from_checkpoint:
         # Every copy of some layer is gone: the survivors restart from the newest checkpoint.
-        return Reaction(decision="restart", slots=nxt, reason=f"{reason}; {plan['reason'].split(': ', 1)[-1]}")
+        return Reaction(decision="restart", slots=nxt, reason=f"{reason}; {plan.reason.split(': ', 1)[-1]}")
     return Reaction(decision=get_strategy(config.strategy).decision, slots=nxt, reason=reason)
 
 
 def react_join(config: JobConfig, slots: Slots, joiners: list[int]) -> Reaction:
     """Slots after `joiners` fill holes (the job grows back), as the runtime's plan has them."""
     plan = plan_for_fleet(config, slots, gone=set(), noticed=set(), joiners=joiners)
-    if "layout" not in plan:
-        return Reaction(decision="wait", slots=None, reason=plan.get("error") or plan.get("waiting", ""))
-    nxt = plan["slots"]
+    if not plan.runs:
+        return Reaction(decision="wait", slots=None, reason=plan.error or plan.waiting or "")
+    nxt = plan.slots
     return Reaction(decision="grow", slots=nxt, reason=f"{len(joiners)} node(s) joined; {len(holes(nxt))} hole(s)")
 
 

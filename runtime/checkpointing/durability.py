@@ -71,14 +71,16 @@ def initial_durability(config: JobConfig, *, started_at: float) -> dict[str, Any
 
 
 def next_durability(
-    config: JobConfig, previous: Mapping[str, Any], *, lost: bool, records: Mapping[int, Mapping[str, Any]], now: float
+    config: JobConfig, *, started_at: float, failures: int, lost: bool, records: Mapping[int, Mapping[str, Any]],
+    now: float,
 ) -> dict[str, Any]:
-    """The durability fields of the next plan. A generation formed because members were lost counts
-    as one failure (a zone-wide reclaim of several nodes is one event). The checkpoint cost is the
-    slowest writer's last write (a checkpoint is complete only when the last writer is done), the
-    step time the slowest member's recent median."""
-    started = float(previous.get("started_at", now))
-    failures = int(previous.get("failures", 0)) + int(lost)
+    """The durability fields of the next plan, from the previous plan's (`started_at`, `failures`).
+    A generation formed because members were lost counts as one failure (a zone-wide reclaim of
+    several nodes is one event). The checkpoint cost is the slowest writer's last write (a
+    checkpoint is complete only when the last writer is done), the step time the slowest member's
+    recent median."""
+    started = started_at
+    failures = failures + int(lost)
     mtbf = estimated_mtbf_s(config.mtbf_s, now - started, failures)
     every = checkpoint_interval_steps(
         config, cost_s=_largest(records, "checkpoint_cost_s"), mtbf_s=mtbf, step_time_s=_largest(records, "step_time_s")
@@ -86,9 +88,8 @@ def next_durability(
     return {"checkpoint_every": every, "failures": failures, "started_at": started, "mtbf_s": mtbf}
 
 
-def checkpoint_due(plan: Mapping[str, Any], step: int, total_steps: int) -> bool:
-    """Whether the checkpoint of `step` (steps committed) is written: every `checkpoint_every` steps
-    counted from the generation's start (the interval may change with each generation), never at
-    the job's last step (the final export, when there is one, is written then)."""
-    every = int(plan.get("checkpoint_every") or 0)
-    return every > 0 and step < total_steps and step > plan["start_step"] and (step - plan["start_step"]) % every == 0
+def checkpoint_due(step: int, total_steps: int, *, every: int, start_step: int) -> bool:
+    """Whether the checkpoint of `step` (steps committed) is written: every `every` steps counted
+    from the generation's start `start_step` (the interval may change with each generation), never
+    at the job's last step (the final export, when there is one, is written then)."""
+    return every > 0 and step < total_steps and step > start_step and (step - start_step) % every == 0

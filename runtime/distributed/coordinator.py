@@ -32,6 +32,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from runtime.distributed.generation_plan import GenerationPlan
+
 DECIDER_GRACE_S = 0.25
 """How long the other members wait for the lowest member's plan before computing one themselves."""
 
@@ -178,23 +180,24 @@ class Coordinator:
             return False
         return time.time() - float(self.store.get(f"hb/{node}")) > heartbeat_timeout_s
 
-    def read_plan(self, generation: int) -> dict[str, Any] | None:
-        """The published plan of `generation`, if any."""
+    def read_plan(self, generation: int) -> GenerationPlan | None:
+        """The published plan of `generation`, if any (checked: `PlanWireError` names a bad field)."""
         key = f"gen/{generation}/plan"
-        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+        return GenerationPlan.from_dict(json.loads(self.store.get(key))) if self.store.check([key]) else None
 
-    def publish_plan(self, generation: int, plan: dict[str, Any]) -> dict[str, Any]:
-        """Publish `plan` unless another member already did; returns the plan that won."""
-        payload = json.dumps(plan)
+    def publish_plan(self, generation: int, plan: GenerationPlan) -> GenerationPlan:
+        """Publish `plan` unless another member already did; returns the plan that won, as every
+        member reads it (from the store's JSON)."""
+        payload = json.dumps(plan.to_dict())
         won = self.store.compare_set(f"gen/{generation}/plan", "", payload)
-        result = json.loads(won)
+        result = GenerationPlan.from_dict(json.loads(won))
         if won == payload.encode():
             self.store.add("generation", 1)
-            for node in plan.get("joined", []):
+            for node in plan.joined:
                 self.store.set(f"joined/{node}", str(generation))
             # A joiner that got no slot learns it now (it used to wait for `joined/` until the job
             # ended or its rendezvous timeout, 60 s, and then exited as a failed worker).
-            for node in plan.get("spare", []):
+            for node in plan.spare:
                 self.tell_spare(node, generation)
         return result
 
@@ -209,11 +212,11 @@ class Coordinator:
         node: int,
         record: dict[str, Any],
         expected: Iterable[int],
-        decide: Callable[[dict[int, dict[str, Any]]], dict[str, Any]],
+        decide: Callable[[dict[int, dict[str, Any]]], GenerationPlan],
         heartbeat_timeout_s: float,
         timeout_s: float,
         answer_timeout_s: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> GenerationPlan:
         """Rendezvous of `generation`: write our record, wait until every expected member has answered
         or is gone, then publish `decide(records)` (first writer wins) and return the winning plan.
 

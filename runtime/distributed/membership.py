@@ -2,11 +2,13 @@
 
 One survivor (whoever gets there first) computes the plan and publishes it with an atomic
 compare-and-set on the store; everyone else reads that same plan, so all members agree on the
-layout, the step to resume from and which layer states move where.
+layout, the step to resume from and which layer states move where. The plan itself is a typed
+value, `runtime.distributed.generation_plan.GenerationPlan`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
@@ -15,11 +17,10 @@ from typing import Any
 
 from runtime.checkpointing.durability import initial_durability, next_durability
 from runtime.config import JobConfig, LayoutError
+from runtime.distributed.generation_plan import GenerationPlan
 from runtime.parallel.layout import Layout
 from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, alive_nodes, fill_slots, full_slots
-
-Plan = dict[str, Any]
 
 LAYOUTS_REMEMBERED = 8
 """(config, slots) -> layout answers `layout_of` keeps (a process plans a few jobs at a time)."""
@@ -48,28 +49,14 @@ def layout_of(config: JobConfig, slots: Slots) -> Layout:
     return layout
 
 
-def initial_plan(config: JobConfig, *, start_step: int = 0, started_at: float = 0.0) -> Plan:
+def initial_plan(config: JobConfig, *, start_step: int = 0, started_at: float = 0.0) -> GenerationPlan:
     """Generation 0: the full layout at `start_step` (0, or where the `init_from` export it
     continues stopped); every node builds its layers from the seed (or loads them from init_from).
     `started_at`: the job's start (wall clock), for the failure rate (`runtime.checkpointing.durability`)."""
     slots = full_slots(config)
     layout = get_strategy(config.strategy).layout_for(config, slots)
-    return {
-        "generation": 0,
-        "slots": slots,
-        "layout": layout.to_dict(),
-        "members": list(layout.nodes()),
-        "start_step": start_step,
-        "restore_step": None,
-        "transfers": [],
-        "leaving": [],
-        "deferred": [],
-        "joins_consumed": 0,
-        "lost": [],
-        "joined": [],
-        "reason": "start",
-        **initial_durability(config, started_at=started_at),
-    }
+    return GenerationPlan(generation=0, slots=slots, layout=layout, members=list(layout.nodes()),
+                          start_step=start_step, reason="start", **initial_durability(config, started_at=started_at))
 
 
 def joiners_worth_a_regroup(strategy: str, *, pp: int, filled: int, empty: int, waiting: int, waited_s: float,
@@ -95,16 +82,16 @@ def joiners_worth_a_regroup(strategy: str, *, pp: int, filled: int, empty: int, 
     return waiting >= empty or (filled + waiting) // pp > filled // pp or waited_s >= wait_bound_s
 
 
-def _give_back_slots(config: JobConfig, previous: Plan, alive: dict[int, dict[str, Any]]) -> Slots:
+def _give_back_slots(config: JobConfig, previous: GenerationPlan, alive: dict[int, dict[str, Any]]) -> Slots:
     """The previous slots, with a node that was leaving but is still here given a slot back.
 
     Such a node's hand-over failed (its receiver or another member died before the receiving
     generation committed a step), so it still holds what it was handing over. It goes back into an
     empty slot whose layers (in the full layout) are the ones it holds, so that, if the job still
     needs it, it is kept as `deferred` where its state is; otherwise it simply leaves again."""
-    slots: Slots = [[n if n in alive else None for n in row] for row in previous["slots"]]
+    slots: Slots = [[n if n in alive else None for n in row] for row in previous.slots]
     placed = set(alive_nodes(slots))
-    returning = [n for n in previous.get("leaving", []) if n in alive and n not in placed]
+    returning = [n for n in previous.leaving if n in alive and n not in placed]
     if not returning:
         return slots
     full = get_strategy(config.strategy).layout_for(config, full_slots(config))
@@ -122,7 +109,7 @@ def make_plan(
     config: JobConfig,
     *,
     generation: int,
-    previous: Plan,
+    previous: GenerationPlan,
     alive: dict[int, dict[str, Any]],
     joiners: list[int],
     checkpoint_step: int | None,
@@ -130,7 +117,7 @@ def make_plan(
     spares: list[int] | None = None,
     now: float | None = None,
     gone_joiners: Collection[int] = (),
-) -> Plan:
+) -> GenerationPlan:
     """The next generation's plan.
 
     `alive` maps each responding old member to its record: `committed` (steps it knows committed),
@@ -149,7 +136,7 @@ def make_plan(
     strategy = get_strategy(config.strategy)
     candidates = [*(spares or []), *(n for n in joiners if n not in (spares or []) and n not in gone_joiners)]
     noticed = sorted(n for n, rec in alive.items() if rec.get("leaving"))
-    lost = sorted(set(previous["members"]) - set(alive))
+    lost = sorted(set(previous.members) - set(alive))
     grid = _give_back_slots(config, previous, alive)
 
     def arrange(keep: set[int]) -> tuple[Slots, list[int], Layout | LayoutError]:
@@ -176,40 +163,37 @@ def make_plan(
                 deferred.discard(n)
         slots, extra, layout = arrange(deferred)
     leaving = [n for n in noticed if n not in deferred]
-    base: Plan = {
-        "generation": generation,
-        "slots": slots,
-        "leaving": leaving,
-        "deferred": sorted(deferred),
-        "lost": lost,
-        "joined": [n for n in candidates if n not in extra],
-        "joins_consumed": previous["joins_consumed"] + len(joiners),
-        "reason": reason,
+    base = GenerationPlan(
+        generation=generation,
+        slots=slots,
+        leaving=leaving,
+        deferred=sorted(deferred),
+        lost=lost,
+        joined=[n for n in candidates if n not in extra],
+        joins_consumed=previous.joins_consumed + len(joiners),
+        reason=reason,
         # Checkpoints guard against the failures that need them: for a strategy that keeps state alive
         # on its survivors, a loss counts only when it took every copy of some layer (no layout). At
         # fleet size nodes go every few seconds, and counting each would checkpoint every few seconds.
-        **next_durability(config, previous,
+        **next_durability(config, started_at=previous.started_at, failures=previous.failures,
                           lost=bool(lost) and (strategy.restarts_from_checkpoint or isinstance(layout, LayoutError)),
-                          records=alive, now=float(previous.get("started_at", 0.0)) if now is None else now),
-    }
+                          records=alive, now=previous.started_at if now is None else now),
+    )
     fallback = {"alive": alive, "noticed": noticed, "candidates": candidates, "checkpoint_step": checkpoint_step}
     if isinstance(layout, LayoutError):
         if strategy.restarts_from_checkpoint and alive:
             # The state comes back from the checkpoint whoever runs it: wait for replacements
             # (a plan with `waiting` and no layout; the next join forms the next generation).
-            return {
-                **base,
-                "waiting": str(layout),
-                "members": sorted(set(alive_nodes(slots)) | set(extra)),
-                "joined": candidates,  # every candidate is a member here (none is a spare)
-                "spare": [],
-                "start_step": max(int(rec["committed"]) for rec in alive.values()),
-                "restore_step": None,
-                "transfers": [],
-            }
+            return dataclasses.replace(
+                base,
+                waiting=str(layout),
+                members=sorted(set(alive_nodes(slots)) | set(extra)),
+                joined=candidates,  # every candidate is a member here (none is a spare)
+                start_step=max(int(rec["committed"]) for rec in alive.values()),
+            )
         return _restart_or_fail(config, base, str(layout), **fallback)
     start = max(int(rec["committed"]) for rec in alive.values())
-    transfers: list[list[int]] = []
+    transfers: list[tuple[int, int, int]] = []
     restore = None
     if strategy.restarts_from_checkpoint:
         restore = checkpoint_step or 0
@@ -232,20 +216,13 @@ def make_plan(
                     lost_state = (f"layer {layer} has no surviving copy at step {start} "
                                   "(every node that held it is gone; no replica had it)")
                     return _restart_or_fail(config, base, lost_state, **fallback)
-                transfers.append([layer, sources[0], node])
-    return {
-        **base,
-        "layout": layout.to_dict(),
-        "members": list(layout.nodes()),
-        "spare": extra,
-        "start_step": start,
-        "restore_step": restore,
-        "transfers": transfers,
-    }
+                transfers.append((layer, sources[0], node))
+    return dataclasses.replace(base, layout=layout, members=list(layout.nodes()), spare=extra, start_step=start,
+                               restore_step=restore, transfers=transfers)
 
 
-def _restart_or_fail(config: JobConfig, base: Plan, lost_state: str, *, alive: dict[int, dict[str, Any]],
-                     noticed: list[int], candidates: list[int], checkpoint_step: int | None) -> Plan:
+def _restart_or_fail(config: JobConfig, base: GenerationPlan, lost_state: str, *, alive: dict[int, dict[str, Any]],
+                     noticed: list[int], candidates: list[int], checkpoint_step: int | None) -> GenerationPlan:
     """The plan when the state is lost (`lost_state` says what): for a strategy that falls back to
     checkpoints, a restart from the newest complete one -- the survivors (but noticed ones, who
     leave) and the candidates packed into fresh slots pipeline by pipeline and laid out by the
@@ -253,46 +230,38 @@ def _restart_or_fail(config: JobConfig, base: Plan, lost_state: str, *, alive: d
     layers from the checkpoint and replaying the steps since; otherwise, or with no checkpoint, the
     error that ends the job."""
     if not get_strategy(config.strategy).falls_back_to_checkpoint:
-        return {**base, "error": lost_state}
+        return dataclasses.replace(base, error=lost_state)
     if checkpoint_step is None:
-        return {**base, "error": f"{lost_state}; no checkpoint was available to restart from"}
+        return dataclasses.replace(base, error=f"{lost_state}; no checkpoint was available to restart from")
     staying = [n for n in sorted(alive) if n not in noticed]
     slots, extra = fill_slots([[None] * config.pp for _ in range(config.dp)],
                               [*staying, *(n for n in candidates if n not in staying)])
     try:
         layout = get_strategy(config.strategy).layout_for(config, slots)
     except LayoutError as exc:
-        return {**base, "error": f"{lost_state}; restarting from the checkpoint of step {checkpoint_step} "
-                                 f"failed too: {exc}"}
-    return {
-        **base,
-        "slots": slots,
-        "leaving": list(noticed),
-        "deferred": [],
-        "joined": [n for n in candidates if n not in extra],
-        "layout": layout.to_dict(),
-        "members": list(layout.nodes()),
-        "spare": extra,
-        "start_step": checkpoint_step,
-        "restore_step": checkpoint_step,
-        "transfers": [],
-        "reason": f"{base['reason']}: {lost_state}; restored from checkpoint step {checkpoint_step}",
-    }
+        return dataclasses.replace(base, error=f"{lost_state}; restarting from the checkpoint of step "
+                                               f"{checkpoint_step} failed too: {exc}")
+    return dataclasses.replace(
+        base, slots=slots, leaving=list(noticed), deferred=[], joined=[n for n in candidates if n not in extra],
+        layout=layout, members=list(layout.nodes()), spare=extra, start_step=checkpoint_step,
+        restore_step=checkpoint_step, transfers=[],
+        reason=f"{base.reason}: {lost_state}; restored from checkpoint step {checkpoint_step}",
+    )
 
 
 def plan_for_fleet(
     config: JobConfig, slots: Slots, *, gone: set[int], noticed: set[int], joiners: list[int] | None = None,
     checkpoint_step: int | None = None,
-) -> Plan:
+) -> GenerationPlan:
     """The plan the survivors will agree on, from what the control plane knows of the fleet: the
     current generation's `slots`, the members that are `gone` (dead), those `noticed` (an
     interruption notice: still here, leaving) and the nodes that joined. Every member is taken to
     hold the layers its slot holds in the current layout, at the same step (the control plane
     does not see the step or extra copies; with them the survivors can only do better).
 
-    The answer is `make_plan`'s, the runtime's own: `layout` (go on; `deferred` lists noticed
+    The answer is `make_plan`'s, the runtime's own: a `layout` (go on; `deferred` lists noticed
     members kept until a replacement joins), `waiting` (a strategy that restarts from its
-    checkpoint waits for replacements) or `error` (the state is lost: the job cannot continue).
+    checkpoint waits for replacements) or an `error` (the state is lost: the job cannot continue).
     `checkpoint_step`: the newest complete checkpoint the control plane found in the job's folder
     (None: none), which lets a strategy that falls back to checkpoints restart instead of failing.
     Torch-free, so the control plane asks it instead of keeping rules of its own."""
@@ -313,8 +282,9 @@ def plan_for_fleet(
     if not alive:
         empty: Slots = [[None] * len(row) for row in slots]
         if restorable:  # replacements restore the last checkpoint
-            return {"generation": 1, "slots": empty, "waiting": "no member survived; replacements restore it"}
-        return {"generation": 1, "slots": empty, "error": "no member survived and the strategy keeps no checkpoint"}
-    previous: Plan = {"members": members, "slots": slots, "leaving": [], "joins_consumed": 0}
+            return GenerationPlan(generation=1, slots=empty, waiting="no member survived; replacements restore it")
+        return GenerationPlan(generation=1, slots=empty,
+                              error="no member survived and the strategy keeps no checkpoint")
+    previous = GenerationPlan(generation=0, slots=slots, members=members)
     return make_plan(config, generation=1, previous=previous, alive=alive, joiners=list(joiners or []),
                      checkpoint_step=step if strategy.restarts_from_checkpoint else checkpoint_step, reason="fleet")

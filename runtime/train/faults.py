@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.distributed.coordinator import Coordinator
-from runtime.distributed.membership import Plan
+from runtime.distributed.generation_plan import GenerationPlan
 
 
 class FaultInjector:
@@ -43,7 +43,8 @@ class FaultInjector:
                 continue
             self._inject(i, fault, step)
 
-    def at_transfer(self, plan: Plan, index: int, total: int, *, coord: Coordinator, timeout_s: float) -> None:
+    def at_transfer(self, plan: GenerationPlan, index: int, total: int, *, coord: Coordinator,
+                    timeout_s: float) -> None:
         """Faults with phase "transfer" fire in the first hand-over whose start step is at least
         the fault's `step` (any, if None): before this node's transfer message `index` of `total`
         (messages it sends or receives, in plan order; `at` -1 = the middle one; `at` == their
@@ -53,18 +54,18 @@ class FaultInjector:
         for i, fault in enumerate(self.faults):
             if i in self.fired or fault.get("phase") != "transfer":
                 continue
-            if fault.get("step") is not None and plan["start_step"] < fault["step"]:
+            if fault.get("step") is not None and plan.start_step < fault["step"]:
                 continue
             at = fault.get("at", -1)
             if (at if at >= 0 else total // 2) != index:
                 continue
             if total == 0:
-                involved = sorted({n for _, src, dst in plan["transfers"] for n in (src, dst)})
-                keys = [f"gen/{plan['generation']}/xfer/ready/{n}" for n in involved]
+                involved = sorted({n for _, src, dst in plan.transfers for n in (src, dst)})
+                keys = [f"gen/{plan.generation}/xfer/ready/{n}" for n in involved]
                 deadline = time.monotonic() + timeout_s
                 while not coord.store.check(keys) and time.monotonic() < deadline:
                     time.sleep(0.002)
-            self._inject(i, fault, plan["start_step"])
+            self._inject(i, fault, plan.start_step)
 
     def _inject(self, i: int, fault: dict[str, Any], step: int) -> None:
         self.fired.add(i)

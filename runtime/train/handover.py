@@ -18,7 +18,7 @@ from runtime.checkpointing.export import InitialState
 from runtime.config import JobConfig
 from runtime.distributed.comm import Comm
 from runtime.distributed.coordinator import Coordinator, wait_ready
-from runtime.distributed.membership import Plan
+from runtime.distributed.generation_plan import GenerationPlan
 from runtime.models.model import build_layer
 from runtime.parallel.layout import Layout
 from runtime.train.faults import FaultInjector
@@ -67,21 +67,21 @@ class Handover:
             self._state_bytes[index] = 8 * (3 * sum(p.numel() for p in module.parameters()) + 1)
         return self._state_bytes[index]
 
-    def transfer_timeout(self, plan: Plan) -> float:
+    def transfer_timeout(self, plan: GenerationPlan) -> float:
         """The bound of every call of this plan's hand-over (`JobConfig.transfer_timeout`), from all
         the bytes it moves: the same on every node."""
-        return self.config.transfer_timeout(sum(self.transfer_bytes(layer) for layer, _, _ in plan["transfers"]))
+        return self.config.transfer_timeout(sum(self.transfer_bytes(layer) for layer, _, _ in plan.transfers))
 
     # -- one generation change ------------------------------------------------------------------
-    def apply(self, plan: Plan, layout: Layout, held: Held) -> None:
+    def apply(self, plan: GenerationPlan, layout: Layout, held: Held) -> None:
         """Bring `held` (in place: what a failed hand-over received or dropped is what the next
         rendezvous hears this node holds) to exactly this node's layers of `layout` at the plan's
         start step; a leaving node keeps what it sends until its receivers train with it."""
-        start = plan["start_step"]
-        mine = layout.layers_of(self.node) if self.node in plan["members"] else set()
+        start = plan.start_step
+        mine = layout.layers_of(self.node) if self.node in plan.members else set()
         for state in held.values():
             state.zero_grad()  # gradients of the interrupted step are partial: the step is redone
-        if plan["restore_step"] is not None:
+        if plan.restore_step is not None:
             held.clear()
             for i in sorted(mine):
                 held[i] = self._restored(i, start)
@@ -90,7 +90,7 @@ class Handover:
             if not self._at_step(state, start):
                 del held[i]
         self._exchange(plan, held)
-        if self.node in plan["leaving"]:
+        if self.node in plan.leaving:
             return  # kept until the receivers are training with it (`await_receivers`)
         for i in sorted(mine):
             if i not in held:
@@ -115,15 +115,15 @@ class Handover:
             state.rollback_to(step)
         return state.version == step
 
-    def _exchange(self, plan: Plan, held: Held) -> None:
+    def _exchange(self, plan: GenerationPlan, held: Held) -> None:
         """Send and receive this node's part of the plan's transfers (in place, into `held`)."""
-        transfers = plan["transfers"]
+        transfers = plan.transfers
         involved = sorted({n for _, src, dst in transfers for n in (src, dst)})
         if self.node not in involved:
             if transfers and self.faults:
                 self.faults.at_transfer(plan, 0, 0, coord=self.coord, timeout_s=self.config.rendezvous_timeout_s)
             return
-        generation = plan["generation"]
+        generation = plan.generation
         # Meet at the store first: a source that died after the plan was published is caught by
         # its heartbeat here, instead of hanging the group's construction for the full timeout.
         wait_ready(self.coord, f"{generation}/xfer", self.node, involved,
@@ -159,7 +159,7 @@ class Handover:
                     "bytes": sum(self.transfer_bytes(layer) for layer, _, _ in moves), "timeout_s": timeout,
                     "seconds": time.perf_counter() - began})
 
-    def _transfer_fault(self, plan: Plan, index: int, total: int) -> None:
+    def _transfer_fault(self, plan: GenerationPlan, index: int, total: int) -> None:
         if self.faults:
             self.faults.at_transfer(plan, index, total, coord=self.coord, timeout_s=self.config.rendezvous_timeout_s)
 
@@ -174,13 +174,13 @@ class Handover:
             return f"hand-over: peers {gone} of generation {generation} are gone (dead or no heartbeat)"
         return None
 
-    def await_receivers(self, plan: Plan) -> None:
+    def await_receivers(self, plan: GenerationPlan) -> None:
         """A leaving node that sent state stays until the generation that received it committed its
         first step. If that generation is given up first (a receiver or another member died during
         the hand-over), it still holds the state -- perhaps the only copy -- and raises, so it joins
         the next rendezvous (kept as `deferred` again if the job needs it) instead of leaving."""
-        generation = plan["generation"]
-        receivers = sorted({dst for _, src, dst in plan["transfers"] if src == self.node})
+        generation = plan.generation
+        receivers = sorted({dst for _, src, dst in plan.transfers if src == self.node})
         deadline = time.monotonic() + self.config.rendezvous_timeout_s
         while not self.coord.started(generation) and not self.coord.is_over():
             why = self.coord.aborted(generation)

@@ -16,7 +16,8 @@ import torch
 from runtime.checkpointing.durability import checkpoint_due
 from runtime.distributed.comm import Comm, bury, reap
 from runtime.distributed.coordinator import Coordinator, wait_ready
-from runtime.distributed.membership import Plan, joiners_worth_a_regroup
+from runtime.distributed.generation_plan import GenerationPlan
+from runtime.distributed.membership import joiners_worth_a_regroup
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import build_schedule, schedule_length
 from runtime.train.executor import Executor, StepResult
@@ -35,7 +36,7 @@ one notice flag per member: what one all-reduce makes every member agree on."""
 class GenerationRun:
     """What a generation's steps run with (`open_generation`)."""
 
-    plan: Plan
+    plan: GenerationPlan
     layout: Layout
     members: list[int]
     index: int
@@ -48,25 +49,25 @@ class GenerationRun:
     """The bound of every call of the next step."""
 
 
-def train_generation(worker: Worker, plan: Plan, layout: Layout) -> tuple[str, str]:
+def train_generation(worker: Worker, plan: GenerationPlan, layout: Layout) -> tuple[str, str]:
     """Run `plan`'s generation on this (member) node until it ends: (outcome, reason)."""
     run = open_generation(worker, plan, layout)
-    start = plan["start_step"]
+    start = plan.start_step
     if worker.config.validation_due(start) and not worker.coord.store.check([f"val/{start}"]):
-        worker.validate(run.executor, layout, run.members, start, plan["generation"])  # the failed generation did not
+        worker.validate(run.executor, layout, run.members, start, plan.generation)  # the failed generation did not
     return run_steps(worker, run)
 
 
-def open_generation(worker: Worker, plan: Plan, layout: Layout) -> GenerationRun:
+def open_generation(worker: Worker, plan: GenerationPlan, layout: Layout) -> GenerationRun:
     """Meet the other members (the ones not in a hand-over wait here while it runs), build the
     generation's process groups, this node's schedule and its executor, and bound the first step."""
-    cfg, generation, members = worker.config, plan["generation"], plan["members"]
+    cfg, generation, members = worker.config, plan.generation, plan.members
     began = time.perf_counter()
     wait_ready(
         worker.coord, generation, worker.node, members, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         # A legitimately long hand-over (big layers) must not run them out of time; a hung one is
         # caught by heartbeat or abort.
-        timeout_s=cfg.rendezvous_timeout_s + (worker.handover.transfer_timeout(plan) if plan["transfers"] else 0.0),
+        timeout_s=cfg.rendezvous_timeout_s + (worker.handover.transfer_timeout(plan) if plan.transfers else 0.0),
         abort_of=generation,
     )
     ready = time.perf_counter()
@@ -100,22 +101,22 @@ class JoinWatch:
     everyone regroup just to say it. The next plan, whatever forms it, still sees them among the
     joiners since `joins_consumed`."""
 
-    def __init__(self, plan: Plan, config: JobConfig, coord: Coordinator) -> None:
+    def __init__(self, plan: GenerationPlan, config: JobConfig, coord: Coordinator) -> None:
         self.plan, self.config, self.coord = plan, config, coord
-        self.told = plan["joins_consumed"]
-        slot_nodes = [n for row in plan["slots"] for n in row]
+        self.told = plan.joins_consumed
+        slot_nodes = [n for row in plan.slots for n in row]
         self.slots = len(slot_nodes)
         self.filled = sum(n is not None for n in slot_nodes)
-        self.standing_by = len(plan.get("spare", []))
-        self.urgent = bool(plan.get("deferred", []))
+        self.standing_by = len(plan.spare)
+        self.urgent = bool(plan.deferred)
         self.first_waiting: float | None = None
         """When this member first saw a joiner of this generation waiting."""
 
     def signals(self) -> tuple[float, float]:
         """(joiners worth a regroup now, or 0; 1 if a limit asked the job to stop, else 0)."""
-        cfg, generation = self.config, self.plan["generation"]
+        cfg, generation = self.config, self.plan.generation
         pending = self.coord.join_count()
-        waiting, now = pending - self.plan["joins_consumed"], time.monotonic()
+        waiting, now = pending - self.plan.joins_consumed, time.monotonic()
         if waiting > 0 and self.first_waiting is None:
             self.first_waiting = now
         regroup = 0.0
@@ -135,12 +136,12 @@ class JoinWatch:
 def run_steps(worker: Worker, run: GenerationRun) -> tuple[str, str]:
     """Run and commit steps from the plan's start until the generation ends (module docstring)."""
     cfg, plan = worker.config, run.plan
-    generation = plan["generation"]
-    deferred = set(plan.get("deferred", []))
+    generation = plan.generation
+    deferred = set(plan.deferred)
     # A node that handed its state over may go once the generation that took it has committed a step.
-    handover = any(src in plan["leaving"] for _, src, _ in plan["transfers"])
+    handover = any(src in plan.leaving for _, src, _ in plan.transfers)
     watch = JoinWatch(plan, cfg, worker.coord) if run.index == 0 else None
-    step = plan["start_step"]
+    step = plan.start_step
     worker.committed = step
     while step < cfg.steps:
         started = time.perf_counter()
@@ -156,11 +157,11 @@ def run_steps(worker: Worker, run: GenerationRun) -> tuple[str, str]:
         # A deferred node already told the others; it leaves once a replacement joins.
         vector[COMMIT_HEADER + run.index] = float(worker.notice and worker.node not in deferred)
         worker.comm.commit(vector)
-        if step == plan["start_step"]:
+        if step == plan.start_step:
             bury()  # the previous generation's groups, once their calls have failed
             if handover and run.index == 0:
                 worker.coord.mark_started(generation)
-        elif step == plan["start_step"] + 1:
+        elif step == plan.start_step + 1:
             reap()  # groups given up after failures, beyond a few (off the recovery path)
         step += 1
         _record_step(worker, run, step, vector, result, time.perf_counter() - started)
@@ -180,7 +181,7 @@ def _record_step(worker: Worker, run: GenerationRun, step: int, vector: torch.Te
                  elapsed: float) -> None:
     """After step `step - 1` committed: count it, write a checkpoint when one is due, bound the
     next step from what this one took, and emit the step's metrics."""
-    cfg, generation = worker.config, run.plan["generation"]
+    cfg, generation = worker.config, run.plan.generation
     if result.skipped:
         worker.skipped_at.append(step - 1)
     worker.committed = step
@@ -190,7 +191,7 @@ def _record_step(worker: Worker, run: GenerationRun, step: int, vector: torch.Te
     if run.unit > 0:
         worker.slowest_per_unit = max(worker.slowest_per_unit or 0.0, elapsed / run.unit)
     run.bound = worker.step_timeout(run.unit, run.executor)
-    if checkpoint_due(run.plan, step, cfg.steps):
+    if checkpoint_due(step, cfg.steps, every=run.plan.checkpoint_every, start_step=run.plan.start_step):
         worker.save_checkpoint(run.layout, step, generation)
         # The writers write their shares after the commit: the next step's first messages
         # from a writer come that much later, which its step time did not measure.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import math
 import resource
@@ -41,7 +42,8 @@ from runtime.config import USER_MODEL_KIND, JobConfig, LayoutError
 from runtime.data.dataset import Batches, DataError
 from runtime.distributed.comm import Comm
 from runtime.distributed.coordinator import Coordinator, Heartbeat, connect
-from runtime.distributed.membership import Plan, initial_plan, make_plan
+from runtime.distributed.generation_plan import GenerationPlan
+from runtime.distributed.membership import initial_plan, make_plan
 from runtime.parallel.device import DeviceUnavailable, Staging, resolve_device, use_device
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import forward_schedule, stage_durations
@@ -192,24 +194,24 @@ class Worker:
             if plan is None:
                 return {"node": self.node, "outcome": "too_late", "committed": 0}
             while True:
-                if "error" in plan:
-                    reason = f"generation {plan['generation']} cannot run: {plan['error']}"
+                if plan.error is not None:
+                    reason = f"generation {plan.generation} cannot run: {plan.error}"
                     self.coord.mark_failed(reason)  # replacements still waiting to join give up too
                     self.emit({"event": "job_failed", "reason": reason})
                     raise JobCannotContinue(reason)
-                if self.node not in plan["members"] and self.node not in plan["leaving"]:
-                    raise Fenced(f"node {self.node} is not a member of generation {plan['generation']}")
+                if self.node not in plan.members and self.node not in plan.leaving:
+                    raise Fenced(f"node {self.node} is not a member of generation {plan.generation}")
                 self.emit(
                     {
                         "event": "generation",
-                        "generation": plan["generation"],
-                        "start_step": plan["start_step"],
-                        "reason": plan["reason"],
-                        "lost": plan["lost"],
-                        "leaving": plan.get("leaving", []),
-                        "joined": plan.get("joined", []),
-                        "members": plan["members"],
-                        "deferred": plan.get("deferred", []),
+                        "generation": plan.generation,
+                        "start_step": plan.start_step,
+                        "reason": plan.reason,
+                        "lost": plan.lost,
+                        "leaving": plan.leaving,
+                        "joined": plan.joined,
+                        "members": plan.members,
+                        "deferred": plan.deferred,
                     }
                 )
                 outcome, reason = self._run_generation(plan)
@@ -223,7 +225,7 @@ class Worker:
                     return {"node": self.node, "outcome": outcome, "committed": self.committed}
                 self._close_comm()
                 if outcome == "failure":
-                    self.emit({"event": "failure_detected", "generation": plan["generation"], "reason": reason})
+                    self.emit({"event": "failure_detected", "generation": plan.generation, "reason": reason})
                 if self.coord.is_done():
                     # The others committed the last step and finished while this generation failed
                     # here: there is nobody left to regroup with, and the job's result is theirs.
@@ -235,7 +237,7 @@ class Worker:
             self.emit({"event": "heartbeat_stats", "max_gap_s": heartbeat.max_gap_s})
             self._close_comm()
 
-    def _first_plan(self) -> Plan:
+    def _first_plan(self) -> GenerationPlan:
         """The plan of the generation this node starts in (published by the first node to get here)."""
         plan = self.coord.read_plan(self.spec.generation)
         if plan is None:
@@ -245,7 +247,7 @@ class Worker:
             )
         return plan
 
-    def _join(self) -> Plan | None:
+    def _join(self) -> GenerationPlan | None:
         """As a replacement: ask to join, and wait until a generation takes this node (None: the job
         ended first). With no empty slot it stands by outside the group meanwhile."""
         cfg = self.config
@@ -355,13 +357,13 @@ class Worker:
             self.comm = None
             self.emit({"event": "groups_closed", "parked": parked})
 
-    def _next_plan(self, previous: Plan, reason: str, *, graceful: bool) -> Plan:
+    def _next_plan(self, previous: GenerationPlan, reason: str, *, graceful: bool) -> GenerationPlan:
         cfg = self.config
-        generation = previous["generation"] + 1
-        if (graceful and self.strategy.restarts_from_checkpoint and "waiting" not in previous
+        generation = previous.generation + 1
+        if (graceful and self.strategy.restarts_from_checkpoint and previous.waiting is None
                 and self.saved_step != self.committed):
             # At a graceful boundary every member is here: a checkpoint now loses no step.
-            self.save_checkpoint(Layout.from_dict(previous["layout"]), self.committed, previous["generation"])
+            self.save_checkpoint(previous.layout, self.committed, previous.generation)
         recent = self.step_times[-20:]
         record = {
             "committed": self.committed,
@@ -375,17 +377,17 @@ class Worker:
 
         decided: list[float] = []
 
-        def decide(records: dict[int, dict[str, Any]]) -> Plan:
+        def decide(records: dict[int, dict[str, Any]]) -> GenerationPlan:
             began = time.perf_counter()
             try:
                 return _decide(records)
             finally:
                 decided.append(time.perf_counter() - began)
 
-        def _decide(records: dict[int, dict[str, Any]]) -> Plan:
-            joiners = self.coord.joiners(previous["joins_consumed"], self.coord.join_count())
+        def _decide(records: dict[int, dict[str, Any]]) -> GenerationPlan:
+            joiners = self.coord.joiners(previous.joins_consumed, self.coord.join_count())
             # Spares stand by outside the group; one that died (dead mark, stale heartbeat) is dropped.
-            spares = [n for n in previous.get("spare", []) if not self.coord.is_gone(n, cfg.heartbeat_timeout_s)]
+            spares = [n for n in previous.spare if not self.coord.is_gone(n, cfg.heartbeat_timeout_s)]
             step = self.ckpt.latest()
             if self.init_step and (step is None or step < self.init_step):
                 step = self.init_step  # nothing saved since the job's start from init_from
@@ -402,9 +404,9 @@ class Worker:
                 # A joiner told to stand by (no slot, or held for a batch) may have died since.
                 gone_joiners=[n for n in joiners if self.coord.is_gone(n, cfg.heartbeat_timeout_s)],
             )
-            if "start_step" in plan:  # the skips before it, which every member that committed them knows
-                plan["skipped_at"] = sorted({int(s) for rec in records.values() for s in rec.get("skipped_at", ())
-                                             if int(s) < plan["start_step"]})
+            if plan.start_step is not None:  # the skips before it, which every member that committed them knows
+                plan = dataclasses.replace(plan, skipped_at=sorted({
+                    int(s) for rec in records.values() for s in rec.get("skipped_at", ()) if int(s) < plan.start_step}))
             return plan
 
         began = time.perf_counter()
@@ -414,7 +416,7 @@ class Worker:
             record=record,
             # A node that was leaving is expected too: if its hand-over failed it still holds the
             # state it was handing over (one that did leave marked itself `left`, so is not waited for).
-            expected=[*previous["members"], *previous["leaving"]],
+            expected=[*previous.members, *previous.leaving],
             decide=decide,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
             timeout_s=cfg.rendezvous_timeout_s,
@@ -427,7 +429,7 @@ class Worker:
         return plan
 
     # -- one generation -----------------------------------------------------------------------
-    def _run_generation(self, plan: Plan) -> tuple[str, str]:
+    def _run_generation(self, plan: GenerationPlan) -> tuple[str, str]:
         try:
             return self._generation_body(plan)
         except DataError as exc:  # a streamed shard that went away or changed: no retry can fix it
@@ -435,27 +437,27 @@ class Worker:
             self.coord.mark_failed(reason)
             self.emit({"event": "job_failed", "reason": reason})
             if self.comm is not None:
-                self.comm.poison_commit(COMMIT_HEADER + len(plan["members"]))
+                self.comm.poison_commit(COMMIT_HEADER + len(plan.members))
             raise JobCannotContinue(reason) from None
         except (RuntimeError, TimeoutError) as exc:
             if isinstance(exc, Fenced | JobCannotContinue):
                 raise
             if self.comm is not None:
-                self.comm.poison_commit(COMMIT_HEADER + len(plan["members"]))
+                self.comm.poison_commit(COMMIT_HEADER + len(plan.members))
             reason = f"{type(exc).__name__}: {str(exc)[-300:]}"
             # Members still setting this generation up (in a hand-over or a store barrier, where no
             # gloo call of ours can wake them) stop waiting for us now rather than at their timeout.
             with contextlib.suppress(Exception):
-                self.coord.abort(plan["generation"], f"node {self.node}: {reason}")
+                self.coord.abort(plan.generation, f"node {self.node}: {reason}")
         return "failure", reason
 
-    def _wait_for_joiners(self, plan: Plan) -> tuple[str, str]:
+    def _wait_for_joiners(self, plan: GenerationPlan) -> tuple[str, str]:
         """Too few members for one pipeline (a strategy that restarts from its checkpoint): hold,
         heartbeating, until a replacement asks to join, then regroup with it."""
-        if self.node in plan["leaving"]:
+        if self.node in plan.leaving:
             return "left", "notice"
         deadline = time.monotonic() + self.config.join_wait_s
-        while self.coord.join_count() <= plan["joins_consumed"]:
+        while self.coord.join_count() <= plan.joins_consumed:
             failed = self.coord.failure()
             if failed is not None:  # another member found the job cannot go on
                 raise JobCannotContinue(failed)
@@ -465,8 +467,8 @@ class Worker:
                 return "failure", "the job finished while this generation waited for replacements"
             if time.monotonic() > deadline:
                 reason = (
-                    f"generation {plan['generation']} waited {self.config.join_wait_s:.0f} s for replacements "
-                    f"and none joined: {plan['waiting']}"
+                    f"generation {plan.generation} waited {self.config.join_wait_s:.0f} s for replacements "
+                    f"and none joined: {plan.waiting}"
                 )
                 self.coord.mark_failed(reason)
                 self.emit({"event": "job_failed", "reason": reason})
@@ -474,30 +476,31 @@ class Worker:
             time.sleep(0.05)
         return "graceful", "join"
 
-    def _generation_body(self, plan: Plan) -> tuple[str, str]:
-        if "waiting" in plan:
+    def _generation_body(self, plan: GenerationPlan) -> tuple[str, str]:
+        if plan.waiting is not None:
             return self._wait_for_joiners(plan)
-        layout = Layout.from_dict(plan["layout"])
+        layout = plan.layout
+        assert layout is not None, f"generation {plan.generation} has neither a layout nor a wait"
         self.layout = layout
         self.handover.apply(plan, layout, self.held)
         self._take_history(plan)
-        if self.node in plan["leaving"]:
-            if any(src == self.node for _, src, _ in plan["transfers"]):
+        if self.node in plan.leaving:
+            if any(src == self.node for _, src, _ in plan.transfers):
                 self.handover.await_receivers(plan)
             return "left", "notice"
         return train_generation(self, plan, layout)
 
-    def _take_history(self, plan: Plan) -> None:
+    def _take_history(self, plan: GenerationPlan) -> None:
         """The job's skipped steps before the plan's start: a checkpoint's own record when the plan
         restores one (its members may all be replacements), else the plan's (a joiner learns them
         there); the first generation keeps what `init_from` recorded."""
-        restore = plan.get("restore_step")
+        restore = plan.restore_step
         if restore is not None and restore > self.init_step:
             self.skipped_at = self.ckpt.reader(restore, self.config.model).skipped_at
         elif restore is not None:
             self.skipped_at = self.init.skipped_at if self.init is not None else []
-        elif "skipped_at" in plan:
-            self.skipped_at = [int(s) for s in plan["skipped_at"]]
+        elif plan.skipped_at is not None:
+            self.skipped_at = list(plan.skipped_at)
 
     def step_timeout(self, unit: float, executor: Executor) -> float:
         """The bound of every call of this node's next step (`JobConfig.step_timeout`): from the

@@ -18,7 +18,7 @@ from controlplane.market.models import SpotPool, SpotPrice
 from controlplane.planning.services import _planner
 from runtime.config import JobConfig
 from runtime.distributed.membership import plan_for_fleet
-from runtime.parallel.layout import Layout, pipelines_layout
+from runtime.parallel.layout import pipelines_layout
 from runtime.parallel.throughput import CostModel
 from runtime.planner.catalog import instance_types
 from runtime.planner.search import default_microbatch_size
@@ -83,4 +83,4 @@ def test_the_runtime_plan_path_prices_a_planned_jobs_lost_hops_with_its_links(pl
     answer = plan_for_fleet(config, full_slots(config), gone={lost}, noticed=set())
     assert seen and all(isinstance(c, CostModel) for c in seen), "spill scored on compute only"
     slots = [[None if n == lost else n for n in row] for row in full_slots(config)]
-    assert Layout.from_dict(answer["layout"]) == RecycleStrategy(costs=link_costs(config)).layout_for(config, slots)
+    assert answer.layout == RecycleStrategy(costs=link_costs(config)).layout_for(config, slots)

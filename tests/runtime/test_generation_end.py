@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from runtime.distributed.comm import _COMMIT_TAG, _GRAVEYARD, Comm, reap
 from runtime.distributed.coordinator import Coordinator, connect, serve
+from runtime.distributed.generation_plan import GenerationPlan
 from runtime.train.trainer import JobCannotContinue, Worker, WorkerSpec
 from tests.runtime.conftest import gloo_pair, small_config
 
@@ -89,7 +90,7 @@ def _waiting_worker(tmp_path):
     worker = Worker(spec)
     worker.coord = Coordinator(connect(spec.rendezvous), spec.job_id)
     # A generation with too few members for one pipeline: it holds until a replacement joins.
-    plan = {"generation": 2, "leaving": [], "joins_consumed": 0, "waiting": "1 of 4 members"}
+    plan = GenerationPlan(generation=2, slots=[[2, None], [None, None]], members=[2], waiting="1 of 4 members")
     return store, worker, plan
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import DeviceTime
+from runtime.distributed.generation_plan import GenerationPlan
 from runtime.distributed.membership import make_plan
 from runtime.train.launcher import Fault, Join, run_local
 from tests.runtime.conftest import assert_same_math, small_config
@@ -33,28 +34,28 @@ STAGE0, STAGE1 = [0, 1, 2], [3]  # the layers of small_config's two stages
 def test_plan_defers_the_last_holder_of_a_stage_until_a_replacement_joins() -> None:
     config = small_config(strategy="recycle", recycle_spill=False)
     # Node 2 (pipeline 1, stage 0) is already gone; node 0 holds the only copy of stage 0.
-    previous = {"generation": 1, "slots": [[0, 1], [None, 3]], "members": [0, 1, 3], "joins_consumed": 0}
+    previous = GenerationPlan(generation=1, slots=[[0, 1], [None, 3]], members=[0, 1, 3])
     alive = {0: _record(STAGE0, leaving=True), 1: _record(STAGE1), 3: _record(STAGE1)}
     plan = make_plan(
         config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None, reason="notice"
     )
-    assert "error" not in plan
-    assert plan["deferred"] == [0] and plan["leaving"] == [] and 0 in plan["members"]
+    assert plan.error is None
+    assert plan.deferred == [0] and plan.leaving == [] and 0 in plan.members
 
     # The replacement arrives: node 0 leaves now and sends it stage 0's layer.
     joined = make_plan(
         config, generation=3, previous=plan, alive=alive, joiners=[4], checkpoint_step=None, reason="join"
     )
-    assert "error" not in joined
-    assert joined["leaving"] == [0] and joined["deferred"] == [] and 4 in joined["members"]
-    assert joined["transfers"] == [[layer, 0, 4] for layer in STAGE0]
+    assert joined.error is None
+    assert joined.leaving == [0] and joined.deferred == [] and 4 in joined.members
+    assert joined.transfers == [(layer, 0, 4) for layer in STAGE0]
 
     # A notice for a node the job can do without is not deferred.
     alive = {0: _record(STAGE0), 1: _record(STAGE1, leaving=True), 3: _record(STAGE1)}
     plan = make_plan(
         config, generation=2, previous=previous, alive=alive, joiners=[], checkpoint_step=None, reason="notice"
     )
-    assert plan["leaving"] == [1] and plan["deferred"] == []
+    assert plan.leaving == [1] and plan.deferred == []
 
 
 def test_notice_before_the_replacement_joined_hands_over_and_keeps_the_math() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import DeviceTime, JobConfig, ModelSpec
+from runtime.distributed.generation_plan import GenerationPlan
 from runtime.distributed.membership import make_plan
 from runtime.strategies import initial_layout
 from runtime.train.launcher import Fault, Join, RunResult, run_local
@@ -83,13 +84,8 @@ def _injected_in_transfer(result: RunResult, node: int) -> None:
 def test_plan_gives_a_leaver_whose_handover_failed_its_slot_back_and_defers_it() -> None:
     config = small_config(strategy="recycle", recycle_spill=False)
     # Generation 3 was the hand-over: node 0 leaving, replacement 4 in the stage-0 slot of pipeline 0.
-    handover = {
-        "generation": 3,
-        "slots": [[4, 1], [None, 3]],
-        "members": [4, 1, 3],
-        "leaving": [0],
-        "joins_consumed": 1,
-    }
+    handover = GenerationPlan(generation=3, slots=[[4, 1], [None, 3]], members=[4, 1, 3], leaving=[0],
+                              joins_consumed=1)
     holding = {"committed": 6, "versions": {"0": 6, "1": 6, "2": 6}, "leaving": True}
     stage1 = {"committed": 6, "versions": {"3": 6}, "leaving": False}
     # Node 4 died mid-transfer: node 0 is back where its layers are, deferred, nothing to send.
@@ -102,10 +98,10 @@ def test_plan_gives_a_leaver_whose_handover_failed_its_slot_back_and_defers_it()
         checkpoint_step=None,
         reason="hand-over failed",
     )
-    assert "error" not in plan, plan
-    assert plan["deferred"] == [0] and plan["leaving"] == [] and plan["lost"] == [4]
-    assert 0 in plan["members"] and plan["transfers"] == []
-    assert any(row[0] == 0 for row in plan["slots"])  # back in a stage-0 slot
+    assert plan.error is None, plan
+    assert plan.deferred == [0] and plan.leaving == [] and plan.lost == [4]
+    assert 0 in plan.members and plan.transfers == []
+    assert any(row[0] == 0 for row in plan.slots)  # back in a stage-0 slot
     # Node 3 died instead, after node 4 got all of stage 0: node 0 is not needed and just leaves.
     got = {"committed": 6, "versions": {"0": 6, "1": 6, "2": 6}, "leaving": False}
     plan = make_plan(
@@ -117,8 +113,8 @@ def test_plan_gives_a_leaver_whose_handover_failed_its_slot_back_and_defers_it()
         checkpoint_step=None,
         reason="hand-over failed",
     )
-    assert plan["leaving"] == [0] and plan["deferred"] == [] and plan["transfers"] == []
-    assert sorted(plan["members"]) == [1, 4]
+    assert plan.leaving == [0] and plan.deferred == [] and plan.transfers == []
+    assert sorted(plan.members) == [1, 4]
 
 
 def test_receiver_killed_mid_transfer_leaver_stays_and_hands_over_to_the_next_replacement() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import DeviceTime, LayoutError
+from runtime.distributed.generation_plan import GenerationPlan
 from runtime.distributed.membership import joiners_worth_a_regroup, make_plan
 from runtime.train.launcher import Fault, Join, RunResult, run_local
 from tests.runtime.conftest import assert_same_math, small_config
@@ -53,13 +54,12 @@ def test_the_wait_bound_is_validated() -> None:
 
 def test_a_joiner_found_dead_is_consumed_but_not_placed() -> None:
     config = small_config(strategy="checkpoint")
-    previous = {"generation": 1, "slots": [[0, None], [2, None]], "members": [0, 2], "leaving": [],
-                "joins_consumed": 0}
+    previous = GenerationPlan(generation=1, slots=[[0, None], [2, None]], members=[0, 2])
     alive = {n: {"committed": 4, "versions": {}, "leaving": False} for n in (0, 2)}
     plan = make_plan(config, generation=2, previous=previous, alive=alive, joiners=[4, 5], checkpoint_step=2,
                      reason="join", gone_joiners=[4])
-    assert plan["joins_consumed"] == 2 and plan["joined"] == [5]
-    assert 4 not in plan["members"] and plan["slots"] == [[0, 5], [2, None]]
+    assert plan.joins_consumed == 2 and plan.joined == [5]
+    assert 4 not in plan.members and plan.slots == [[0, 5], [2, None]]
 
 
 def _events(result: RunResult, name: str, node: int | None = None) -> list[dict]:

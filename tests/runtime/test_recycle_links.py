@@ -133,7 +133,7 @@ def test_the_runtime_plan_path_places_with_the_jobs_link_costs(layer_ms: float, 
     # `plan_for_fleet`): the layout is the strategy's, priced with the config's link costs.
     config = job(layer_ms=layer_ms, link_gbps=gbps)
     answer = plan_for_fleet(config, full_slots(config), gone={LOST}, noticed=set())
-    assert Layout.from_dict(answer["layout"]) == plan(config)
+    assert answer.layout == plan(config)
 
 
 def test_the_simulator_plans_recycle_as_a_worker_of_the_job_would() -> None:

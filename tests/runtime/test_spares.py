@@ -30,20 +30,20 @@ def test_plan_lists_joiners_without_a_slot_as_spares_and_fills_the_next_hole_wit
     alive = {0: _record(3, stage0), 2: _record(3, stage0), 3: _record(3, stage1)}  # node 1 died
     lost = make_plan(config, generation=1, previous=start, alive=alive, joiners=[], checkpoint_step=None,
                      reason="failure")
-    assert lost["lost"] == [1] and lost["spare"] == []
+    assert lost.lost == [1] and lost.spare == []
     both = make_plan(config, generation=2, previous=lost, alive=alive, joiners=[4, 5], checkpoint_step=None,
                      reason="join")
-    assert both["joined"] == [4] and both["spare"] == [5] and 5 not in both["members"]
-    assert both["joins_consumed"] == 2
+    assert both.joined == [4] and both.spare == [5] and 5 not in both.members
+    assert both.joins_consumed == 2
     # Node 2 dies later: the spare (still alive, passed back by the deciding member) fills its slot;
     # it is not a new join request, so `joins_consumed` does not move.
     alive = {0: _record(6, stage0), 3: _record(6, stage1), 4: _record(6, stage1)}
     later = make_plan(config, generation=3, previous=both, alive=alive, joiners=[], checkpoint_step=None,
                       reason="failure", spares=[5])
-    assert later["lost"] == [2] and later["joined"] == [5] and later["spare"] == []
-    assert later["slots"] == [[0, 4], [5, 3]]
-    assert later["joins_consumed"] == 2
-    assert later["transfers"] == [[layer, 0, 5] for layer in stage0]  # the spare fetches stage 0
+    assert later.lost == [2] and later.joined == [5] and later.spare == []
+    assert later.slots == [[0, 4], [5, 3]]
+    assert later.joins_consumed == 2
+    assert later.transfers == [(layer, 0, 5) for layer in stage0]  # the spare fetches stage 0
 
 
 @pytest.mark.runtime

@@ -19,9 +19,9 @@ from runtime.checkpointing.durability import (
 from runtime.checkpointing.export import load_model
 from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import JobConfig, LayoutError, ModelSpec
+from runtime.distributed.generation_plan import GenerationPlan
 from runtime.distributed.membership import initial_plan, make_plan
 from runtime.models.model import build_layer
-from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import action_duration, build_schedule, simulate, validate_schedule
 from runtime.strategies import get_strategy, initial_layout
 from runtime.strategies.base import full_slots
@@ -88,16 +88,16 @@ def test_recycle_spill_shortens_the_degraded_step_with_the_same_stages() -> None
 def test_recycle_spill_plan_copies_the_lost_stage_to_its_new_hosts() -> None:
     c = config(strategy="recycle", schedule="fiw", model=BENCH_GPT, recycle_spill=True)
     first = initial_plan(c)
-    layout = Layout.from_dict(first["layout"])
+    layout = first.layout
     alive = {n: record(3, dict.fromkeys(layout.layers_of(n), 3)) for n in range(8) if n != 5}
     plan = make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None, reason="x")
-    spilled = Layout.from_dict(plan["layout"])
+    spilled = plan.layout
     new_hosts = {n for _, n in (r[1] for r in spilled.routes)} - {1}
     assert new_hosts
-    assert sorted((dst, layer) for layer, _, dst in plan["transfers"]) == sorted(
+    assert sorted((dst, layer) for layer, _, dst in plan.transfers) == sorted(
         (n, layer) for n in new_hosts for layer in (2, 3)
     )
-    assert all(src == 1 for _, src, _ in plan["transfers"])  # node 1 is the only holder of stage 1 left
+    assert all(src == 1 for _, src, _ in plan.transfers)  # node 1 is the only holder of stage 1 left
 
 
 def test_recycle_without_any_node_of_a_stage_names_the_stage() -> None:
@@ -169,39 +169,38 @@ def test_interval_follows_the_observed_failure_rate_and_the_measured_write() -> 
     assert estimated_mtbf_s(3600, elapsed_s=400, failures=3) == 1000  # (3600 + 400) / 4
     c = config(mtbf_s=3600, checkpoint_cost_s=0.5, step_time_s=2.0)
     assert checkpoint_interval_steps(c) == 30  # priors: sqrt(2 * 0.5 * 3600) = 60 s = 30 steps
-    previous = {"started_at": 1000.0, "failures": 1, "start_step": 0}
+    previous = {"started_at": 1000.0, "failures": 1}  # the previous plan's durability fields
     records = {0: {"checkpoint_cost_s": 0.02, "step_time_s": 1.0}, 2: {"checkpoint_cost_s": 0.08, "step_time_s": 0.5}}
-    fields = next_durability(c, previous, lost=True, records=records, now=1400.0)
+    fields = next_durability(c, **previous, lost=True, records=records, now=1400.0)
     # 2 failures in 400 s: MTBF (3600 + 400) / 3; the slowest writer (0.08 s) and step (1.0 s)
     assert fields["failures"] == 2 and fields["started_at"] == 1000.0
     assert fields["mtbf_s"] == pytest.approx(4000 / 3)
     assert fields["checkpoint_every"] == round(young_interval(checkpoint_cost_s=0.08, mtbf_s=4000 / 3) / 1.0) == 15
     # Nothing measured yet: the priors; a notice (lost=False) is not a failure.
-    assert next_durability(c, previous, lost=False, records={0: {}}, now=1000.0)["checkpoint_every"] == round(
+    assert next_durability(c, **previous, lost=False, records={0: {}}, now=1000.0)["checkpoint_every"] == round(
         young_interval(checkpoint_cost_s=0.5, mtbf_s=3600 / 2) / 2.0)
-    assert next_durability(config(checkpoint_interval=3), previous, lost=True, records=records,
+    assert next_durability(config(checkpoint_interval=3), **previous, lost=True, records=records,
                            now=1400.0)["checkpoint_every"] == 3  # the configured interval overrides
     # Due every `checkpoint_every` steps from the generation's start, never at the last step.
-    plan = {"checkpoint_every": 2, "start_step": 3}
-    assert [t for t in range(12) if checkpoint_due(plan, t, 9)] == [5, 7]
+    assert [t for t in range(12) if checkpoint_due(t, 9, every=2, start_step=3)] == [5, 7]
 
 
 def test_plans_carry_the_interval_every_rank_checkpoints_at() -> None:
     c = config(strategy="recycle", recycle_spill=False, dp=2, pp=2, microbatches=2, global_batch=8,
                model=ModelSpec(n_layer=2), mtbf_s=100.0, checkpoint_cost_s=0.5, step_time_s=1.0)
     first = initial_plan(c, started_at=50.0)
-    assert first["checkpoint_every"] == 10 and first["failures"] == 0  # sqrt(2 * 0.5 * 100) s of 1 s steps
+    assert first.checkpoint_every == 10 and first.failures == 0  # sqrt(2 * 0.5 * 100) s of 1 s steps
     alive = {n: {**record(2, {}), "checkpoint_cost_s": 0.5, "step_time_s": 1.0} for n in (0, 2, 3)}
     plan = make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None,
                      reason="x", now=150.0)
     # Recycle survived losing node 1 on its peers: no checkpoint was needed, so it is not a failure
     # of the kind checkpoints guard against (at fleet size such losses come every few seconds).
-    assert plan["failures"] == 0 and plan["checkpoint_every"] == 10
+    assert plan.failures == 0 and plan.checkpoint_every == 10
     restarts = config(strategy="checkpoint", dp=2, pp=2, microbatches=2, global_batch=8, model=ModelSpec(n_layer=2),
                       mtbf_s=100.0, checkpoint_cost_s=0.5, step_time_s=1.0)
     plan = make_plan(restarts, generation=1, previous=initial_plan(restarts, started_at=50.0), alive=alive,
                      joiners=[], checkpoint_step=None, reason="x", now=150.0)
-    assert plan["failures"] == 1  # checkpoint-restart restarts from its checkpoint on every loss
+    assert plan.failures == 1  # checkpoint-restart restarts from its checkpoint on every loss
 
 
 def test_losing_every_holder_of_a_stage_restarts_from_the_checkpoint() -> None:
@@ -209,20 +208,20 @@ def test_losing_every_holder_of_a_stage_restarts_from_the_checkpoint() -> None:
     first = initial_plan(c)
     alive = {n: record(5, dict.fromkeys(range(*first_layout_range(first, n)), 5)) for n in (0, 2)}
 
-    def lose_stage_1(step: int | None) -> dict:
+    def lose_stage_1(step: int | None) -> GenerationPlan:
         return make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=step,
                          reason="failure")
 
     plan = lose_stage_1(4)
-    assert plan["restore_step"] == plan["start_step"] == 4 and not plan["transfers"]
-    assert plan["slots"] == [[0, 2], [None, None]]  # the survivors packed into fresh slots
-    assert sorted(plan["members"]) == [0, 2] and plan["lost"] == [1, 3]
-    assert plan["reason"].endswith("restored from checkpoint step 4")
-    missing = lose_stage_1(None)["error"]
+    assert plan.restore_step == plan.start_step == 4 and not plan.transfers
+    assert plan.slots == [[0, 2], [None, None]]  # the survivors packed into fresh slots
+    assert sorted(plan.members) == [0, 2] and plan.lost == [1, 3]
+    assert plan.reason.endswith("restored from checkpoint step 4")
+    missing = lose_stage_1(None).error
     assert "no surviving copy" in missing and missing.endswith("no checkpoint was available to restart from")
     # `none` never restarts, checkpoint or not.
-    assert "error" in make_plan(dataclasses.replace(c, strategy="none"), generation=1, previous=first,
-                                alive=alive, joiners=[], checkpoint_step=4, reason="failure")
+    assert make_plan(dataclasses.replace(c, strategy="none"), generation=1, previous=first,
+                     alive=alive, joiners=[], checkpoint_step=4, reason="failure").error is not None
 
 
 def record(committed: int, layers: dict[int, int], leaving: bool = False) -> dict:
@@ -232,33 +231,33 @@ def record(committed: int, layers: dict[int, int], leaving: bool = False) -> dic
 def test_plan_moves_missing_layers_from_surviving_replicas() -> None:
     c = config(strategy="oobleck", dp=2, pp=2, microbatches=2, global_batch=8, model=ModelSpec(n_layer=2))
     first = initial_plan(c)
-    stage = {n: set(range(*first_layout_range(first, n))) for n in first["members"]}
+    stage = {n: set(range(*first_layout_range(first, n))) for n in first.members}
     alive = {n: record(3, dict.fromkeys(stage[n], 3)) for n in (0, 2, 3)}
     plan = make_plan(c, generation=1, previous=first, alive=alive, joiners=[], checkpoint_step=None, reason="x")
-    assert plan["start_step"] == 3 and plan["lost"] == [1]
-    assert plan["transfers"] and all(src != 1 for _, src, _ in plan["transfers"])
+    assert plan.start_step == 3 and plan.lost == [1]
+    assert plan.transfers and all(src != 1 for _, src, _ in plan.transfers)
 
 
-def first_layout_range(plan: dict, node: int) -> tuple[int, int]:
-    layout = plan["layout"]
-    stage = next(s for r in layout["routes"] for s, n in r if n == node)
-    return tuple(layout["stages"][stage])  # type: ignore[return-value]
+def first_layout_range(plan: GenerationPlan, node: int) -> tuple[int, int]:
+    layout = plan.layout
+    stage = next(s for r in layout.routes for s, n in r if n == node)
+    return tuple(layout.stages[stage])  # type: ignore[return-value]
 
 
 def test_plan_error_when_no_copy_survives() -> None:
     c = config(strategy="recycle", dp=1, pp=2, microbatches=2, global_batch=4, model=ModelSpec(n_layer=2))
 
-    def plan_without_node_1(cfg: JobConfig) -> dict:
+    def plan_without_node_1(cfg: JobConfig) -> GenerationPlan:
         return make_plan(cfg, generation=1, previous=initial_plan(cfg), alive={0: record(2, {0: 2, 1: 2})},
                          joiners=[], checkpoint_step=None, reason="x")
 
     # With spill (the default) node 0 could host stage 1, but nobody holds its layer any more.
-    assert plan_without_node_1(c)["error"] == (
+    assert plan_without_node_1(c).error == (
         "layer 2 has no surviving copy at step 2 (every node that held it is gone; no replica had it); "
         "no checkpoint was available to restart from"
     )
     peers_only = plan_without_node_1(dataclasses.replace(c, recycle_spill=False))
-    assert "no surviving node for stage 1" in peers_only["error"]
+    assert "no surviving node for stage 1" in peers_only.error
 
 
 def state(index: int) -> LayerState:
