@@ -35,7 +35,7 @@ and_marks = $(if $(PYTEST_MARKS), and ($(PYTEST_MARKS)),)
 CHROMIUM ?= chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: demo test setup lint migrate browser bench-quick clean
+.PHONY: demo test setup lint migrate browser bench-tools bench-quick clean
 
 # Settings fail closed (production unless asked otherwise); these targets are development work on
 # this machine, so they ask for development mode (DEBUG, a built-in key) explicitly.
@@ -94,6 +94,17 @@ test: setup lint browser
 # `spotpipe demo` migrates by itself.
 demo: setup
 	$(BIN)/spotpipe demo $(DEMO_ARGS)
+
+# `python -m bench webhooks`'s load generator: Debian's wrk. Without it the benchmark sends the load
+# from its Python client and says what that bounds; nothing else needs wrk.
+bench-tools:
+	@if command -v wrk >/dev/null; then exit 0; fi; \
+	echo "== installing Debian's wrk for python -m bench webhooks"; \
+	if command -v apt-get >/dev/null \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null \
+		&& command -v wrk >/dev/null; then exit 0; fi; \
+	echo "make: wrk could not be installed here (apt-get install -y wrk, as root); python -m bench webhooks" >&2; \
+	echo "      then uses its Python client, whose own ceiling bounds the figures (it says so)." >&2
 
 bench-quick: setup
 	$(BIN)/python -m bench ingest --quick

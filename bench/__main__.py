@@ -14,6 +14,12 @@ import bench
 from bench.report import Progress, machine_reference
 
 
+def default_options(module: object) -> dict:
+    """A benchmark's options with nothing given on the command line."""
+    parse_args = getattr(module, "parse_args", None)
+    return parse_args([]) if parse_args is not None else {}
+
+
 def available() -> list[str]:
     """Names of the benchmark modules (every module in `bench/` with a `run` function)."""
     names = []
@@ -39,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = module.parse_args(extra)
     elif extra:
         parser.error(f"unrecognised arguments for {args.name}: {' '.join(extra)}")
+    missing = module.requirements(quick=args.quick, **kwargs) if hasattr(module, "requirements") else []
+    if missing:
+        print(f"bench {args.name} cannot run here; missing:", *(f"  - {m}" for m in missing), sep="\n",
+              file=sys.stderr)
+        return 2
     machine = machine_reference()
     print(f"machine: {machine['cores']} cores, plain Python {machine['python_loop_ns_per_iteration']} ns a loop "
           f"iteration, load {machine['load_average_1m']} (compare timings only between runs where these are alike)")

@@ -35,6 +35,21 @@ def _find(name: str, *, hint: str) -> str:
     raise MissingBinary(f"`{name}` not found (looked on PATH, /usr/local/bin, /usr/lib/postgresql/*/bin); {hint}")
 
 
+POSTGRES_HINT = "install PostgreSQL's server (Debian: apt-get install postgresql)"
+REDIS_HINT = "install Redis (Debian: apt-get install redis-server)"
+
+
+def missing_binaries() -> list[str]:
+    """The server binaries the soak needs and cannot find, each with how to install it."""
+    missing = []
+    for name, hint in (("initdb", POSTGRES_HINT), ("pg_ctl", POSTGRES_HINT), ("redis-server", REDIS_HINT)):
+        try:
+            _find(name, hint=hint)
+        except MissingBinary as exc:
+            missing.append(str(exc))
+    return missing
+
+
 def _server_env() -> dict[str, str]:
     # The servers must not carry the stack's mark: the orphan check looks for marked processes.
     return {k: v for k, v in os.environ.items() if k != MARK}
@@ -50,9 +65,8 @@ class PrivatePostgres:
     """A throw-away cluster in `root` (initdb, then pg_ctl start/stop/restart)."""
 
     def __init__(self, root: Path) -> None:
-        hint = "install PostgreSQL's server binaries (Debian: apt-get install postgresql)"
-        self.initdb = _find("initdb", hint=hint)
-        self.pg_ctl = _find("pg_ctl", hint=hint)
+        self.initdb = _find("initdb", hint=POSTGRES_HINT)
+        self.pg_ctl = _find("pg_ctl", hint=POSTGRES_HINT)
         self.root = root
         self.data = root / "data"
         self.log = root / "postgres.log"
@@ -102,7 +116,7 @@ class PrivateRedis:
     """`redis-server` with no persistence: a restart loses every queued message, as a crash would."""
 
     def __init__(self, root: Path) -> None:
-        self.binary = _find("redis-server", hint="install Redis (Debian: apt-get install redis-server)")
+        self.binary = _find("redis-server", hint=REDIS_HINT)
         self.root = root
         self.port = free_port()
         self.proc: subprocess.Popen | None = None

@@ -76,6 +76,13 @@ HEARTBEAT_TIMEOUT_S = 5.0
 WINDOW = (0.03, 0.70)
 
 
+def requirements(*, quick: bool, **_options: object) -> list[str]:
+    """What the soak needs that is not installed (its own PostgreSQL and Redis servers)."""
+    from bench._chaos_servers import missing_binaries
+
+    return missing_binaries()
+
+
 def parse_args(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench chaos")
     parser.add_argument("--seed", type=int, default=0, help="fault schedule, victims and the job's seed")

@@ -3,7 +3,8 @@
 `measure(dp)` runs `runtime.distributed.comm.Comm`'s reduce-scatter + all-gather among `dp` owners of one layer
 run (threads of this process, each a real gloo group member over a shared store) and reads every
 node's `Comm.bytes_sent`; it also checks that every owner ends with the bits of the single-process
-fixed-order fold (`runtime.distributed.grad_order`). `bench scale` prints it against dp.
+fixed-order fold (`runtime.distributed.grad_order`). `python -m bench grad_traffic` (and `bench
+scale`) print it against dp.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.report import Progress, print_table
 from runtime.config import JobConfig, ModelSpec
 from runtime.distributed.comm import Comm
 from runtime.distributed.grad_order import RunSum, grad_plan, home_pipelines
 from runtime.strategies import initial_layout
 
+OUT_DIR = Path("var/bench/grad_traffic")
 LAYER_NUMEL = (40_000, 25_000)
 """Two layers of one stage (float32: 260 kB of gradient): big enough that headers do not count."""
 
@@ -94,3 +97,28 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, str]:
     fig.update_yaxes(type="log", title_text="bytes sent per node / gradient bytes")
     out_dir.mkdir(parents=True, exist_ok=True)
     return write_figure(fig, out_dir, "gradient_traffic")
+
+
+def run(*, quick: bool = False, progress: Progress | None = None, out_dir: Path = OUT_DIR) -> list[dict]:
+    """Bytes each node sends in one gradient all-reduce against dp, counted on the real exchange
+    (`measure`: `runtime.distributed.comm`'s reduce-scatter + all-gather over gloo, threads of this
+    process), next to the previous all-to-all's (dp-1)x and the ring bound 2(dp-1)/dp. `bench scale`
+    runs it too."""
+    progress = progress or Progress()
+
+    dps = (2, 4, 8) if quick else (2, 4, 8, 16, 32)
+    rows = []
+    for i, dp in enumerate(dps):
+        progress.step(f"gradient traffic: dp={dp}", i, len(dps))
+        rows.append(measure(dp))
+    print_table(
+        "gradient all-reduce: bytes sent per node (measured) / gradient bytes; baseline: the previous all-to-all, "
+        "(dp-1)x by construction",
+        ["dp", "gradient bytes", "max sent per node", "sent / gradient", "all-to-all / gradient",
+         "ring bound / gradient", "bits = fixed-order fold"],
+        [[r["dp"], r["gradient_bytes"], r["max_bytes_sent_per_node"], round(r["max_sent_over_gradient_bytes"], 4),
+          r["previous_all_to_all_over_gradient_bytes"], round(r["ring_bound_over_gradient_bytes"], 4),
+          r["bit_identical_to_fixed_order_fold"]] for r in rows],
+    )
+    print(f"gradient traffic plot: {plot(rows, out_dir)}")
+    return rows

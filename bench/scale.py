@@ -23,6 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench import grad_traffic
 from bench._spill_baseline import baseline_layout_for
 from bench.report import Progress, growth_exponent, print_table
 from runtime.config import DeviceTime, JobConfig, LayoutError, ModelSpec
@@ -113,7 +114,7 @@ def run(*, quick: bool, progress: Progress) -> dict:
     figures["plots"] = {**_plot(cases, dead_list), **_plot_quality(cases)}
     for kind, path in figures["plots"].items():
         print(f"{kind}: {path}")
-    figures["gradient_traffic_vs_dp"] = gradient_traffic(quick=quick, progress=progress)
+    figures["gradient_traffic_vs_dp"] = grad_traffic.run(quick=quick, progress=progress, out_dir=OUT_DIR)
     return figures
 
 
@@ -543,27 +544,3 @@ def _plot_quality(cases: list[dict]) -> dict[str, str]:
     fig.update_xaxes(type="log", title_text="nodes")
     fig.update_layout(title="recovery plan quality vs nodes", width=1300, height=600)
     return {f"quality {kind}": path for kind, path in write_figure(fig, OUT_DIR, "plan_quality").items()}
-
-
-def gradient_traffic(*, quick: bool, progress: Progress) -> list[dict]:
-    """Bytes each node sends in one gradient all-reduce against dp, counted on the real exchange
-    (`bench.grad_traffic`: `runtime.distributed.comm`'s reduce-scatter + all-gather over gloo, threads of this
-    process), next to the previous all-to-all's (dp-1)x and the ring bound 2(dp-1)/dp."""
-    from bench.grad_traffic import measure, plot
-
-    dps = (2, 4, 8) if quick else (2, 4, 8, 16, 32)
-    rows = []
-    for i, dp in enumerate(dps):
-        progress.step(f"gradient traffic: dp={dp}", i, len(dps))
-        rows.append(measure(dp))
-    print_table(
-        "gradient all-reduce: bytes sent per node (measured) / gradient bytes; baseline: the previous all-to-all, "
-        "(dp-1)x by construction",
-        ["dp", "gradient bytes", "max sent per node", "sent / gradient", "all-to-all / gradient",
-         "ring bound / gradient", "bits = fixed-order fold"],
-        [[r["dp"], r["gradient_bytes"], r["max_bytes_sent_per_node"], round(r["max_sent_over_gradient_bytes"], 4),
-          r["previous_all_to_all_over_gradient_bytes"], round(r["ring_bound_over_gradient_bytes"], 4),
-          r["bit_identical_to_fixed_order_fold"]] for r in rows],
-    )
-    print(f"gradient traffic plot: {plot(rows, OUT_DIR)}")
-    return rows

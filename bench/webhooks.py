@@ -83,6 +83,20 @@ def parse_args(argv: list[str]) -> dict:
     return vars(parser.parse_args(argv))
 
 
+def requirements(*, quick: bool, server: str = "granian", variants: str = DEFAULT_VARIANTS, client: str = "auto",
+                 **_options: object) -> list[str]:
+    """What this run needs that is not installed, each with how to install it (empty: all there)."""
+    missing = []
+    servers = {_split_server(v.strip(), server)[1] for v in variants.split(",") if v.strip()}
+    if "gunicorn" in servers and not (BIN / "gunicorn").exists():
+        missing.append(f"gunicorn (for the _gunicorn variants) at {BIN / 'gunicorn'}: pip install -e '.[dev]'")
+    if not (BIN / "celery").exists():
+        missing.append(f"celery at {BIN / 'celery'}: pip install -e '.[dev]'")
+    if client == "wrk" and not _wrk_binary():
+        missing.append("wrk (--client wrk): make bench-tools, or apt-get install wrk")
+    return missing
+
+
 def _db_url(name: str) -> str:
     return ADMIN_URL.rsplit("/", 1)[0] + "/" + name
 
@@ -687,8 +701,10 @@ def run(
     n = requests or (2000 if quick else 6000)
     if client == "auto":
         client = "wrk" if _wrk_binary() else "python"
-    elif client == "wrk" and not _wrk_binary():
-        raise SystemExit("wrk is not installed (apt-get install wrk), or use --client python")
+        if client == "python":
+            print("wrk is not installed (make bench-tools, or apt-get install wrk): the Python client sends the "
+                  "load, and its own ceiling bounds every variant's notices/s; parse_only's rate is that ceiling, "
+                  "so a variant near it measures the client, not the server")
     logs = ROOT / "var" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     _prepare_database(progress)
