@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from runtime.distributed.published_layout import PublishedLayout
 from runtime.worker_exits import EXIT_FENCED, EXIT_JOB_FAILED
 
 WATCH_INTERVAL_S = 0.02
@@ -142,10 +143,10 @@ def build_worker_spec(spec: dict[str, Any], *, node: int, joining: bool, out_dir
     `node` (`runtime_node()`: differs from the assignment's node after a restart)."""
     from runtime.train.trainer import WorkerSpec
 
-    job, layout = spec["job"], spec["generation"]["layout"]
+    job, layout = spec["job"], PublishedLayout.from_dict(spec["generation"]["layout"])
     # The job's stored contract is the runtime's JobConfig: handed over unchanged.
     return WorkerSpec(
-        job_id=f"job{job['id']}", node=node, rendezvous=layout["rendezvous"], config=job["config"],
+        job_id=f"job{job['id']}", node=node, rendezvous=layout.rendezvous, config=job["config"],
         generation=0, joining=joining, out_dir=str(out_dir),
         # The job's folder in the control plane's artifact store: the final weights go there.
         export_dir=str(job.get("artifacts") or ""),
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())
     job, generation, assignment = spec["job"], spec["generation"], spec["assignment"]
-    layout = generation["layout"]
+    layout = PublishedLayout.from_dict(generation["layout"])
     work_dir = Path(spec["work_dir"])
     out_dir = work_dir / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.train.trainer import Fenced, JobCannotContinue, Worker
 
     node = int(assignment["node"])
-    initial_nodes = int(layout["dp"]) * int(layout["pp"])
+    initial_nodes = layout.initial_nodes
     job_id = f"job{job['id']}"
-    store = connect(layout["rendezvous"], timeout_s=60)
+    store = connect(layout.rendezvous, timeout_s=60)
     coordinator = Coordinator(store, job_id)
     # Which start of this node's worker this is, counted in the job's store (atomic, and it survives
     # an agent restart). The agent starts a worker again after a crash (exit code other than 0/3/4)

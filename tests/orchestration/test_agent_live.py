@@ -22,6 +22,7 @@ from controlplane.orchestration import services
 from controlplane.orchestration.providers import set_provider
 from controlplane.orchestration.providers.local.metadata import MetadataServer
 from controlplane.orchestration.providers.local.provider import pid_alive
+from runtime.distributed.published_layout import PublishedLayout
 from tests.controlplane.factories import make_job, make_team
 from tests.orchestration.conftest import free_port
 from tests.orchestration.fakes import FakeProvider
@@ -83,7 +84,7 @@ def test_agent_runs_its_assignment_and_forwards_a_notice(control_plane, tmp_path
         from controlplane.jobs.services import job_generation_publish
 
         current = job.generations.get(number=1)
-        job_generation_publish(job=job, membership=current.membership, layout={**current.layout, "note": "g2"},
+        job_generation_publish(job=job, membership=current.membership, layout={**current.layout, "decision": "grow"},
                                reason="test")
         wait_for(lambda: job.events.filter(kind="agent_generation_applied").exists(), what="generation applied")
         assert int((tmp_path / "work" / "worker.pid").read_text()) == pid and pid_alive(pid)
@@ -212,7 +213,8 @@ def test_the_agents_gpu_index_reaches_the_workers_spec(tmp_path: Path, monkeypat
 
     agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1",
                               worker_module="tests.orchestration.fake_worker", gpu_index=2))
-    layout = {"dp": 1, "pp": 1, "rendezvous": "127.0.0.1:1"}
+    layout = PublishedLayout(strategy="recycle", dp=1, pp=1, slots=[[0]], decision="start",
+                             rendezvous="127.0.0.1:1").to_dict()
     command = {"instance": 1, "job": {"id": 5, "target_steps": 0, "config": {"device": "cuda"}},
                "assignment": {"node": 0}, "generation": {"number": 1, "membership": [{"instance": 1}],
                                                          "layout": layout}}

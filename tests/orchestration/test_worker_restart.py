@@ -24,6 +24,7 @@ from agent.supervisor import WorkerSupervisor
 from agent.worker_entry import INCARNATION_STRIDE, runtime_node
 from runtime.config import DeviceTime, JobConfig, ModelSpec
 from runtime.distributed.coordinator import Coordinator, serve
+from runtime.distributed.published_layout import PublishedLayout
 from runtime.train.reference import train_reference
 from tests.orchestration.conftest import wait_for
 from tests.runtime.conftest import small_config
@@ -49,7 +50,8 @@ def test_crashed_member_restarted_by_its_agent_rejoins_and_trains_to_the_end(tmp
     store = serve(0)
     # The job's stored contract is the runtime's config: the agent hands it over unchanged.
     job = {"id": 7, "target_steps": steps, "config": config.to_dict()}
-    layout = {"dp": 2, "pp": 2, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
+    layout = PublishedLayout(strategy="recycle", dp=2, pp=2, slots=[[0, 1], [2, 3]], decision="start",
+                             nodes=[(n, n) for n in range(4)], rendezvous=f"127.0.0.1:{store.port}").to_dict()
     generation = {"number": 1, "layout": layout, "membership": [{"node": n} for n in range(4)]}
     messages: dict[int, list[dict]] = {n: [] for n in range(4)}
     exits: dict[int, list[int]] = {n: [] for n in range(4)}
@@ -109,7 +111,8 @@ def test_crashed_member_restarted_by_its_agent_rejoins_and_trains_to_the_end(tmp
 def _one_node_entry_args(tmp_path: Path, job_id: int) -> tuple[Any, list[str]]:
     """A rendezvous store and `agent.worker_entry` arguments for a one-node job (DP=1 x PP=1)."""
     store = serve(0)
-    layout = {"dp": 1, "pp": 1, "strategy": "recycle", "rendezvous": f"127.0.0.1:{store.port}"}
+    layout = PublishedLayout(strategy="recycle", dp=1, pp=1, slots=[[0]], decision="start", nodes=[(0, 0)],
+                             rendezvous=f"127.0.0.1:{store.port}").to_dict()
     generation = {"number": 1, "layout": layout, "membership": [{"node": 0}]}
     config = JobConfig(model=ModelSpec(kind="mlp", n_layer=2), dp=1, pp=1, microbatches=2, global_batch=4,
                        strategy="recycle", steps=3, seed=1)

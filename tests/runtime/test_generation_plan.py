@@ -12,6 +12,7 @@ import pytest
 from runtime.distributed.coordinator import Coordinator, connect, serve
 from runtime.distributed.generation_plan import GenerationPlan, PlanWireError
 from runtime.distributed.membership import initial_plan, make_plan, plan_for_fleet
+from runtime.distributed.published_layout import PublishedLayout
 from runtime.strategies.base import full_slots
 from tests.runtime.conftest import small_config
 
@@ -85,3 +86,33 @@ def test_a_malformed_plan_in_the_store_is_refused_where_it_is_read() -> None:
     coord.store.set("gen/1/plan", json.dumps({**plan.to_dict(), "generation": 1, "members": "all"}))
     with pytest.raises(PlanWireError, match="members"):
         coord.read_plan(1)
+
+
+def _published() -> PublishedLayout:
+    return PublishedLayout(strategy="recycle", dp=2, pp=2, slots=[[11, 12], [None, 14]], decision="recycle",
+                           holes=[(1, 0)], nodes=[(11, 0), (12, 1), (14, 3)], rendezvous="10.0.0.5:29400")
+
+
+def test_the_published_layout_comes_back_from_its_json_equal() -> None:
+    layout = _published()
+    assert PublishedLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
+    assert layout.initial_nodes == 4 and layout.node_ids() == {11: 0, 12: 1, 14: 3}
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"dp": 0}, "layout.dp"),
+    ({"pp": "2"}, "layout.pp"),
+    ({"slots": [[11, "12"]]}, "layout.slots"),
+    ({"nodes": [[11]]}, "layout.nodes"),
+    ({"restart_from_checkpoint": "no"}, "layout.restart_from_checkpoint"),
+    ({"rendezvous": None}, "layout.rendezvous"),
+    ({"stage_layers": [3, 3]}, "layout.stage_layers"),
+])
+def test_a_malformed_published_layout_is_an_error_naming_the_field(change: dict, field: str) -> None:
+    with pytest.raises(PlanWireError) as caught:
+        PublishedLayout.from_dict({**_published().to_dict(), **change})
+    assert caught.value.field == field
+    wire = _published().to_dict()
+    del wire["strategy"]
+    with pytest.raises(PlanWireError, match=r"layout\.strategy: missing"):
+        PublishedLayout.from_dict(wire)

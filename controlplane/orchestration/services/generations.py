@@ -15,6 +15,7 @@ from controlplane.jobs.artifacts import job_latest_checkpoint
 from controlplane.jobs.models import (
     ACTIVE_JOB_STATUSES,
     EndReason,
+    JobGeneration,
     JobStatus,
     Reconfiguration,
     ReconfigurationStatus,
@@ -29,6 +30,7 @@ from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation, job_shape
 from controlplane.orchestration.services.job_end import job_fail
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
+from runtime.distributed.published_layout import PublishedLayout
 from runtime.strategies import get_strategy
 
 
@@ -64,23 +66,17 @@ def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason:
     previous = job_current_generation(job=job)
     # A start (the first generation, or a resumed job's fresh one) numbers its workers 0..n-1: the
     # runtime takes a node numbered past dp x pp for a replacement joining a running group.
-    known = {int(i): int(n) for i, n in (previous.layout.get("nodes", []) if previous else [])}
+    known = published_layout(previous).node_ids() if previous else {}
     nodes = reactions.assign_nodes(slots, None if decision == "start" else (known or None))
-    layout = {
-        "strategy": shape.strategy,
-        "dp": shape.dp,
-        "pp": shape.pp,
-        "slots": slots,
-        "decision": decision,
-        "restart_from_checkpoint": decision == "restart",
-        "holes": [list(h) for h in reactions.holes(slots)],
-        "nodes": sorted([i, n] for i, n in nodes.items()),
-        "rendezvous": rendezvous_address(job=job),
-    }
+    layout = PublishedLayout(
+        strategy=shape.strategy, dp=shape.dp, pp=shape.pp, slots=slots, decision=decision,
+        restart_from_checkpoint=decision == "restart", holes=reactions.holes(slots), nodes=sorted(nodes.items()),
+        rendezvous=rendezvous_address(job=job),
+    )
     generation = job_generation_publish(
         job=job,
         membership=reactions.membership_of(slots, nodes),
-        layout=layout,
+        layout=layout.to_dict(),
         reason=reason,
     )
     degraded = bool(reactions.holes(slots))
@@ -95,11 +91,16 @@ def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason:
     return generation
 
 
+def published_layout(generation: JobGeneration) -> PublishedLayout:
+    """The layout `generation` was published with (`_publish`), typed."""
+    return PublishedLayout.from_dict(generation.layout)
+
+
 def _current_slots(job: TrainingJob) -> reactions.Slots | None:
     generation = job_current_generation(job=job)
     if generation is None:
         return None
-    return [list(row) for row in generation.layout.get("slots", [])]
+    return published_layout(generation).slots
 
 
 def _any_member_live(job: TrainingJob, slots: reactions.Slots) -> bool:
@@ -249,7 +250,7 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
         return {}
     # Slots of each active job's current generation, and its running nodes: read once.
     generations = current_generations(jobs=[job for job in jobs.values() if job.status in ACTIVE_JOB_STATUSES])
-    slots = {pk: [list(row) for row in g.layout.get("slots", [])] for pk, g in generations.items()}
+    slots = {pk: published_layout(g).slots for pk, g in generations.items()}
     running: dict[int, set[int]] = {pk: set() for pk in slots}
     noticed: set[int] = set()  # still here, leaving: the runtime may keep them until a replacement joins
     if slots:
@@ -286,7 +287,7 @@ def reconfigurations_apply(*, reconfigurations: list[Reconfiguration]) -> dict[i
             decision=reaction.decision,
             reason=f"{reconfiguration.trigger} {sorted(leaving)}: {reaction.decision}",
         )
-        slots[job.pk] = [list(row) for row in generation.layout.get("slots", [])]
+        slots[job.pk] = published_layout(generation).slots
         _set_applied(reconfiguration, decision=reaction.decision, generation=generation.number)
         published[reconfiguration.pk] = generation
     bulk_update_by_pk(Reconfiguration, rows, _APPLIED_FIELDS)
