@@ -28,7 +28,7 @@ from runtime.sim.capacity import (
     estimate_spot_progress_rate,
     simulate_job,
 )
-from runtime.sim.traces import AVAILABILITY_COUNT, load_trace
+from runtime.traces import AVAILABILITY_COUNT, load_trace
 
 JOB_NODES = 8
 WORK_H = 6.0

@@ -22,7 +22,7 @@ from runtime.parallel.throughput import CostModel
 from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.synthetic import synthetic_trace
-from runtime.sim.traces import Trace
+from runtime.traces import Trace
 
 TRACE = {"nodes": 1000, "hours": 24.0, "rate_per_node_hour": 0.1, "mean_burst": 4.3, "replacement_delay_s": 600,
          "seed": 1}

@@ -31,8 +31,8 @@ from runtime.checkpointing.durability import checkpoint_interval_steps
 from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import DEVICES, DeviceTime, JobConfig, ModelSpec
 from runtime.parallel.schedule import action_duration, build_schedule, simulate, stage_durations
-from runtime.sim.traces import FORMATS
 from runtime.strategies import get_strategy
+from runtime.traces import FORMATS
 from runtime.train.launcher import Fault, Join, RunResult, faults_from_trace, run_local
 
 KILLED = 5  # pipeline 1, stage 1 of DP=2 x PP=4
@@ -43,7 +43,7 @@ def parse_args(extra: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench runtime")
     parser.add_argument("--trace", type=Path, default=None, help="Bamboo-format preemption trace (t_ms,op,node)")
     parser.add_argument("--trace-format", choices=tuple(FORMATS), default=None,
-                        help="how to read --trace (runtime.sim.traces.FORMATS; default: named in the file or by "
+                        help="how to read --trace (runtime.traces.FORMATS; default: named in the file or by "
                              "its line syntax)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cuda: measure the GPU path for real instead (bench/_runtime_device.py)")

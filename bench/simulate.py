@@ -34,7 +34,7 @@ from runtime.sim.iteration import IterationModel
 from runtime.sim.plots import write_plots
 from runtime.sim.prices import PriceSeries, load_price_series
 from runtime.sim.synthetic import synthetic_trace
-from runtime.sim.traces import FORMATS, Trace, load_trace
+from runtime.traces import FORMATS, Trace, load_trace
 
 PUBLISHED = [
     # (numerator, denominator, published ratio of throughput, source)
@@ -55,7 +55,7 @@ def parse_args(extra: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench simulate")
     parser.add_argument("--trace", type=Path, help="a Bamboo CSV, GCP counts or SkyPilot JSON trace")
     parser.add_argument("--trace-format", choices=tuple(FORMATS), default=None,
-                        help="how to read --trace (runtime.sim.traces.FORMATS; default: named in the file or by "
+                        help="how to read --trace (runtime.traces.FORMATS; default: named in the file or by "
                              "its line syntax; JSON ticks must be named)")
     parser.add_argument("--instance-type", default="p3.2xlarge", help="type whose profile and prices are used")
     parser.add_argument("--notice-s", type=float, default=0.0, help="preemption notice lead time")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from runtime.config import AUTO_STRATEGY, DEVICES, EXPORT_FORMATS, JOB_STRATEGIES, PRECISIONS
-from runtime.sim.traces import FORMATS as TRACE_FORMATS
+from runtime.traces import FORMATS as TRACE_FORMATS
 from spotpipe.trackers import TRACKERS
 
 CLIENT_COMMANDS = ("submit", "jobs", "status", "logs", "cancel", "resume", "pull", "train", "sample", "export-hf",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,6 @@ from runtime.config import (
     undeclared_context,
 )
 from runtime.models.declaration import DECLARED_FIELDS, Model
-from runtime.parallel.partition import time_layers
 
 EXPECTED_RETURN = ("an nn.Sequential, a list of nn.Module layers, or a list of zero-argument layer factories "
                    "(callables returning an nn.Module), or spotpipe.Model(one of those, seq_len=..., "
@@ -415,3 +415,22 @@ def measure_layers_per_sample(meta: list[nn.Module], x: torch.Tensor) -> list[La
                          fixed_activation_bytes=max(0.0, 2 * a.activation_bytes - b.activation_bytes),
                          output_bytes=a.output_bytes, kernels=a.ops, input_grad=a.has_input_grad)
             for held, a, b in zip(parameters, one, two, strict=True)]
+
+
+def time_layers(layers: list, x: object, *, repeats: int = 3) -> list[float]:
+    """Best-of-`repeats` forward+backward seconds of each layer in turn, fed by the previous one's
+    output (`x`: the first layer's input); runs on copies, so `layers` are left unchanged."""
+    costs = []
+    for layer in layers:
+        layer = copy.deepcopy(layer)
+        inp = x.detach().requires_grad_() if x.is_floating_point() else x
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = layer(inp)
+            out.float().sum().backward()
+            best = min(best, time.perf_counter() - start)
+        costs.append(max(best, 1e-6))
+        with torch.no_grad():
+            x = layer(inp).detach()
+    return costs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 
 from runtime.config import USER_MODEL_KIND, LayoutError, ModelSpec
 
@@ -18,39 +17,6 @@ def estimate_layer_costs(spec: ModelSpec) -> list[float]:
         block = 12 * c * c * t + 2 * t * t * c
         return [float(c * t)] + [float(block)] * spec.n_layer + [float(c * v * t)]
     return [float(spec.in_features * c)] + [float(c * c)] * spec.n_layer + [float(c * v)]
-
-
-def profile_layer_costs(spec: ModelSpec, *, batch: int, seed: int = 0, repeats: int = 3) -> list[float]:
-    """Measured forward+backward seconds per layer on this machine for one micro-batch."""
-    # Imported here: the control plane plans layouts with this module, and its web and worker
-    # processes should not load torch (2 s and about 200 MB each) for that.
-    from runtime.models.model import build_layer, microbatch_data
-
-    x, _ = microbatch_data(spec, seed=seed, step=0, index=0, size=batch)
-    return time_layers([build_layer(spec, i, seed) for i in range(spec.num_layers)], x, repeats=repeats)
-
-
-def time_layers(layers: list, x: object, *, repeats: int = 3) -> list[float]:
-    """Best-of-`repeats` forward+backward seconds of each layer in turn, fed by the previous one's
-    output (`x`: the first layer's input); runs on copies, so `layers` are left unchanged."""
-    import copy
-
-    import torch
-
-    costs = []
-    for layer in layers:
-        layer = copy.deepcopy(layer)
-        inp = x.detach().requires_grad_() if x.is_floating_point() else x
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = layer(inp)
-            out.float().sum().backward()
-            best = min(best, time.perf_counter() - start)
-        costs.append(max(best, 1e-6))
-        with torch.no_grad():
-            x = layer(inp).detach()
-    return costs
 
 
 def partition_layers(costs: list[float], parts: int, *,

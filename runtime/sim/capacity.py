@@ -24,7 +24,7 @@ from pathlib import Path
 
 from runtime.planner.capacity_policy import ON_DEMAND, SPOT, SPOT_THEN_ON_DEMAND, choose_capacity_type
 from runtime.sim.prices import PriceSeries, load_price_series
-from runtime.sim.traces import AVAILABILITY_COUNT, Trace, load_trace
+from runtime.traces import AVAILABILITY_COUNT, Trace, load_trace
 
 EAGER_NEXT_REGION = "skypilot_eager_next_region"
 FAILOVER = "skypilot_failover"

@@ -54,7 +54,7 @@ from runtime.distributed.membership import joiners_worth_a_regroup
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import Pattern
 from runtime.sim.prices import PriceSeries
-from runtime.sim.traces import ADD, Trace
+from runtime.traces import ADD, Trace
 
 STRATEGIES = FAULT_TOLERANT_STRATEGIES  # what the simulator compares (runtime/config.py owns the names)
 

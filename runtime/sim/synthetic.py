@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
+from runtime.traces import ADD, REMOVE, Trace, TraceEvent
 
 
 def synthetic_trace(

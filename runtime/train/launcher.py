@@ -100,14 +100,14 @@ class RunResult:
 def faults_from_trace(
     path: str | Path, *, nodes: int, time_scale: float, limit: int | None = None, trace_format: str | None = None
 ) -> tuple[list[Fault], list[Join]]:
-    """Turn a preemption trace (any format `runtime.sim.traces.load_trace` reads) into timed kills
-    and joins (`trace_format`: its `runtime.sim.traces.FORMATS` name, when the file does not name it).
+    """Turn a preemption trace (any format `runtime.traces.load_trace` reads) into timed kills
+    and joins (`trace_format`: its `runtime.traces.FORMATS` name, when the file does not name it).
 
     The first `nodes` names the trace adds are our nodes 0..nodes-1 (the job starts with them); a
     later `remove` of one of ours is a SIGKILL, a later `add` is a replacement with a new id.
     Trace time starts at the first removal of one of ours and is multiplied by `time_scale` (e.g. 1e-3).
     """
-    from runtime.sim.traces import ADD, REMOVE, load_trace
+    from runtime.traces import ADD, REMOVE, load_trace
 
     names: dict[str, int] = {}
     faults: list[Fault] = []

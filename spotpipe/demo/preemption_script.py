@@ -23,7 +23,7 @@ from itertools import groupby
 from pathlib import Path
 
 from runtime.sim.synthetic import synthetic_trace
-from runtime.sim.traces import REMOVE, Trace, load_trace
+from runtime.traces import REMOVE, Trace, load_trace
 
 WINDOW = (0.1, 0.55)
 NOTICE_S = 4.0
@@ -51,7 +51,7 @@ class Preemption:
 
 
 def demo_trace(*, nodes: int, seed: int, path: Path | None = None, trace_format: str | None = None) -> Trace:
-    """The trace of the demo: the file at `path` (read as `trace_format`, see `runtime.sim.traces.FORMATS`),
+    """The trace of the demo: the file at `path` (read as `trace_format`, see `runtime.traces.FORMATS`),
     or a seeded synthetic one for `nodes` nodes."""
     if path is not None:
         return load_trace(path, format=trace_format)

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from controlplane.billing.reports import CostReport
-from runtime.sim.traces import Trace
+from runtime.traces import Trace
 
 # The simulated job: the demo's layout (dp x pp) for a GPT worth renting GPUs for, on the type the
 # local nodes stand in for. The demo's own 4-layer GPT on CPU would say nothing about GPUs.

@@ -50,7 +50,7 @@ class DemoOptions:
     nodes: int = 4
     trace: Path | None = None
     trace_format: str | None = None
-    """`runtime.sim.traces.FORMATS` name of `trace` (None: named in the file or by its syntax)."""
+    """`runtime.traces.FORMATS` name of `trace` (None: named in the file or by its syntax)."""
     prices: Path | None = None
     duration: float = 150.0
     seed: int = 0

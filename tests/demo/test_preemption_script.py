@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
+from runtime.traces import ADD, REMOVE, Trace, TraceEvent
 from spotpipe.demo import preemption_script
 from spotpipe.demo.driver import layout_for
 

@@ -7,7 +7,7 @@ import pytest
 
 from controlplane.orchestration.providers.local.preemption import preemption_plan, removal_groups
 from runtime.sim.synthetic import synthetic_trace
-from runtime.sim.traces import load_trace
+from runtime.traces import load_trace
 
 
 def test_preemption_plan_scales_time_and_is_seeded(shared_data):

@@ -15,7 +15,7 @@ from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import PlanSteps, schedule_of
 from runtime.sim.synthetic import synthetic_trace
-from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent, load_trace
+from runtime.traces import ADD, REMOVE, Trace, TraceEvent, load_trace
 
 SPEC = ModelSpec(kind="mlp", n_layer=6, n_embd=8)  # 8 layers: up to pp = 8
 

@@ -9,7 +9,7 @@ from runtime.parallel.throughput import CostModel
 from runtime.sim.engine import STRATEGIES, SimParams, simulate
 from runtime.sim.iteration import IterationModel
 from runtime.sim.prices import PriceSeries
-from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
+from runtime.traces import ADD, REMOVE, Trace, TraceEvent
 
 SPEC = ModelSpec(kind="mlp", n_layer=2, n_embd=8)  # 4 layers
 

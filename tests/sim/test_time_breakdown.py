@@ -7,7 +7,7 @@ import pytest
 
 from runtime.sim.engine import STRATEGIES, TIME_BUCKETS, SimParams, simulate
 from runtime.sim.iteration import IterationModel
-from runtime.sim.traces import ADD, REMOVE, Trace, TraceEvent
+from runtime.traces import ADD, REMOVE, Trace, TraceEvent
 from tests.sim.test_engine import _with_extra_failures, make_model, steady
 
 

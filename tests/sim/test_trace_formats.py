@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runtime.sim.capacity import bundled_trace_paths
-from runtime.sim.traces import (
+from runtime.traces import (
     AVAILABILITY_COUNT,
     FORMATS,
     PREEMPTION_TICKS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.sim.traces import TraceFormatError, load_bamboo_csv, load_gcp_counts, load_skypilot_json, load_trace
+from runtime.traces import TraceFormatError, load_bamboo_csv, load_gcp_counts, load_skypilot_json, load_trace
 
 
 def test_aws_p3_bamboo_trace_counts(shared_data):

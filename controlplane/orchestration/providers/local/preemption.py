@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from itertools import groupby
 
-from runtime.sim.traces import REMOVE, Trace
+from runtime.traces import REMOVE, Trace
 
 
 @dataclass(frozen=True, slots=True)
