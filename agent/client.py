@@ -164,5 +164,12 @@ class ControlPlaneClient:
             **({"log_tail": log_tail} if log_tail else {}),
         })
 
+    def profile(self, *, layers: int, layer_measures: list[dict], layer_costs: list[float] | None,
+                declared: dict) -> None:
+        """What this (first) node measured of its job's model function; the job is planned from it."""
+        self.request("POST", "agents/profile/", json={
+            "layers": layers, "layer_measures": layer_measures, "layer_costs": layer_costs, "declared": declared,
+        })
+
     def metrics(self, *, job_id: int, samples: list[dict]) -> dict:
         return self.request("POST", f"jobs/{job_id}/metrics/", json={"samples": samples})

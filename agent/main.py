@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
+from agent.profile import PROFILE_TIMEOUT_S, ProfileFailed, run_node_profile
 from agent.requirements import InstallFailed, job_python, job_requirements
 from agent.supervisor import WorkerSupervisor
 from runtime.config import UPLOAD_PREFIX
@@ -52,6 +53,7 @@ class AgentConfig:
     metadata_poll_s: float = 0.1
     commands_wait_s: float = 20.0
     metrics_flush_s: float = 0.5
+    profile_timeout_s: float = PROFILE_TIMEOUT_S
     work_dir: Path = Path("/var/lib/spotpipe")
     worker_module: str = "agent.worker_entry"
     address: str = ""
@@ -93,6 +95,7 @@ class Agent:
         self._restart = threading.Event()
         self._failure = ""  # why the runtime said the job cannot go on (from the worker's `failed` line)
         self._failed_installs: set[int] = set()  # jobs whose requirements failed here (reported once)
+        self._profiled: set[int] = set()  # jobs whose model this node profiled (`profile` commands)
         self._rotate_at: float | None = None  # time.monotonic() at which to rotate the agent token
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -251,6 +254,8 @@ class Agent:
                     return  # its requirements failed to install: reported once, nothing to run
             what = self.supervisor.apply(command, python=python)
             logger.info("generation %s: %s", command["generation"]["number"], what)
+        elif action == "profile":
+            self._profile(command)
         elif action == "standby":
             # Not a member: a running worker leaves at its next iteration boundary.
             if not self.supervisor.hand_over(command):
@@ -280,6 +285,33 @@ class Agent:
             logger.warning("job %s: requirements not installed: %s", job["id"], exc.reason)
             self._event("requirements_failed", generation=self._command_generation(), message=exc.reason)
             return None
+
+    def _profile(self, command: dict) -> None:
+        """The job waits for its first node's profile of its model function (`plan: auto` sent
+        without the model's measures): measure it here, in the job's environment and on its data
+        (`runtime.train.node_profile`), and send the profile; a model that cannot run fails the job."""
+        job = command["job"]
+        if job["id"] in self._profiled:
+            return
+        python = self._job_python(command)
+        if python is None:
+            return  # its requirements failed to install: reported once
+        self._profiled.add(job["id"])
+        try:
+            profile = run_node_profile(python, job["config"], work_dir=self.config.work_dir,
+                                       timeout_s=self.config.profile_timeout_s)
+        except ProfileFailed as exc:
+            logger.warning("job %s: the model could not be profiled: %s", job["id"], exc.reason)
+            self._event("profile_failed", message=exc.reason)
+            return
+        try:
+            self.client.profile(**profile)
+        except ControlPlaneError as exc:
+            if exc.status != 409:  # 409: planned already (a profile sent before this agent restarted)
+                logger.warning("job %s: the profile was refused: %s", job["id"], exc)
+                self._event("profile_failed", message=f"the control plane refused the profile: {exc}"[:300])
+        except Stopped:
+            return
 
     def _fetch_package(self, entry: str) -> Path:
         """The local copy of an `upload:<sha256>` (from the control plane) or `s3://` requirement."""

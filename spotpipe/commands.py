@@ -38,6 +38,9 @@ def _client() -> Client:
 def describe_plan(plan: dict[str, Any]) -> str:
     """One line: who chose the plan, the layout, and the planner's prediction when there is one."""
     pools = ", ".join(p["instance_type"] + (f"@{p['zone']}" if p.get("zone") else "") for p in plan.get("pools", []))
+    if plan.get("profile") == "pending":
+        return (f"planner plan: waiting for the first node ({plan.get('provider')}, one of {pools}) to profile the "
+                "model; the job is planned from that profile")
     line = (f"{plan.get('chosen_by', '?')} plan: {plan.get('nodes')} {plan.get('provider')} node(s) on {pools} as "
             f"dp={plan.get('dp')} x pp={plan.get('pp')}, {plan.get('microbatches')} micro-batches per pipeline")
     predicted = plan.get("predicted")

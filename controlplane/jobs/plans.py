@@ -26,6 +26,7 @@ from controlplane.tunables import tunable
 from runtime.config import LayoutError
 
 MAX_PLAN_NODES = 4096
+PROFILE_PENDING = "pending"
 MAX_POOLS = 64
 KNOWN_REGIONS = frozenset(ZONE_ID_PREFIX_TO_REGION.values())
 POOL_NAME_MAX = 64
@@ -69,6 +70,14 @@ class JobPlan:
     regions: list[str] = field(default_factory=list)
     """The regions the job may run in (`plan.regions`; empty: the provider's default). Its nodes
     stay in one region at a time."""
+    profile: str = ""
+    """`pending`: `plan.auto` for a model function sent without its measures; one node of the
+    cheapest allowed pool measures the model first (`orchestration.services.profile`), then the
+    planner plans the job from that profile. "" otherwise."""
+
+    @property
+    def awaiting_profile(self) -> bool:
+        return self.profile == PROFILE_PENDING
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -18,7 +18,7 @@ from controlplane.common.errors import DomainError
 from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import ProviderKind
 from controlplane.jobs.models import TrainingJob
-from controlplane.jobs.plans import JobPlan, PlanAsk, PlanPool, plan_pools
+from controlplane.jobs.plans import PROFILE_PENDING, JobPlan, PlanAsk, PlanPool, plan_pools
 from controlplane.market.zones import region_of_zone
 from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_REGION, LOCAL_STAND_IN_TYPE
 from controlplane.planning.selectors import pools_for_plan
@@ -274,17 +274,13 @@ def plan_job(
     if problems:
         raise problems[0] if len(problems) == 1 else LayoutErrors(problems)
     assert base is not None
+    if ask.auto and base.model.kind == USER_MODEL_KIND and not base.model.layer_measures:
+        return _profile_first(base, ask=ask)
     if base.model.kind == USER_MODEL_KIND and not base.model.layers:
         # The control plane splits the model when it reacts to a lost node, and cannot count the layers itself.
         raise LayoutError(f"model.layers is not set for the model function {base.model.path}; expected its layer "
                           "count, which `spotpipe submit` records by validating the model on your machine",
                           field="model.layers")
-    if ask.auto and base.model.kind == USER_MODEL_KIND and not base.model.layer_measures:
-        raise LayoutError(f"plan.auto cannot plan the model function {base.model.path} without its per-layer measures "
-                          "(model.layer_measures): the planner predicts step times and memory from them, and the "
-                          "control plane never imports user code; expected them recorded by `spotpipe submit` "
-                          "(which measures the model where its code and data are), or an explicit plan "
-                          "(plan.dp, plan.pp)", field="plan.auto")
     if ask.auto:
         return _planned(base, contract, team_id=team_id, total_microbatches=total_microbatches, deadline=deadline,
                         budget_usd=budget_usd, ask=ask, at=at or timezone.now(), capacity=capacity)
@@ -329,6 +325,60 @@ def explicit_plan_estimate(*, config: JobConfig, ask: PlanAsk, team_id: int,
         return None
     fitting = [c for c in candidates if c.dp == config.dp and c.pp == config.pp]
     return (min(fitting, key=lambda c: c.cost_usd), planner.catalog) if fitting else None
+
+
+def _profile_first(base: JobConfig, *, ask: PlanAsk) -> tuple[JobPlan, JobConfig]:
+    """`plan.auto` for a model function sent without its per-layer measures (the control plane never
+    imports user code, and `spotpipe submit` was not the client): one node of the cheapest allowed
+    pool runs first, measures the model where its code and data are, and the planner plans the job
+    from that (`plan_from_profile`). The plan keeps the request's pools and limits for it."""
+    plan = JobPlan(provider=ask.provider, pools=plan_pools(ask), nodes=1, dp=1, pp=1, microbatches=1,
+                   strategy=base.strategy, chosen_by="planner", objective="profile first", replan=ask.replan,
+                   max_nodes=ask.max_nodes, regions=ask.regions, profile=PROFILE_PENDING)
+    return plan, base
+
+
+PROFILE_FIELDS = ("layers", "layer_measures", "layer_costs", "declared")
+
+
+def profiled_contract(*, job: TrainingJob, profile: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's contract with what its first node measured (`runtime.train.node_profile`): the
+    layer count, the per-layer measures, the declared context and vocabulary, and (unless the job set
+    its own) the timed layer costs. Raises `LayoutError` naming `profile.<field>` for a report that is
+    not one (checked by building the contract, as a submission's measures are)."""
+    unknown = sorted(set(profile) - set(PROFILE_FIELDS))
+    if unknown:
+        raise LayoutError(f"unknown field; expected some of {list(PROFILE_FIELDS)}", field=f"profile.{unknown[0]}")
+    declared = profile.get("declared") or {}
+    if not isinstance(declared, Mapping) or not set(declared) <= {"seq_len", "vocab_size", "language_model"}:
+        raise LayoutError("expected an object of seq_len, vocab_size, language_model", field="profile.declared")
+    contract = _contract_of(job)
+    model = {**contract.get("model", {}), **declared, "layers": profile.get("layers"),
+             "layer_measures": profile.get("layer_measures")}
+    contract = {**contract, "model": model}
+    if profile.get("layer_costs") is not None and contract.get("layer_costs") is None:
+        contract["layer_costs"] = profile["layer_costs"]
+    try:
+        build_job_config(contract, dp=1, pp=1, microbatches=1, strategy=resolve_strategy(job.strategy),
+                         steps=job.target_steps)
+    except LayoutError as exc:
+        first = each_error(exc)[0]
+        raise LayoutError(first.message, field=f"profile.{first.field.removeprefix('model.')}") from None
+    return contract
+
+
+def plan_from_profile(*, job: TrainingJob, contract: dict[str, Any],
+                      at: datetime | None = None) -> tuple[JobPlan, JobConfig]:
+    """The plan of a job that waited for its first node's profile (`_profile_first`), from
+    `profiled_contract`, under the limits it was submitted with: raises `LayoutError` (or
+    `PlanInfeasible`) when no plan meets them."""
+    stored = JobPlan.from_dict(job.plan)
+    ask = PlanAsk(auto=True, provider=stored.provider, instance_types=sorted({p.instance_type for p in stored.pools}),
+                  zones=sorted({p.zone for p in stored.pools if p.zone}), regions=list(stored.regions),
+                  max_nodes=stored.max_nodes, replan=stored.replan)
+    return plan_job(team_id=job.team_id, contract=contract, total_microbatches=None, strategy=job.strategy,
+                    target_steps=job.target_steps, deadline=job.deadline, budget_usd=job.budget_usd, ask=ask, at=at,
+                    capacity=job.capacity)
 
 
 def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strategy: str, target_steps: int,

@@ -164,6 +164,10 @@ ROWS: list[Row] = [
         body={"kind": "rebalance", "cloud": "aws"}),
     Row("api/v1/agents/events/", "POST", "/api/v1/agents/events/", E(401, 403, 403, 403, 202),
         body={"kind": "worker_started", "generation": 0}),
+    # A profile of the agent's job's model: agents only; the matrix's job does not wait for one (409).
+    Row("api/v1/agents/profile/", "POST", "/api/v1/agents/profile/", E(401, 403, 403, 403, 409),
+        body={"layers": 1, "layer_measures": [{"parameters": 1, "forward_flops": 1.0, "activation_bytes": 1.0,
+                                               "output_bytes": 1.0, "kernels": 1, "input_grad": False}]}),
     # What launches skip now: every team's no-capacity marks and the reader's teams' cool-downs.
     Row("api/v1/offerings/unavailable/", "GET", "/api/v1/offerings/unavailable/", API_GLOBAL),
     # Rotation: agent tokens only; each agent rotates its own (the token names the instance).

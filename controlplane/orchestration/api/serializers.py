@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.api import JSONObjectField
 from controlplane.common.fields import CharField
 from controlplane.fleet.models import NoticeKind, ProviderKind
 
@@ -77,7 +78,7 @@ LOG_TAIL_LINES = 20
 
 class AgentEventSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started", "worker_spare",
-                                            "requirements_output", "requirements_failed"])
+                                            "requirements_output", "requirements_failed", "profile_failed"])
     generation = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     step = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     code = serializers.IntegerField(required=False, allow_null=True, default=None)
@@ -115,3 +116,14 @@ class TerminateSerializer(serializers.Serializer):
 
     reason = CharField(max_length=200, required=False, allow_blank=True,
                        help_text="Recorded on the instance's and the job's events.")
+
+
+class AgentProfileSerializer(serializers.Serializer):
+    """What a job's first node measured of its model (`runtime.train.node_profile`); the measures'
+    contents are checked as a submission's are (`planning.services.profiled_contract`)."""
+
+    layers = serializers.IntegerField(min_value=1, max_value=100_000)
+    layer_measures = serializers.ListField(child=JSONObjectField(), min_length=1, max_length=100_000)
+    layer_costs = serializers.ListField(child=serializers.FloatField(min_value=0), required=False, allow_null=True,
+                                        max_length=100_000, default=None)
+    declared = JSONObjectField(required=False, default=dict)

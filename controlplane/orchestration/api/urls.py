@@ -7,6 +7,7 @@ from rest_framework.routers import SimpleRouter
 from controlplane.orchestration.api.views import (
     AgentEventView,
     AgentNoticeView,
+    AgentProfileView,
     AgentTokenView,
     CommandsView,
     EnrollView,
@@ -23,6 +24,7 @@ urlpatterns = [
     path("agents/commands/", CommandsView.as_view(), name="agent-commands"),
     path("agents/notices/", AgentNoticeView.as_view(), name="agent-notices"),
     path("agents/events/", AgentEventView.as_view(), name="agent-events"),
+    path("agents/profile/", AgentProfileView.as_view(), name="agent-profile"),
     path("offerings/unavailable/", UnavailableOfferingsView.as_view(), name="offerings-unavailable"),
     *router.urls,
 ]

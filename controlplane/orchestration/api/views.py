@@ -20,6 +20,7 @@ from controlplane.accounts.scoping import admin_team_ids_for_request, team_ids_f
 from controlplane.accounts.selectors import agent_token_live
 from controlplane.accounts.services import agent_token_rotate
 from controlplane.common.api import TeamScopedViewSetMixin, UsersOnly, agent_token, validate_or_400, validated_query
+from controlplane.common.errors import DomainError
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.api.serializers import InstanceSerializer
 from controlplane.fleet.models import Instance
@@ -29,6 +30,7 @@ from controlplane.orchestration.api.serializers import (
     AgentEventSerializer,
     AgentNoticeResultSerializer,
     AgentNoticeSerializer,
+    AgentProfileSerializer,
     AgentTokenRotatedSerializer,
     CommandsQuerySerializer,
     CommandsSerializer,
@@ -41,6 +43,7 @@ from controlplane.orchestration.api.serializers import (
 from controlplane.orchestration.enqueue import enqueue
 from controlplane.orchestration.offerings import unavailable_offerings_for_teams
 from controlplane.orchestration.providers.base import ProviderError
+from runtime.config import LayoutError
 
 # How often a long-poll held by this (WSGI) view looks at the database: one indexed single-row query.
 POLL_INTERVAL_S = 0.025
@@ -151,6 +154,26 @@ class AgentNoticeView(APIView):
         return Response({"notice": notice_id, "duplicate": notice_id is None}, status=status.HTTP_202_ACCEPTED)
 
 
+class AgentProfileView(APIView):
+    """`POST /api/v1/agents/profile/`: the first node of a job submitted with `plan: auto` and a model
+    function without its measures reports what it measured; the job is planned from it."""
+
+    permission_classes = [AgentsOnly]
+
+    @extend_schema(request=AgentProfileSerializer, responses={
+        202: None,
+        400: OpenApiResponse(description="Not a profile (`errors.profile.<field>`); the job is unchanged."),
+        409: OpenApiResponse(description="The job does not wait for a profile."),
+    })
+    def post(self, request: Request) -> Response:
+        data = validate_or_400(AgentProfileSerializer(data=request.data))
+        try:
+            services.job_profile_received(instance=_agent_instance(request), profile=data)
+        except LayoutError as exc:
+            raise DomainError(exc.message, field=exc.field) from None
+        return Response(status=status.HTTP_202_ACCEPTED)
+
+
 class AgentEventView(APIView):
     """The agent reports what its workers did (started, applied a generation, exited)."""
 
@@ -176,6 +199,8 @@ class AgentEventView(APIView):
                     enqueue(tasks.reconcile_job, instance.job_id)
             elif data["kind"] == "requirements_failed":
                 services.requirements_failed_report(instance=instance, reason=data["message"])
+            elif data["kind"] == "profile_failed":
+                services.profile_failed_report(instance=instance, reason=data["message"])
         return Response(status=status.HTTP_202_ACCEPTED)
 
 

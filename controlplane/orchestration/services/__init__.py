@@ -67,6 +67,7 @@ from controlplane.orchestration.services.liveness import (
     instances_detect_dead,
     instances_mark_lost,
 )
+from controlplane.orchestration.services.profile import awaits_profile, job_profile_received, profile_failed_report
 from controlplane.orchestration.services.reconcile import (
     active_job_ids,
     capacity_reconcile,
@@ -86,6 +87,7 @@ __all__ = [
     "agent_commands_many",
     "agent_enroll",
     "agent_notice",
+    "awaits_profile",
     "capacity_reconcile",
     "capacity_release",
     "capacity_request",
@@ -99,8 +101,10 @@ __all__ = [
     "job_fail_if_stalled",
     "job_finish",
     "job_grow",
+    "job_profile_received",
     "job_stall_timeout_s",
     "job_start",
+    "profile_failed_report",
     "reconfiguration_apply",
     "reconfiguration_lost_seconds",
     "reconfigurations_apply",

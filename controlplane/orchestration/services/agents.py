@@ -13,6 +13,7 @@ from controlplane.fleet.locks import lock_instance
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES
+from controlplane.jobs.plans import JobPlan
 from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.enrolment_keys import acquisition_from_enroll_key
@@ -148,6 +149,9 @@ def _commands(instance: Instance, generation: Any) -> dict[str, Any]:
         answer["action"] = "stop"
         return answer
     if generation is None:
+        if JobPlan.from_dict(job.plan).awaiting_profile:
+            # Its first node measures the model (`runtime.train.node_profile`) before the job is planned.
+            answer["action"] = "profile"
         return answer
     answer["generation"] = {
         "number": generation.number,

@@ -22,6 +22,7 @@ from controlplane.jobs.models import (
     ReconfigurationTrigger,
     TrainingJob,
 )
+from controlplane.jobs.plans import JobPlan
 from controlplane.jobs.reconfiguration import current_generations, reconfiguration_decide
 from controlplane.jobs.selectors import job_runtime_config
 from controlplane.jobs.services import job_generation_publish
@@ -118,8 +119,8 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     """A node joined (enrolled): publish the first generation once the plan's nodes run, or fill
     the job's holes with running nodes that are not yet members."""
     locked = _lock_job(job)
-    if locked.status not in ACTIVE_JOB_STATUSES:
-        return None
+    if locked.status not in ACTIVE_JOB_STATUSES or JobPlan.from_dict(locked.plan).awaiting_profile:
+        return None  # a job waiting for its first node's profile is planned first (`services.profile`)
     shape = job_shape(job=locked)
     running = _running_ids(locked)
     slots = _current_slots(locked)
