@@ -168,6 +168,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     prepare.add_argument("--shard-bytes", type=int, help="largest shard (default 64 MiB)")
     prepare.add_argument("--page-bytes", type=int, help="unit a node fetches and caches (default 64 KiB)")
     prepare.add_argument("--workers", type=int, default=1, help="local processes tokenizing files (default 1)")
+    prepare.add_argument("--share", metavar="K/N",
+                         help="do share K of N of the input files (run one share on each of N machines; the last "
+                              "to finish writes the index)")
     cache = data_sub.add_parser("cache", help="list this machine's data caches (or clear them)")
     cache.add_argument("--clear", action="store_true", help="delete every entry no process is using")
 
@@ -195,7 +198,7 @@ def run_client(args: argparse.Namespace) -> int:
         if args.data_command == "cache":
             return run_cache(clear=args.clear)
         return run_prepare(args.source, tokenizer=args.tokenizer, out=args.out, shard_bytes=args.shard_bytes,
-                           page_bytes=args.page_bytes, workers=args.workers)
+                           page_bytes=args.page_bytes, workers=args.workers, share=args.share)
     if args.command == "export-hf":
         from spotpipe.train import run_export_hf
 

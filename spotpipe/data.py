@@ -12,10 +12,10 @@ from spotpipe.tables import print_table
 
 
 def run_prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int | None = None,
-                page_bytes: int | None = None, workers: int = 1, stream: IO[str] | None = None,
-                errors: IO[str] | None = None) -> int:
+                page_bytes: int | None = None, workers: int = 1, share: str | None = None,
+                stream: IO[str] | None = None, errors: IO[str] | None = None) -> int:
     from runtime.data.errors import DataError
-    from runtime.data.prepare import DEFAULT_PAGE_BYTES, DEFAULT_SHARD_BYTES, prepare
+    from runtime.data.prepare import DEFAULT_PAGE_BYTES, DEFAULT_SHARD_BYTES, parse_share, prepare
 
     shard_bytes = shard_bytes or DEFAULT_SHARD_BYTES
     page_bytes = page_bytes or DEFAULT_PAGE_BYTES
@@ -23,11 +23,17 @@ def run_prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int | Non
     errors = errors if errors is not None else sys.stderr
     try:
         summary = prepare(source, tokenizer=tokenizer, out=out, shard_bytes=shard_bytes, page_bytes=page_bytes,
-                          workers=workers, stream=stream)
+                          workers=workers, stream=stream, share=parse_share(share) if share else None)
     except DataError as exc:
         print(f"spotpipe data prepare: {exc}", file=errors)
         return 2
     index = summary.index
+    if index is None:
+        k, n = summary.share or (0, 1)
+        print(f"share {k}/{n} of {out} done: {summary.files} files ({summary.skipped} done before) in "
+              f"{summary.seconds:.1f} s; {summary.waiting} files of other shares are not done yet, and the share "
+              "that finishes last writes the index", file=stream)
+        return 0
     tokens = ", ".join(f"{name} {index.stream_tokens(name):,}" for name in index.streams)
     shards = sum(len(s) for s in index.streams.values())
     rate = summary.input_bytes / summary.seconds / 1e6 if summary.seconds else 0.0

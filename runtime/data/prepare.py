@@ -8,6 +8,11 @@ concatenate (the index dropping the stream's first separator) into the token str
 own reader makes. A killed prepare is resumed by running it again: a unit whose manifest is there,
 for an input file of the same content, with all its shards, is not done again. The index is
 written last, so a location without one is never read as a corpus.
+
+Across machines: with `share=(k, n)` a machine does only its share of the units (`share_units`:
+every machine lists the same units and cuts them the same way, balanced by bytes), and whichever
+share finds every unit's manifest in place when it ends writes the index (the same index whoever
+writes it); a share that crashed is resumed by running that share again.
 """
 
 from __future__ import annotations
@@ -83,13 +88,16 @@ def _documents(uri: SourceURI, path: Path):
     return module.documents_of(uri, [path])
 
 
-def _done_before(job: PrepareJob, unit: Unit, location: Location, digest: str) -> UnitResult | None:
+def recorded_unit(job: PrepareJob, unit: Unit, location: Location, digest: str | None = None) -> UnitResult | None:
+    """The unit as its manifest records it, when the manifest is there for this job's page and shard
+    sizes, for an input of the unit's size (and, given `digest`, of that content), with all its shards
+    at their sizes; else None (not done, or done for other settings or another input)."""
     try:
         recorded = json.loads(location.read(unit.manifest))
     except (Missing, ValueError):
         return None
-    if recorded.get("digest") != digest or recorded.get("page_bytes") != job.page_bytes \
-            or recorded.get("shard_bytes") != job.shard_bytes:
+    if (digest is not None and recorded.get("digest") != digest) or recorded.get("page_bytes") != job.page_bytes \
+            or recorded.get("shard_bytes") != job.shard_bytes or recorded.get("input_bytes") != unit.size:
         return None
     for part in recorded["parts"]:
         if location.size(part["name"]) != part["bytes"]:
@@ -97,6 +105,21 @@ def _done_before(job: PrepareJob, unit: Unit, location: Location, digest: str) -
     fields = {k: recorded[k] for k in ("stream", "number", "digest", "documents", "lead", "max_id",
                                        "input_bytes", "parts")}
     return UnitResult(**fields, skipped=True)
+
+
+def share_units(units: list[Unit], share: tuple[int, int]) -> list[Unit]:
+    """Share `k` of `n` of the units: each unit, largest first, goes to the share with the fewest bytes
+    so far (the lowest-numbered on a tie), so every machine that lists the same units cuts them the
+    same way and the shares' bytes differ by at most one file."""
+    k, n = share
+    loads = [0] * n
+    mine = []
+    for unit in sorted(units, key=lambda u: (-u.size, u.stream, u.number)):
+        least = min(range(n), key=lambda i: (loads[i], i))
+        loads[least] += unit.size
+        if least == k:
+            mine.append(unit)
+    return sorted(mine, key=lambda u: (u.stream, u.number))
 
 
 def run_unit(job: PrepareJob, unit: Unit) -> UnitResult:
@@ -121,7 +144,7 @@ def _run_unit(job: PrepareJob, unit: Unit, path: Path) -> UnitResult:
     uri = parse_source(job.source)
     location = open_location(job.out)
     digest = file_digest(path)
-    if (found := _done_before(job, unit, location, digest)) is not None:
+    if (found := recorded_unit(job, unit, location, digest)) is not None:
         return found
     tokenizer = load_tokenizer(job.tokenizer, Path(job.cache_dir))
     dtype = np.dtype(token_dtype(tokenizer.vocab_size))
@@ -249,18 +272,31 @@ class Progress:
 
 @dataclass(kw_only=True, slots=True)
 class PrepareSummary:
-    index: PreparedIndex
+    index: PreparedIndex | None
+    """None: a share that ended before the others (the last one writes the index)."""
     files: int
     skipped: int
     input_bytes: int
     seconds: float
     workers: int
+    share: tuple[int, int] | None = None
+    waiting: int = 0
+    """Units of other shares not done yet when this share ended."""
+
+
+def parse_share(text: str) -> tuple[int, int]:
+    """`K/N` (share K of N, counted from 0) as (K, N); `DataError` naming the value otherwise."""
+    k, slash, n = text.partition("/")
+    if not (slash and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise DataError(f"--share {text!r} must be K/N with 0 <= K < N (share K of N, counted from 0)")
+    return int(k), int(n)
 
 
 def prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int = DEFAULT_SHARD_BYTES,
             page_bytes: int = DEFAULT_PAGE_BYTES, workers: int = 1, cache_dir: Path | None = None,
-            stream: IO[str] | None = None) -> PrepareSummary:
-    """Prepare `source` at `out` (a folder or s3://bucket/prefix/); `DataError` naming what is wrong."""
+            stream: IO[str] | None = None, share: tuple[int, int] | None = None) -> PrepareSummary:
+    """Prepare `source` at `out` (a folder or s3://bucket/prefix/), or with `share=(k, n)` its share
+    of the units (the module docstring); `DataError` naming what is wrong."""
     from runtime.config import LayoutError
     from runtime.data.uri import check_tokenizer
 
@@ -285,22 +321,32 @@ def prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int = DEFAULT
     if location.exists(INDEX_NAME):
         raise DataError(f"{out} already holds a prepared corpus ({INDEX_NAME}); choose another --out or remove it")
     units = plan_units(uri, root)
+    mine = share_units(units, share) if share is not None else units
     location.write(STARTED, b"")
-    progress = Progress(units, stream)
+    progress = Progress(mine, stream)
     began = time.perf_counter()
+    results = _run_units(job, mine, workers=workers, progress=progress)
+    others = [recorded_unit(job, unit, location) for unit in units if unit not in set(mine)]
+    waiting = sum(found is None for found in others)
+    index = None
+    if not waiting:  # every unit is in place: this share (or the whole prepare) writes the index
+        index = assemble(job, uri, [*results, *(found for found in others if found is not None)])
+        location.write(INDEX_NAME, index.to_json().encode())
+    return PrepareSummary(index=index, files=len(mine), skipped=progress.skipped,
+                          input_bytes=sum(r.input_bytes for r in results), seconds=time.perf_counter() - began,
+                          workers=workers, share=share, waiting=waiting)
+
+
+def _run_units(job: PrepareJob, units: list[Unit], *, workers: int, progress: Progress) -> list[UnitResult]:
     results: list[UnitResult] = []
     if workers == 1:
         for unit in units:
             results.append(run_unit(job, unit))
             progress.unit_done(results[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(run_unit, job, unit) for unit in units]
-            for future in as_completed(futures):
-                results.append(future.result())
-                progress.unit_done(results[-1])
-    index = assemble(job, uri, results)
-    location.write(INDEX_NAME, index.to_json().encode())
-    return PrepareSummary(index=index, files=len(units), skipped=progress.skipped,
-                          input_bytes=sum(r.input_bytes for r in results), seconds=time.perf_counter() - began,
-                          workers=workers)
+        return results
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(run_unit, job, unit) for unit in units]
+        for future in as_completed(futures):
+            results.append(future.result())
+            progress.unit_done(results[-1])
+    return results

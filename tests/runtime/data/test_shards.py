@@ -238,3 +238,44 @@ def test_an_s3_source_is_prepared_object_by_object_not_mirrored(s3, tmp_path, ca
     assert summary.index.content_hash == whole.dataset.description["content_hash"]
     np.testing.assert_array_equal(stream_tokens(str(out))[: len(whole.dataset.train.tokens)],
                                   np.asarray(whole.dataset.train.tokens))
+
+
+def test_machines_each_prepare_a_share_and_the_last_writes_the_index(s3, tmp_path, cache):
+    """Three machines (processes) prepare an S3 corpus into S3 together, one share each, at once: each
+    tokenizes only its share of the files, cut alike on every machine and balanced by bytes; the
+    share that ends last writes the index, which equals one machine's prepare of the whole corpus."""
+    client, bucket = s3
+    for i in range(9):
+        client.put_object(Bucket=bucket, Key=f"raw/f{i}.txt", Body=corpus(60 + i, 1000 + 700 * (i % 4)).encode())
+    out = f"s3://{bucket}/shared/"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    shares = [subprocess.Popen([sys.executable, "-m", "spotpipe.cli", "data", "prepare", f"text:s3://{bucket}/raw/",
+                                "--out", out, "--shard-bytes", "1024", "--page-bytes", "128", "--share", f"{k}/3"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for k in range(3)]
+    outputs = [p.communicate(timeout=240)[0] for p in shares]
+    assert [p.returncode for p in shares] == [0, 0, 0], outputs
+    files = [int(line.split("/")[1].split(" ")[0]) for text in outputs for line in text.splitlines()
+             if line.startswith("prepare: ") and line.split()[1].split("/")[0] == line.split()[1].split("/")[1]]
+    assert sorted(files) == [3, 3, 3], outputs  # each machine did its own share: a third of the files
+    assert sum("prepared s3://" in text for text in outputs) >= 1  # the last share wrote the index
+    whole = tmp_path / "whole"
+    alone = prepare(f"text:s3://{bucket}/raw/", tokenizer="byte", out=str(whole), shard_bytes=1024, page_bytes=128,
+                    stream=io.StringIO())
+    assert read_index(open_location(out)).content_hash == alone.index.content_hash
+    np.testing.assert_array_equal(stream_tokens(out), stream_tokens(str(whole)))
+
+
+def test_shares_are_cut_alike_everywhere_and_balanced_by_bytes():
+    from runtime.data.prepare import Unit, parse_share, share_units
+
+    units = [Unit("all", i, f"f{i}", size) for i, size in enumerate([900, 100, 500, 500, 300, 700, 200])]
+    cut = [share_units(units, (k, 3)) for k in range(3)]
+    assert sorted(u.number for part in cut for u in part) == list(range(7))  # every unit once
+    loads = [sum(u.size for u in part) for part in cut]
+    assert max(loads) - min(loads) <= max(u.size for u in units)
+    assert cut == [share_units(list(reversed(units)), (k, 3)) for k in range(3)]  # whatever the listing order
+    assert parse_share("2/3") == (2, 3)
+    for bad in ("3/3", "-1/2", "1", "a/b", "1/0"):
+        with pytest.raises(DataError, match="--share"):
+            parse_share(bad)
