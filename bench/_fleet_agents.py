@@ -103,7 +103,7 @@ class Fleet:
     def poll_headers(self, iid: int) -> dict[str, str]:
         """What `agent/client.py` sends with a command poll (requests, a GET with no body): no
         Content-Type, so the poll is a plain one that the batched fast path takes, as a real
-        agent's is (`controlplane.orchestration.poll_channel.poll_claim`)."""
+        agent's is (`controlplane.hotpaths.poll_channel.poll_claim`)."""
         return {"Authorization": f"Token {self.tokens[iid]}", "Accept": "application/json"}
 
     def heartbeat_headers(self, iid: int) -> dict[str, str]:

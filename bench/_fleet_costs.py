@@ -5,12 +5,12 @@ request (`--seed`: first create that database and a fleet of AGENTS running node
 does, without running it):
 - a heartbeat (`POST /api/v1/instances/{id}/heartbeat/`, the fleet app's view), through the site's
   middleware and through the webhooks' short stack (is it the middleware or the view?);
-- the same heartbeat through the ASGI entry point's fast path (controlplane/fleet/heartbeat_channel.py)
+- the same heartbeat through the ASGI entry point's fast path (controlplane/hotpaths/heartbeat_channel.py)
   when 1, 10 or 32 agents heartbeat within one batch window (1,024 agents every 10 s: about 10 a
   window of 0.1 s), all of its CPU counted (event loop and pool thread: this process's CPU time);
 - a command poll's first step under the agent channel, version current (the view's hold mark);
 - the same first step through the ASGI entry point when 1, 10 or 32 agents poll within one batch
-  window: by the batched first step (controlplane/orchestration/poll_channel.py) and by the view,
+  window: by the batched first step (controlplane/hotpaths/poll_channel.py) and by the view,
   from the request to the poll held (and its hang-up), all of its CPU counted as for heartbeats;
 - one answer of a batch of 32 (`services.agent_commands_many` + rendering), what a wake-up costs;
 - a webhook notice (EventBridge, stored; no Celery hand-off);
@@ -74,10 +74,10 @@ def main() -> None:
     from controlplane.accounts.models import Team, TokenKind
     from controlplane.accounts.services import api_token_create
     from controlplane.fleet.models import Instance
+    from controlplane.hotpaths.webhook_dispatch import WebhookWSGIHandler
     from controlplane.orchestration import selectors, services
     from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL
     from controlplane.webhooks.credentials import credential_create
-    from controlplane.webhooks.wsgi import WebhookWSGIHandler
     from controlplane.wsgi import application
 
     node = Instance.objects.filter(team__slug=fleet.FLEET_TEAM, state="running").order_by("id").first()
@@ -154,8 +154,8 @@ def _fast_path_ms(team, agents: int, n: int) -> float:
     from controlplane.accounts.models import TokenKind
     from controlplane.accounts.services import api_token_create
     from controlplane.asgi import ControlPlane
-    from controlplane.fleet.heartbeat_channel import MIN_INTERVAL_S
     from controlplane.fleet.models import Instance
+    from controlplane.hotpaths.heartbeat_channel import MIN_INTERVAL_S
     from controlplane.wsgi import application
 
     nodes = list(Instance.objects.filter(team=team, state="running").order_by("id")[:agents])
@@ -201,8 +201,8 @@ def _poll_held_ms(team, agents: int, n: int, *, batched: bool) -> float:
     from controlplane.accounts.services import api_token_create
     from controlplane.asgi import ControlPlane
     from controlplane.fleet.models import Instance
+    from controlplane.hotpaths.poll_channel import MIN_INTERVAL_S
     from controlplane.orchestration import selectors
-    from controlplane.orchestration.poll_channel import MIN_INTERVAL_S
     from controlplane.wsgi import application
 
     nodes = list(Instance.objects.filter(team=team, state="running").order_by("id")[:agents])

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from bench.report import Progress, print_table
+from runtime.config import STRATEGIES as STRATEGY_NAMES
 from runtime.config import JobConfig, ModelSpec
 from runtime.train.launcher import Fault, RunResult, run_local
 
-STRATEGIES = ("none", "recycle", "bamboo", "oobleck", "checkpoint")
+STRATEGIES = STRATEGY_NAMES  # runtime/config.py owns the names
 KILLED = 3
 MODEL = ModelSpec(kind="gpt", n_layer=8, n_embd=512, n_head=8, seq_len=256, vocab_size=8192)
 OUT_DIR = Path("var/bench/runtime_device")

@@ -26,7 +26,7 @@ from pathlib import Path
 from bench import grad_traffic
 from bench._spill_baseline import baseline_layout_for
 from bench.report import Progress, growth_exponent, print_table
-from runtime.config import DeviceTime, JobConfig, LayoutError, ModelSpec
+from runtime.config import FAULT_TOLERANT_STRATEGIES, DeviceTime, JobConfig, LayoutError, ModelSpec
 from runtime.distributed.membership import plan_for_fleet
 from runtime.parallel.layout import Layout, pipelines_layout
 from runtime.parallel.schedule import _list_schedule, schedule_length, stage_durations
@@ -34,7 +34,7 @@ from runtime.sim.plots import write_figure
 from runtime.strategies import get_strategy
 from runtime.strategies.base import Slots, full_slots
 
-STRATEGIES = ("recycle", "bamboo", "oobleck", "checkpoint")
+STRATEGIES = FAULT_TOLERANT_STRATEGIES  # runtime/config.py owns the names
 LINKED = "recycle-links"
 """Recycle as a job that states a time scale plans: the runtime's default emulated device time
 (`DeviceTime()`, 2 ms per layer and action) and `link_gbps` 10, so spill prices each new host's

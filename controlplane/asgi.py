@@ -14,9 +14,9 @@ pool with the hold between them on the event loop, so a thousand held polls cost
    it) with the first step's headers.
 A plain poll (the exact shape the agent sends) skips the view in step 1: its first step is taken
 with those of its window in ONE read of their tokens and versions
-(`controlplane/orchestration/poll_channel.py`); anything unusual, and every refusal, is the view's.
+(`controlplane/hotpaths/poll_channel.py`); anything unusual, and every refusal, is the view's.
 The agents' plain heartbeats (`POST /api/v1/instances/{id}/heartbeat/`) are answered by the
-heartbeat fast path (`controlplane/fleet/heartbeat_channel.py`): the heartbeats of 0.1 s are
+heartbeat fast path (`controlplane/hotpaths/heartbeat_channel.py`): the heartbeats of 0.1 s are
 written in one UPDATE and answered together, and anything else goes to the view.
 docs/orchestration.md, "The agent command channel", says why this and not Django's async views."""
 
@@ -42,14 +42,14 @@ from django.conf import settings  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
-from controlplane.common.heap import freeze_startup_heap  # noqa: E402
 from controlplane.common.request_limits import request_body_ceiling  # noqa: E402
-from controlplane.common.thread_pools import DatabaseThreadPool  # noqa: E402
-from controlplane.common.window_batches import WindowBatches  # noqa: E402
-from controlplane.common.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
-from controlplane.fleet import heartbeat_channel  # noqa: E402
-from controlplane.orchestration import poll_channel, selectors  # noqa: E402
-from controlplane.orchestration.agent_channel import CommandWaiters  # noqa: E402
+from controlplane.hotpaths import heartbeat_channel, poll_channel  # noqa: E402
+from controlplane.hotpaths.agent_channel import CommandWaiters  # noqa: E402
+from controlplane.hotpaths.heap import freeze_startup_heap  # noqa: E402
+from controlplane.hotpaths.thread_pools import DatabaseThreadPool  # noqa: E402
+from controlplane.hotpaths.window_batches import WindowBatches  # noqa: E402
+from controlplane.hotpaths.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
+from controlplane.orchestration import selectors  # noqa: E402
 from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S  # noqa: E402
 from controlplane.orchestration.api.views import HELD_BY_AGENT_CHANNEL, HOLD_HEADER  # noqa: E402
 from controlplane.tunables import tunable  # noqa: E402
@@ -301,6 +301,6 @@ class ControlPlane:
 
 application = ControlPlane(wsgi_application)
 
-# Start-up objects out of the collector's full passes (controlplane/common/heap.py): a full
+# Start-up objects out of the collector's full passes (controlplane/hotpaths/heap.py): a full
 # collection walked all of them inside whichever request triggered it.
 freeze_startup_heap()

@@ -153,10 +153,10 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_AGENT_POLL_REDIS_S", 1.0, "with Redis, the same poll, which then only covers a lost "
             "wake-up message", kind=float),
     Tunable("SPOTPIPE_HEARTBEAT_BATCH_S", 0.1, "the ASGI server answers the heartbeats of this window together, "
-            "after ONE database write for all of them (controlplane/fleet/heartbeat_channel.py)", kind=float),
+            "after ONE database write for all of them (controlplane/hotpaths/heartbeat_channel.py)", kind=float),
     Tunable("SPOTPIPE_POLL_BATCH_S", 0.1, "the ASGI server takes the first step of the agents' plain command "
             "polls of this window together: ONE read of their tokens and versions, then each is held or answered "
-            "(controlplane/orchestration/poll_channel.py)", kind=float),
+            "(controlplane/hotpaths/poll_channel.py)", kind=float),
     # --- notices and webhooks
     Tunable("SPOTPIPE_NOTICE_HANDOFF", "batched", "how stored notices reach workers: `batched` (coalesced kicks), "
             "`per_request` (one publish each: the bench's baseline), `none` (the sweep only; tests)"),

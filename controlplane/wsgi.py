@@ -1,7 +1,7 @@
 """WSGI entry point (`granian --interface wsgi controlplane.wsgi:application`). The inbound
-webhooks take a shorter middleware stack (controlplane/webhooks/wsgi.py); every other path takes
+webhooks take a shorter middleware stack (controlplane/hotpaths/webhook_dispatch.py); every other path takes
 Django's usual handler. No request sees the server process's environment variables
-(controlplane/common/wsgi_environ.py)."""
+(controlplane/hotpaths/wsgi_environ.py)."""
 
 import os
 
@@ -10,8 +10,8 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 application = get_wsgi_application()
 
-from controlplane.common.wsgi_environ import DropProcessEnviron  # noqa: E402
-from controlplane.webhooks.wsgi import WebhookDispatch  # noqa: E402  (needs Django set up)
+from controlplane.hotpaths.webhook_dispatch import WebhookDispatch  # noqa: E402  (needs Django set up)
+from controlplane.hotpaths.wsgi_environ import DropProcessEnviron  # noqa: E402
 
 application = DropProcessEnviron(WebhookDispatch(application))
 
@@ -21,7 +21,7 @@ from django.urls import get_resolver  # noqa: E402
 
 get_resolver().url_patterns  # noqa: B018 - the lookup is the point: it imports the URLconf
 
-# Start-up objects out of the collector's full passes (controlplane/common/heap.py).
-from controlplane.common.heap import freeze_startup_heap  # noqa: E402
+# Start-up objects out of the collector's full passes (controlplane/hotpaths/heap.py).
+from controlplane.hotpaths.heap import freeze_startup_heap  # noqa: E402
 
 freeze_startup_heap()

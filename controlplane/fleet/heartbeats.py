@@ -1,5 +1,5 @@
 """Agent heartbeats: the write behind `POST /api/v1/instances/{id}/heartbeat/`, for one heartbeat
-(the view) and for many at once (the ASGI fast path, `controlplane/fleet/heartbeat_channel.py`)."""
+(the view) and for many at once (the ASGI fast path, `controlplane/hotpaths/heartbeat_channel.py`)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def agent_tokens_with_their_instances(key_hashes: list[str]) -> list[tuple]:
     """Live agent tokens with these hashes, each with its instance and the instance's job: (key_hash,
     token id, team, instance id, expires_at, last_used_at, the instance's team, state, agent_address,
     job id, job status, job current_generation), in ONE query (also the command poll's batched first step,
-    `controlplane/orchestration/poll_channel.py`)."""
+    `controlplane/hotpaths/poll_channel.py`)."""
     from controlplane.accounts.models import ApiToken, TokenKind
     from controlplane.jobs.models import TrainingJob
 

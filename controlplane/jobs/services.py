@@ -12,10 +12,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.common.agent_wake import commands_changed
 from controlplane.common.errors import Conflict
 from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import Instance
+from controlplane.hotpaths.agent_wake import commands_changed
 from controlplane.jobs.admission import admit_or_queue
 from controlplane.jobs.data_checks import check_data
 from controlplane.jobs.models import (

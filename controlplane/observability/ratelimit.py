@@ -6,7 +6,7 @@ cache.add() then cache.incr()) in Django's default cache, which settings.py shar
 (Redis, or files under SPOTPIPE_VAR_DIR on the embedded default). This module only says which
 requests each rule covers and what a refusal looks like; it runs as a middleware, before sessions, so
 a refused request costs no session or database work, and so the shorter webhook stack
-(webhooks/wsgi.py) keeps it.
+(hotpaths/webhook_dispatch.py) keeps it.
 
 When the cache cannot be reached (Redis restarting) requests pass uncounted and a warning is logged:
 a limiter outage must not become an outage of notice intake, which the outbox keeps working through

@@ -153,7 +153,7 @@ def agent_command_versions(instance_ids: list[int]) -> dict[int, str]:
 
 def command_version(state: str, job_id: int | None, generation: int | None, status: str | None) -> str:
     """The version of an instance's command from its state and its job's id, generation and status
-    (the one formula: the poll's batched first step, `controlplane/orchestration/poll_channel.py`, uses it too)."""
+    (the one formula: the poll's batched first step, `controlplane/hotpaths/poll_channel.py`, uses it too)."""
     return f"{state}:{job_id}:{generation}:{status}"
 
 

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from bench._fleet_agents import COMMANDS_PATH, POLL_WAIT_S, Fleet
-from controlplane.orchestration.poll_channel import poll_claim
+from controlplane.hotpaths.poll_channel import poll_claim
 from tests.orchestration.asgi_client import http_scope
 
 

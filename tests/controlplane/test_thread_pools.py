@@ -9,8 +9,8 @@ import time
 import pytest
 from django.db import connection, connections
 
-from controlplane.common.thread_pools import DatabaseThreadPool
 from controlplane.fleet.models import Instance
+from controlplane.hotpaths.thread_pools import DatabaseThreadPool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from controlplane.common.wsgi_environ import DropProcessEnviron, process_only_keys
 from controlplane.fleet.models import InterruptionNotice
+from controlplane.hotpaths.wsgi_environ import DropProcessEnviron, process_only_keys
 from spotpipe.demo.processes import granian_args, web_threads_env
 from tests.controlplane.factories import make_team, make_webhook_credential
 
@@ -211,7 +211,7 @@ def test_a_chunked_body_is_cut_off_once_it_passes_the_ceiling():
     """No Content-Length (chunked): the bridge counts what it reads and stops past the limit."""
     import asyncio
 
-    from controlplane.common.wsgi_bridge import BodyTooLarge, read_body
+    from controlplane.hotpaths.wsgi_bridge import BodyTooLarge, read_body
 
     def receiver(chunks):
         messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
@@ -232,7 +232,7 @@ def test_a_chunked_body_is_cut_off_once_it_passes_the_ceiling():
 @pytest.mark.django_db(transaction=True)
 def test_granian_answers_an_agents_heartbeat_and_refuses_it_once_its_token_is_revoked(server):
     """Through the real server the plain heartbeat takes the ASGI fast path
-    (controlplane/fleet/heartbeat_channel.py): answered 200 with its stamp written; the same
+    (controlplane/hotpaths/heartbeat_channel.py): answered 200 with its stamp written; the same
     token revoked is refused at the next heartbeat."""
     from controlplane.accounts.models import ApiToken
     from controlplane.accounts.services import api_token_revoke
@@ -271,7 +271,7 @@ def _get(url: str, headers: dict[str, str]) -> tuple[int, dict]:
 @pytest.mark.django_db(transaction=True)
 def test_granian_takes_an_agents_plain_poll_and_refuses_it_once_its_token_is_revoked(server):
     """Through the real server, a plain command poll (the shape whose first step the batched path
-    takes, controlplane/orchestration/poll_channel.py): a stale version answered at once, a current
+    takes, controlplane/hotpaths/poll_channel.py): a stale version answered at once, a current
     one held for its wait (less up to 25%); the same token revoked is refused at the next poll."""
     from controlplane.accounts.models import ApiToken
     from controlplane.accounts.services import api_token_revoke

@@ -1,5 +1,5 @@
 """The WSGI entry point sends /api/v1/webhooks/ through the shorter webhook middleware stack and
-everything else through the site's full stack (controlplane/webhooks/wsgi.py)."""
+everything else through the site's full stack (controlplane/hotpaths/webhook_dispatch.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections, connection
 from django.test.utils import CaptureQueriesContext
 
-from controlplane.common.wsgi_environ import DropProcessEnviron
 from controlplane.fleet.models import InterruptionNotice
 from controlplane.fleet.notices import NoticeDraft, notices_store
+from controlplane.hotpaths.webhook_dispatch import WEBHOOK_MIDDLEWARE, WebhookDispatch
+from controlplane.hotpaths.wsgi_environ import DropProcessEnviron
 from controlplane.webhooks.credentials import credentials_cache_clear
-from controlplane.webhooks.wsgi import WEBHOOK_MIDDLEWARE, WebhookDispatch
 from controlplane.wsgi import application
 from tests.controlplane.factories import make_team, make_webhook_credential
 from tests.reliability.test_security import _fresh_ip

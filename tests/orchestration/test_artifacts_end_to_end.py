@@ -25,13 +25,11 @@ import pytest
 from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.jobs.models import JobGeneration, JobStatus, Reconfiguration, TrainingJob
 from controlplane.orchestration import tasks
-from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local.provider import LocalProvider
 from spotpipe import commands
 from spotpipe.commands import validate_user_model
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_job, make_team
-from tests.orchestration.test_end_to_end import STORY, Beat, stop_everything, wait_for
+from tests.orchestration.test_end_to_end import STORY, Beat, local_nodes, stop_everything, wait_for
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 from tests.usermodels.test_usermodels import assert_loaded_model_is_the_reference
 
@@ -56,11 +54,7 @@ def test_a_user_models_weights_come_out_through_the_api_after_a_notice(
     control_plane, worker, tmp_path: Path, monkeypatch, settings  # noqa: F811
 ) -> None:
     settings.SPOTPIPE_ARTIFACTS = str(tmp_path / "artifacts")
-    provider = LocalProvider(tmp_path / "nodes", start_timeout_s=30)
-    set_provider("local", provider)
-    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "process")
-    monkeypatch.setenv("SPOTPIPE_PUBLIC_URL", control_plane.url)
-    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "5.0")
+    provider = local_nodes(tmp_path, monkeypatch, control_plane.url)
     team = make_team()
     token = make_api_token(team, user=make_api_user(team))
     other = make_team()

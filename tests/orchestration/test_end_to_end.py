@@ -169,6 +169,17 @@ def run_scenario(*, strategy: str, server, tmp_path: Path, monkeypatch, runtime:
         stop_everything(provider, job)
 
 
+def local_nodes(tmp_path: Path, monkeypatch, control_plane_url: str) -> LocalProvider:
+    """The local provider the end-to-end runs buy nodes from, its nodes pointed at the live control
+    plane (rendezvous store in a process of its own; a heartbeat timeout a loaded host keeps)."""
+    provider = LocalProvider(tmp_path / "nodes", start_timeout_s=30)
+    set_provider("local", provider)
+    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "process")
+    monkeypatch.setenv("SPOTPIPE_PUBLIC_URL", control_plane_url)
+    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "5.0")
+    return provider
+
+
 def stop_everything(provider: LocalProvider, job: TrainingJob | None) -> None:
     """End a local run: its nodes and its rendezvous store; fail if a process is left behind."""
     provider.terminate(provider.all_node_ids())

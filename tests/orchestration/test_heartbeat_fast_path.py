@@ -1,5 +1,5 @@
 """The heartbeat fast path of the ASGI entry point (controlplane/asgi.py,
-controlplane/fleet/heartbeat_channel.py), driven in process: a plain heartbeat gets the view's
+controlplane/hotpaths/heartbeat_channel.py), driven in process: a plain heartbeat gets the view's
 answer (status, headers, body) after its window's one UPDATE; every other request, and every
 refusal, is the view's own answer; a revoked or expired token is refused at its next heartbeat; a
 clean shutdown writes and answers what is pending; an acknowledged heartbeat is already written,
@@ -18,11 +18,11 @@ from django.utils import timezone
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.services import api_token_revoke
 from controlplane.asgi import ControlPlane, _in_request
-from controlplane.common.window_batches import WindowBatches
-from controlplane.common.wsgi_bridge import read_body
-from controlplane.fleet import heartbeat_channel
 from controlplane.fleet.models import Instance
 from controlplane.fleet.services import instance_transition
+from controlplane.hotpaths import heartbeat_channel
+from controlplane.hotpaths.window_batches import WindowBatches
+from controlplane.hotpaths.wsgi_bridge import read_body
 from controlplane.orchestration.services import instances_detect_dead
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user

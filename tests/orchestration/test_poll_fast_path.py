@@ -1,5 +1,5 @@
 """The batched first step of the agents' command long-poll (controlplane/asgi.py,
-controlplane/orchestration/poll_channel.py), driven in process: a plain poll is held when its
+controlplane/hotpaths/poll_channel.py), driven in process: a plain poll is held when its
 version is current and answered at once when stale, exactly as through the view's first step
 (status, headers, body); a window of polls is one read of their tokens and versions; every other
 request, and every refusal, is the view's own answer; a revoked token is refused at its next poll
@@ -21,9 +21,9 @@ from django.utils import timezone
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.services import api_token_revoke
 from controlplane.asgi import ControlPlane, _in_request
-from controlplane.common import agent_wake
 from controlplane.fleet.services import instance_transition
-from controlplane.orchestration import poll_channel, selectors, services
+from controlplane.hotpaths import agent_wake, poll_channel
+from controlplane.orchestration import selectors, services
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
 from tests.controlplane.factories import make_instance, make_job, make_team
@@ -367,7 +367,7 @@ def test_with_one_renderer_as_in_production_the_headers_are_still_the_views(flee
     """Production has no browsable API: DRF then sends no `Vary: Accept`, and neither does the batched path."""
     from rest_framework.renderers import JSONRenderer
 
-    from controlplane.fleet import heartbeat_channel
+    from controlplane.hotpaths import heartbeat_channel
     from controlplane.orchestration.api.views import CommandsView
 
     nodes, _ = fleet

@@ -20,12 +20,10 @@ from controlplane.fleet.models import Instance
 from controlplane.jobs.models import JobEvent, JobGeneration, JobStatus, TrainingJob
 from controlplane.jobs.services import job_submit
 from controlplane.orchestration import tasks
-from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local.provider import LocalProvider
 from runtime.config import JobConfig
 from tests.controlplane.api_helpers import make_api_user
 from tests.controlplane.factories import make_team
-from tests.orchestration.test_end_to_end import STORY, Beat, stop_everything, wait_for
+from tests.orchestration.test_end_to_end import STORY, Beat, local_nodes, stop_everything, wait_for
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
 M = "tests.usermodels.models"
@@ -39,11 +37,7 @@ STEPS = 30
 def test_the_first_node_profiles_the_model_and_the_job_trains_on_the_plan_made_from_it(
     control_plane, worker, tmp_path: Path, monkeypatch  # noqa: F811
 ) -> None:
-    provider = LocalProvider(tmp_path / "nodes", start_timeout_s=30)
-    set_provider("local", provider)
-    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "process")
-    monkeypatch.setenv("SPOTPIPE_PUBLIC_URL", control_plane.url)
-    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "5.0")
+    provider = local_nodes(tmp_path, monkeypatch, control_plane.url)
     team = make_team()
     beat = Beat()
     job = None

@@ -21,11 +21,9 @@ import pytest
 
 from controlplane.jobs.models import JobGeneration, JobStatus, JobTracker, TrainingJob
 from controlplane.jobs.tracking import forward_open_trackers
-from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.providers.local.provider import LocalProvider
 from tests.controlplane.api_helpers import make_api_token, make_api_user, token_client
 from tests.controlplane.factories import make_team
-from tests.orchestration.test_end_to_end import Beat, stop_everything
+from tests.orchestration.test_end_to_end import Beat, local_nodes, stop_everything
 from tests.orchestration.test_tasks_worker import retrying, worker  # noqa: F401 - the fixture
 
 JOB_FILE = """
@@ -66,11 +64,7 @@ def _cli(*args: str, url: str, token: str, timeout: float = 180) -> subprocess.C
 def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
     control_plane, worker, tmp_path: Path, monkeypatch  # noqa: F811
 ) -> None:
-    provider = LocalProvider(tmp_path / "nodes", start_timeout_s=30)
-    set_provider("local", provider)
-    monkeypatch.setenv("SPOTPIPE_RENDEZVOUS", "process")
-    monkeypatch.setenv("SPOTPIPE_PUBLIC_URL", control_plane.url)
-    monkeypatch.setenv("SPOTPIPE_HEARTBEAT_TIMEOUT_S", "5.0")
+    provider = local_nodes(tmp_path, monkeypatch, control_plane.url)
     team = make_team()
     user = make_api_user(team)
     token = make_api_token(team, user=user)

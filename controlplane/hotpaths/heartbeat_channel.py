@@ -39,8 +39,8 @@ from django.middleware.security import SecurityMiddleware
 from django.urls import resolve, reverse
 
 from controlplane.accounts.authentication import hash_key
-from controlplane.common.wsgi_bridge import WSGIResponse, wsgi_environ
 from controlplane.fleet.heartbeats import HeartbeatClaim, instance_heartbeats_record_batch
+from controlplane.hotpaths.wsgi_bridge import WSGIResponse, wsgi_environ
 
 # One instance's heartbeats take the fast path at most once in this time (agents send one every 0.5
 # to 10 s); more go to the view and its throttle.
@@ -66,7 +66,7 @@ def heartbeat_instance(scope: dict[str, Any]) -> int | None:
 def agent_headers(scope: dict[str, Any]) -> tuple[dict[bytes, bytes], str] | None:
     """The headers of a plain agent request (no cookie, Accept JSON or anything, one `Token` or
     `Bearer` key, none of authorization, content-type, accept and host twice) and its token's key;
-    None for anything the view must answer. Also the command poll's (orchestration/poll_channel.py)."""
+    None for anything the view must answer. Also the command poll's (hotpaths/poll_channel.py)."""
     seen: dict[bytes, bytes] = {}
     for name, value in scope.get("headers", ()):
         name = name.lower()

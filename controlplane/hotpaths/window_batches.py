@@ -1,6 +1,6 @@
 """Requests of one web worker handled together every `window_s`: the ASGI entry point's batched
-paths (heartbeats, `controlplane/fleet/heartbeat_channel.py`; the command poll's first step,
-`controlplane/orchestration/poll_channel.py`). A claim waits for its window; the window's claims go
+paths (heartbeats, `controlplane/hotpaths/heartbeat_channel.py`; the command poll's first step,
+`controlplane/hotpaths/poll_channel.py`). A claim waits for its window; the window's claims go
 to the pool in one call, whose result per claim is the answer, or None: the view answers it."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The batched first step of the agents' command long-poll (`GET /api/v1/agents/commands/`) in the
 ASGI entry point (`controlplane/asgi.py`), built as the heartbeat fast path
-(`controlplane/fleet/heartbeat_channel.py`) is.
+(`controlplane/hotpaths/heartbeat_channel.py`) is.
 
 A plain poll (the exact shape the agent sends: `?version=<v>&wait=<s>` with 0 < wait <= the cap,
 no body, its agent token, see `poll_claim`) skips the view's first step: the ASGI layer hashes the
@@ -36,8 +36,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.accounts.authentication import hash_key
-from controlplane.common.wsgi_bridge import WSGIResponse
-from controlplane.fleet import heartbeat_channel
+from controlplane.hotpaths import heartbeat_channel
+from controlplane.hotpaths.wsgi_bridge import WSGIResponse
 from controlplane.orchestration import selectors, services
 from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S
 

@@ -6,7 +6,7 @@ instance's state and its job's status and current generation; their writers
 (`fleet.services.instance_transition`, the notice processor's batch, `jobs.services.job_set_status`,
 `jobs.services.job_generation_publish`) call `commands_changed` inside their transaction. Once it
 commits, one Redis message goes to CHANNEL, where every web worker's agent channel
-(`controlplane/orchestration/agent_channel.py`) listens. With no Redis (the embedded default) this
+(`controlplane/hotpaths/agent_channel.py`) listens. With no Redis (the embedded default) this
 is a no-op and the channel's database poll is the only mechanism; a lost message costs at most that
 poll's period, never a wrong answer (the answer is always read from the database)."""
 

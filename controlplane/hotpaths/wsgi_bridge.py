@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.common.thread_pools import DatabaseThreadPool
+from controlplane.hotpaths.thread_pools import DatabaseThreadPool
 
 SPOOL_BYTES = 1024 * 1024
 
