@@ -120,7 +120,7 @@ def _prepare(progress: Progress) -> None:
     set_provider(PROVIDER, _MemoryProvider())
     # What a Celery worker process does once started (controlplane/celery.py): this process runs
     # the worker's services, so it keeps the worker's heap.
-    from controlplane.hotpaths.heap import freeze_startup_heap
+    from controlplane.common.heap import freeze_startup_heap
 
     freeze_startup_heap()
 
@@ -521,7 +521,7 @@ def _mixed(nodes: int, seconds: float, progress: Progress) -> dict[str, Any]:
     job, members = _running_job(nodes, progress)
     load = _Load(job, members)
     # One notice first, not measured: a process's first reaction on a job imports and freezes what
-    # it lazily needs (controlplane/hotpaths/heap.py); the phases measure the steady state.
+    # it lazily needs (controlplane/common/heap.py); the phases measure the steady state.
     load.notice_stream()
     load.to_generation.clear()
     with LockWaits() as waits:

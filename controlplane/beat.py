@@ -31,7 +31,7 @@ BEAT_SCHEDULE["market.refresh_price_rollup"] = {"task": "market.refresh_price_ro
 BEAT_SCHEDULE["billing.check_budgets"] = {"task": "billing.check_budgets", "schedule": 60.0}
 
 # Planning: jobs submitted with plan.auto and plan.replan are planned again as prices and preemption
-# rates move (planning.services.job_replan); prices change at most every few minutes.
+# rates move (jobs.replanning.job_replan); prices change at most every few minutes.
 BEAT_SCHEDULE["planning.replan_jobs"] = {"task": "planning.replan_jobs", "schedule": float(
     tunable_from_env("SPOTPIPE_REPLAN_PERIOD_S"))}
 

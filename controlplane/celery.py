@@ -29,16 +29,16 @@ _connect_connection_upkeep()
 
 
 # Start-up objects out of the collector's full passes, once a worker process is ready
-# (controlplane/hotpaths/heap.py): a prefork child after its fork, a threads/solo worker when ready;
+# (controlplane/common/heap.py): a prefork child after its fork, a threads/solo worker when ready;
 # and modules a task imported (torch, on a plan's first prediction), once, after that task.
 def _freeze_startup_heap(**_kwargs: object) -> None:
-    from controlplane.hotpaths.heap import freeze_startup_heap
+    from controlplane.common.heap import freeze_startup_heap
 
     freeze_startup_heap()
 
 
 def _freeze_new_modules(**_kwargs: object) -> None:
-    from controlplane.hotpaths.heap import freeze_new_modules
+    from controlplane.common.heap import freeze_new_modules
 
     freeze_new_modules()
 

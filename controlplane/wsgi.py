@@ -21,7 +21,7 @@ from django.urls import get_resolver  # noqa: E402
 
 get_resolver().url_patterns  # noqa: B018 - the lookup is the point: it imports the URLconf
 
-# Start-up objects out of the collector's full passes (controlplane/hotpaths/heap.py).
-from controlplane.hotpaths.heap import freeze_startup_heap  # noqa: E402
+# Start-up objects out of the collector's full passes (controlplane/common/heap.py).
+from controlplane.common.heap import freeze_startup_heap  # noqa: E402
 
 freeze_startup_heap()

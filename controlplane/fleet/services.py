@@ -9,11 +9,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.accounts.services import agent_tokens_revoke
+from controlplane.common.agent_wake import commands_changed
 from controlplane.fleet.bulk import bulk_update_by_pk
 from controlplane.fleet.locks import lock_instance
 from controlplane.fleet.models import Instance, InstanceEvent
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState, check_transition
-from controlplane.hotpaths.agent_wake import commands_changed
 
 _STAMP_FIELD = {
     InstanceState.RUNNING: "running_at",

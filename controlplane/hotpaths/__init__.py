@@ -6,12 +6,12 @@ the business rules stay in the apps' services, which these modules call. docs/or
 
 - `wsgi_bridge`: run the WSGI application (Django, DRF) from the ASGI server, in a pool of its own
   (`thread_pools`: threads that close their database connections when the pool ends);
-- `agent_channel`: where held command long-polls wait, one hub per worker, woken through
-  `agent_wake` (Redis pub/sub; the writers of what a command is made of call it on commit);
+- `agent_channel`: where held command long-polls wait, one hub per worker, woken through Redis
+  pub/sub (the services that write what a command is made of publish with
+  `controlplane.common.agent_wake` on commit: no app imports this package);
 - `window_batches`: requests of one worker handled together every window, used by
   `poll_channel` (the long-poll's first step: tokens and versions in one read) and
   `heartbeat_channel` (plain heartbeats in one UPDATE);
 - `webhook_dispatch`: the inbound webhooks through a shorter middleware stack;
-- `wsgi_environ`, `heap`: per-process hygiene (no server environment in a request's environ; the
-  start-up heap kept out of the garbage collector's way).
+- `wsgi_environ`: no server environment in a request's environ.
 """

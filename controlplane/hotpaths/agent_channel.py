@@ -3,7 +3,7 @@
 A held poll costs a future here, not a thread: the ASGI entry point (`controlplane/asgi.py`) answers
 at once when the agent's version is stale (through the usual Django view, or for a plain poll its
 batched first step, `poll_channel.py`), else parks the request in `CommandWaiters.wait` until one of:
-- a Redis message on `hotpaths.agent_wake.CHANNEL` names its instance or its job (published on commit
+- a Redis message on `common.agent_wake.CHANNEL` names its instance or its job (published on commit
   by the writers of what the version is made of): the prompt path, production stack;
 - the hub's database poll, ONE query for every poll held in this process
   (`selectors.agent_command_versions`), sees its version change: the fallback for a lost message
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from controlplane.hotpaths.agent_wake import CHANNEL, decode
+from controlplane.common.agent_wake import CHANNEL, decode
 
 logger = logging.getLogger(__name__)
 

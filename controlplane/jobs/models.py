@@ -120,7 +120,7 @@ class TrainingJob(TimeStampedModel):
     exit_code = models.IntegerField(null=True, blank=True, help_text="The crashed worker's exit code (user_error).")
     end_log = models.TextField(blank=True, help_text="The last lines of the crashed worker's log (user_error).")
     plan = models.JSONField(
-        default=dict, blank=True, help_text="controlplane.jobs.plans.JobPlan: provider, pools, nodes, dp, pp, ..."
+        default=dict, blank=True, help_text="controlplane.planning.plans.JobPlan: provider, pools, nodes, dp, pp, ..."
     )
     current_generation = models.PositiveIntegerField(default=0)
     steps_done = models.PositiveIntegerField(default=0)

@@ -11,9 +11,11 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from controlplane.common.errors import DomainError
 from controlplane.fleet.states import LIVE_STATES
 from controlplane.jobs.models import JobEvent, JobGeneration, MetricSample, Reconfiguration, TrainingJob
-from runtime.config import JobConfig
+from controlplane.planning.services import PlanInput
+from runtime.config import JobConfig, ModelSpec, resolve_strategy
 
 RECENT_SAMPLES = 20
 """Step records a measured step time is the median of."""
@@ -101,3 +103,34 @@ def job_plan_summary(*, job: TrainingJob, cost_so_far: Any = None, now: datetime
 def job_runtime_config(job: TrainingJob) -> JobConfig:
     """The job's stored contract as the runtime's JobConfig (what its nodes run)."""
     return JobConfig.from_dict(job.config)
+
+
+# --- A job as the planner's input (`POST /api/v1/plans/ {job: id}`, `manage.py plan --job`) ---
+
+
+def model_spec_from_job(job: TrainingJob) -> tuple[ModelSpec, int]:
+    """(ModelSpec, global batch) of a job's stored contract."""
+    config = JobConfig.from_dict(job.config)
+    return config.model, config.global_batch
+
+
+def plan_input_from_job(*, job: TrainingJob, instance_types: list[str], at: datetime, **overrides) -> PlanInput:
+    """Defaults from the job: model and batch from its spec, samples = target steps x global batch,
+    deadline and budget from the job (each overridable)."""
+    model, global_batch = model_spec_from_job(job)
+    deadline = None
+    if job.deadline is not None:
+        deadline = (job.deadline - at).total_seconds() / 3600.0
+        if deadline <= 0:
+            raise DomainError(f"the job's deadline {job.deadline.isoformat()} has passed", field="job")
+    fields = {
+        "model": model,
+        "global_batch": global_batch,
+        "samples": job.target_steps * global_batch,
+        "instance_types": instance_types,
+        "deadline_hours": deadline,
+        "budget_usd": float(job.budget_usd) if job.budget_usd is not None else None,
+        "strategy": resolve_strategy(job.strategy),
+    }
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return PlanInput(**fields)

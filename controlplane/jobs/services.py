@@ -12,10 +12,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.common.agent_wake import commands_changed
 from controlplane.common.errors import Conflict
 from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import Instance
-from controlplane.hotpaths.agent_wake import commands_changed
 from controlplane.jobs.admission import admit_or_queue
 from controlplane.jobs.data_checks import check_data
 from controlplane.jobs.models import (
@@ -31,8 +31,8 @@ from controlplane.jobs.models import (
     TrainingJob,
 )
 from controlplane.jobs.packages import unknown_uploads
-from controlplane.jobs.plans import parse_plan_request
 from controlplane.jobs.tracking import job_trackers_create, job_trackers_reopen, tracking_problems
+from controlplane.planning.plans import parse_plan_request
 from controlplane.planning.services import plan_job
 from runtime.config import JOB_STRATEGIES, LayoutError, alias_field, contract_from_model_spec, each_error
 from runtime.planner.capacity_policy import CAPACITY_POLICIES, DEFAULT_CAPACITY_POLICY, ON_DEMAND, SPOT

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from controlplane.jobs.replanning import replan_due_jobs
 from controlplane.jobs.tracking import forward_open_trackers
 
 
@@ -12,3 +13,10 @@ def forward_tracking() -> int:
     """Forward new metrics of jobs with `tracking` to their experiment trackers (beat, every
     SPOTPIPE_TRACKING_PERIOD_S)."""
     return forward_open_trackers()
+
+
+# The name is its wire identity (beat's schedule carries it), kept from when planning held it.
+@shared_task(name="planning.replan_jobs")
+def replan_jobs() -> list[int]:
+    """Re-plan the jobs that allow it with today's prices and preemption rates."""
+    return replan_due_jobs()

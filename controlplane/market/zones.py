@@ -1,4 +1,5 @@
-"""AWS zone naming: zone IDs (`use1-az4`, global) and zone names (`us-east-1a`, per account).
+"""AWS zone naming: zone IDs (`use1-az4`, global) and zone names (`us-east-1a`, per account), and
+the region of a pool (`pool_region`).
 
 Price history identifies zones by ID; the ID's prefix names the region. The map covers every
 commercial and GovCloud region (and every prefix in the reference price file)."""
@@ -6,6 +7,9 @@ commercial and GovCloud region (and every prefix in the reference price file).""
 from __future__ import annotations
 
 import re
+
+from controlplane.market.local_pool import LOCAL_REGION
+from controlplane.tunables import tunable
 
 # Zone-ID prefix -> region code.
 ZONE_ID_PREFIX_TO_REGION: dict[str, str] = {
@@ -90,3 +94,15 @@ def region_of_zone(zone: str) -> str:
         return ZONE_ID_PREFIX_TO_REGION.get(match["prefix"], "")
     match = _ZONE_NAME.match(zone)
     return match["region"] if match else ""
+
+
+def pool_region(provider: str, zone: str, region: str = "") -> str:
+    """The region of a pool or a zone, the unit a job's nodes stay within: its own, else its zone's,
+    else the provider's default (every local zone is in the one local region)."""
+    if provider == "local":
+        return LOCAL_REGION
+    if region:
+        return region
+    if zone:
+        return region_for_zone(zone)
+    return str(tunable("SPOTPIPE_AWS_REGION"))

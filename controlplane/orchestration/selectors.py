@@ -12,8 +12,8 @@ from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
 from controlplane.jobs.models import JobGeneration, TrainingJob
 from controlplane.market.models import InstanceType, SpotPrice
+from controlplane.market.zones import pool_region
 from controlplane.orchestration.offerings import pool_unavailability
-from controlplane.orchestration.placement import pool_region
 from controlplane.orchestration.providers.base import Pool
 from runtime.planner.capacity_policy import ON_DEMAND, SPOT
 
@@ -23,7 +23,7 @@ COUNTED_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, Inst
 
 @dataclass(frozen=True, slots=True)
 class JobShape:
-    """What the job's plan (`controlplane.jobs.plans.JobPlan`) asks for, as orchestration uses it."""
+    """What the job's plan (`controlplane.planning.plans.JobPlan`) asks for, as orchestration uses it."""
 
     dp: int
     pp: int
@@ -35,7 +35,7 @@ class JobShape:
 
 
 def job_shape(*, job: TrainingJob) -> JobShape:
-    from controlplane.jobs.plans import JobPlan
+    from controlplane.planning.plans import JobPlan
 
     plan = JobPlan.from_dict(job.plan)
     return JobShape(

@@ -37,8 +37,8 @@ from controlplane.jobs.models import (
     ReconfigurationStatus,
     TrainingJob,
 )
-from controlplane.jobs.plans import JobPlan, PlanPool
 from controlplane.market.models import Cloud, InstanceType, Region, SpotPool, SpotPrice, Zone
+from controlplane.planning.plans import JobPlan, PlanPool
 from runtime.config import JobConfig, resolve_strategy
 
 # (name, on-demand USD/h, accelerator, count): real AWS shapes, rounded list prices.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from controlplane.orchestration.providers.local.provider import LOCAL_STAND_IN_TYPE
+from controlplane.market.local_pool import LOCAL_STAND_IN_TYPE
 
 # Measured on the reference file (see the module docstring).
 SPOT_TO_ON_DEMAND_FLOOR = 0.30

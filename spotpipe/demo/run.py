@@ -138,7 +138,8 @@ def planner_advice(job: Any) -> dict[str, Any]:
     with a one-hour deadline: the plan a cloud run of the job would get."""
     from django.utils import timezone
 
-    from controlplane.planning.services import plan_compute, plan_input_from_job
+    from controlplane.jobs.selectors import plan_input_from_job
+    from controlplane.planning.services import plan_compute
     from spotpipe.demo.market import DEMO_TYPES
 
     data = plan_input_from_job(job=job, instance_types=[t for t, _ in DEMO_TYPES], at=timezone.now(),

@@ -18,9 +18,9 @@ from django.utils import timezone
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
 from controlplane.accounts.services import api_token_create, api_token_revoke
 from controlplane.market.ingest import PriceRow, spot_prices_ingest_file, spot_prices_load
+from controlplane.market.local_pool import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
 from controlplane.market.models import InstanceType, SpotPool, SpotPrice, Zone
 from controlplane.market.services import catalogue_load
-from controlplane.orchestration.providers.local.provider import LOCAL_INSTANCE_TYPE, LOCAL_ZONE
 from spotpipe.demo import market
 
 DEMO_TEAM = "demo"

@@ -1,4 +1,4 @@
-"""Server processes freeze their start-up heap (controlplane/hotpaths/heap.py): full collections of
+"""Server processes freeze their start-up heap (controlplane/common/heap.py): full collections of
 the cyclic collector then skip the few hundred thousand objects every process keeps for life."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_modules_imported_later_are_frozen_after_the_task_or_request_that_import
     while no module is imported."""
     code = (
         "import gc, controlplane.asgi\n"
-        "from controlplane.hotpaths.heap import freeze_new_modules\n"
+        "from controlplane.common.heap import freeze_new_modules\n"
         "before = gc.get_freeze_count()\n"
         "freeze_new_modules()\n"
         "same = gc.get_freeze_count()\n"

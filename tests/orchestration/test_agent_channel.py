@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.test import Client, override_settings
 
 from controlplane.asgi import ControlPlane
-from controlplane.hotpaths import agent_wake
+from controlplane.common import agent_wake
 from controlplane.orchestration import services
 from controlplane.orchestration.providers import set_provider
 from controlplane.wsgi import application as wsgi_application

@@ -21,8 +21,9 @@ from django.utils import timezone
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.services import api_token_revoke
 from controlplane.asgi import ControlPlane, _in_request
+from controlplane.common import agent_wake
 from controlplane.fleet.services import instance_transition
-from controlplane.hotpaths import agent_wake, poll_channel
+from controlplane.hotpaths import poll_channel
 from controlplane.orchestration import selectors, services
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user

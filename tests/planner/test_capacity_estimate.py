@@ -13,9 +13,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.replanning import job_replan
 from controlplane.jobs.services import job_submit
 from controlplane.market.models import SpotPool, SpotPrice
-from controlplane.planning.services import job_replan
 from runtime.planner.capacity_policy import CAPACITY_POLICIES
 from runtime.planner.catalog import instance_types
 from spotpipe.commands import describe_plan

@@ -1,4 +1,4 @@
-"""Re-planning as prices move (planning.services.job_replan, run by beat for jobs submitted with
+"""Re-planning as prices move (jobs.replanning.job_replan, run by beat for jobs submitted with
 plan.auto and plan.replan): before the job starts the whole plan may change; once it runs only the
 pools move, its dp x pp grid stays; a move smaller than REPLAN_GAIN, or a job that did not ask, stays."""
 
@@ -11,9 +11,9 @@ import pytest
 from django.utils import timezone
 
 from controlplane.jobs.models import JobEvent, TrainingJob
+from controlplane.jobs.replanning import job_replan, replan_due_jobs
 from controlplane.jobs.services import job_submit
 from controlplane.market.models import SpotPool, SpotPrice
-from controlplane.planning.services import job_replan, replan_due_jobs
 from tests.controlplane.factories import make_instance_type, make_team, make_zone
 
 pytestmark = pytest.mark.django_db

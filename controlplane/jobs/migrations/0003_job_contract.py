@@ -68,7 +68,7 @@ class Migration(migrations.Migration):
             name="plan",
             field=models.JSONField(
                 blank=True, default=dict,
-                help_text="controlplane.jobs.plans.JobPlan: provider, pools, nodes, dp, pp, ...",
+                help_text="controlplane.planning.plans.JobPlan: provider, pools, nodes, dp, pp, ...",
             ),
         ),
     ]

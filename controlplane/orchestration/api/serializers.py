@@ -120,7 +120,7 @@ class TerminateSerializer(serializers.Serializer):
 
 class AgentProfileSerializer(serializers.Serializer):
     """What a job's first node measured of its model (`runtime.train.node_profile`); the measures'
-    contents are checked as a submission's are (`planning.services.profiled_contract`)."""
+    contents are checked as a submission's are (`jobs.replanning.profiled_contract`)."""
 
     layers = serializers.IntegerField(min_value=1, max_value=100_000)
     layer_measures = serializers.ListField(child=JSONObjectField(), min_length=1, max_length=100_000)

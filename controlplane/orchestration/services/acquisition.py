@@ -17,9 +17,9 @@ from controlplane.fleet.services import instance_transition_locked, instances_mo
 from controlplane.fleet.states import ALLOWED_TRANSITIONS, LIVE_STATES, TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, TrainingJob
 from controlplane.jobs.services import job_record_event
+from controlplane.market.zones import pool_region
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
 from controlplane.orchestration.offerings import offerings_mark_no_capacity, pool_unavailability, unavailable_ttl
-from controlplane.orchestration.placement import pool_region
 from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
 from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM, InsufficientCapacity
 from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked

@@ -13,11 +13,11 @@ from controlplane.fleet.locks import lock_instance
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES
-from controlplane.jobs.plans import JobPlan
 from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.enrolment_keys import acquisition_from_enroll_key
 from controlplane.orchestration.services.transitions import _now, _transition
+from controlplane.planning.plans import JobPlan
 
 
 class EnrollKeyRejected(DomainError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.market.models import Cloud, InstanceType, Region, Zone
-from controlplane.orchestration.placement import pool_region
+from controlplane.market.zones import pool_region
 from controlplane.orchestration.providers import Pool
 
 

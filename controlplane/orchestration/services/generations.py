@@ -22,7 +22,6 @@ from controlplane.jobs.models import (
     ReconfigurationTrigger,
     TrainingJob,
 )
-from controlplane.jobs.plans import JobPlan
 from controlplane.jobs.reconfiguration import current_generations, reconfiguration_decide
 from controlplane.jobs.selectors import job_runtime_config
 from controlplane.jobs.services import job_generation_publish
@@ -31,6 +30,7 @@ from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation, job_shape
 from controlplane.orchestration.services.job_end import job_fail
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
+from controlplane.planning.plans import JobPlan
 from runtime.distributed.published_layout import PublishedLayout
 from runtime.strategies import get_strategy
 

@@ -14,13 +14,13 @@ from django.db import transaction
 from controlplane.common.errors import Conflict
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import EndReason, TrainingJob
-from controlplane.jobs.plans import JobPlan
+from controlplane.jobs.replanning import plan_from_profile, profiled_contract
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.services.generations import job_grow
 from controlplane.orchestration.services.job_end import job_fail
 from controlplane.orchestration.services.transitions import _lock_job
-from controlplane.planning.services import plan_from_profile, profiled_contract
+from controlplane.planning.plans import JobPlan
 from runtime.config import LayoutError
 
 

@@ -24,7 +24,7 @@ from controlplane.fleet.models import Instance
 from controlplane.fleet.states import LIVE_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, TrainingJob
 from controlplane.jobs.services import job_record_event, job_restart_from
-from controlplane.orchestration.placement import pool_region
+from controlplane.market.zones import pool_region
 from controlplane.orchestration.providers import get_provider
 from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
 from controlplane.orchestration.services.acquisition import CAPACITY_WAIT_EVENT, job_capacity_type, job_region

@@ -14,8 +14,9 @@ from controlplane.accounts.scoping import team_ids_for_request
 from controlplane.common.api import UsersOnly, validate_or_400
 from controlplane.common.throttles import ApiRateThrottle, PlanRateThrottle
 from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.selectors import plan_input_from_job
 from controlplane.planning.api.serializers import ModelSpecSerializer, PlanRequestSerializer
-from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_estimate, plan_input_from_job
+from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_estimate
 from runtime.planner.capacity_policy import DEFAULT_CAPACITY_POLICY
 
 

@@ -32,6 +32,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from controlplane.market.local_pool import LOCAL_INSTANCE_TYPE, LOCAL_REGION, LOCAL_ZONE
 from controlplane.orchestration.providers.base import (
     CAPACITY_CODES,
     InsufficientCapacity,
@@ -43,16 +44,6 @@ from controlplane.orchestration.providers.base import (
 from runtime.planner.capacity_policy import CAPACITY_TYPES, SPOT
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
-LOCAL_INSTANCE_TYPE = "local.node"
-LOCAL_ZONE = "local"
-LOCAL_ZONES = (LOCAL_ZONE, "local-b", "local-c", "local-d")
-"""Zones a local plan may name: one host, but several pools, so failover between pools can be tried
-(and scripted, `SPOTPIPE_LOCAL_CAPACITY`) without a cloud."""
-LOCAL_REGION = "local"
-LOCAL_STAND_IN_TYPE = "g4dn.xlarge"
-"""The cloud type a local node stands in for: the demo prices the local pool with its history, and the
-planner prices an unpriced local pool at its typical spot price, so plans over local nodes have real
-costs (not ties at zero)."""
 
 # Popen objects of the nodes this process started, so their exit status is collected (no zombie
 # left behind by a long-lived worker process).

@@ -9,7 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.common.errors import DomainError
 from controlplane.jobs.models import TrainingJob
-from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_input_from_job
+from controlplane.jobs.selectors import plan_input_from_job
+from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute
 from runtime.config import AUTO_STRATEGY, FAULT_TOLERANT_STRATEGIES, ModelSpec
 from spotpipe.tables import print_table
 

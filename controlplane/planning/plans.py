@@ -14,14 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.fleet.models import ProviderKind
-from controlplane.market.zones import ZONE_ID_PREFIX_TO_REGION, region_of_zone
-from controlplane.orchestration.placement import pool_region
-from controlplane.orchestration.providers.local.provider import (
-    LOCAL_INSTANCE_TYPE,
-    LOCAL_REGION,
-    LOCAL_ZONE,
-    LOCAL_ZONES,
-)
+from controlplane.market.local_pool import LOCAL_INSTANCE_TYPE, LOCAL_REGION, LOCAL_ZONE, LOCAL_ZONES
+from controlplane.market.zones import ZONE_ID_PREFIX_TO_REGION, pool_region, region_of_zone
 from controlplane.tunables import tunable
 from runtime.config import LayoutError
 
@@ -64,7 +58,7 @@ class JobPlan:
     min_stages: int = 1
     replan: bool = False
     """`plan.auto` with `replan`: beat re-plans the job when prices or preemption rates move
-    (`planning.services.job_replan`)."""
+    (`jobs.replanning.job_replan`)."""
     max_nodes: int = 64
     """The most nodes the planner may use (`plan.max_nodes`), kept for re-planning."""
     regions: list[str] = field(default_factory=list)
