@@ -85,11 +85,17 @@ browser:
 	echo "      or set SPOTPIPE_CHROMIUM to a Chromium binary, then run make test again." >&2; \
 	exit 1
 
+# Both parts always run; the last line says how each ended, and the target fails if either did.
 test: setup lint browser
 	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
-	$(BIN)/python -m pytest -p tests.xdist_isolation -n $(TEST_WORKERS) --dist loadfile -m "not ($(SERIAL_MARKS))$(and_marks)" \
-		$(PYTEST_ARGS) || [ $$? = 5 ]
-	$(BIN)/python -m pytest -m "($(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS) || [ $$? = 5 ]
+	@parallel=passed; serial=passed; \
+	$(BIN)/python -m pytest -p tests.xdist_isolation -n $(TEST_WORKERS) --dist loadfile \
+		-m "not ($(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS); \
+	code=$$?; [ $$code = 0 ] || [ $$code = 5 ] || parallel="FAILED (pytest exit $$code)"; \
+	$(BIN)/python -m pytest -m "($(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS); \
+	code=$$?; [ $$code = 0 ] || [ $$code = 5 ] || serial="FAILED (pytest exit $$code)"; \
+	echo "== make test: parallel part $$parallel; one-at-a-time part $$serial"; \
+	[ "$$parallel" = passed ] && [ "$$serial" = passed ]
 
 # `spotpipe demo` migrates by itself.
 demo: setup

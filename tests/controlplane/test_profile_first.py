@@ -4,7 +4,7 @@ is stored with a one-node plan waiting for a profile; its first node is told to 
 planned from it under the limits it was submitted with. A report that is not a profile is a 400
 naming the field and changes nothing; a second report is a 409; a profile that no plan can meet, or
 a model the node could not profile, fails the job with the reason. The node's own side (the agent
-running `runtime.train.node_profile` on a real model) is tests/usermodels/test_node_profile.py."""
+running `runtime.train.node_profile` on a real model) is tests/orchestration/test_node_profile.py."""
 
 from __future__ import annotations
 

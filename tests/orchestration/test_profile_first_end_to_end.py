@@ -6,7 +6,7 @@ trains to the end on the planned nodes, the profiled node among them.
 
 Marker `scenario`: CI runs it once, in the embedded pass with the other end-to-end runs; both sides
 are also tested alone (tests/controlplane/test_profile_first.py in both passes,
-tests/usermodels/test_node_profile.py)."""
+tests/orchestration/test_node_profile.py)."""
 
 from __future__ import annotations
 

@@ -122,6 +122,12 @@ def test_handover_slower_than_the_op_timeout_completes(slow: int) -> None:
     assert not _events(result, "job_failed")
 
 
+def _story(generations: list[dict]) -> str:
+    """Node 0's generations, one line each, whole: what a failed expectation about them needs."""
+    keys = ("generation", "start_step", "members", "lost", "leaving", "deferred", "joined", "reason")
+    return "\n".join(str({k: e.get(k) for k in keys}) for e in generations)
+
+
 # 0: derived (about op_timeout_s for these tiny layers, below heartbeat_timeout_s); 20 s: a bound
 # sized for big layers, five times the heartbeat timeout.
 TRANSFER_BOUNDS = pytest.mark.parametrize("transfer_timeout_s", [0.0, 20.0], ids=["derived", "long"])
@@ -146,7 +152,7 @@ def test_receiver_hung_mid_transfer_leaver_stays_and_hands_over_to_the_next_repl
     assert [e["phase"] for e in _events(result, "inject_stop")] == ["transfer"]
     assert_same_math(result, config)
     generations = [e for e in _events(result, "generation") if e["node"] == 0]
-    assert any(e["deferred"] == [0] and 4 in e["lost"] for e in generations), generations
+    assert any(e["deferred"] == [0] and 4 in e["lost"] for e in generations), _story(generations)
     assert [e["node"] for e in _events(result, "left")] == [0]
     assert _steps(result, 5)[-1] == config.steps - 1
     assert set(_steps(result, 1)) == set(range(config.steps))
