@@ -21,6 +21,7 @@ from controlplane.market.zones import region_of_zone
 from controlplane.planning.plans import JobPlan, PlanAsk, PlanPool
 from controlplane.planning.services import plan_job
 from runtime.config import LAYOUT_FIELDS, JobConfig, LayoutError, build_job_config, each_error, resolve_strategy
+from runtime.models.declaration import DECLARED_FIELDS
 
 REPLAN_GAIN = 0.10
 """A new plan replaces the stored one when it costs at least this fraction less at today's prices
@@ -127,8 +128,8 @@ def profiled_contract(*, job: TrainingJob, profile: Mapping[str, Any]) -> dict[s
     if unknown:
         raise LayoutError(f"unknown field; expected some of {list(PROFILE_FIELDS)}", field=f"profile.{unknown[0]}")
     declared = profile.get("declared") or {}
-    if not isinstance(declared, Mapping) or not set(declared) <= {"seq_len", "vocab_size", "language_model"}:
-        raise LayoutError("expected an object of seq_len, vocab_size, language_model", field="profile.declared")
+    if not isinstance(declared, Mapping) or not set(declared) <= set(DECLARED_FIELDS):
+        raise LayoutError(f"expected an object of {', '.join(DECLARED_FIELDS)}", field="profile.declared")
     contract = _contract_of(job)
     model = {**contract.get("model", {}), **declared, "layers": profile.get("layers"),
              "layer_measures": profile.get("layer_measures")}

@@ -120,8 +120,8 @@ class Handover:
         transfers = plan.transfers
         involved = sorted({n for _, src, dst in transfers for n in (src, dst)})
         if self.node not in involved:
-            if transfers and self.faults:
-                self.faults.at_transfer(plan, 0, 0, coord=self.coord, timeout_s=self.config.rendezvous_timeout_s)
+            if transfers:
+                self._transfer_fault(plan, 0, 0)
             return
         generation = plan.generation
         # Meet at the store first: a source that died after the plan was published is caught by

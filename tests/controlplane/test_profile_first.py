@@ -85,6 +85,10 @@ def test_the_job_is_planned_from_its_first_nodes_profile(pending):
     ({**PROFILE, "declared": {"width": 3}}, "profile.declared"),
     ({**PROFILE, "layers": "four"}, "layers"),
     ({**PROFILE, "layer_measures": "all"}, "layer_measures"),
+    # Hostile values: a NUL (PostgreSQL refuses it in JSON) and deep nesting, refused before any write.
+    ({**PROFILE, "declared": {"seq_len": "\u0000"}}, "declared.seq_len"),
+    ({**PROFILE, "layer_measures": [{**MEASURES[0], "kernels": {"a": {"b": {"c": [[[1]]]}}}}, *MEASURES[1:]]},
+     "profile.layer_measures[0].kernels"),
 ])
 def test_a_report_that_is_not_a_profile_is_a_400_naming_the_field_and_changes_nothing(pending, profile, field):
     _world, job, _instance, agent = pending
