@@ -171,5 +171,18 @@ class ControlPlaneClient:
             "layers": layers, "layer_measures": layer_measures, "layer_costs": layer_costs, "declared": declared,
         })
 
+    def prepare_claim(self) -> dict:
+        """The share of its job's prepare step this node prepares next (`state`: assigned, waiting,
+        prepared or stopped)."""
+        return self.request("POST", "agents/prepare/claim/", json={})
+
+    def prepare_done(self, *, share: int, of: int, index_written: bool, files: int, input_bytes: int,
+                     seconds: float) -> None:
+        """This node prepared `share` of `of` (`index_written`: it wrote the corpus' index)."""
+        self.request("POST", "agents/prepare/done/", json={
+            "share": share, "of": of, "index_written": index_written, "files": files, "input_bytes": input_bytes,
+            "seconds": seconds,
+        })
+
     def metrics(self, *, job_id: int, samples: list[dict]) -> dict:
         return self.request("POST", f"jobs/{job_id}/metrics/", json={"samples": samples})

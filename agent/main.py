@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
 from agent.metadata import MetadataWatcher, make_watcher
+from agent.prepare import WAIT_FOR_SHARES_S, PrepareFailed, run_share
 from agent.profile import PROFILE_TIMEOUT_S, ProfileFailed, run_node_profile
 from agent.requirements import InstallFailed, job_python, job_requirements
 from agent.supervisor import WorkerSupervisor
@@ -54,6 +55,8 @@ class AgentConfig:
     commands_wait_s: float = 20.0
     metrics_flush_s: float = 0.5
     profile_timeout_s: float = PROFILE_TIMEOUT_S
+    prepare_workers: int = 0
+    """Local processes a share of a prepare step tokenizes with (0: this node's CPUs)."""
     work_dir: Path = Path("/var/lib/spotpipe")
     worker_module: str = "agent.worker_entry"
     address: str = ""
@@ -96,6 +99,7 @@ class Agent:
         self._failure = ""  # why the runtime said the job cannot go on (from the worker's `failed` line)
         self._failed_installs: set[int] = set()  # jobs whose requirements failed here (reported once)
         self._profiled: set[int] = set()  # jobs whose model this node profiled (`profile` commands)
+        self._preparing: tuple[int, threading.Thread, threading.Event] | None = None  # (job, its shares' thread, stop)
         self._rotate_at: float | None = None  # time.monotonic() at which to rotate the agent token
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -240,6 +244,8 @@ class Agent:
     def _apply(self, command: dict) -> None:
         self.last_command = command
         action = command["action"]
+        if action != "prepare":
+            self._stop_preparing()
         if command.get("job"):
             self.job_id = command["job"]["id"]
         if action in ("run", "standby") and command["job"].get("status") == "stopping":
@@ -256,6 +262,8 @@ class Agent:
             logger.info("generation %s: %s", command["generation"]["number"], what)
         elif action == "profile":
             self._profile(command)
+        elif action == "prepare":
+            self._prepare(command)
         elif action == "standby":
             # Not a member: a running worker leaves at its next iteration boundary.
             if not self.supervisor.hand_over(command):
@@ -312,6 +320,61 @@ class Agent:
                 self._event("profile_failed", message=f"the control plane refused the profile: {exc}"[:300])
         except Stopped:
             return
+
+    def _prepare(self, command: dict) -> None:
+        """The job prepares its data into shards before it trains (`config.data.prepare`): take shares
+        of it, one after another, in a thread of their own, so commands and notices are still heard."""
+        job_id = command["job"]["id"]
+        if self._preparing is not None and self._preparing[0] == job_id and self._preparing[1].is_alive():
+            return
+        stop = threading.Event()
+        thread = threading.Thread(target=self._prepare_shares, args=(command, stop), name="prepare", daemon=True)
+        self._preparing = (job_id, thread, stop)
+        thread.start()
+
+    def _stop_preparing(self) -> None:
+        if self._preparing is not None:
+            self._preparing[2].set()
+            self._preparing = None
+
+    def _prepare_shares(self, command: dict, stop: threading.Event) -> None:
+        job_id = command["job"]["id"]
+        python = self._job_python(command)
+        if python is None:
+            return  # its requirements failed to install: reported once
+        try:
+            while not (stop.is_set() or self.stop_event.is_set()):
+                try:
+                    claim = self.client.prepare_claim()
+                except ControlPlaneError as exc:  # 409: this node is not running yet, or no more
+                    logger.info("job %s: no share now (%s)", job_id, exc)
+                    stop.wait(WAIT_FOR_SHARES_S)
+                    continue
+                if claim["state"] == "waiting":
+                    stop.wait(WAIT_FOR_SHARES_S)
+                    continue
+                if claim["state"] != "assigned":
+                    return  # prepared (a generation follows) or the job ended
+                logger.info("job %s: preparing share %s/%s of %s", job_id, claim["share"], claim["of"], claim["source"])
+                try:
+                    result = run_share(python, claim, stop=stop, workers=self.config.prepare_workers,
+                                       on_line=lambda line: logger.info("prepare: %s", line))
+                except PrepareFailed as exc:
+                    logger.warning("job %s: share %s not prepared: %s", job_id, claim["share"], exc.reason)
+                    self._event("prepare_failed", message=exc.reason)
+                    return
+                if result:
+                    self._report_share(result)
+        except Stopped:
+            return
+
+    def _report_share(self, result: dict) -> None:
+        try:
+            self.client.prepare_done(**{k: result[k] for k in ("share", "of", "index_written", "files",
+                                                                "input_bytes", "seconds")})
+        except ControlPlaneError as exc:
+            # 409: the share went to another node meanwhile (this one was taken for lost); ask again.
+            logger.warning("share %s/%s report refused: %s", result["share"], result["of"], exc)
 
     def _fetch_package(self, entry: str) -> Path:
         """The local copy of an `upload:<sha256>` (from the control plane) or `s3://` requirement."""

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from agent.json_lines import last_json_object
+
 PROFILE_TIMEOUT_S = 600.0
 """A model builds, runs one micro-batch per layer and is measured well within this on any node."""
 
@@ -35,19 +37,11 @@ def run_node_profile(python: str, config: dict[str, Any], *, work_dir: Path,
                               cwd=os.getcwd(), env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
     except subprocess.TimeoutExpired:
         raise ProfileFailed(f"profiling the model took longer than {timeout_s:.0f} s") from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = _json(lines[-1]) if lines else None
-    if done.returncode == 0 and isinstance(result, dict) and "layers" in result:
+    result = last_json_object(done.stdout)
+    if done.returncode == 0 and result is not None and "layers" in result:
         return result
-    if isinstance(result, dict) and result.get("error"):
+    if result is not None and result.get("error"):
         field = f" ({result['field']})" if result.get("field") else ""
         raise ProfileFailed(f"{result['error']}{field}"[:300])
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
     raise ProfileFailed(f"the profile exited with status {done.returncode}: {tail}"[:300])
-
-
-def _json(line: str) -> Any:
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None

@@ -366,6 +366,11 @@ class DataSpec:
     cache_bytes: int = 20 << 30
     """The most each of the node's data caches holds (`shards:` pages; tokenized corpora and S3
     mirrors): least recently used entries are evicted to stay within it."""
+    prepare: str = ""
+    """A folder or `s3://bucket/prefix/` to prepare `source` into once, before training, each of the
+    job's nodes tokenizing a share of its files (`spotpipe data prepare --share`); the job then trains
+    on `shards:` of it. Empty: no prepare step. A location that holds the same source's corpus already
+    is trained on as it is."""
 
     @property
     def tokenized(self) -> bool:
@@ -374,7 +379,7 @@ class DataSpec:
 
     def problems(self) -> list[LayoutError]:
         """Every reason this data spec is malformed (what only a node can check is checked there)."""
-        from runtime.data.uri import check_tokenizer, parse_source
+        from runtime.data.uri import check_prepare, check_tokenizer, parse_source
 
         found = []
         for name, check in (("source", parse_source), ("tokenizer", check_tokenizer)):
@@ -383,6 +388,11 @@ class DataSpec:
                 continue
             try:
                 check(value)
+            except LayoutError as exc:
+                found.append(exc)
+        if self.prepare:
+            try:
+                check_prepare(self.source, self.prepare)
             except LayoutError as exc:
                 found.append(exc)
         if not 0 < self.val_fraction < 1:

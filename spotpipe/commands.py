@@ -149,6 +149,8 @@ def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
     print(f"  steps {job['steps_done']}/{job['target_steps']}{loss}, generation {job['current_generation']}, "
           f"strategy {job['strategy']}", file=out)
     print(f"  {describe_plan(job['plan'])}", file=out)
+    if job.get("prepare"):
+        print(f"  {describe_prepare(job['prepare'])}", file=out)
     print(f"  {describe_capacity(job)}", file=out)
     print(f"  {describe_spend(job)}", file=out)
     if job.get("end_reason"):
@@ -170,6 +172,14 @@ def status(job_id: int, *, out: TextIO = sys.stdout) -> int:
     for tracker in job.get("tracking") or []:
         print(f"  {describe_tracker(tracker)}", file=out)
     return 0
+
+
+def describe_prepare(prepare: dict[str, Any]) -> str:
+    """One line: how far the job's prepare step (`data.prepare`) is; it trains once every share is done."""
+    if not prepare.get("shares"):
+        return f"preparing the data into {prepare['out']}: waiting for the first node to take a share"
+    return (f"preparing the data into {prepare['out']}: {prepare['done']}/{prepare['shares']} shares done, "
+            f"{prepare['running']} being prepared; training starts when all are done")
 
 
 def describe_tracker(tracker: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ its `steps_done` (`--steps` is the total), with weights only it starts at step 0
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -244,6 +245,21 @@ def _preset_dict(name: str) -> dict[str, Any]:
     return dataclasses.asdict(model_preset(name))
 
 
+def prepare_here(config: JobConfig, *, out: TextIO) -> None:
+    """`data.prepare` on one machine: prepare the source there with this machine's CPUs (or take the
+    corpus already there, prepared from the same source), then train on `shards:` of it, as the
+    fleet's prepare step does (`controlplane.jobs.prepare_step`)."""
+    from runtime.data.prepare_share import run_share
+
+    data = config.data
+    print(f"preparing {data.source} into {data.prepare}", file=out, flush=True)
+    done = run_share(source=data.source, tokenizer=data.tokenizer, out=data.prepare, share=(0, 1),
+                     workers=os.cpu_count() or 1)
+    print(f"prepared {data.prepare}" + (" (there already)" if done["prepared_before"] else
+                                       f": {done['files']} files in {done['seconds']:.1f} s"), file=out, flush=True)
+    data.source, data.prepare = f"shards:{data.prepare}", ""
+
+
 def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Train; 0 when every step was done, 1 when the run failed, 2 for options or data that cannot run.
     `out`/`err` default to the streams of the call."""
@@ -276,6 +292,12 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
         for problem in each_error(exc):
             print(f"error: {problem.field or 'model'}: {problem.message}", file=err)
         return 2
+    if config.data.prepare:
+        try:
+            prepare_here(config, out=out)
+        except DataError as exc:
+            print(f"error: data.prepare: {exc}", file=err)
+            return 2
     try:
         batches = Batches(config)  # checks the data here and fills this machine's cache for every rank
     except DataError as exc:

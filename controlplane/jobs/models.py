@@ -326,3 +326,36 @@ class JobTracker(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} -> {self.name} {self.run_id or '(not opened)'}"
+
+
+class PrepareShareState(models.TextChoices):
+    PENDING = "pending", "Not taken, or its node is gone"
+    RUNNING = "running", "A node prepares it"
+    DONE = "done", "Its files are tokenized into shards"
+
+
+class PrepareShare(models.Model):
+    """One share of a job's prepare step (`config.data.prepare`, `controlplane.jobs.prepare_step`):
+    the node holding it tokenizes share `number` of `of` of the source's files
+    (`runtime.data.prepare_share`)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="prepare_shares")
+    number = models.PositiveIntegerField()
+    of = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=PrepareShareState.choices, default=PrepareShareState.PENDING)
+    # The node's id without a foreign key: jobs knows nothing of the fleet's rows; orchestration says
+    # which nodes still serve the job when a share is claimed.
+    instance_id = models.BigIntegerField(null=True, blank=True, help_text="The node that holds or did the share.")
+    index_written = models.BooleanField(default=False, help_text="This share wrote the corpus' index.json.")
+    files = models.PositiveIntegerField(default=0)
+    input_bytes = models.BigIntegerField(default=0)
+    seconds = models.FloatField(default=0.0)
+    attempts = models.PositiveIntegerField(default=0, help_text="Times a node took it (more than 1: a node was lost).")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="prepare_share_job_number_unique")]
+        ordering = ["job", "number"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} share {self.number}/{self.of} {self.state}"

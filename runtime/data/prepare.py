@@ -36,9 +36,8 @@ from runtime.data.errors import DataError
 from runtime.data.hygiene import cache_root
 from runtime.data.location import Location, Missing, open_location
 from runtime.data.prepared import INDEX_NAME, PreparedIndex, Shard, pack_pages
-from runtime.data.uri import SourceURI, parse_source
+from runtime.data.uri import PREPARABLE_FORMATS, SourceURI, parse_source
 
-PREPARABLE = ("text", "jsonl", "hf", "wds", "mds")
 DEFAULT_SHARD_BYTES = 64 << 20
 DEFAULT_PAGE_BYTES = 64 << 10
 STARTED = "units/.started"
@@ -306,9 +305,9 @@ def prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int = DEFAULT
         check_tokenizer(tokenizer, field="--tokenizer")
     except LayoutError as exc:
         raise DataError(str(exc)) from None
-    if uri.format not in PREPARABLE:
-        raise DataError(f"SOURCE {source!r}: only {', '.join(PREPARABLE)} sources are prepared (tokens: and py: "
-                        "sources are read as they are)")
+    if uri.format not in PREPARABLE_FORMATS:
+        raise DataError(f"SOURCE {source!r}: only {', '.join(PREPARABLE_FORMATS)} sources are prepared (tokens: and "
+                        "py: sources are read as they are)")
     if page_bytes < 64 or page_bytes % 4 or shard_bytes < page_bytes:
         raise DataError(f"--page-bytes {page_bytes} must be a multiple of 4 of at least 64 (8 of them the page's "
                         f"digest), and --shard-bytes {shard_bytes} at least --page-bytes")

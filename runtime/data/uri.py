@@ -28,6 +28,9 @@ FORMAT_OPTIONS: dict[str, dict[str, str]] = {
     "shards": {},
 }
 """Options each format takes after `?`, with their defaults."""
+PREPARABLE_FORMATS = ("text", "jsonl", "hf", "wds", "mds")
+"""Formats `spotpipe data prepare` (and a job's `data.prepare` step) tokenizes into `shards:`;
+`tokens:` and `py:` sources are read as they are."""
 TOKEN_DTYPES = ("uint16", "uint32")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 _FIELD = "data.source"
@@ -99,13 +102,32 @@ def parse_source(text: str, *, field: str = _FIELD) -> SourceURI:
         if not _IMPORT_PATH.match(location):
             raise _bad(text, "py: sources name a function as package.module:function", field)
     elif location.startswith("s3://"):
-        bucket = location.removeprefix("s3://").split("/", 1)[0]
-        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
-            raise _bad(text, f"s3 bucket {bucket!r} is not a valid bucket name (3-63 lower-case letters, "
-                             "digits, dots and hyphens)", field)
+        _check_bucket(text, location, field)
     elif "://" in location:
         raise _bad(text, "the location must be a local path, a glob or an s3://bucket/prefix URI", field)
     return SourceURI(format=fmt, location=location, options=options)
+
+
+def _check_bucket(text: str, location: str, field: str) -> None:
+    bucket = location.removeprefix("s3://").split("/", 1)[0]
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+        raise _bad(text, f"s3 bucket {bucket!r} is not a valid bucket name (3-63 lower-case letters, "
+                         "digits, dots and hyphens)", field)
+
+
+def check_prepare(source: str, out: str, *, field: str = "data.prepare") -> None:
+    """A job's `data.prepare` step: `source` (its `data.source`) must be of a preparable format and
+    `out` a folder or `s3://bucket/prefix/` that a `shards:` source can read; raises `LayoutError`."""
+    if not source:
+        raise _bad(out, "a prepare step needs a data.source to prepare", field)
+    fmt = source.partition(":")[0]
+    if fmt not in PREPARABLE_FORMATS:
+        raise _bad(out, f"only {', '.join(PREPARABLE_FORMATS)} sources are prepared; data.source is {fmt}:", field)
+    if not out or out.strip() != out or ("://" in out and not out.startswith("s3://")) \
+            or any(c in out for c in "*?["):
+        raise _bad(out, "expected a folder or an s3://bucket/prefix/ (not a glob)", field)
+    if out.startswith("s3://"):
+        _check_bucket(out, out, field)
 
 
 def check_tokenizer(text: str, *, field: str = "data.tokenizer") -> None:

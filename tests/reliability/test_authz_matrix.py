@@ -168,6 +168,12 @@ ROWS: list[Row] = [
     Row("api/v1/agents/profile/", "POST", "/api/v1/agents/profile/", E(401, 403, 403, 403, 409),
         body={"layers": 1, "layer_measures": [{"parameters": 1, "forward_flops": 1.0, "activation_bytes": 1.0,
                                                "output_bytes": 1.0, "kernels": 1, "input_grad": False}]}),
+    # The prepare step's shares: agents only; the matrix's job has no prepare step (nothing to claim: 200
+    # "prepared"; a share report: 409).
+    Row("api/v1/agents/prepare/claim/", "POST", "/api/v1/agents/prepare/claim/", E(401, 403, 403, 403, 200),
+        body={}),
+    Row("api/v1/agents/prepare/done/", "POST", "/api/v1/agents/prepare/done/", E(401, 403, 403, 403, 409),
+        body={"share": 0, "of": 1, "index_written": True}),
     # What launches skip now: every team's no-capacity marks and the reader's teams' cool-downs.
     Row("api/v1/offerings/unavailable/", "GET", "/api/v1/offerings/unavailable/", API_GLOBAL),
     # Rotation: agent tokens only; each agent rotates its own (the token names the instance).

@@ -177,3 +177,22 @@ def test_a_tracker_not_installed_or_unknown_is_one_message(tmp_path: Path, monke
     code, _, err = _train(TrainOptions(file=path, out=tmp_path / "out"))
     assert code == 2 and "tracking ['neptune'] is unknown" in err
     assert not (tmp_path / "out" / "ranks").exists()
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(180)
+def test_data_prepare_trains_on_the_prepared_shards_with_the_losses_of_the_source(tmp_path: Path) -> None:
+    prepared = tmp_path / "prepared"
+    config = f'data = {{source = "text:{CORPUS}", prepare = "{prepared}"}}\n'
+    code, out, err = _train(TrainOptions(file=_job_file(tmp_path, config), out=tmp_path / "a"))
+    assert code == 0, err
+    assert f"preparing text:{CORPUS} into {prepared}" in out and (prepared / "index.json").exists()
+    summary = json.loads((tmp_path / "a" / "spotpipe.json").read_text())
+    assert summary["data"]["source"] == f"shards:{prepared}"
+    code, out, err = _train(TrainOptions(file=_job_file(tmp_path, config), out=tmp_path / "b"))
+    assert code == 0 and "(there already)" in out, err  # prepared once: a second run takes it as it is
+    code, _, err = _train(TrainOptions(file=_job_file(tmp_path), data=f"text:{CORPUS}", out=tmp_path / "c"))
+    assert code == 0, err
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+              for run in ("a", "b", "c")]
+    assert losses[0] == losses[1] == losses[2]  # the shards give the source's samples, bit for bit

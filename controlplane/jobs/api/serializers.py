@@ -26,6 +26,7 @@ from controlplane.jobs.models import (
     Strategy,
     TrainingJob,
 )
+from controlplane.jobs.prepare_step import prepare_progress
 from controlplane.jobs.services import MAX_METRIC_BATCH
 from controlplane.jobs.tracking import TRACKERS
 from runtime.config import model_spec_view
@@ -80,9 +81,12 @@ class JobDetailSerializer(JobSerializer):
         help_text="A queued job's place in its team's queue (1: next admitted); null otherwise.")
     tracking = serializers.SerializerMethodField(
         help_text="The job's experiment tracker runs: name, run_id, run_name, where, last_step sent, ended, error.")
+    prepare = serializers.SerializerMethodField(
+        help_text="While the job prepares its data (config.data.prepare): {out, shares, done, running}; null "
+                  "otherwise.")
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "spend", "queue_position", "tracking"]
+        fields = [*JobSerializer.Meta.fields, "spend", "queue_position", "tracking", "prepare"]
         read_only_fields = fields
 
     @extend_schema_field(SpendSerializer)
@@ -96,6 +100,10 @@ class JobDetailSerializer(JobSerializer):
         if job.status != JobStatus.QUEUED:
             return None
         return queue_positions(team_id=job.team_id).get(job.pk)
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_prepare(self, job: TrainingJob) -> dict | None:
+        return prepare_progress(job)
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_tracking(self, job: TrainingJob) -> list[dict]:

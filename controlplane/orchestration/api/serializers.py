@@ -78,7 +78,8 @@ LOG_TAIL_LINES = 20
 
 class AgentEventSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started", "worker_spare",
-                                            "requirements_output", "requirements_failed", "profile_failed"])
+                                            "requirements_output", "requirements_failed", "profile_failed",
+                                            "prepare_failed"])
     generation = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     step = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
     code = serializers.IntegerField(required=False, allow_null=True, default=None)
@@ -116,6 +117,29 @@ class TerminateSerializer(serializers.Serializer):
 
     reason = CharField(max_length=200, required=False, allow_blank=True,
                        help_text="Recorded on the instance's and the job's events.")
+
+
+class AgentShareClaimSerializer(serializers.Serializer):
+    """The share of its job's prepare step a node prepares next (`controlplane.jobs.prepare_step`)."""
+
+    state = CharField(help_text="assigned (prepare `share` of `of`), waiting (every share is taken; ask again), "
+                                "prepared (the step is over) or stopped (the job ended).")
+    share = serializers.IntegerField(allow_null=True)
+    of = serializers.IntegerField(allow_null=True)
+    source = CharField(help_text="The job's data.source, to prepare.")
+    tokenizer = CharField()
+    out = CharField(help_text="The job's data.prepare location.")
+
+
+class AgentShareReportSerializer(serializers.Serializer):
+    """What a node's share of the prepare step did (`runtime.data.prepare_share`'s line)."""
+
+    share = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    of = serializers.IntegerField(min_value=1, max_value=1_000_000)
+    index_written = serializers.BooleanField()
+    files = serializers.IntegerField(min_value=0, max_value=10**9, default=0)
+    input_bytes = serializers.IntegerField(min_value=0, max_value=2**62, default=0)
+    seconds = serializers.FloatField(min_value=0, max_value=10**8, default=0.0)
 
 
 class AgentProfileSerializer(serializers.Serializer):

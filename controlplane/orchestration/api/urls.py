@@ -8,6 +8,8 @@ from controlplane.orchestration.api.views import (
     AgentEventView,
     AgentNoticeView,
     AgentProfileView,
+    AgentShareClaimView,
+    AgentShareReportView,
     AgentTokenView,
     CommandsView,
     EnrollView,
@@ -25,6 +27,8 @@ urlpatterns = [
     path("agents/notices/", AgentNoticeView.as_view(), name="agent-notices"),
     path("agents/events/", AgentEventView.as_view(), name="agent-events"),
     path("agents/profile/", AgentProfileView.as_view(), name="agent-profile"),
+    path("agents/prepare/claim/", AgentShareClaimView.as_view(), name="agent-prepare-claim"),
+    path("agents/prepare/done/", AgentShareReportView.as_view(), name="agent-prepare-done"),
     path("offerings/unavailable/", UnavailableOfferingsView.as_view(), name="offerings-unavailable"),
     *router.urls,
 ]

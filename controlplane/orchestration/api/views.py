@@ -24,6 +24,7 @@ from controlplane.common.errors import DomainError
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.api.serializers import InstanceSerializer
 from controlplane.fleet.models import Instance
+from controlplane.jobs.prepare_step import ShareReport
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration import selectors, services, tasks
 from controlplane.orchestration.api.serializers import (
@@ -31,6 +32,8 @@ from controlplane.orchestration.api.serializers import (
     AgentNoticeResultSerializer,
     AgentNoticeSerializer,
     AgentProfileSerializer,
+    AgentShareClaimSerializer,
+    AgentShareReportSerializer,
     AgentTokenRotatedSerializer,
     CommandsQuerySerializer,
     CommandsSerializer,
@@ -174,6 +177,39 @@ class AgentProfileView(APIView):
         return Response(status=status.HTTP_202_ACCEPTED)
 
 
+class AgentShareClaimView(APIView):
+    """`POST /api/v1/agents/prepare/claim/`: a node of a job in its prepare step (`config.data.prepare`)
+    asks for the share of the source's files it prepares next."""
+
+    permission_classes = [AgentsOnly]
+
+    @extend_schema(request=None, responses={
+        200: AgentShareClaimSerializer,
+        409: OpenApiResponse(description="The node runs no job."),
+    })
+    def post(self, request: Request) -> Response:
+        return Response(services.share_claim(instance=_agent_instance(request)).to_dict())
+
+
+class AgentShareReportView(APIView):
+    """`POST /api/v1/agents/prepare/done/`: a node prepared the share it held; after the last share
+    the job trains on the prepared corpus."""
+
+    permission_classes = [AgentsOnly]
+
+    @extend_schema(request=AgentShareReportSerializer, responses={
+        202: None,
+        400: OpenApiResponse(description="Not a share of the step (`errors.share`); nothing is recorded."),
+        409: OpenApiResponse(description="The share is another node's now, or the step is over."),
+    })
+    def post(self, request: Request) -> Response:
+        data = validate_or_400(AgentShareReportSerializer(data=request.data))
+        report = ShareReport(number=data["share"], of=data["of"], index_written=data["index_written"],
+                             files=data["files"], input_bytes=data["input_bytes"], seconds=data["seconds"])
+        services.share_report(instance=_agent_instance(request), report=report)
+        return Response(status=status.HTTP_202_ACCEPTED)
+
+
 class AgentEventView(APIView):
     """The agent reports what its workers did (started, applied a generation, exited)."""
 
@@ -201,6 +237,8 @@ class AgentEventView(APIView):
                 services.requirements_failed_report(instance=instance, reason=data["message"])
             elif data["kind"] == "profile_failed":
                 services.profile_failed_report(instance=instance, reason=data["message"])
+            elif data["kind"] == "prepare_failed":
+                services.prepare_failed_report(instance=instance, reason=data["message"])
         return Response(status=status.HTTP_202_ACCEPTED)
 
 

@@ -67,6 +67,7 @@ from controlplane.orchestration.services.liveness import (
     instances_detect_dead,
     instances_mark_lost,
 )
+from controlplane.orchestration.services.prepare import prepare_failed_report, share_claim, share_report
 from controlplane.orchestration.services.profile import awaits_profile, job_profile_received, profile_failed_report
 from controlplane.orchestration.services.reconcile import (
     active_job_ids,
@@ -104,6 +105,7 @@ __all__ = [
     "job_profile_received",
     "job_stall_timeout_s",
     "job_start",
+    "prepare_failed_report",
     "profile_failed_report",
     "reconfiguration_apply",
     "reconfiguration_lost_seconds",
@@ -111,5 +113,7 @@ __all__ = [
     "reconfigurations_apply_after_commit",
     "reconfigurations_pending",
     "requirements_failed_report",
+    "share_claim",
+    "share_report",
     "worker_exit_report",
 ]

@@ -13,6 +13,7 @@ from controlplane.fleet.locks import lock_instance
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import TERMINAL_STATES, InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES
+from controlplane.jobs.prepare_step import prepare_location
 from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.enrolment_keys import acquisition_from_enroll_key
@@ -152,6 +153,9 @@ def _commands(instance: Instance, generation: Any) -> dict[str, Any]:
         if JobPlan.from_dict(job.plan).awaiting_profile:
             # Its first node measures the model (`runtime.train.node_profile`) before the job is planned.
             answer["action"] = "profile"
+        elif prepare_location(job):
+            # Its nodes prepare its data into shards first, each asking for a share (`services.prepare`).
+            answer["action"] = "prepare"
         return answer
     answer["generation"] = {
         "number": generation.number,

@@ -22,6 +22,7 @@ from controlplane.jobs.models import (
     ReconfigurationTrigger,
     TrainingJob,
 )
+from controlplane.jobs.prepare_step import prepare_location
 from controlplane.jobs.reconfiguration import current_generations, reconfiguration_decide
 from controlplane.jobs.selectors import job_runtime_config
 from controlplane.jobs.services import job_generation_publish
@@ -121,6 +122,8 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     locked = _lock_job(job)
     if locked.status not in ACTIVE_JOB_STATUSES or JobPlan.from_dict(locked.plan).awaiting_profile:
         return None  # a job waiting for its first node's profile is planned first (`services.profile`)
+    if prepare_location(locked):
+        return None  # its nodes prepare its data first (`services.prepare`)
     shape = job_shape(job=locked)
     running = _running_ids(locked)
     slots = _current_slots(locked)
