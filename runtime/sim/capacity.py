@@ -154,93 +154,121 @@ def simulate_job(market: Market, job: Job, policy: str, *, spot_progress_rate: f
     ran in before it moves to another, as the control plane does (`SPOTPIPE_REGION_PATIENCE_S`)."""
     if policy not in SIM_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {SIM_POLICIES}")
-    gap, d = market.gap_s, job.overhead_h * 3600
-    work, deadline = job.work_h * 3600, job.deadline_h * 3600
-    n, od_price = job.nodes, market.on_demand_usd_per_hour
-    out = Outcome(policy, 0.0, n * od_price * (job.work_h + job.overhead_h), 0.0, False)
-    kind: str | None = None  # capacity type held
-    region = 0
-    last_region: int | None = None  # where the job last ran (the preempted region while it waits)
-    overhead_left = done = 0.0
-    wanting_since: int | None = None  # the tick it began wanting spot that its own region lacks
+    return _JobRun(market, job, policy, spot_progress_rate=spot_progress_rate,
+                   region_patience_s=region_patience_s).run()
 
-    def launch(new_kind: str, new_region: int) -> None:
-        nonlocal kind, region, overhead_left, last_region
-        if last_region is not None and new_region != last_region:
-            out.region_moves += 1
-        kind, region, last_region, overhead_left = new_kind, new_region, new_region, d
-        out.launches += 1
 
-    def has_spot(r: int, tick: int) -> bool:
-        return market.regions[r].available[tick] >= n
+class _JobRun:
+    """One job's ticks under one policy: the capacity it holds (type, region), its progress, its bill."""
 
-    regions = range(len(market.regions))
-    for tick in range(job.start_tick, market.ticks):
-        now = (tick - job.start_tick) * gap
-        if kind == SPOT and not has_spot(region, tick):
-            kind, overhead_left = None, 0.0  # preempted: the restart under way is lost too
-        if policy in (SPOT_THEN_ON_DEMAND, SPOT_THEN_ON_DEMAND_FAILOVER):
-            spot_regions = [0] if policy == SPOT_THEN_ON_DEMAND else _failover_order(last_region, len(regions))
-            choice = choose_capacity_type(
-                work_left_s=work - done + overhead_left, time_left_s=deadline - now,
-                spot_available=any(has_spot(r, tick) for r in spot_regions), current=kind, overhead_s=d,
-                spot_progress_rate=spot_progress_rate, margin_s=gap,
-            )
-            # Spot elsewhere than where it last ran only after its patience (the control plane's region move).
-            here = last_region or 0
-            if choice.capacity_type != SPOT or has_spot(here, tick):
-                wanting_since = None
-            elif wanting_since is None:
-                wanting_since = tick
-            patient = wanting_since is not None and (tick - wanting_since) * gap >= region_patience_s
-            spot_at = next((r for r in spot_regions if has_spot(r, tick) and (r == here or patient)), None)
-            if choice.capacity_type == ON_DEMAND and kind != ON_DEMAND:
-                launch(ON_DEMAND, 0)
-            elif choice.capacity_type == SPOT and kind != SPOT and spot_at is not None:
-                launch(SPOT, spot_at)
-        elif kind is None:
-            if policy == ON_DEMAND:
-                launch(ON_DEMAND, 0)
-            elif policy == SPOT:
-                if has_spot(0, tick):
-                    launch(SPOT, 0)
+    def __init__(self, market: Market, job: Job, policy: str, *, spot_progress_rate: float,
+                 region_patience_s: float) -> None:
+        self.market, self.job, self.policy = market, job, policy
+        self.spot_progress_rate, self.region_patience_s = spot_progress_rate, region_patience_s
+        self.gap, self.d = market.gap_s, job.overhead_h * 3600
+        self.work, self.deadline = job.work_h * 3600, job.deadline_h * 3600
+        self.n, self.od_price = job.nodes, market.on_demand_usd_per_hour
+        self.out = Outcome(policy, 0.0, self.n * self.od_price * (job.work_h + job.overhead_h), 0.0, False)
+        self.kind: str | None = None  # capacity type held
+        self.region = 0
+        self.last_region: int | None = None  # where the job last ran (the preempted region while it waits)
+        self.overhead_left = self.done = 0.0
+        self.wanting_since: int | None = None  # the tick it began wanting spot that its own region lacks
+
+    def run(self) -> Outcome:
+        for tick in range(self.job.start_tick, self.market.ticks):
+            now = (tick - self.job.start_tick) * self.gap
+            if self.kind == SPOT and not self.has_spot(self.region, tick):
+                self.kind, self.overhead_left = None, 0.0  # preempted: the restart under way is lost too
+            if self.policy in (SPOT_THEN_ON_DEMAND, SPOT_THEN_ON_DEMAND_FAILOVER):
+                self.follow_the_rule(tick, now)
+            elif self.kind is None:
+                self.relaunch(tick)
+            if self.kind is not None and self.hold(tick, now):
+                break
+        else:
+            self.finish_after_the_trace()
+        self.out.met = self.out.finish_h <= self.job.deadline_h + 1e-9
+        return self.out
+
+    def launch(self, new_kind: str, new_region: int) -> None:
+        if self.last_region is not None and new_region != self.last_region:
+            self.out.region_moves += 1
+        self.kind, self.region, self.last_region, self.overhead_left = new_kind, new_region, new_region, self.d
+        self.out.launches += 1
+
+    def has_spot(self, r: int, tick: int) -> bool:
+        return self.market.regions[r].available[tick] >= self.n
+
+    def follow_the_rule(self, tick: int, now: float) -> None:
+        """`SPOT_THEN_ON_DEMAND` (spot in the home region) or its failover variant (spot anywhere)."""
+        count = len(self.market.regions)
+        spot_regions = [0] if self.policy == SPOT_THEN_ON_DEMAND else _failover_order(self.last_region, count)
+        choice = choose_capacity_type(
+            work_left_s=self.work - self.done + self.overhead_left, time_left_s=self.deadline - now,
+            spot_available=any(self.has_spot(r, tick) for r in spot_regions), current=self.kind,
+            overhead_s=self.d, spot_progress_rate=self.spot_progress_rate, margin_s=self.gap,
+        )
+        # Spot elsewhere than where it last ran only after its patience (the control plane's region move).
+        here = self.last_region or 0
+        if choice.capacity_type != SPOT or self.has_spot(here, tick):
+            self.wanting_since = None
+        elif self.wanting_since is None:
+            self.wanting_since = tick
+        patient = self.wanting_since is not None and (tick - self.wanting_since) * self.gap >= self.region_patience_s
+        spot_at = next((r for r in spot_regions if self.has_spot(r, tick) and (r == here or patient)), None)
+        if choice.capacity_type == ON_DEMAND and self.kind != ON_DEMAND:
+            self.launch(ON_DEMAND, 0)
+        elif choice.capacity_type == SPOT and self.kind != SPOT and spot_at is not None:
+            self.launch(SPOT, spot_at)
+
+    def relaunch(self, tick: int) -> None:
+        """The fixed policies, holding nothing: launch where the policy says, if it can."""
+        if self.policy == ON_DEMAND:
+            self.launch(ON_DEMAND, 0)
+        elif self.policy == SPOT:
+            if self.has_spot(0, tick):
+                self.launch(SPOT, 0)
+        else:
+            count = len(self.market.regions)
+            if self.policy == EAGER_NEXT_REGION and self.last_region is not None:
+                order = [(self.last_region + k) % count for k in range(1, count + 1)]
             else:
-                if policy == EAGER_NEXT_REGION and last_region is not None:
-                    order = [(last_region + k) % len(regions) for k in range(1, len(regions) + 1)]
-                else:
-                    order = _failover_order(last_region, len(regions))
-                target = next((r for r in order if has_spot(r, tick)), None)
-                if target is not None:
-                    launch(SPOT, target)
-        if kind is None:
-            continue
-        price = market.regions[region].spot_usd_per_hour[tick] if kind == SPOT else od_price
-        lost = min(overhead_left, gap)
-        overhead_left -= lost
-        useful = gap - lost
-        held = gap
-        if done + useful >= work:
-            held = lost + (work - done)  # the nodes go as soon as the work is done
-            done = work
+                order = _failover_order(self.last_region, count)
+            target = next((r for r in order if self.has_spot(r, tick)), None)
+            if target is not None:
+                self.launch(SPOT, target)
+
+    def hold(self, tick: int, now: float) -> bool:
+        """Hold the nodes for the tick (the restart overhead first, then work); True when the work is done."""
+        price = self.market.regions[self.region].spot_usd_per_hour[tick] if self.kind == SPOT else self.od_price
+        lost = min(self.overhead_left, self.gap)
+        self.overhead_left -= lost
+        useful = self.gap - lost
+        held = self.gap
+        if self.done + useful >= self.work:
+            held = lost + (self.work - self.done)  # the nodes go as soon as the work is done
+            self.done = self.work
         else:
-            done += useful
-        out.cost_usd += n * price * held / 3600
-        if kind == SPOT:
-            out.spot_node_hours += n * held / 3600
+            self.done += useful
+        self.out.cost_usd += self.n * price * held / 3600
+        if self.kind == SPOT:
+            self.out.spot_node_hours += self.n * held / 3600
         else:
-            out.on_demand_node_hours += n * held / 3600
-        if done >= work:
-            out.finish_h = (now + held) / 3600
-            break
-    else:
-        # The trace ended first: the rest on on-demand after it (a restart unless already there).
-        rest = (work - done) + (overhead_left if kind == ON_DEMAND else d)
-        out.cost_usd += n * od_price * rest / 3600
-        out.on_demand_node_hours += n * rest / 3600
-        out.finish_h = ((market.ticks - job.start_tick) * gap + rest) / 3600
+            self.out.on_demand_node_hours += self.n * held / 3600
+        if self.done >= self.work:
+            self.out.finish_h = (now + held) / 3600
+            return True
+        return False
+
+    def finish_after_the_trace(self) -> None:
+        """The trace ended first: the rest on on-demand after it (a restart unless already there)."""
+        out = self.out
+        rest = (self.work - self.done) + (self.overhead_left if self.kind == ON_DEMAND else self.d)
+        out.cost_usd += self.n * self.od_price * rest / 3600
+        out.on_demand_node_hours += self.n * rest / 3600
+        out.finish_h = ((self.market.ticks - self.job.start_tick) * self.gap + rest) / 3600
         out.beyond_trace = True
-    out.met = out.finish_h <= job.deadline_h + 1e-9
-    return out
 
 
 def _failover_order(last_region: int | None, count: int) -> list[int]:

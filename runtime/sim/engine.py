@@ -39,13 +39,19 @@ becomes ready during a rendezvous to that rendezvous (`simulate_spot_instance_re
 Every strategy except checkpoint loses the step in flight (half a step on average) unless the
 notice lead time is at least one step. A node that leaves without notice is noticed after
 `detection_s`. Billing counts every live node of the trace at the spot price in force.
+
+`simulate` replays the trace with a `Simulation` (the fleet, the job's bookkeeping `_Run`, the event
+loop), one subclass per strategy holding its reactions: `_CheckpointRestart`, `_Oobleck`, and
+`_Bamboo` and `_Recycle` (both `_FillsHoles`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from runtime.checkpointing.durability import estimated_mtbf_s
 from runtime.checkpointing.youngdaly import young_interval
@@ -54,7 +60,8 @@ from runtime.distributed.membership import joiners_worth_a_regroup
 from runtime.sim.iteration import IterationModel
 from runtime.sim.plans import Pattern
 from runtime.sim.prices import PriceSeries
-from runtime.traces import ADD, Trace
+from runtime.strategies import get_strategy
+from runtime.traces import ADD, Trace, TraceEvent
 
 STRATEGIES = FAULT_TOLERANT_STRATEGIES  # what the simulator compares (runtime/config.py owns the names)
 
@@ -343,32 +350,22 @@ class _Run:
 
     def resume(self, t: float, params: SimParams) -> None:
         """A plan is possible again: restart from the last checkpoint (rendezvous + reload)."""
+        if self.end_down(t):
+            self.resume_at = t
+            self.pause(params.restart_total_s)
+
+    def end_down(self, t: float) -> bool:
+        """Leave the down state at t (a restore from the checkpoint); False when the job was not down."""
         if self.down_since is None:
-            return
+            return False
         self.down_s += t - self.down_since
         self.down_since = None
         self.restores += 1
-        self.resume_at = t
-        self.pause(params.restart_total_s)
+        return True
 
     def finish_down(self, t: float) -> None:
         if self.down_since is not None:
             self.down_s += t - self.down_since
-
-
-def _stage_lost(strategy: str, slots: list[list[str | None]], pp: int) -> bool:
-    """Whether some stage has no copy left on a working node: its slot holders (and, for bamboo,
-    the ring predecessors that keep a replica of it) are gone in every pipeline. The runtime then
-    restores from the last checkpoint (`Strategy.falls_back_to_checkpoint`)."""
-    if not slots:
-        return True
-    for s in range(pp):
-        holders = [row[s] for row in slots]
-        if strategy == "bamboo":
-            holders += [row[(s - 1) % pp] for row in slots]
-        if all(n is None for n in holders):
-            return True
-    return False
 
 
 def simulate(
@@ -383,410 +380,585 @@ def simulate(
     """Replay `trace` for one strategy and return what the job achieved and paid."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} is unknown; expected one of {STRATEGIES}")
-    params = params or SimParams()
-    dp, pp = model.dp, model.pp
-    wanted = dp * pp
-    samples_per_step = model.total_microbatches * samples_per_microbatch
-    failure_free = samples_per_step / model.full_pipelines(dp)
+    simulation = _SIMULATIONS[strategy](
+        trace,
+        model=model,
+        params=params or SimParams(),
+        samples_per_microbatch=samples_per_microbatch,
+        samples_target=samples_target,
+    )
+    return simulation.replay()
 
-    # Young's interval from the trace's rate (the runtime's durability rule for every strategy).
-    rate_per_node_s = trace.preemption_rate() / 3600.0
-    interval = params.checkpoint_interval_s
-    if interval <= 0:
-        mtbf = 1.0 / (rate_per_node_s * wanted) if rate_per_node_s > 0 else 1e9
-        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
-    periodic = strategy != "checkpoint" and params.checkpoint_every_strategy
-    if periodic and params.checkpoint_interval_s <= 0:
-        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=params.mtbf_prior_s)
-    duty = interval / (interval + params.checkpoint_cost_s) if periodic else 1.0
-    run = _Run(samples_per_step, duty=duty, interval_s=interval if periodic else math.inf)
-    needed_checkpoint = 0  # losses that took every copy of some layer (the runtime's "failures")
 
-    def follow_the_runtimes_interval(t: float) -> None:
-        """After a loss that needed the checkpoint, the interval the runtime's next plan carries."""
-        nonlocal needed_checkpoint
-        needed_checkpoint += 1
-        if not periodic or params.checkpoint_interval_s > 0:
+class Simulation:
+    """One replay of a trace for one strategy: the fleet (live nodes, the dp x pp slot grid), the job's
+    bookkeeping (`_Run`) and the event loop. Each subclass is one strategy's reactions to a change
+    (`react`); what the strategy objects say of themselves (`runtime.strategies.base.Strategy`) is
+    read from `traits`."""
+
+    name: str
+    """The strategy simulated (a `runtime.strategies` name)."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        *,
+        model: IterationModel,
+        params: SimParams,
+        samples_per_microbatch: int = 1,
+        samples_target: float | None = None,
+    ) -> None:
+        self.trace, self.model, self.params = trace, model, params
+        self.traits = get_strategy(self.name)
+        self.dp, self.pp = model.dp, model.pp
+        self.wanted = self.dp * self.pp
+        self.samples_per_step = model.total_microbatches * samples_per_microbatch
+        self.failure_free = self.samples_per_step / model.full_pipelines(self.dp)
+        # A strategy that restarts from a checkpoint on every change writes its checkpoints inside its
+        # restart segments; every other one pays its periodic writes as a share of its time.
+        self.periodic = not self.traits.restarts_from_checkpoint and params.checkpoint_every_strategy
+        self.interval = _first_checkpoint_interval(trace, params, nodes=self.wanted, periodic=self.periodic)
+        """The checkpoint interval the run starts with (`SimResult.checkpoint_interval_s`)."""
+        duty = self.interval / (self.interval + params.checkpoint_cost_s) if self.periodic else 1.0
+        self.run = _Run(self.samples_per_step, duty=duty, interval_s=self.interval if self.periodic else math.inf)
+        self.run.target = samples_target
+        self.needed_checkpoint = 0
+        """Losses that took every copy of some layer (the runtime's "failures")."""
+        self.events, self.billed = _worked_and_billed(trace, params)
+        self.live: list[str] = []
+        self.live_set: set[str] = set()
+        self.ready_at: dict[str, float] = {}
+        """When each live node joined (its wait for a batch starts there)."""
+        self.cancelled: set[str] = set()
+        self.slots: list[list[str | None]] = []
+        """slots[p][s]: the node working stage s of pipeline p, None where it was lost; spares hold the rest."""
+        self.where: dict[str, tuple[int, int]] = {}
+
+    # -- the event loop ---------------------------------------------------------------------------
+    def replay(self) -> SimResult:
+        """Every batch of simultaneous membership changes in turn, then the end of the trace."""
+        for t, batch in itertools.groupby(self.events, key=lambda e: e.t_s):
+            self.on_events(t, list(batch))
+        end = self.trace.duration_s
+        self.take_joiners_due_by(end, inclusive=False)
+        self.settle(end)
+        return self.result()
+
+    def on_events(self, t: float, batch: list[TraceEvent]) -> None:
+        """The changes at t, after the regroups for held joiners whose wait bound passed by then."""
+        self.take_joiners_due_by(t, inclusive=True)
+        self.advance(t)
+        added, removed = self.apply(batch, t)
+        hit = [n for n in removed if n in self.where]
+        if t == 0:
+            self.start()
+        else:
+            self.on_change(t, added, removed, hit)
+
+    def advance(self, t: float) -> None:
+        """Train at the current rate up to t."""
+        self.run.advance(t)
+
+    def apply(self, batch: list[TraceEvent], t: float) -> tuple[list[str], list[str]]:
+        """Take the batch into the live nodes; (added, removed): the nodes that count."""
+        removed = [e.node for e in batch if e.kind != ADD and e.node in self.live_set]
+        # A node reclaimed before it was ready (its join delayed past the removal) never works.
+        self.cancelled.update(e.node for e in batch if e.kind != ADD and e.node not in self.live_set)
+        added = [
+            e.node for e in batch if e.kind == ADD and e.node not in self.live_set and e.node not in self.cancelled
+        ]
+        for node in removed:
+            self.live_set.discard(node)
+            self.live.remove(node)
+        for node in added:
+            self.live_set.add(node)
+            self.live.append(node)
+            self.ready_at[node] = t
+        return added, removed
+
+    def start(self) -> None:
+        """The trace's first nodes: lay the job out, or wait for more if no plan fits them."""
+        self.lay_out()
+        self.run.step_s = self.step_time()
+        if self.run.step_s == math.inf:
+            self.wait_for_nodes(0.0)
+
+    def on_change(self, t: float, added: list[str], removed: list[str], hit: list[str]) -> None:
+        """Nodes `added` and `removed` at t (`hit`: the removed ones that held a slot)."""
+        if self.run.down_since is not None:
+            # Down: re-form from every live node as soon as some plan is possible again.
+            self.resume_if_a_plan_exists(t)
             return
-        mtbf = estimated_mtbf_s(params.mtbf_prior_s, t, needed_checkpoint)
-        run.interval_s = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
-        run.duty = run.interval_s / (run.interval_s + params.checkpoint_cost_s)
-    run.target = samples_target
+        self.react(t, added, hit)
 
-    join_delay = params.replacement_delay_s + params.node_ready_s
-    events = list(trace.events)
-    billed = list(trace.events)
-    if join_delay:
-        events = [
-            type(e)(e.t_s + (join_delay if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node) for e in events
-        ]
-        events.sort(key=lambda e: (e.t_s, e.kind == ADD))
-    if params.replacement_delay_s:  # capacity acquisition is slower: billed from the later grant
-        billed = [
-            type(e)(e.t_s + (params.replacement_delay_s if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node)
-            for e in billed
-        ]
-    live: list[str] = []
-    live_set: set[str] = set()
-    ready_at: dict[str, float] = {}  # when each live node joined (its wait for a batch starts there)
-    cancelled: set[str] = set()
+    def react(self, t: float, added: list[str], hit: list[str]) -> None:
+        """The strategy's reaction to a change while the job runs."""
+        raise NotImplementedError
 
-    # Strategy state: slots[p][s] = node name or None; spares hold the rest.
-    slots: list[list[str | None]] = []
-    where: dict[str, tuple[int, int]] = {}
+    def settle(self, end: float) -> None:
+        """Close the books at the end of the trace."""
+        self.run.advance(end)
+        self.run.finish_down(end)
+        self.run.account(end)
 
-    committed = 0.0
-    segment_start = 0.0
-    pause_from = 0.0  # checkpoint-restart: when the current segment's pause (save, restart) began
-    save_s = 0.0  # ... and how much of that pause writes a checkpoint (the rest restarts)
+    def result(self) -> SimResult:
+        run, end = self.run, self.trace.duration_s
+        node_series = Trace(name="billed", events=self.billed, duration_s=end).node_count_series()
+        dollars = self.params.spot_price.cost_of_nodes(node_series, end)
+        on_demand_per_sample = self.wanted * self.params.on_demand_usd_per_hour / 3600.0 / self.failure_free
+        return SimResult(
+            strategy=self.name,
+            duration_s=end,
+            total_samples=run.samples,
+            dollars=dollars,
+            failure_free_samples_per_s=self.failure_free,
+            on_demand_dollars_per_sample=on_demand_per_sample,
+            series=run.series,
+            events=len(self.events),
+            pauses_s=run.pauses,
+            lost_samples=run.lost,
+            samples_target=run.target,
+            finish_s=run.finish,
+            checkpoint_interval_s=self.interval,
+            restores=run.restores,
+            joiner_regroups=run.joiner_regroups,
+            down_s=run.down_s,
+            breakdown=dict(run.spent),
+        )
 
-    members: set[str] = set()
-    """checkpoint-restart: the generation's members, its pipelines' nodes and the standing-by nodes
-    that fill the rest of the dp x pp slots (`CheckpointStrategy`: standby members of the layout,
-    in the group's commit); live nodes beyond are spares outside the group."""
-
-    def form(pipelines_wanted: int | None = None) -> None:
+    # -- the layout -------------------------------------------------------------------------------
+    def form(self) -> None:
         """Re-form full pipelines from all live nodes (a restart or a reconfiguration)."""
-        nonlocal slots, members
-        count = min(dp, len(live) // pp) if pipelines_wanted is None else pipelines_wanted
-        slots = [[live[p * pp + s] for s in range(pp)] for p in range(count)]
+        live, pp, where = self.live, self.pp, self.where  # locals: this runs at every restart of a big fleet
+        self.slots = [[live[p * pp + s] for s in range(pp)] for p in range(min(self.dp, len(live) // pp))]
         where.clear()
-        for p, row in enumerate(slots):
+        for p, row in enumerate(self.slots):
             for s, node in enumerate(row):
                 where[node] = (p, s)
-        members = set(live[:wanted])
 
-    def working() -> int:
-        return sum(1 for row in slots for n in row if n is not None)
+    def lay_out(self) -> None:
+        """Lay the job out afresh on every live node (at the start, after a restore, when down)."""
+        self.form()
 
-    def pattern() -> Pattern:
-        return tuple(tuple(n is not None for n in row) for row in slots)
+    def working(self) -> int:
+        return sum(1 for row in self.slots for n in row if n is not None)
 
-    def step_time() -> float:
-        if strategy == "checkpoint":
-            return model.full_pipelines(len(slots))
-        if strategy == "oobleck":
-            return model.oobleck(working()) if working() else math.inf
-        if not slots:
+    def pattern(self) -> Pattern:
+        return tuple(tuple(n is not None for n in row) for row in self.slots)
+
+    def step_time(self) -> float:
+        """Seconds per step of the strategy's plan for the current slots (inf: no plan)."""
+        if not self.slots:
             return math.inf
-        return model.step(strategy, pattern())
+        return self.model.step(self.name, self.pattern())
 
-    def held_joiners() -> tuple[list[str], int]:
-        """checkpoint/oobleck: the live nodes waiting outside the generation, and the slots filled."""
-        placed = members if strategy == "checkpoint" else where
-        return [n for n in live if n not in placed], len(placed)
+    # -- joiners held for a batch (`Strategy.batches_joiners`) ------------------------------------
+    def placed(self) -> Collection[str]:
+        """The nodes of the current generation; a live node outside it is a joiner held for a batch."""
+        return self.where
 
-    def joiners_due(t: float) -> bool:
+    def held_joiners(self) -> tuple[list[str], int]:
+        """The live nodes waiting outside the generation, and the slots filled."""
+        placed = self.placed()
+        return [n for n in self.live if n not in placed], len(placed)
+
+    def joiners_due(self, t: float) -> bool:
         """The runtime's rule: are the waiting joiners worth a regroup at t?"""
-        waiting, filled = held_joiners()
+        waiting, filled = self.held_joiners()
         return joiners_worth_a_regroup(
-            strategy, pp=pp, filled=filled, empty=wanted - filled, waiting=len(waiting),
-            waited_s=t - min((ready_at[n] for n in waiting), default=t),
-            wait_bound_s=params.join_batch_wait_s, urgent=not slots)
+            self.name, pp=self.pp, filled=filled, empty=self.wanted - filled, waiting=len(waiting),
+            waited_s=t - min((self.ready_at[n] for n in waiting), default=t),
+            wait_bound_s=self.params.join_batch_wait_s, urgent=not self.slots)
 
-    def batch_deadline() -> float | None:
+    def batch_deadline(self) -> float | None:
         """When the oldest joiner held for a batch will have waited `join_batch_wait_s` (None: none held)."""
-        if strategy not in ("checkpoint", "oobleck") or not slots or run.down_since is not None:
+        if not self.traits.batches_joiners or not self.slots or self.run.down_since is not None:
             return None
-        waiting, filled = held_joiners()
-        if not waiting or filled >= wanted:
+        waiting, filled = self.held_joiners()
+        if not waiting or filled >= self.wanted:
             return None
-        return min(ready_at[n] for n in waiting) + params.join_batch_wait_s
+        return min(self.ready_at[n] for n in waiting) + self.params.join_batch_wait_s
 
-    def take_held_joiners(t: float) -> None:
-        """The bound passed: the job regroups for the joiners it held (a restart or a re-instantiation)."""
-        nonlocal slots
-        run.joiner_regroups += 1
-        if strategy == "checkpoint":
-            checkpoint_restart(t, save_first=True)
+    def take_joiners_due_by(self, t: float, *, inclusive: bool) -> None:
+        """Regroup for the held joiners each time their wait bound passes before t (or at t: `inclusive`)
+        and the runtime's rule says they are worth it then."""
+        while (due := self.batch_deadline()) is not None and (due <= t if inclusive else due < t):
+            if not self.joiners_due(due):
+                return
+            self.run.joiner_regroups += 1
+            self.regroup_for_joiners(due)
+
+    def regroup_for_joiners(self, t: float) -> None:
+        """The bound passed: the job regroups for the joiners it held (strategies that batch them)."""
+        raise NotImplementedError(f"{self.name} takes every joiner at once")
+
+    # -- losses -----------------------------------------------------------------------------------
+    def follow_the_runtimes_interval(self, t: float) -> None:
+        """After a loss that needed the checkpoint, the interval the runtime's next plan carries."""
+        self.needed_checkpoint += 1
+        if not self.periodic or self.params.checkpoint_interval_s > 0:
             return
-        run.advance(t)
-        slots = _oobleck_assign(live, wanted, where)
-        run.step_s = step_time()
-        if t >= run.resume_at:
-            run.react(params, params.reconfigure_s, loss=False)
+        mtbf = estimated_mtbf_s(self.params.mtbf_prior_s, t, self.needed_checkpoint)
+        self.run.interval_s = young_interval(checkpoint_cost_s=self.params.checkpoint_cost_s, mtbf_s=mtbf)
+        self.run.duty = self.run.interval_s / (self.run.interval_s + self.params.checkpoint_cost_s)
 
-    def checkpoint_progress(t: float) -> tuple[float, float]:
-        """(committed, produced-but-uncommitted) samples of the current segment at time t."""
-        if not slots:
-            return committed, 0.0
-        rate = samples_per_step / model.full_pipelines(len(slots))
-        s = max(0.0, t - segment_start)
-        cycle = interval + params.checkpoint_cost_s
-        k = math.floor(s / cycle)
-        phase = s - k * cycle
-        return committed + k * interval * rate, min(phase, interval) * rate
-
-    def account_segment(t: float, *, losing: bool) -> None:
-        """checkpoint-restart: the wall time of the current segment up to t, in its buckets (the
-        pause: its checkpoint save, then detection and restart; then cycles of compute and writes;
-        `losing`: the compute since the last complete write is redone)."""
-        if segment_start == math.inf or t <= pause_from:
+    def lose_state(self, t: float, *, hit: bool) -> None:
+        """No usable plan is left: stop (unless down already) and lose the work since the checkpoint."""
+        if self.run.down_since is not None:
             return
-        paused = min(t, segment_start) - pause_from
-        run.spent["checkpointing"] += min(paused, save_s)
-        run.spent["restarting"] += paused - min(paused, save_s)
-        if t <= segment_start:
-            return
-        cycle = interval + params.checkpoint_cost_s
-        s = t - segment_start
-        k = math.floor(s / cycle)
-        phase = s - k * cycle
-        run.spent["training"] += k * interval + min(phase, interval)
-        run.spent["checkpointing"] += k * params.checkpoint_cost_s + max(0.0, phase - interval)
-        if losing:
-            run.redo(min(phase, interval))
-
-    def checkpoint_restart(t: float, *, save_first: bool) -> None:
-        nonlocal committed, segment_start, pause_from, save_s
-        had_slots = bool(slots)
-        done, pending = checkpoint_progress(t)
-        account_segment(t, losing=not (save_first and had_slots))
-        if save_first and had_slots:
-            committed = done + pending
-            extra = params.checkpoint_cost_s
-        else:
-            committed = done
-            run.lost += pending
-            extra = params.detection_s if had_slots and params.notice_s <= 0 else 0.0
-        run.series.append((t, done + pending))
-        run.series.append((t, committed))
-        form()
-        if not slots:  # nothing can run: wait for replacements (the next join restarts)
-            if run.down_since is None:
-                run.down_since = t
-            segment_start = math.inf
-            return
-        if run.down_since is not None:
-            run.down_s += t - run.down_since
-            run.down_since = None
-            run.restores += 1
-        segment_start = t + extra + params.restart_total_s
-        pause_from, save_s = t, (extra if save_first and had_slots else 0.0)
-        run.pauses += extra + params.restart_total_s
-        run.series.append((segment_start, committed))
-        run.samples = committed
-
-    def lose_state(t: float, *, hit: bool) -> bool:
-        """Stop when no usable plan is left; True when the job is (or stays) down."""
-        if run.down_since is not None:
-            return True
         if hit:
-            run.lose_in_flight(params)
-        follow_the_runtimes_interval(t)
-        run.stop(t)
+            self.run.lose_in_flight(self.params)
+        self.follow_the_runtimes_interval(t)
+        self.run.stop(t)
+
+    def wait_for_nodes(self, t: float) -> None:
+        """Nothing can run: wait for replacements from t."""
+        if self.run.down_since is None:
+            self.run.down_since = t
+
+    def step_or_stop(self, t: float) -> bool:
+        """The step time of the new layout; False (and the job stops) when it has no plan."""
+        self.run.step_s = self.step_time()
+        if self.run.step_s == math.inf:
+            self.lose_state(t, hit=False)
+            return False
         return True
 
-    def reform() -> None:
-        """Lay the job out afresh on every live node (after a restore, or when down)."""
-        nonlocal slots
-        if strategy == "oobleck":
-            slots = _oobleck_assign(live, wanted, where)
-        else:
-            form()
+    def resume_if_a_plan_exists(self, t: float) -> bool:
+        """Re-form on every live node; when a plan exists, resume from the checkpoint (True)."""
+        self.lay_out()
+        self.run.step_s = self.step_time()
+        if self.run.step_s < math.inf:
+            self.run.resume(t, self.params)
+            return True
+        return False
 
-    def oobleck_layer_lost(gone: list[str]) -> bool:
+    def restore_from_checkpoint(self, t: float) -> None:
+        """A loss took every copy of some layer: stop, re-form on who is left, resume from the
+        checkpoint when a plan exists again (else wait for replacements)."""
+        self.lose_state(t, hit=True)
+        if self.resume_if_a_plan_exists(t):
+            self.run.react(self.params, 0.0, loss=True)  # the loss is detected first, as for any other reaction
+
+
+class _CheckpointRestart(Simulation):
+    """checkpoint: every regroup restarts the job from a checkpoint, so its time is a chain of
+    segments, each a pause (a save, detection, the restart) and then cycles of compute and checkpoint
+    writes; its progress is read off the current segment (`progress`), not advanced event by event."""
+
+    name = "checkpoint"
+
+    def __init__(self, trace: Trace, **kwargs: Any) -> None:
+        super().__init__(trace, **kwargs)
+        self.committed = 0.0
+        """Samples in the last checkpoint the current segment started from."""
+        self.segment_start = 0.0
+        self.pause_from = 0.0
+        """When the current segment's pause (save, restart) began ..."""
+        self.save_s = 0.0
+        """... and how much of that pause writes a checkpoint (the rest restarts)."""
+        self.members: set[str] = set()
+        """The generation's members, its pipelines' nodes and the standing-by nodes that fill the rest
+        of the dp x pp slots (`CheckpointStrategy`: standby members of the layout, in the group's
+        commit); live nodes beyond are spares outside the group."""
+
+    def form(self) -> None:
+        super().form()
+        self.members = set(self.live[: self.wanted])
+
+    def placed(self) -> Collection[str]:
+        return self.members
+
+    def step_time(self) -> float:
+        return self.model.full_pipelines(len(self.slots))  # its slots are full pipelines, always
+
+    def advance(self, t: float) -> None:
+        """Nothing to do: the segment says what was trained by any time."""
+
+    def wait_for_nodes(self, t: float) -> None:
+        super().wait_for_nodes(t)
+        self.segment_start = math.inf
+
+    def on_change(self, t: float, added: list[str], removed: list[str], hit: list[str]) -> None:
+        # A batch of joiners worth a regroup while a slot of the dp x pp grid is empty
+        # (`joiners_worth_a_regroup`) ends the runtime's generation at the next step boundary, and
+        # this strategy restarts every generation from a checkpoint, written first at that boundary.
+        room = bool(added) and len(self.members) < self.wanted
+        # A standing-by member's loss fails the generation's commit like a working node's.
+        lost_member = [n for n in removed if n in self.members]
+        if room and not lost_member and self.slots and t < self.segment_start:
+            self.form()  # joiners during a restart join it (module notes): same pause, more pipelines
+        elif lost_member or (room and self.joiners_due(t)):
+            self.run.joiner_regroups += not lost_member
+            self.restart(t, save_first=not lost_member or self.params.notice_s >= self.params.checkpoint_cost_s)
+
+    def regroup_for_joiners(self, t: float) -> None:
+        self.restart(t, save_first=True)
+
+    def restart(self, t: float, *, save_first: bool) -> None:
+        """End the segment at t (saving first when asked and something runs, else losing what the last
+        checkpoint does not hold), re-form on every live node and start the next segment after the
+        pause, or wait for replacements when no pipeline can be filled (the next join restarts)."""
+        saving = save_first and bool(self.slots)
+        pause = self.end_segment(t, saving=saving)
+        self.form()
+        if not self.slots:
+            self.wait_for_nodes(t)
+            return
+        self.run.end_down(t)
+        self.start_segment(t, pause=pause, save_s=pause if saving else 0.0)
+
+    def end_segment(self, t: float, *, saving: bool) -> float:
+        """Close the current segment at t; the pause it adds before the restart (the save, or the
+        detection of a loss without notice)."""
+        had_slots = bool(self.slots)
+        done, pending = self.progress(t)
+        self.account_segment(t, losing=not saving)
+        if saving:
+            self.committed = done + pending
+            pause = self.params.checkpoint_cost_s
+        else:
+            self.committed = done
+            self.run.lost += pending
+            pause = self.params.detection_s if had_slots and self.params.notice_s <= 0 else 0.0
+        self.run.series.append((t, done + pending))
+        self.run.series.append((t, self.committed))
+        return pause
+
+    def start_segment(self, t: float, *, pause: float, save_s: float) -> None:
+        """The next segment trains from `pause` plus the restart after t, from the last checkpoint."""
+        self.segment_start = t + pause + self.params.restart_total_s
+        self.pause_from, self.save_s = t, save_s
+        self.run.pauses += pause + self.params.restart_total_s
+        self.run.series.append((self.segment_start, self.committed))
+        self.run.samples = self.committed
+
+    def cycles(self, s: float) -> tuple[int, float]:
+        """(complete compute + write cycles, seconds into the next one) `s` seconds into a segment."""
+        cycle = self.interval + self.params.checkpoint_cost_s
+        k = math.floor(s / cycle)
+        return k, s - k * cycle
+
+    def progress(self, t: float) -> tuple[float, float]:
+        """(committed, produced-but-uncommitted) samples of the current segment at time t."""
+        if not self.slots:
+            return self.committed, 0.0
+        rate = self.samples_per_step / self.model.full_pipelines(len(self.slots))
+        k, phase = self.cycles(max(0.0, t - self.segment_start))
+        return self.committed + k * self.interval * rate, min(phase, self.interval) * rate
+
+    def account_segment(self, t: float, *, losing: bool) -> None:
+        """The wall time of the current segment up to t, in its buckets (the pause: its checkpoint
+        save, then detection and restart; then cycles of compute and writes; `losing`: the compute
+        since the last complete write is redone)."""
+        if self.segment_start == math.inf or t <= self.pause_from:
+            return
+        spent = self.run.spent
+        paused = min(t, self.segment_start) - self.pause_from
+        spent["checkpointing"] += min(paused, self.save_s)
+        spent["restarting"] += paused - min(paused, self.save_s)
+        if t <= self.segment_start:
+            return
+        k, phase = self.cycles(t - self.segment_start)
+        spent["training"] += k * self.interval + min(phase, self.interval)
+        spent["checkpointing"] += k * self.params.checkpoint_cost_s + max(0.0, phase - self.interval)
+        if losing:
+            self.run.redo(min(phase, self.interval))
+
+    def settle(self, end: float) -> None:
+        run = self.run
+        done, pending = self.progress(end)
+        run.samples = done + pending
+        self.account_segment(end, losing=False)
+        # The cumulative series is linear within each segment: its points are the restarts and the end.
+        run.series.append((end, run.samples))
+        if run.target is not None and run.samples >= run.target:
+            run.finish = _first_crossing(run.series, run.target)
+        run.finish_down(end)
+        run.spent["waiting"] += run.down_s  # the segments account for every other second
+
+
+class _Oobleck(Simulation):
+    """oobleck: a loss re-instantiates the pipelines from the runtime's templates, and so does a batch
+    of joiners worth a regroup while fewer than dp x pp nodes work; a loss that takes every holder of
+    some layer of its plan falls back to the checkpoint."""
+
+    name = "oobleck"
+
+    def lay_out(self) -> None:
+        """Oobleck keeps no fixed grid: the first dp x pp live nodes work, as one flat row."""
+        self.where.clear()
+        row: list[str | None] = list(self.live[: self.wanted])
+        for i, node in enumerate(row):
+            self.where[node] = (0, i)
+        self.slots = [row]
+
+    def step_time(self) -> float:
+        return self.model.oobleck(self.working()) if self.working() else math.inf
+
+    def react(self, t: float, added: list[str], hit: list[str]) -> None:
+        if hit and self.layer_lost(hit):
+            self.restore_from_checkpoint(t)
+            return
+        # A batch of joiners worth a regroup while fewer than dp x pp nodes work ends the runtime's
+        # generation, and oobleck re-instantiates its pipelines over every live node (one pause for
+        # the batch, not one each); joiners during a re-instantiation join it (module notes).
+        room = bool(added) and self.working() < self.wanted
+        if not (hit or (room and (t < self.run.resume_at or self.joiners_due(t)))):
+            return
+        self.run.joiner_regroups += not hit and t >= self.run.resume_at
+        if hit:
+            self.run.lose_in_flight(self.params)
+        self.lay_out()
+        if self.step_or_stop(t) and (hit or t >= self.run.resume_at):
+            self.run.react(self.params, self.params.reconfigure_s, loss=bool(hit))
+
+    def regroup_for_joiners(self, t: float) -> None:
+        self.run.advance(t)
+        self.lay_out()
+        self.run.step_s = self.step_time()
+        if t >= self.run.resume_at:
+            self.run.react(self.params, self.params.reconfigure_s, loss=False)
+
+    def layer_lost(self, gone: list[str]) -> bool:
         """Whether `gone` took every holder of some layer in oobleck's current plan (its pipelines
         hold every layer once each; a spare holds none)."""
-        row = slots[0] if slots else []
-        held = model.oobleck_layers(len(row))
+        row = self.slots[0] if self.slots else []
+        held = self.model.oobleck_layers(len(row))
         everything = frozenset().union(*held)
         kept = frozenset().union(*(layers for node, layers in zip(row, held, strict=True) if node not in gone))
         return kept != everything
 
-    def restore_from_checkpoint(t: float) -> None:
-        """A loss took every copy of some layer: stop, re-form on who is left, resume from the
-        checkpoint when a plan exists again (else wait for replacements)."""
-        lose_state(t, hit=True)
-        reform()
-        run.step_s = step_time()
-        if run.step_s < math.inf:
-            run.resume(t, params)
-            run.react(params, 0.0, loss=True)  # the loss is detected first, as for any other reaction
 
-    index = 0
-    while index < len(events):
-        t = events[index].t_s
-        while (due := batch_deadline()) is not None and due <= t and joiners_due(due):
-            take_held_joiners(due)
-        batch = []
-        while index < len(events) and events[index].t_s == t:
-            batch.append(events[index])
-            index += 1
-        if strategy != "checkpoint":
-            run.advance(t)
-        removed = [e.node for e in batch if e.kind != ADD and e.node in live_set]
-        # A node reclaimed before it was ready (its join delayed past the removal) never works.
-        cancelled.update(e.node for e in batch if e.kind != ADD and e.node not in live_set)
-        added = [e.node for e in batch if e.kind == ADD and e.node not in live_set and e.node not in cancelled]
-        for node in removed:
-            live_set.discard(node)
-            live.remove(node)
-        for node in added:
-            live_set.add(node)
-            live.append(node)
-            ready_at[node] = t
-        hit = [n for n in removed if n in where]
+class _FillsHoles(Simulation):
+    """bamboo and recycle: the survivors cover a lost node's slot after `failover_s`; a standing-by
+    node or a joiner fills the hole after `join_s` (the runtime's plan fills empty slots, spares
+    first: `runtime.distributed.membership.make_plan`), copying its state in the background; enough
+    spare nodes for one more full pipeline trigger a reconfiguration, and so does a loss the strategy
+    cannot cover (`no_cover_left`)."""
 
-        if t == 0:
-            if strategy == "oobleck":
-                slots = _oobleck_assign(live, wanted, where)
-            else:
-                form()
-            run.step_s = step_time()
-            if run.step_s == math.inf:
-                run.down_since = 0.0
-                segment_start = math.inf
-            continue
+    @property
+    def failover_s(self) -> float:
+        raise NotImplementedError
 
-        if strategy == "checkpoint":
-            # A batch of joiners worth a regroup while a slot of the dp x pp grid is empty
-            # (`joiners_worth_a_regroup`) ends the runtime's generation at the next step boundary, and
-            # this strategy restarts every generation from a checkpoint, written first at that boundary.
-            room = bool(added) and len(members) < wanted
-            # A standing-by member's loss fails the generation's commit like a working node's.
-            lost_member = [n for n in removed if n in members]
-            if room and not lost_member and slots and t < segment_start:
-                form()  # joiners during a restart join it (module notes): same pause, more pipelines
-            elif lost_member or (room and joiners_due(t)):
-                run.joiner_regroups += not lost_member
-                checkpoint_restart(t, save_first=not lost_member or params.notice_s >= params.checkpoint_cost_s)
-            continue
+    def no_cover_left(self, p: int, s: int) -> bool:
+        """Whether the loss of slot (p, s), now empty, leaves a stage of its pipeline uncovered."""
+        return False
 
-        if run.down_since is not None:
-            # Down: re-form from every live node as soon as some plan is possible again.
-            reform()
-            run.step_s = step_time()
-            if run.step_s < math.inf:
-                run.resume(t, params)
-            continue
+    def copies_of(self, s: int) -> list[str | None]:
+        """The nodes that hold stage s's state."""
+        return [row[s] for row in self.slots]
 
-        if strategy == "oobleck":
-            # A batch of joiners worth a regroup while fewer than dp x pp nodes work
-            # (`joiners_worth_a_regroup`) ends the runtime's generation, and oobleck re-instantiates
-            # its pipelines over every live node (one pause for the batch, not one each).
-            if hit and oobleck_layer_lost(hit):
-                restore_from_checkpoint(t)
-                continue
-            room = bool(added) and working() < wanted
-            if hit or (room and (t < run.resume_at or joiners_due(t))):
-                run.joiner_regroups += not hit and t >= run.resume_at
-                if hit:
-                    run.lose_in_flight(params)
-                slots = _oobleck_assign(live, wanted, where)
-                run.step_s = step_time()
-                if run.step_s == math.inf:
-                    lose_state(t, hit=False)
-                    continue
-                if hit or t >= run.resume_at:  # joiners during a re-instantiation join it (module notes)
-                    run.react(params, params.reconfigure_s, loss=bool(hit))
-            continue
-
-        if strategy == "bamboo":
-            reconfigure = False
-            for node in hit:
-                p, s = where.pop(node)
-                slots[p][s] = None
-                pred = slots[p][(s - 1) % pp]
-                succ = slots[p][(s + 1) % pp]
-                if pred is None or succ is None or all(n is None for n in slots[p]):
-                    reconfigure = True  # consecutive losses: no replica left for one of the stages
-            if hit and _stage_lost(strategy, slots, pp):
-                restore_from_checkpoint(t)
-                continue
-            if hit:
-                run.lose_in_flight(params)
-            # Standing-by nodes and joiners fill the holes of taken-over stages (the runtime's plan
-            # fills empty slots, spares first: `runtime.distributed.membership.make_plan`), copying the stage and
-            # its replica in the background like a recycle joiner; a new full pipeline re-forms.
-            filled = 0
-            if not reconfigure:
-                holes = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
-                spare_nodes = [n for n in live if n not in where]
-                for (p, s), node in zip(holes, spare_nodes, strict=False):
-                    slots[p][s] = node
-                    where[node] = (p, s)
-                    filled += 1
-                reconfigure = len(slots) < dp and len(spare_nodes) - filled >= pp
-            if reconfigure:
-                form()
-                run.react(params, params.reconfigure_s, loss=bool(hit))
-            elif hit:
-                run.react(params, params.bamboo_failover_s + (params.join_s if filled else 0.0), loss=True)
-            elif filled:
-                run.pause(params.join_s)
-            run.step_s = step_time()
-            if run.step_s == math.inf:
-                lose_state(t, hit=False)
-            continue
-
-        # recycle
-        for node in hit:
-            p, s = where.pop(node)
-            slots[p][s] = None
-        if hit and _stage_lost(strategy, slots, pp):
-            restore_from_checkpoint(t)
-            continue
+    def react(self, t: float, added: list[str], hit: list[str]) -> None:
+        reconfigure = self.vacate(hit)
+        if hit and self.stage_lost():
+            self.restore_from_checkpoint(t)
+            return
         if hit:
-            run.lose_in_flight(params)
-        holes = [(p, s) for p, row in enumerate(slots) for s, n in enumerate(row) if n is None]
-        spare_nodes = [n for n in live if n not in where]
+            self.run.lose_in_flight(self.params)
+        filled = 0
+        if not reconfigure:
+            filled, spares = self.fill_holes()
+            reconfigure = len(self.slots) < self.dp and spares - filled >= self.pp
+        if reconfigure:
+            self.form()
+            self.run.react(self.params, self.params.reconfigure_s, loss=bool(hit))
+        elif hit:
+            self.run.react(self.params, self.failover_s + (self.params.join_s if filled else 0.0), loss=True)
+        elif filled:
+            self.run.pause(self.params.join_s)
+        self.step_or_stop(t)
+
+    def vacate(self, hit: list[str]) -> bool:
+        """Empty the lost nodes' slots; True when one of the losses needs a reconfiguration."""
+        reconfigure = False
+        for node in hit:
+            p, s = self.where.pop(node)
+            self.slots[p][s] = None
+            if self.no_cover_left(p, s):
+                reconfigure = True
+        return reconfigure
+
+    def fill_holes(self) -> tuple[int, int]:
+        """Put the spare live nodes into the empty slots, first pipeline first; (filled, spares)."""
+        holes = [(p, s) for p, row in enumerate(self.slots) for s, n in enumerate(row) if n is None]
+        spare_nodes = [n for n in self.live if n not in self.where]
         filled = 0
         for (p, s), node in zip(holes, spare_nodes, strict=False):
-            slots[p][s] = node
-            where[node] = (p, s)
+            self.slots[p][s] = node
+            self.where[node] = (p, s)
             filled += 1
-        if len(slots) < dp and len(spare_nodes) - filled >= pp:
-            form()
-            run.react(params, params.reconfigure_s, loss=bool(hit))
-        elif hit:
-            run.react(params, params.recycle_failover_s + (params.join_s if filled else 0.0), loss=True)
-        elif filled:
-            run.pause(params.join_s)
-        run.step_s = step_time()
-        if run.step_s == math.inf:
-            lose_state(t, hit=False)
+        return filled, len(spare_nodes)
 
-    end = trace.duration_s
-    while (due := batch_deadline()) is not None and due < end and joiners_due(due):
-        take_held_joiners(due)
-    if strategy == "checkpoint":
-        done, pending = checkpoint_progress(end)
-        run.samples = done + pending
-        account_segment(end, losing=False)
-        # rebuild the cumulative series from restarts: linear within each segment
-        run.series.append((end, run.samples))
-        if samples_target is not None and run.samples >= samples_target:
-            run.finish = _first_crossing(run.series, samples_target)
-    else:
-        run.advance(end)
-    run.finish_down(end)
-    if strategy == "checkpoint":
-        run.spent["waiting"] += run.down_s
-    else:
-        run.account(end)
-    node_series = [(t, n) for t, n in Trace(name="billed", events=billed, duration_s=end).node_count_series()]
-    dollars = params.spot_price.cost_of_nodes(node_series, end)
-    on_demand_per_sample = wanted * params.on_demand_usd_per_hour / 3600.0 / failure_free
-    return SimResult(
-        strategy=strategy,
-        duration_s=end,
-        total_samples=run.samples,
-        dollars=dollars,
-        failure_free_samples_per_s=failure_free,
-        on_demand_dollars_per_sample=on_demand_per_sample,
-        series=run.series,
-        events=len(events),
-        pauses_s=run.pauses,
-        lost_samples=run.lost,
-        samples_target=samples_target,
-        finish_s=run.finish,
-        checkpoint_interval_s=interval,
-        restores=run.restores,
-        joiner_regroups=run.joiner_regroups,
-        down_s=run.down_s,
-        breakdown=dict(run.spent),
-    )
+    def stage_lost(self) -> bool:
+        """Whether some stage has no copy left on a working node. The runtime then restores from the
+        last checkpoint (`Strategy.falls_back_to_checkpoint`)."""
+        if not self.slots:
+            return True
+        return any(all(n is None for n in self.copies_of(s)) for s in range(self.pp))
+
+
+class _Bamboo(_FillsHoles):
+    """bamboo: the ring predecessor, which keeps a replica of a node's stage, takes it over."""
+
+    name = "bamboo"
+
+    @property
+    def failover_s(self) -> float:
+        return self.params.bamboo_failover_s
+
+    def no_cover_left(self, p: int, s: int) -> bool:
+        # Consecutive losses: no replica left for one of the stages.
+        row = self.slots[p]
+        return row[(s - 1) % self.pp] is None or row[(s + 1) % self.pp] is None or all(n is None for n in row)
+
+    def copies_of(self, s: int) -> list[str | None]:
+        return super().copies_of(s) + [row[(s - 1) % self.pp] for row in self.slots]
+
+
+class _Recycle(_FillsHoles):
+    """recycle: a lost node's micro-batches are re-routed to same-stage peers (no state moves)."""
+
+    name = "recycle"
+
+    @property
+    def failover_s(self) -> float:
+        return self.params.recycle_failover_s
+
+
+_SIMULATIONS: dict[str, type[Simulation]] = {cls.name: cls for cls in (_CheckpointRestart, _Bamboo, _Recycle, _Oobleck)}
+
+
+def _first_checkpoint_interval(trace: Trace, params: SimParams, *, nodes: int, periodic: bool) -> float:
+    """The checkpoint interval a run starts with: `checkpoint_interval_s` when set, else Young's, from
+    the trace's whole-fleet rate (checkpoint-restart restarts on every loss) or, for a periodic
+    writer, from the runtime's prior (`mtbf_prior_s`)."""
+    rate_per_node_s = trace.preemption_rate() / 3600.0
+    interval = params.checkpoint_interval_s
+    if interval <= 0:
+        mtbf = 1.0 / (rate_per_node_s * nodes) if rate_per_node_s > 0 else 1e9
+        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=mtbf)
+    if periodic and params.checkpoint_interval_s <= 0:
+        interval = young_interval(checkpoint_cost_s=params.checkpoint_cost_s, mtbf_s=params.mtbf_prior_s)
+    return interval
+
+
+def _worked_and_billed(trace: Trace, params: SimParams) -> tuple[list[TraceEvent], list[TraceEvent]]:
+    """The events as the job sees them (a join works `node_ready_s` and `replacement_delay_s` after
+    the trace adds it) and as they are billed (from the later grant when capacity comes slower)."""
+    events, billed = list(trace.events), list(trace.events)
+    join_delay = params.replacement_delay_s + params.node_ready_s
+    if join_delay:
+        events = _joins_delayed(events, join_delay)
+        events.sort(key=lambda e: (e.t_s, e.kind == ADD))
+    if params.replacement_delay_s:
+        billed = _joins_delayed(billed, params.replacement_delay_s)
+    return events, billed
+
+
+def _joins_delayed(events: list[TraceEvent], delay_s: float) -> list[TraceEvent]:
+    """`events` with every join after the start `delay_s` later."""
+    return [type(e)(e.t_s + (delay_s if e.kind == ADD and e.t_s > 0 else 0.0), e.kind, e.node) for e in events]
 
 
 def _first_crossing(series: list[tuple[float, float]], target: float) -> float | None:
@@ -794,15 +966,6 @@ def _first_crossing(series: list[tuple[float, float]], target: float) -> float |
         if s0 < target <= s1:
             return t0 + (target - s0) * (t1 - t0) / (s1 - s0) if s1 > s0 else t1
     return None
-
-
-def _oobleck_assign(live: list[str], wanted: int, where: dict) -> list[list[str | None]]:
-    """Oobleck keeps no fixed grid: the first `wanted` live nodes work, as one flat row."""
-    where.clear()
-    row: list[str | None] = list(live[:wanted])
-    for i, node in enumerate(row):
-        where[node] = (0, i)
-    return [row]
 
 
 def result_dict(result: SimResult) -> dict:
