@@ -28,6 +28,12 @@ REPLAN_GAIN = 0.10
 (or the stored one no longer meets the deadline): smaller moves are noise in the prices."""
 
 
+def job_plan_store(*, job: TrainingJob, plan: JobPlan, config: dict[str, Any]) -> None:
+    """Store a new plan and the contract made with it (its layout's one home) on `job` (locked)."""
+    job.plan, job.config = plan.to_dict(), config
+    job.save(update_fields=["plan", "config", "updated_at"])
+
+
 def _contract_of(job: TrainingJob) -> dict[str, Any]:
     """The job's contract without what its plan set (the layout and the schedule the planner chose)."""
     planned = {*LAYOUT_FIELDS, "schedule"}
@@ -49,6 +55,7 @@ def job_replan(*, job: TrainingJob, at: datetime | None = None) -> JobPlan | Non
 
     job = lock_job(job)
     stored = JobPlan.from_dict(job.plan)
+    grid = (job.config["dp"], job.config["pp"])  # the layout's one home is the contract
     if not (stored.replan and stored.chosen_by == "planner") or job.status not in (
         JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING,
     ):
@@ -72,14 +79,14 @@ def job_replan(*, job: TrainingJob, at: datetime | None = None) -> JobPlan | Non
         return None  # nothing meets the limits any more: the stored plan stays; the job page shows its progress
     options = [fresh.predicted, *fresh.runner_ups]
     if started:  # the grid stays: the best option with the stored dp x pp
-        options = [o for o in options if o and (o["dp"], o["pp"]) == (stored.dp, stored.pp)]
+        options = [o for o in options if o and (o["dp"], o["pp"]) == grid]
     if not options:
         return None
     best = options[0]
     stored_pool = stored.pools[0] if stored.pools else None
     current = next((o for o in [fresh.predicted, *fresh.runner_ups] if o and stored_pool
                     and (o["instance_type"], o["zone"], o["dp"], o["pp"])
-                    == (stored_pool.instance_type, stored_pool.zone, stored.dp, stored.pp)), None)
+                    == (stored_pool.instance_type, stored_pool.zone, *grid)), None)
     if current is not None and (best["instance_type"], best["zone"]) == (current["instance_type"], current["zone"]):
         return None
     if current is not None and best["cost_usd"] > current["cost_usd"] * (1 - REPLAN_GAIN):
@@ -93,12 +100,12 @@ def job_replan(*, job: TrainingJob, at: datetime | None = None) -> JobPlan | Non
         plan, config_dict = fresh, fresh_config.to_dict()
         plan.pools = new_pools
         config_dict["steps"] = job.target_steps
-    job.plan, job.config = plan.to_dict(), config_dict
-    job.save(update_fields=["plan", "config", "updated_at"])
+    job_plan_store(job=job, plan=plan, config=config_dict)
     was = f"{stored_pool.instance_type}@{stored_pool.zone or '*'}" if stored_pool else "?"
     job_record_event(
         job=job, kind="replanned",
-        message=f"re-planned: {was} -> {best['instance_type']}@{best['zone'] or '*'} as dp={plan.dp} x pp={plan.pp}"
+        message=f"re-planned: {was} -> {best['instance_type']}@{best['zone'] or '*'} as "
+                f"dp={config_dict['dp']} x pp={config_dict['pp']}"
                 + (f" (was ${current['cost_usd']:.2f}, now ${best['cost_usd']:.2f} predicted)" if current else ""),
         data={"from": stored.to_dict(), "to": plan.to_dict(), "started": started}, at=at,
     )

@@ -63,7 +63,7 @@ def job_metric_list(*, job: TrainingJob) -> QuerySet[MetricSample]:
 def job_plan_summary(*, job: TrainingJob, cost_so_far: Any = None, now: datetime | None = None) -> dict[str, Any]:
     """The job's plan as the job page shows it: the layout, who chose it, and the planner's
     predictions beside what the job measured so far (samples/s, step time, hours, cost)."""
-    plan = job.plan or {}
+    plan, config = job.plan or {}, job.config or {}
     predicted = plan.get("predicted") or {}
     now = now or timezone.now()
     rates = list(
@@ -71,7 +71,7 @@ def job_plan_summary(*, job: TrainingJob, cost_so_far: Any = None, now: datetime
         .order_by("-step").values_list("samples_per_s", flat=True)[:50]
     )
     measured_rate = sum(rates) / len(rates) if rates else None
-    global_batch = (job.config or {}).get("global_batch")
+    global_batch = config.get("global_batch")
     elapsed_h = None
     projected_h = None
     if job.started_at is not None:
@@ -90,9 +90,9 @@ def job_plan_summary(*, job: TrainingJob, cost_so_far: Any = None, now: datetime
         "provider": plan.get("provider", ""),
         "pools": ", ".join(f"{p['instance_type']}{'@' + p['zone'] if p.get('zone') else ''}"
                            for p in plan.get("pools") or []),
-        "nodes": plan.get("nodes"), "dp": plan.get("dp"), "pp": plan.get("pp"),
-        "microbatches": plan.get("microbatches"), "strategy": plan.get("strategy", ""),
-        "schedule": (job.config or {}).get("schedule", ""),
+        "nodes": plan.get("nodes"), "dp": config.get("dp"), "pp": config.get("pp"),
+        "microbatches": config.get("microbatches"), "strategy": config.get("strategy", ""),
+        "schedule": config.get("schedule", ""),
         "objective": plan.get("objective", ""),
         "rows": [{"what": what, "predicted": p, "measured": m} for what, p, m in rows],
         "elapsed_hours": elapsed_h,

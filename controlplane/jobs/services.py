@@ -248,7 +248,8 @@ def job_submit(
             data={"strategy": strategy, "target_steps": target_steps,
                   "deadline": deadline.isoformat() if deadline else None,
                   "budget_usd": str(budget) if budget is not None else None, "capacity": capacity,
-                  "plan": {k: getattr(job_plan, k) for k in ("chosen_by", "provider", "nodes", "dp", "pp")},
+                  "plan": {"chosen_by": job_plan.chosen_by, "provider": job_plan.provider, "nodes": job_plan.nodes,
+                           "dp": runtime_config.dp, "pp": runtime_config.pp},
                   **limits, **({"data_checks": data_check.notes} if data_check.notes else {}),
                   **({"tracking": tracking} if tracking else {})},
         )

@@ -145,9 +145,9 @@ def _steps(job: TrainingJob, *, after: int, upto: int) -> list[tuple[int, dict[s
 
 
 def _run_config(job: TrainingJob) -> dict[str, Any]:
-    plan = job.plan or {}
+    config = job.config or {}
     return {"job": {"id": job.pk, "name": job.name, "strategy": job.strategy, "target_steps": job.target_steps,
-                    "dp": plan.get("dp"), "pp": plan.get("pp"), "nodes": plan.get("nodes")},
+                    "dp": config.get("dp"), "pp": config.get("pp"), "nodes": (job.plan or {}).get("nodes")},
             "config": job.config}
 
 

@@ -15,34 +15,11 @@ from controlplane.market.models import InstanceType, SpotPrice
 from controlplane.market.zones import pool_region
 from controlplane.orchestration.offerings import pool_unavailability
 from controlplane.orchestration.providers.base import Pool
+from controlplane.planning.plans import JobPlan
 from runtime.planner.capacity_policy import ON_DEMAND, SPOT
 
 # Instances that count towards a job's capacity (a node under notice is already leaving).
 COUNTED_STATES = frozenset({InstanceState.REQUESTED, InstanceState.PENDING, InstanceState.RUNNING})
-
-
-@dataclass(frozen=True, slots=True)
-class JobShape:
-    """What the job's plan (`controlplane.planning.plans.JobPlan`) asks for, as orchestration uses it."""
-
-    dp: int
-    pp: int
-    nodes: int
-    provider: str
-    pools: tuple[Pool, ...]
-    strategy: str
-    min_stages: int
-
-
-def job_shape(*, job: TrainingJob) -> JobShape:
-    from controlplane.planning.plans import JobPlan
-
-    plan = JobPlan.from_dict(job.plan)
-    return JobShape(
-        dp=plan.dp, pp=plan.pp, nodes=plan.nodes, provider=plan.provider,
-        pools=tuple(Pool(instance_type=p.instance_type, zone=p.zone, region=p.region) for p in plan.pools),
-        strategy=plan.strategy, min_stages=plan.min_stages,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,27 +55,24 @@ def _on_demand_prices(provider: str, names: list[str]) -> dict[str, Decimal]:
     return dict(rows.values_list("name", "on_demand_price"))
 
 
-def pools_ranked(*, job: TrainingJob, shape: JobShape | None = None, capacity_type: str = SPOT,
+def pools_ranked(*, job: TrainingJob, plan: JobPlan | None = None, capacity_type: str = SPOT,
                  region: str | None = None, now=None) -> RankedPools:
     """The plan's pools for a launch of `capacity_type` (in `region` only, when given), cheapest
     first by the price in force (spot price, or the type's on-demand price), without the offerings
     `offerings` marks unavailable. If every pool left is cooling down after a preemption, those are
     used; an offering without capacity is never used before its mark expires."""
-    shape = shape or job_shape(job=job)
-    if region is not None:
-        shape = replace(shape, pools=tuple(p for p in shape.pools
-                                           if pool_region(shape.provider, p.zone, p.region) == region))
-    names = [p.instance_type for p in shape.pools]
+    plan = plan or JobPlan.from_dict(job.plan)
+    pools = [Pool(instance_type=p.instance_type, zone=p.zone, region=p.region) for p in plan.pools
+             if region is None or pool_region(plan.provider, p.zone, p.region) == region]
+    names = [p.instance_type for p in pools]
     if capacity_type == ON_DEMAND:
-        by_type = _on_demand_prices(shape.provider, names)
-        priced = [Pool(instance_type=p.instance_type, zone=p.zone, region=p.region, price=by_type.get(p.instance_type))
-                  for p in shape.pools]
+        by_type = _on_demand_prices(plan.provider, names)
+        priced = [replace(p, price=by_type.get(p.instance_type)) for p in pools]
     else:
         prices = _spot_prices(names)
-        priced = [Pool(instance_type=p.instance_type, zone=p.zone, region=p.region, price=prices.get(p.key))
-                  for p in shape.pools]
+        priced = [replace(p, price=prices.get(p.key)) for p in pools]
     priced.sort(key=lambda p: (p.price is None, p.price or Decimal(0)))
-    state = pool_unavailability(team_id=job.team_id, provider=shape.provider, capacity_type=capacity_type, now=now)
+    state = pool_unavailability(team_id=job.team_id, provider=plan.provider, capacity_type=capacity_type, now=now)
     unavailable = [p for p in priced if state.blocked(p)]
     open_pools = [p for p in priced if not state.blocked(p)]
     usable = [p for p in open_pools if p.key not in state.cooling]

@@ -1,5 +1,7 @@
-"""The job's plan: where and how it runs (provider, pools, nodes, dp x pp, micro-batches, strategy),
-as one typed value stored on the job (`TrainingJob.plan`), and the parsing of a request's `plan`.
+"""The job's plan: where its nodes come from (provider, pools, nodes, limits) and the planner's
+reasoning, as one typed value stored on the job (`TrainingJob.plan`), and the parsing of a request's
+`plan`. The layout the plan chose (dp x pp, micro-batches, strategy, schedule, min_stages) is stored
+once, in the job's contract (`job.config`); the API shows it inside `plan` (`plan_view`).
 
 A request's plan is either explicit (`{"dp": 2, "pp": 2, ...}`: the user chose) or `"auto"` /
 `{"auto": true, ...}` (the planner chooses the cheapest plan that meets the deadline, or the fastest
@@ -36,18 +38,18 @@ class PlanPool:
     region: str = ""
 
 
+PLAN_LAYOUT_FIELDS = ("dp", "pp", "microbatches", "strategy", "schedule", "min_stages")
+"""The contract's layout fields the API shows in a job's `plan` (clients print `plan.dp x plan.pp`).
+Plans stored before the layout had one home carried them too; `JobPlan.from_dict` drops them."""
+
+
 @dataclass(kw_only=True, slots=True)
 class JobPlan:
-    """How a job runs. `nodes` >= dp * pp (the rest are spares); `microbatches` is per pipeline."""
+    """Where a job's nodes come from. `nodes` >= the contract's dp * pp (the rest are spares)."""
 
     provider: str
     pools: list[PlanPool]
     nodes: int
-    dp: int
-    pp: int
-    microbatches: int
-    strategy: str
-    """The runtime strategy (`auto` already resolved)."""
     chosen_by: str = "user"
     """`user` (explicit in the request) or `planner` (`plan: auto`)."""
     objective: str = ""
@@ -55,7 +57,6 @@ class JobPlan:
     """The planner's prediction for the chosen plan: hours, cost_usd, step_s, samples_per_s, ..."""
     runner_ups: list[dict[str, Any]] = field(default_factory=list)
     """The next best plans the planner considered (same keys as `predicted`, plus the layout)."""
-    min_stages: int = 1
     replan: bool = False
     """`plan.auto` with `replan`: beat re-plans the job when prices or preemption rates move
     (`jobs.replanning.job_replan`)."""
@@ -78,9 +79,15 @@ class JobPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobPlan:
-        data = dict(data)
+        data = {k: v for k, v in data.items() if k not in PLAN_LAYOUT_FIELDS}
         data["pools"] = [PlanPool(**p) for p in data.get("pools") or []]
         return cls(**data)
+
+
+def plan_view(plan: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """A stored plan as the API, the dashboard and the clients show it: the plan with the layout of
+    the job's contract `config` (its one home)."""
+    return {**plan, **{k: config.get(k) for k in PLAN_LAYOUT_FIELDS}}
 
 
 @dataclass(kw_only=True, slots=True)

@@ -300,9 +300,9 @@ def _profile_first(base: JobConfig, *, ask: PlanAsk) -> tuple[JobPlan, JobConfig
     imports user code, and `spotpipe submit` was not the client): one node of the cheapest allowed
     pool runs first, measures the model where its code and data are, and the planner plans the job
     from that (`plan_from_profile`). The plan keeps the request's pools and limits for it."""
-    plan = JobPlan(provider=ask.provider, pools=plan_pools(ask), nodes=1, dp=1, pp=1, microbatches=1,
-                   strategy=base.strategy, chosen_by="planner", objective="profile first", replan=ask.replan,
-                   max_nodes=ask.max_nodes, regions=ask.regions, profile=PROFILE_PENDING)
+    plan = JobPlan(provider=ask.provider, pools=plan_pools(ask), nodes=1, chosen_by="planner",
+                   objective="profile first", replan=ask.replan, max_nodes=ask.max_nodes, regions=ask.regions,
+                   profile=PROFILE_PENDING)
     return plan, base
 
 
@@ -321,9 +321,8 @@ def _explicit(contract: dict[str, Any], *, total_microbatches: int | None, strat
         contract = {**contract, "layer_costs": stated["layer_costs"],
                     "link_gbps": contract.get("link_gbps", stated["link_gbps"])}
         config = build_job_config(contract, **layout, strategy=strategy, steps=target_steps)
-    plan = JobPlan(provider=ask.provider, pools=plan_pools(ask), nodes=ask.nodes or config.num_nodes, dp=config.dp,
-                   pp=config.pp, microbatches=config.microbatches, strategy=strategy, chosen_by="user",
-                   min_stages=config.min_stages, regions=ask.regions)
+    plan = JobPlan(provider=ask.provider, pools=plan_pools(ask), nodes=ask.nodes or config.num_nodes,
+                   chosen_by="user", regions=ask.regions)
     return plan, config
 
 
@@ -363,11 +362,10 @@ def _planned(base: JobConfig, contract: dict[str, Any], *, team_id: int, total_m
                               schedule=best.schedule, strategy=base.strategy, steps=base.steps)
     plan = JobPlan(
         provider=ask.provider, pools=pools,
-        nodes=best.nodes, dp=best.dp, pp=best.pp, microbatches=best.microbatches, strategy=base.strategy,
-        chosen_by="planner", objective=chosen.objective,
+        nodes=best.nodes, chosen_by="planner", objective=chosen.objective,
         predicted=_prediction(best, capacity=capacity, catalog=planner.catalog),
-        runner_ups=_runner_ups(chosen, capacity=capacity, catalog=planner.catalog), min_stages=config.min_stages,
-        replan=ask.replan, max_nodes=ask.max_nodes, regions=ask.regions,
+        runner_ups=_runner_ups(chosen, capacity=capacity, catalog=planner.catalog), replan=ask.replan,
+        max_nodes=ask.max_nodes, regions=ask.regions,
     )
     return plan, config
 

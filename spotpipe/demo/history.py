@@ -221,7 +221,7 @@ def _contract(model: dict, *, dp: int, pp: int, strategy: str, steps: int, pool:
                                   "microbatches": microbatches, "strategy": resolve_strategy(strategy),
                                   "steps": steps})
     plan = JobPlan(provider="aws", pools=[PlanPool(instance_type=pool.instance_type.name, zone=pool.zone.code)],
-                   nodes=dp * pp, dp=dp, pp=pp, microbatches=microbatches, strategy=config.strategy)
+                   nodes=dp * pp)
     return {"config": config.to_dict(), "plan": plan.to_dict()}
 
 

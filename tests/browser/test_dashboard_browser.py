@@ -197,9 +197,9 @@ def test_submit_with_a_deadline_and_let_the_planner_choose(page, live_server, wo
     page.wait_for_url(f"{live_server.url}/jobs/*/")
     browser.wait_loaded(page)
     job = TrainingJob.objects.get(name="browser-planned")
-    assert job.plan["chosen_by"] == "planner" and job.plan["dp"] * job.plan["pp"] > 1, job.plan
+    assert job.plan["chosen_by"] == "planner" and job.config["dp"] * job.config["pp"] > 1, job.plan
     layout = page.locator("#plan-layout").inner_text()
-    assert "Chosen by the planner" in layout and f"dp={job.plan['dp']} x pp={job.plan['pp']}" in layout
+    assert "Chosen by the planner" in layout and f"dp={job.config['dp']} x pp={job.config['pp']}" in layout
     predicted_hours = page.locator("#plan-table tr", has_text="hours for the whole job").locator("td").first
     assert float(predicted_hours.inner_text()) == pytest.approx(job.plan["predicted"]["hours"], rel=1e-3)
 

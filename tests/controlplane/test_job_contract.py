@@ -40,7 +40,11 @@ def test_explicit_plan_is_stored_and_the_config_is_the_runtimes(world):
     config.validate()
     assert (config.dp, config.pp, config.microbatches, config.strategy, config.steps) == (2, 2, 4, "recycle", 60)
     assert job.plan["chosen_by"] == "user" and job.plan["nodes"] == 4 and job.plan["provider"] == "local"
-    assert body["config"] == job.config and body["plan"] == job.plan
+    assert body["config"] == job.config
+    # The layout is stored once, in the contract; the API's plan shows it beside where the nodes come from.
+    assert not {"dp", "pp", "microbatches", "strategy", "min_stages"} & set(job.plan)
+    assert body["plan"] == {**job.plan, "dp": 2, "pp": 2, "microbatches": 4, "strategy": "recycle",
+                            "schedule": config.schedule, "min_stages": config.min_stages}
     # The old clients' view of the contract is still served.
     assert body["model_spec"]["layers"] == 2 and body["model_spec"]["micro_batches"] == 8
 
@@ -192,3 +196,23 @@ def test_hostile_json_gets_a_400_and_writes_nothing(world, config):
     assert response.status_code == 400, response.content
     assert "nested too deeply" in response.json()["detail"] or "NUL" in response.json()["detail"]
     assert (TrainingJob.objects.count(), JobEvent.objects.count()) == before
+
+
+def test_plans_stored_with_a_layout_copy_lose_it_and_still_read(world):
+    """Plans stored before the layout had one home carried dp, pp, ... too: the migration drops
+    them (the contract held the same values) and `JobPlan.from_dict` reads either shape."""
+    import importlib
+
+    from django.apps import apps
+
+    from controlplane.planning.plans import JobPlan
+
+    job = TrainingJob.objects.get(pk=_submit(world, plan={"dp": 2, "pp": 2, "microbatches": 4}).json()["id"])
+    old = {**job.plan, "dp": 2, "pp": 2, "microbatches": 4, "strategy": "recycle", "min_stages": 1}
+    TrainingJob.objects.filter(pk=job.pk).update(plan=old)
+    assert JobPlan.from_dict(old) == JobPlan.from_dict(job.plan)
+    migration = importlib.import_module("controlplane.jobs.migrations.0011_plan_without_layout")
+    migration.drop_layout_from_plans(apps, None)
+    job.refresh_from_db()
+    assert job.plan == {k: v for k, v in old.items() if k not in ("dp", "pp", "microbatches", "strategy",
+                                                                  "min_stages")}

@@ -109,11 +109,12 @@ def _race(monkeypatch) -> tuple[int, list[BaseException]]:
                 assert time.monotonic() < deadline, "the grower neither locked its job nor waited for it"
         return real_generations(**kwargs)
 
-    real_shape = generations.job_shape
+    real_config = generations.job_runtime_config
 
-    def grower_has_job(**kwargs):  # job_grow calls it right after locking the job
-        grower_locked.set()
-        return real_shape(**kwargs)
+    def grower_has_job(job):  # job_grow reads the job's layout right after locking the job
+        if threading.current_thread().name == "grower":  # the drain's reaction reads it too
+            grower_locked.set()
+        return real_config(job)
 
     real_together = processing._process_together
 
@@ -122,7 +123,7 @@ def _race(monkeypatch) -> tuple[int, list[BaseException]]:
         return real_together(notice_ids)
 
     monkeypatch.setattr(processing, "current_generations", hold_batch_locks)
-    monkeypatch.setattr(generations, "job_shape", grower_has_job)
+    monkeypatch.setattr(generations, "job_runtime_config", grower_has_job)
     monkeypatch.setattr(processing, "_process_together", counted)
 
     def drain() -> None:
@@ -145,7 +146,7 @@ def _race(monkeypatch) -> tuple[int, list[BaseException]]:
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=drain), threading.Thread(target=grow)]
+    threads = [threading.Thread(target=drain, name="drainer"), threading.Thread(target=grow, name="grower")]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -53,8 +53,8 @@ def pending(tmp_path: Path, monkeypatch):
 def test_the_job_waits_with_one_node_and_its_first_node_is_told_to_profile(pending):
     _world, job, _instance, agent = pending
     plan = job.plan
-    assert (plan["profile"], plan["nodes"], plan["dp"], plan["pp"], plan["chosen_by"]) == ("pending", 1, 1, 1,
-                                                                                            "planner")
+    assert (plan["profile"], plan["nodes"], plan["chosen_by"]) == ("pending", 1, "planner")
+    assert (job.config["dp"], job.config["pp"]) == (1, 1)
     assert job_grow(job=job) is None and not JobGeneration.objects.filter(job=job).exists()  # no generation yet
     assert "waiting for the first node" in describe_plan(plan)  # what `spotpipe status` says
     command = agent.get("/api/v1/agents/commands/", {"version": "", "wait": 0}).json()
@@ -69,7 +69,7 @@ def test_the_job_is_planned_from_its_first_nodes_profile(pending):
     assert job.plan["profile"] == "" and job.plan["chosen_by"] == "planner" and job.plan["predicted"]["hours"] > 0
     stored = JobConfig.from_dict(job.config)
     assert stored.model.layers == 4 and len(stored.model.layer_measures) == 4
-    assert (stored.dp, stored.pp) == (job.plan["dp"], job.plan["pp"]) and len(stored.layer_costs) == 4
+    assert "dp" not in job.plan and len(stored.layer_costs) == 4  # the layout's one home is the contract
     planned = JobEvent.objects.get(job=job, kind="planned")
     assert f"instance {instance.pk}'s profile" in planned.message and "4 layers" in planned.message
     # Planned once: a second report (an agent that restarted) changes nothing.

@@ -283,7 +283,7 @@ def test_submit_a_job_from_the_dashboard(client_a, world):
     job = TrainingJob.objects.get(name="from-the-form")
     assert response.status_code == 302 and response["Location"] == reverse("frontend:job-detail", args=[job.pk])
     assert job.team == team and job.status == JobStatus.PENDING and job.budget_usd == Decimal("12.50")
-    assert (job.plan["dp"], job.plan["pp"], job.plan["chosen_by"]) == (2, 2, "user")
+    assert (job.config["dp"], job.config["pp"], job.plan["chosen_by"]) == (2, 2, "user")
     assert job.config["model"]["n_head"] == 4 and job.config["microbatches"] == 2
     page = client_a.get(reverse("frontend:job-detail", args=[job.pk])).content.decode()
     assert "Chosen by the submitter" in page and "dp=2 x pp=2" in page

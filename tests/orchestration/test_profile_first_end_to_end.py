@@ -66,7 +66,7 @@ def test_the_first_node_profiles_the_model_and_the_job_trains_on_the_plan_made_f
         job = retrying(TrainingJob.objects.get, pk=job.pk)
         assert job.steps_done >= STEPS
         first = retrying(JobGeneration.objects.get, job=job, number=1)
-        assert len(first.membership) == job.plan["dp"] * job.plan["pp"]
+        assert len(first.membership) == job.config["dp"] * job.config["pp"]
         assert profiled.pk in {m["instance"] for m in first.membership}  # the profiled node trained too
     finally:
         beat.stop.set()

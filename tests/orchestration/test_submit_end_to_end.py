@@ -83,7 +83,8 @@ def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
         assert "planner plan:" in submitted.stdout, submitted.stdout
         job = retrying(TrainingJob.objects.get, name="deadline-from-a-file")
         plan = job.plan
-        assert plan["chosen_by"] == "planner" and plan["dp"] * plan["pp"] > 1, plan
+        layout = job.config  # the layout's one home; the plan says where the nodes come from
+        assert plan["chosen_by"] == "planner" and layout["dp"] * layout["pp"] > 1, plan
         assert plan["predicted"]["hours"] * 3600 < 8
         beat.start()  # the periodic reconcile starts the pending job, as in production
 
@@ -93,7 +94,7 @@ def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
         job = retrying(TrainingJob.objects.get, pk=job.pk)
         assert job.status == JobStatus.FINISHED and job.steps_done >= job.target_steps
         first = retrying(JobGeneration.objects.get, job=job, number=1)
-        assert (first.layout["dp"], first.layout["pp"]) == (plan["dp"], plan["pp"])
+        assert (first.layout["dp"], first.layout["pp"]) == (layout["dp"], layout["pp"])
         assert len(first.membership) == plan["nodes"]  # the planned number of local nodes trained it
         assert len({m["instance"] for m in first.membership}) == plan["nodes"]
 

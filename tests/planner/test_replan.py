@@ -55,7 +55,7 @@ def test_a_cheaper_pool_takes_the_plan_over_before_the_start(market):
     assert plan is not None and plan.pools[0].zone == "us-east-1b"
     job.refresh_from_db()
     assert job.plan["pools"] == [{"instance_type": "g5.xlarge", "zone": "us-east-1b", "region": "us-east-1"}]
-    assert job.config["steps"] == job.target_steps and job.config["dp"] == job.plan["dp"]
+    assert job.config["steps"] == job.target_steps and "dp" not in job.plan  # the layout's one home: config
     event = JobEvent.objects.get(job=job, kind="replanned")
     assert "us-east-1a" in event.message and "us-east-1b" in event.message
 
@@ -63,11 +63,12 @@ def test_a_cheaper_pool_takes_the_plan_over_before_the_start(market):
 def test_a_running_job_keeps_its_grid_and_moves_its_pools(market):
     itype, a, _b = market
     job = _submit()
-    grid = (job.plan["dp"], job.plan["pp"])
+    grid = (job.config["dp"], job.config["pp"])
     TrainingJob.objects.filter(pk=job.pk).update(current_generation=1, status="running", steps_done=100)
     _price(itype, a, "0.90", timezone.now() - timedelta(minutes=1))
     plan = job_replan(job=job)
-    assert plan is not None and (plan.dp, plan.pp) == grid and plan.pools[0].zone == "us-east-1b"
+    job.refresh_from_db()
+    assert plan is not None and (job.config["dp"], job.config["pp"]) == grid and plan.pools[0].zone == "us-east-1b"
     assert replan_due_jobs() == []  # done: the next round finds nothing to change
 
 

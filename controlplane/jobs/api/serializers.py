@@ -29,6 +29,7 @@ from controlplane.jobs.models import (
 from controlplane.jobs.prepare_step import prepare_progress
 from controlplane.jobs.services import MAX_METRIC_BATCH
 from controlplane.jobs.tracking import TRACKERS
+from controlplane.planning.plans import plan_view
 from runtime.config import model_spec_view
 
 
@@ -49,6 +50,10 @@ class JobSerializer(ModelSerializer):
     )
     live_instance_count = serializers.IntegerField(read_only=True, help_text="Instances requested or running.")
     progress = serializers.SerializerMethodField(help_text="steps_done / target_steps, 0..1.")
+    plan = serializers.SerializerMethodField(
+        help_text="Where the job's nodes come from (provider, pools, nodes, limits) and the planner's reasoning "
+                  "(controlplane.planning.plans.JobPlan), with the contract's layout: dp, pp, microbatches, "
+                  "strategy, schedule, min_stages (their one home is `config`).")
 
     class Meta:
         model = TrainingJob
@@ -66,6 +71,10 @@ class JobSerializer(ModelSerializer):
 
     def get_model_spec(self, job: TrainingJob) -> dict:
         return model_spec_view(job.config or {})
+
+    @extend_schema_field(serializers.DictField())
+    def get_plan(self, job: TrainingJob) -> dict:
+        return plan_view(job.plan or {}, job.config or {})
 
     def get_progress(self, job: TrainingJob) -> float:
         return min(1.0, job.steps_done / job.target_steps) if job.target_steps else 0.0

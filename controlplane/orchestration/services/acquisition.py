@@ -22,10 +22,11 @@ from controlplane.orchestration.models import Acquisition, AcquisitionReason, Ac
 from controlplane.orchestration.offerings import offerings_mark_no_capacity, pool_unavailability, unavailable_ttl
 from controlplane.orchestration.providers import AgentBootstrap, LaunchRequest, NodeInfo, Pool, get_provider
 from controlplane.orchestration.providers.base import TAG_JOB, TAG_TEAM, InsufficientCapacity
-from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
+from controlplane.orchestration.selectors import job_counted_count, pools_ranked
 from controlplane.orchestration.services.catalogue import _instance_type_row, _pool_json, _zone_row
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key
 from controlplane.orchestration.services.transitions import _end_locked_many, _job_set_status, _lock_job, _now
+from controlplane.planning.plans import JobPlan
 from controlplane.tunables import tunable
 from runtime.planner.capacity_policy import ON_DEMAND, SPOT
 
@@ -61,23 +62,23 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
     locked = _lock_job(job)
     if locked.status not in ACTIVE_JOB_STATUSES or locked.status == JobStatus.STOPPING:
         return None  # a stopping job checkpoints on what it holds
-    shape = job_shape(job=locked)
+    plan = JobPlan.from_dict(locked.plan)
     capacity_type = job_capacity_type(locked)
     # Only nodes of the type the policy buys now count: after a switch the job acquires the other
     # type in full, and the old nodes are retired one by one once the new ones run
     # (`capacity_policy.other_capacity_retire`).
-    missing = shape.nodes - job_counted_count(job=locked, lifecycle=capacity_type)
+    missing = plan.nodes - job_counted_count(job=locked, lifecycle=capacity_type)
     if missing <= 0:
         return None
     # A job's nodes stay in one region (traffic between regions is slow and billed): while it holds
     # nodes, it grows back only where they are.
-    ranked = pools_ranked(job=locked, shape=shape, capacity_type=capacity_type, region=job_region(locked))
+    ranked = pools_ranked(job=locked, plan=plan, capacity_type=capacity_type, region=job_region(locked))
     if not ranked.usable:
         _record_capacity_wait(locked, missing=missing, unavailable=ranked.unavailable, capacity_type=capacity_type)
         return None
     # One region a launch: the cheapest usable pool's.
-    first = pool_region(shape.provider, ranked.usable[0].zone, ranked.usable[0].region)
-    pools = [p for p in ranked.usable if pool_region(shape.provider, p.zone, p.region) == first]
+    first = pool_region(plan.provider, ranked.usable[0].zone, ranked.usable[0].region)
+    pools = [p for p in ranked.usable if pool_region(plan.provider, p.zone, p.region) == first]
     number = Acquisition.objects.filter(job=locked).count() + 1
     now = _now()
     acquisition = Acquisition.objects.create(
@@ -86,7 +87,7 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
         # The random tail keeps two control planes on one cloud account (staging and production,
         # or one rebuilt from scratch) from adopting each other's launches by `ClientToken` or tag.
         request_token=f"job{locked.pk}-acq{number}-{secrets.token_hex(4)}",
-        provider=shape.provider,
+        provider=plan.provider,
         count=missing,
         pools=[_pool_json(p) for p in pools],
         avoided_pools=[_pool_json(p) for p in ranked.cooling + ranked.unavailable],
@@ -94,15 +95,15 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
         reason=reason,
         requested_at=now,
     )
-    itype = _instance_type_row(shape.provider, pools[0].instance_type)
-    zone = _zone_row(shape.provider, pools[0].zone)
+    itype = _instance_type_row(plan.provider, pools[0].instance_type)
+    zone = _zone_row(plan.provider, pools[0].zone)
     lifecycle = Lifecycle.ON_DEMAND if capacity_type == ON_DEMAND else Lifecycle.SPOT
     # One insert for all of them: a 1,024-node start held the job's lock for one insert a node.
     Instance.objects.bulk_create([
         Instance(
             team_id=locked.team_id,
             job=locked,
-            provider=shape.provider,
+            provider=plan.provider,
             instance_type=itype,
             zone=zone,
             lifecycle=lifecycle,
@@ -111,12 +112,12 @@ def capacity_request(*, job: TrainingJob, reason: str = AcquisitionReason.INITIA
         for index in range(missing)
     ])
     if locked.status == JobStatus.PENDING:
-        _job_set_status(locked, JobStatus.PROVISIONING, f"acquiring {shape.nodes} node(s) from {shape.provider}")
+        _job_set_status(locked, JobStatus.PROVISIONING, f"acquiring {plan.nodes} node(s) from {plan.provider}")
     kind_label = "on-demand " if capacity_type == ON_DEMAND else ""
     job_record_event(
         job=locked,
         kind="acquisition",
-        message=f"requested {missing} {kind_label}{shape.provider} node(s) ({reason})",
+        message=f"requested {missing} {kind_label}{plan.provider} node(s) ({reason})",
         data={
             "acquisition": acquisition.pk,
             "count": missing,

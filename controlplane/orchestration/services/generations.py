@@ -28,7 +28,7 @@ from controlplane.jobs.selectors import job_runtime_config
 from controlplane.jobs.services import job_generation_publish
 from controlplane.orchestration import reactions
 from controlplane.orchestration.enqueue import enqueue_on_commit
-from controlplane.orchestration.selectors import job_current_generation, job_shape
+from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.job_end import job_fail
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
 from controlplane.planning.plans import JobPlan
@@ -64,14 +64,14 @@ def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason:
     names the strategy, the holes, the node ids and the rendezvous store the workers meet at."""
     from controlplane.orchestration.rendezvous import rendezvous_address
 
-    shape = job_shape(job=job)
+    config = job_runtime_config(job)  # the layout's one home: the job's contract
     previous = job_current_generation(job=job)
     # A start (the first generation, or a resumed job's fresh one) numbers its workers 0..n-1: the
     # runtime takes a node numbered past dp x pp for a replacement joining a running group.
     known = published_layout(previous).node_ids() if previous else {}
     nodes = reactions.assign_nodes(slots, None if decision == "start" else (known or None))
     layout = PublishedLayout(
-        strategy=shape.strategy, dp=shape.dp, pp=shape.pp, slots=slots, decision=decision,
+        strategy=config.strategy, dp=config.dp, pp=config.pp, slots=slots, decision=decision,
         restart_from_checkpoint=decision == "restart", holes=reactions.holes(slots), nodes=sorted(nodes.items()),
         rendezvous=rendezvous_address(job=job),
     )
@@ -88,7 +88,7 @@ def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason:
             job,
             status,
             f"generation {generation.number}: {reason}",
-            data={"generation": generation.number, "strategy": shape.strategy},
+            data={"generation": generation.number, "strategy": config.strategy},
         )
     return generation
 
@@ -124,7 +124,7 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
         return None  # a job waiting for its first node's profile is planned first (`services.profile`)
     if prepare_location(locked):
         return None  # its nodes prepare its data first (`services.prepare`)
-    shape = job_shape(job=locked)
+    config = job_runtime_config(locked)
     running = _running_ids(locked)
     slots = _current_slots(locked)
     if slots is not None and not _any_member_live(locked, slots):
@@ -133,7 +133,7 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
         # from the checkpoint its resume named, as a first generation does.
         slots = None
     if slots is None:
-        if len(running) < shape.dp * shape.pp:
+        if len(running) < config.dp * config.pp:
             return None
         from controlplane.orchestration.rendezvous import rendezvous_address, rendezvous_enabled
 
@@ -141,7 +141,7 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
             return None  # the store is still starting; the acquiring task publishes once it is up
         return _publish(
             locked,
-            reactions.full_slots(running, dp=shape.dp, pp=shape.pp),
+            reactions.full_slots(running, dp=config.dp, pp=config.pp),
             decision="start",
             reason="initial membership",
         )
@@ -160,7 +160,7 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
     if reconfiguration.status != ReconfigurationStatus.DECIDED:
         return None
     # A strategy whose answer to a change is a restart restarts to take joiners in too.
-    decision = "restart" if get_strategy(shape.strategy).decision == "restart" else "grow"
+    decision = "restart" if get_strategy(config.strategy).decision == "restart" else "grow"
     generation = _publish(locked, reaction.slots, decision=decision, reason=f"{reaction.reason} ({decision})")
     _mark_applied(reconfiguration, decision=decision, generation=generation.number)
     return generation

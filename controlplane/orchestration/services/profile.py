@@ -14,7 +14,7 @@ from django.db import transaction
 from controlplane.common.errors import Conflict
 from controlplane.fleet.models import Instance
 from controlplane.jobs.models import EndReason, TrainingJob
-from controlplane.jobs.replanning import plan_from_profile, profiled_contract
+from controlplane.jobs.replanning import job_plan_store, plan_from_profile, profiled_contract
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.enqueue import enqueue_on_commit
 from controlplane.orchestration.services.generations import job_grow
@@ -49,13 +49,12 @@ def job_profile_received(*, instance: Instance, profile: Mapping[str, Any]) -> T
             job_fail(job=job, reason=f"plan.auto from the first node's profile: {exc}"[:300],
                      end_reason=EndReason.CONFIG_ERROR, data={"instance": instance.pk, "field": exc.field})
             return job
-        job.plan, job.config = plan.to_dict(), config.to_dict()
-        job.save(update_fields=["plan", "config", "updated_at"])
+        job_plan_store(job=job, plan=plan, config=config.to_dict())
         pool = plan.pools[0] if plan.pools else None
         job_record_event(
             job=job, kind="planned",
             message=(f"planned from instance {instance.pk}'s profile of the model ({config.model.layers} layers): "
-                     f"dp={plan.dp} x pp={plan.pp} on {plan.nodes} x "
+                     f"dp={config.dp} x pp={config.pp} on {plan.nodes} x "
                      f"{pool.instance_type if pool else '?'}")[:300],
             data={"instance": instance.pk, "plan": plan.to_dict()},
         )

@@ -17,7 +17,7 @@ from controlplane.jobs.services import job_record_event
 from controlplane.orchestration import reactions
 from controlplane.orchestration.models import Acquisition, AcquisitionReason, AcquisitionStatus
 from controlplane.orchestration.providers import get_provider
-from controlplane.orchestration.selectors import COUNTED_STATES, job_counted_count, job_counted_instances, job_shape
+from controlplane.orchestration.selectors import COUNTED_STATES, job_counted_count, job_counted_instances
 from controlplane.orchestration.services.acquisition import acquisition_launch, capacity_request
 from controlplane.orchestration.services.capacity_policy import job_capacity_review, other_capacity_retire
 from controlplane.orchestration.services.generations import (
@@ -33,6 +33,7 @@ from controlplane.orchestration.services.liveness import instances_mark_lost
 from controlplane.orchestration.services.region_move import job_region_review
 from controlplane.orchestration.services.standby import standby_review
 from controlplane.orchestration.services.transitions import _end_locked_many, _transition
+from controlplane.planning.plans import JobPlan
 
 logger = logging.getLogger(__name__)
 
@@ -143,20 +144,20 @@ def _review(name: str, review: Callable[..., Any], job: TrainingJob, *, default:
 def _terminate_surplus(job: TrainingJob) -> list[int]:
     """Nodes beyond the plan that are not members of the current generation (a replacement that
     arrived after the job already grew back, say)."""
-    shape = job_shape(job=job)
-    if job_counted_count(job=job) <= shape.nodes:  # the usual answer, without loading every node
+    plan = JobPlan.from_dict(job.plan)
+    if job_counted_count(job=job) <= plan.nodes:  # the usual answer, without loading every node
         return []
     if job_counted_count(job=job, lifecycle=job.capacity_type) < job_counted_count(job=job):
         return []  # a capacity switch in progress: its spares are the swap's (`other_capacity_retire`)
     counted = job_counted_instances(job=job)
-    extra = len(counted) - shape.nodes
+    extra = len(counted) - plan.nodes
     if extra <= 0:
         return []
     members = set(reactions.alive(_current_slots(job) or []))
     spare = [i for i in reversed(counted) if i.pk not in members and i.state == InstanceState.RUNNING][:extra]
     ids = [i.provider_instance_id for i in spare if i.provider_instance_id]
     if ids:
-        get_provider(shape.provider).terminate(ids)
+        get_provider(plan.provider).terminate(ids)
     for instance in spare:
         with transaction.atomic():
             _transition(instance, InstanceState.TERMINATED, detail={"reason": "surplus"})

@@ -26,11 +26,12 @@ from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobEvent, JobStatus, T
 from controlplane.jobs.services import job_record_event, job_restart_from
 from controlplane.market.zones import pool_region
 from controlplane.orchestration.providers import get_provider
-from controlplane.orchestration.selectors import job_counted_count, job_shape, pools_ranked
+from controlplane.orchestration.selectors import job_counted_count, pools_ranked
 from controlplane.orchestration.services.acquisition import CAPACITY_WAIT_EVENT, job_capacity_type, job_region
 from controlplane.orchestration.services.capacity_policy import work_estimate
 from controlplane.orchestration.services.job_stop import TRAINING, job_request_stop
 from controlplane.orchestration.services.transitions import _end_locked_many, _job_set_status, _now
+from controlplane.planning.plans import JobPlan
 from controlplane.tunables import tunable
 
 logger = logging.getLogger(__name__)
@@ -62,20 +63,20 @@ def job_region_review(*, job: TrainingJob, now: datetime | None = None) -> str |
     region = job_region(job)
     if region is None:
         return None
-    shape = job_shape(job=job)
+    plan = JobPlan.from_dict(job.plan)
     capacity_type = job_capacity_type(job)
-    if job_counted_count(job=job, lifecycle=capacity_type) >= shape.nodes:
+    if job_counted_count(job=job, lifecycle=capacity_type) >= plan.nodes:
         return None
-    if pools_ranked(job=job, shape=shape, capacity_type=capacity_type, region=region).usable:
+    if pools_ranked(job=job, plan=plan, capacity_type=capacity_type, region=region).usable:
         return None
     since = waiting_since(job)
     if since is None or now - since < timedelta(seconds=float(tunable("SPOTPIPE_REGION_PATIENCE_S"))):
         return None
-    elsewhere = [p for p in pools_ranked(job=job, shape=shape, capacity_type=capacity_type).usable
-                 if pool_region(shape.provider, p.zone, p.region) != region]
+    elsewhere = [p for p in pools_ranked(job=job, plan=plan, capacity_type=capacity_type).usable
+                 if pool_region(plan.provider, p.zone, p.region) != region]
     if not elsewhere:
         return None
-    target = pool_region(shape.provider, elsewhere[0].zone, elsewhere[0].region)
+    target = pool_region(plan.provider, elsewhere[0].zone, elsewhere[0].region)
     checkpoint = job_latest_checkpoint(job=job)
     if checkpoint is None and job.steps_done > 0:
         if not JobEvent.objects.filter(job=job, kind=BLOCKED_EVENT, at__gt=since).exists():
@@ -125,11 +126,11 @@ def _move(job: TrainingJob, *, region: str, target: str, checkpoint: int | None,
     from controlplane.orchestration.rendezvous import rendezvous_release
 
     live = list(Instance.objects.filter(job=job, state__in=LIVE_STATES))
-    shape = job_shape(job=job)
-    cost = _move_cost(job, checkpoint=checkpoint, nodes=shape.nodes, price=price, now=now)
+    plan = JobPlan.from_dict(job.plan)
+    cost = _move_cost(job, checkpoint=checkpoint, nodes=plan.nodes, price=price, now=now)
     ids = [i.provider_instance_id for i in live if i.provider_instance_id]
     if ids:
-        get_provider(shape.provider).terminate(ids)
+        get_provider(plan.provider).terminate(ids)
     reason = f"region move from {region} to {target}"
     with transaction.atomic():
         jobs, locked = lock_jobs_then_instances(job_ids=[job.pk], instances=Instance.objects.filter(

@@ -15,10 +15,12 @@ from django.db import transaction
 from controlplane.fleet.models import Instance
 from controlplane.fleet.states import InstanceState
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
+from controlplane.jobs.selectors import job_runtime_config
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.providers import get_provider
-from controlplane.orchestration.selectors import job_current_generation, job_shape
+from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.transitions import _now, _transition
+from controlplane.planning.plans import JobPlan
 from controlplane.tunables import tunable
 from controlplane.webhooks.alerts import alert_standby_released
 
@@ -48,15 +50,15 @@ def standby_review(*, job: TrainingJob, now: datetime | None = None) -> list[int
         Instance.objects.filter(pk__in=fresh, standby_since__isnull=True).update(standby_since=now)
     if taken:
         Instance.objects.filter(pk__in=taken).update(standby_since=None)
-    shape = job_shape(job=job)
-    spares = max(0, shape.nodes - shape.dp * shape.pp)
+    plan, config = JobPlan.from_dict(job.plan), job_runtime_config(job)
+    spares = max(0, plan.nodes - config.dp * config.pp)
     limit = standby_limit_s()
     stamped = sorted((i for i in standing if i.standby_since is not None), key=lambda i: (i.standby_since, i.pk))
     overdue = [i for i in stamped if (now - i.standby_since).total_seconds() > limit]
     release = overdue[:max(0, len(standing) - spares)]
     ids = [i.provider_instance_id for i in release if i.provider_instance_id]
     if ids:
-        get_provider(shape.provider).terminate(ids)
+        get_provider(plan.provider).terminate(ids)
     for instance in release:
         stood = (now - instance.standby_since).total_seconds()
         with transaction.atomic():
