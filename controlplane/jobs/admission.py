@@ -19,6 +19,7 @@ vCPUs cover the ask."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -166,12 +167,16 @@ def _without(account: dict[int, int], job: TrainingJob) -> dict[int, int]:
     return {**account, job.team_id: max(0, account.get(job.team_id, 0) - job_vcpus(job))}
 
 
-def _reclaim(job: TrainingJob, account: dict[int, int]) -> list[int]:
+GiveBack = Callable[[TrainingJob, str], bool]
+"""Ask an active job to checkpoint and go back to its queue with a message; False when it cannot
+(it is stopping already). Orchestration's (`orchestration.services.job_stop.give_back_quota`):
+stopping a job's nodes is not this module's to do."""
+
+
+def _reclaim(job: TrainingJob, account: dict[int, int], give_back: GiveBack) -> list[int]:
     """`job` fits in its team's fair share but not in the account: ask the teams over their share to
     give back (their lowest-priority, newest jobs stop with a checkpoint and go back to their queue)
     until what is being freed covers the ask. Returns the jobs asked to give back."""
-    from controlplane.orchestration.services.job_stop import job_request_stop
-
     limit = account_vcpu_limit()
     share = fair_share(limit)
     need = job_vcpus(job)
@@ -190,9 +195,8 @@ def _reclaim(job: TrainingJob, account: dict[int, int]) -> list[int]:
             break
         if account[borrower.team_id] <= share:
             continue  # this team has given back enough
-        if job_request_stop(job=borrower, end_reason="", requeue=True, message=(
-                f"giving back borrowed quota: team {job.team_id}'s job {job.pk} asks for its fair share "
-                f"({share:.0f} of the account's {limit} vCPUs)")):
+        if give_back(borrower, f"giving back borrowed quota: team {job.team_id}'s job {job.pk} asks for its "
+                               f"fair share ({share:.0f} of the account's {limit} vCPUs)"):
             freed = job_vcpus(borrower)
             freeing += freed
             account[borrower.team_id] -= freed
@@ -200,10 +204,12 @@ def _reclaim(job: TrainingJob, account: dict[int, int]) -> list[int]:
     return asked
 
 
-def queue_admit(*, team_id: int | None = None) -> list[int]:
+def queue_admit(*, team_id: int | None = None, give_back: GiveBack | None = None) -> list[int]:
     """Admit queued jobs (of one team, or every team) from the head of each queue while the quota
-    has room; returns the jobs admitted. Safe to run concurrently: each admission locks its job, and
-    a team's admissions are serialised on its quota row."""
+    has room; returns the jobs admitted. With `give_back` (the reconcile tick's), a queue head held
+    back by the account's limit alone asks the borrowing teams to give back (`_reclaim`); without it
+    (a quota change) that waits for the next tick. Safe to run concurrently: each admission locks its
+    job, and a team's admissions are serialised on its quota row."""
     from controlplane.jobs.services import job_set_status
 
     teams = TrainingJob.objects.filter(status=JobStatus.QUEUED)
@@ -222,9 +228,9 @@ def queue_admit(*, team_id: int | None = None) -> list[int]:
                 if problem is not None:
                     if job.status_message != problem[:300]:
                         TrainingJob.objects.filter(pk=job.pk).update(status_message=problem[:300])
-                    if account is not None and admission_problem(job=job, quota=quota,
-                                                                 usage=team_usage(team_id=team)) is None:
-                        _reclaim(job, account)  # held back by the account's limit alone
+                    if give_back is not None and account is not None and admission_problem(
+                            job=job, quota=quota, usage=team_usage(team_id=team)) is None:
+                        _reclaim(job, account, give_back)  # held back by the account's limit alone
                     break  # strict order: nobody passes the head of the queue
                 locked = lock_job(job)
                 if locked.status != JobStatus.QUEUED:

@@ -16,6 +16,7 @@ from controlplane.jobs.models import Reconfiguration, TrainingJob
 from controlplane.orchestration import heartbeat_watch, notices, services
 from controlplane.orchestration.models import Acquisition
 from controlplane.orchestration.providers import ProviderError
+from controlplane.orchestration.services.job_stop import give_back_quota
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def reconcile_job(job_id: int) -> dict:
 def reconcile_all() -> int:
     """Periodic: admit queued jobs the quotas have room for, then fan out one reconcile per job that
     holds or wants capacity."""
-    queue_admit()
+    queue_admit(give_back=give_back_quota)
     ids = services.active_job_ids()
     for job_id in ids:
         reconcile_job.delay(job_id)

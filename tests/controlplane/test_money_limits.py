@@ -23,7 +23,7 @@ from controlplane.jobs.artifacts import job_artifacts_location
 from controlplane.jobs.models import EndReason, JobEvent, JobGeneration, JobStatus, TrainingJob
 from controlplane.jobs.services import job_cancel, job_set_status
 from controlplane.orchestration.services.job_end import worker_exit_report
-from controlplane.orchestration.services.job_stop import job_stop_progress
+from controlplane.orchestration.services.job_stop import give_back_quota, job_stop_progress
 from controlplane.orchestration.services.limits import job_limits_review
 from controlplane.orchestration.services.standby import standby_review
 from controlplane.webhooks.alerts import alert_endpoint_create
@@ -314,13 +314,15 @@ def test_teams_share_the_account_fairly_borrow_idle_share_and_give_it_back_when_
 
     asking = make_job(other, plan=plan)  # within the other team's fair share: the borrower gives back
     assert asking.status == JobStatus.QUEUED
-    queue_admit()
+    assert queue_admit() == [] and not TrainingJob.objects.filter(status=JobStatus.STOPPING).exists()  # a quota
+    # change admits without reclaiming; the reconcile tick (`reconcile_all`) asks the borrowers to give back
+    queue_admit(give_back=give_back_quota)
     stopping = TrainingJob.objects.filter(team=borrower, status=JobStatus.STOPPING)
     assert stopping.count() == 1  # one job frees the 4 vCPUs asked for
     given = stopping.get()
     asked = JobEvent.objects.get(job=given, kind="job_stopping")
     assert asked.data["requeue"] is True and "giving back borrowed quota" in given.status_message
-    queue_admit()
+    queue_admit(give_back=give_back_quota)
     assert TrainingJob.objects.filter(status=JobStatus.STOPPING).count() == 1  # asked once, not again
     # Its checkpoint does not come within the wait: it goes back to its queue all the same.
     assert job_stop_progress(job=given, now=given.stop_requested_at + timedelta(seconds=61))
