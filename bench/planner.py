@@ -21,7 +21,7 @@ from runtime.config import ModelSpec
 from runtime.planner.predictor import ProfilePredictor
 from runtime.planner.profile import measure_local_device, profile_model
 from runtime.planner.search import Planner, PlanRequest, Pool
-from runtime.planner.validate import CALIBRATION, VALIDATION, fit_overheads, measure, predict
+from runtime.train.plan_check import CALIBRATION, VALIDATION, fit_overheads, measure, predict
 
 SCENARIOS = [
     ("deadline 48 h", {"deadline_hours": 48.0}),

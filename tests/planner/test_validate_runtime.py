@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.planner.validate import Case, measure, predict
+from runtime.train.plan_check import Case, measure, predict
 
 pytestmark = pytest.mark.runtime
 

@@ -58,7 +58,7 @@ def measure(case: Case, *, steps: int = 10, warmup: int = 2) -> float:
 
     The minimum, not the median: on a shared 2-core machine other processes only ever add delay,
     so the least-disturbed step is the best estimate of what the layout itself costs."""
-    from runtime.train.launcher import run_local
+    from runtime.train.launcher import run_local  # the launcher imports torch.distributed: loaded when measuring
 
     result = run_local(case.config(steps), timeout_s=180)
     per_step: dict[int, float] = {}
