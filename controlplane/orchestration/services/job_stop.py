@@ -32,12 +32,6 @@ def stop_checkpoint_wait_s() -> float:
 
 
 @transaction.atomic
-def give_back_quota(job: TrainingJob, message: str) -> bool:
-    """`jobs.admission.GiveBack`: `job` gives back borrowed quota: it checkpoints and goes back to
-    its team's queue."""
-    return job_request_stop(job=job, end_reason="", requeue=True, message=message)
-
-
 def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: dict | None = None,
                      now: datetime | None = None, requeue: bool = False, move: dict[str, Any] | None = None) -> bool:
     """Ask an active job to checkpoint and stop with `end_reason` (`EndReason`), or, with
@@ -68,6 +62,12 @@ def job_request_stop(*, job: TrainingJob, end_reason: str, message: str, data: d
     enqueue_on_commit(tasks.reconcile_job, locked.pk)
     job.refresh_from_db()
     return True
+
+
+def give_back_quota(job: TrainingJob, message: str) -> bool:
+    """`jobs.admission.GiveBack`: `job` gives back borrowed quota: it checkpoints and goes back to
+    its team's queue."""
+    return job_request_stop(job=job, end_reason="", requeue=True, message=message)
 
 
 def _stopped(locked: TrainingJob, message: str, *, requeue: bool, checkpoint: int | None, data: dict) -> None:
