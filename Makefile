@@ -16,18 +16,21 @@ UV_SPEC := uv==0.13.9
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_INDEX_OPTS ?= --retries 0 --timeout 10
 PYTEST_ARGS ?=
-# `make test` runs the suite in two parts: one at a time, the tests that start servers and workers,
-# hold timing budgets or read what earlier tests left (markers in SERIAL_MARKS: end-to-end scenarios,
-# the chaos soak, real servers and workers, the fuzz run's count); everything else on TEST_WORKERS
-# pytest-xdist workers (a file's tests together, in order), each with its own
-# var folder and Redis database (tests/xdist_isolation.py). PYTEST_MARKS narrows both parts (CI's
-# embedded pass leaves out the tests the backend cannot change: markers chaos, runtime, scenario and
+# `make test` runs the suite in three parts, each on TEST_WORKERS pytest-xdist workers (a file's tests
+# together, in order; each worker with its own var folder and Redis database, tests/xdist_isolation.py)
+# but the last: the unit tests; the end-to-end runs (markers in END_TO_END_MARKS: a control plane, a
+# Celery worker and local nodes training, or a browser; mostly waiting on nodes and steps, so two at
+# once took 365 s where one at a time took about 550, measured 2026-12-04); and one at a time the
+# tests that hold the whole machine or read what earlier tests left (SERIAL_MARKS: the chaos soak
+# with its own servers, the fuzz run's count). PYTEST_MARKS narrows every part (CI's embedded pass
+# leaves out the tests the backend cannot change: markers chaos, runtime, scenario and
 # tests/conftest.py's `backend_independent`); a part that selects nothing (pytest's exit status 5)
 # is not a failure. The `runtime` tests (multi-process torch runs on gloo, mostly waiting on their
-# timeouts) run on the workers too: one at a time they took 280 s, beside the rest 148 s (measured,
+# timeouts) run in the first part: one at a time they took 280 s, beside the rest 148 s (measured,
 # docs/reliability.md).
 TEST_WORKERS ?= 2
-SERIAL_MARKS := scenario or chaos or integration or serial
+END_TO_END_MARKS := scenario or integration
+SERIAL_MARKS := chaos or serial
 PYTEST_MARKS ?=
 and_marks = $(if $(PYTEST_MARKS), and ($(PYTEST_MARKS)),)
 # Browser tests drive the system's Chromium through playwright (its own browser download needs
@@ -85,17 +88,20 @@ browser:
 	echo "      or set SPOTPIPE_CHROMIUM to a Chromium binary, then run make test again." >&2; \
 	exit 1
 
-# Both parts always run; the last line says how each ended, and the target fails if either did.
+# Every part always runs; the last line says how each ended, and the target fails if any did.
 test: setup lint browser
 	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
-	@parallel=passed; serial=passed; \
+	@unit=passed; e2e=passed; serial=passed; \
 	$(BIN)/python -m pytest -p tests.xdist_isolation -n $(TEST_WORKERS) --dist loadfile \
-		-m "not ($(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS); \
-	code=$$?; [ $$code = 0 ] || [ $$code = 5 ] || parallel="FAILED (pytest exit $$code)"; \
+		-m "not ($(END_TO_END_MARKS) or $(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS); \
+	code=$$?; [ $$code = 0 ] || [ $$code = 5 ] || unit="FAILED (pytest exit $$code)"; \
+	$(BIN)/python -m pytest -p tests.xdist_isolation -n $(TEST_WORKERS) --dist loadfile \
+		-m "($(END_TO_END_MARKS)) and not ($(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS); \
+	code=$$?; [ $$code = 0 ] || [ $$code = 5 ] || e2e="FAILED (pytest exit $$code)"; \
 	$(BIN)/python -m pytest -m "($(SERIAL_MARKS))$(and_marks)" $(PYTEST_ARGS); \
 	code=$$?; [ $$code = 0 ] || [ $$code = 5 ] || serial="FAILED (pytest exit $$code)"; \
-	echo "== make test: parallel part $$parallel; one-at-a-time part $$serial"; \
-	[ "$$parallel" = passed ] && [ "$$serial" = passed ]
+	echo "== make test: unit part $$unit; end-to-end part $$e2e; one-at-a-time part $$serial"; \
+	[ "$$unit" = passed ] && [ "$$e2e" = passed ] && [ "$$serial" = passed ]
 
 # `spotpipe demo` migrates by itself.
 demo: setup

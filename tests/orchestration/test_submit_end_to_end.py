@@ -101,7 +101,7 @@ def test_a_job_file_is_planned_for_its_deadline_and_trains_on_the_planned_nodes(
         page = token_client()
         page.force_login(user)
         html = page.get(f"/jobs/{job.pk}/").content.decode()
-        assert "Chosen by the planner" in html and f"dp={plan['dp']} x pp={plan['pp']}" in html
+        assert "Chosen by the planner" in html and f"dp={layout['dp']} x pp={layout['pp']}" in html
         empty = "<td>\N{EN DASH}</td>"
         assert html.count(empty) < 4  # the plan table has predicted and measured figures filled in
 
