@@ -105,7 +105,7 @@ def _raise(problems: list[LayoutError]) -> None:
 
 EXPORT_FORMATS = ("hf",)
 """`export` (job contract, job file, `spotpipe train --export`): hf also writes the final weights as a
-Hugging Face GPT-2 folder (`runtime.models.hf_gpt2.write_hf_folder`)."""
+Hugging Face GPT-2 folder (`runtime.train.hf_folder.write_hf_folder`)."""
 _UNSET = -(2**60)  # beyond any integer a contract may hold (`_check_value`): never a user's value
 _BUILT_IN_DEFAULTS = {"seq_len": 16, "vocab_size": 64}
 """A built-in model's context and vocabulary when not set; a user's model has none until declared."""

@@ -425,7 +425,7 @@ def run_export_hf(directory: str, target: Path | None, *, out: TextIO | None = N
     """`spotpipe export-hf DIR [--out OUT]`: 0 when written, 2 when DIR cannot be exported."""
     out, err = out or sys.stdout, err or sys.stderr
     from runtime.checkpointing.export import ExportError
-    from runtime.models.hf_gpt2 import write_hf_folder
+    from runtime.train.hf_folder import write_hf_folder
 
     try:
         written = write_hf_folder(directory, target)

@@ -34,7 +34,7 @@ import torch
 
 from runtime.checkpointing.export import INFO, ExportError, WeightsFolder
 from runtime.config import ModelSpec
-from runtime.models.hf_layout import CONFIG, HF_FILES, HF_FOLDER, HF_WEIGHTS, TOKENIZER, TOKENIZER_CONFIG
+from runtime.models.hf_layout import CONFIG
 
 MODEL_TYPE = "gpt2"
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
@@ -192,72 +192,6 @@ def hf_state(spec: ModelSpec, state: dict[str, torch.Tensor]) -> dict[str, torch
         tensor = state[ours].detach().to("cpu")
         out[theirs] = (tensor.t() if transform is _transposed else tensor).contiguous().clone()
     return out
-
-
-def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Path:
-    """Write the Hugging Face GPT-2 folder of a finished gpt-preset weights folder `directory`:
-    config.json, model.safetensors and the tokenizer the job trained with (tokenizer.json and
-    tokenizer_config.json), so `transformers.AutoModelForCausalLM.from_pretrained(out)` loads it.
-    `out` defaults to `directory/hf`; config.json is written last, so a folder with one is complete."""
-    from safetensors.torch import save_file
-
-    from runtime.checkpointing.export import _atomic_write, model_of_info, read_info, spec_of_entry, write_json
-    from runtime.data.tokenizer import byte_tokenizer_json
-
-    info = read_info(directory)
-    entry = model_of_info(info)
-    if entry.get("kind") != "gpt":
-        raise HFWeightsError(f"{directory} holds a {entry.get('kind')!r} model; a Hugging Face GPT-2 folder is "
-                             "written for the gpt presets only (a model function's weights load into your own "
-                             "nn.Sequential with load_state_dict(strict=True): docs/runtime.md)")
-    spec = spec_of_entry(entry)
-    target = Path(out) if out is not None else Path(directory) / HF_FOLDER
-    target.mkdir(parents=True, exist_ok=True)
-    (target / CONFIG).unlink(missing_ok=True)  # incomplete until written again, last
-    tokenizer = info.get("tokenizer") or "byte"
-    if tokenizer == "byte":
-        tokenizer_json = byte_tokenizer_json()
-    elif Path(tokenizer).is_file():
-        tokenizer_json = Path(tokenizer).read_text(encoding="utf-8")
-    else:
-        raise HFWeightsError(f"the job's tokenizer {tokenizer!r} is not a file here; expected 'byte' or the "
-                             "tokenizer.json the job trained with")
-    _atomic_write(target / TOKENIZER, lambda tmp: Path(tmp).write_text(tokenizer_json, encoding="utf-8"))
-    write_json(target / TOKENIZER_CONFIG, {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                  "model_max_length": spec.seq_len,
-                                                  "clean_up_tokenization_spaces": False})
-    state = hf_state(spec, WeightsFolder(directory).state_dict())
-    _atomic_write(target / HF_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    write_json(target / CONFIG, hf_config(spec))
-    return target
-
-
-def write_hf_beside(directory: str) -> str:
-    """`write_hf_folder` of a finished export into `directory/hf` (what a job's `export = "hf"` asks of
-    the node that completes its export); `directory` may be `s3://bucket/prefix`: the weights are
-    read through a local copy and the folder is staged locally, then uploaded in `HF_FILES` order
-    (config.json last, so a listing that finds it finds the rest). Returns where it was written."""
-    if not str(directory).startswith("s3://"):
-        return str(write_hf_folder(directory))
-    import shutil
-    import tempfile
-
-    import boto3
-
-    from runtime.checkpointing.export import local_folder, s3_location
-
-    source = local_folder(directory)
-    staging = Path(tempfile.mkdtemp(prefix="spotpipe-hf-"))
-    try:
-        written = write_hf_folder(source, staging)
-        bucket, prefix = s3_location(directory)
-        client = boto3.client("s3")
-        for name in HF_FILES:
-            client.upload_file(str(written / name), bucket, f"{prefix}{HF_FOLDER}/{name}")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(source, ignore_errors=True)
-    return f"{str(directory).rstrip('/')}/{HF_FOLDER}"
 
 
 def load_hf_gpt2(directory: str | Path) -> torch.nn.Sequential:

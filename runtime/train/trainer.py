@@ -636,7 +636,7 @@ class Worker:
         )
         event: dict[str, Any] = {"event": "exported", "dir": self.spec.export_dir, "complete": complete}
         if complete and self.config.export == "hf":
-            from runtime.models.hf_gpt2 import write_hf_beside
+            from runtime.train.hf_folder import write_hf_beside
 
             try:
                 event["hf"] = write_hf_beside(self.spec.export_dir)

@@ -160,8 +160,8 @@ def test_the_hugging_face_folder_of_an_hf_export_is_listed_and_served(where: str
     there, and serves them by their names under hf/. A linked hf folder is not served."""
     from runtime.checkpointing.export import export_layers, model_entry
     from runtime.config import ModelSpec
-    from runtime.models.hf_gpt2 import write_hf_beside
     from runtime.models.model import build_layer
+    from runtime.train.hf_folder import write_hf_beside
     from runtime.train.optim import LayerState
 
     if where == "s3":
