@@ -126,10 +126,10 @@ def agent_tokens_with_their_instances(key_hashes: list[str]) -> list[tuple]:
     job id, job status, job current_generation), in ONE query (also the command poll's batched first step,
     `controlplane/hotpaths/poll_channel.py`)."""
     from controlplane.accounts.models import ApiToken, TokenKind
-    from controlplane.jobs.models import TrainingJob
+    from controlplane.fleet.models import job_model
 
     quote = connection.ops.quote_name
-    token, instance, job = (quote(m._meta.db_table) for m in (ApiToken, Instance, TrainingJob))
+    token, instance, job = (quote(m._meta.db_table) for m in (ApiToken, Instance, job_model()))
     sql = (f"SELECT t.key_hash, t.id, t.team_id, t.instance_id, t.expires_at, t.last_used_at, i.team_id, i.state, "
            f"i.agent_address, i.job_id, j.status, j.current_generation FROM {token} t "
            f"JOIN {instance} i ON i.id = t.instance_id LEFT JOIN {job} j ON j.id = i.job_id "

@@ -18,12 +18,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from django.db.models import QuerySet
 
-from controlplane.fleet.models import Instance
-from controlplane.jobs.models import TrainingJob
+from controlplane.fleet.models import Instance, job_model
 from controlplane.tunables import tunable
+
+if TYPE_CHECKING:
+    from controlplane.jobs.models import TrainingJob
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ def _lock_jobs(job_ids: Iterable[int]) -> dict[int, TrainingJob]:
     wanted = sorted(set(job_ids))
     if not wanted:
         return {}
-    return {job.pk: job for job in TrainingJob.objects.select_for_update().filter(pk__in=wanted).order_by("pk")}
+    return {job.pk: job for job in job_model().objects.select_for_update().filter(pk__in=wanted).order_by("pk")}
 
 
 def lock_jobs_then_instances(
@@ -82,5 +85,5 @@ def lock_job(job: TrainingJob) -> TrainingJob:
     """Lock one job (before any of its instances, the order above); returns the locked row."""
     jobs, _instances = lock_jobs_then_instances(job_ids=[job.pk])
     if job.pk not in jobs:
-        raise TrainingJob.DoesNotExist(f"job {job.pk} is gone")
+        raise job_model().DoesNotExist(f"job {job.pk} is gone")
     return jobs[job.pk]

@@ -73,6 +73,13 @@ class Instance(TimeStampedModel):
         return f"{self.provider_instance_id or f'instance {self.pk}'} ({self.state})"
 
 
+def job_model() -> type[models.Model]:
+    """The model an instance's `job` points at (`jobs.TrainingJob`), reached through that foreign key:
+    fleet locks and reads its instances' jobs (`fleet.locks`) without importing the jobs app, which
+    builds on fleet's instances."""
+    return Instance._meta.get_field("job").related_model
+
+
 class InstanceEvent(models.Model):
     """Append-only log of what happened to an instance (state changes, heartbeat loss, ...)."""
 
