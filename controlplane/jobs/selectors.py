@@ -14,6 +14,7 @@ from django.utils import timezone
 from controlplane.common.errors import DomainError
 from controlplane.fleet.states import LIVE_STATES
 from controlplane.jobs.models import JobEvent, JobGeneration, MetricSample, Reconfiguration, TrainingJob
+from controlplane.jobs.prepare_step import prepare_progress
 from controlplane.planning.services import PlanInput
 from runtime.config import JobConfig, ModelSpec, resolve_strategy
 
@@ -97,6 +98,7 @@ def job_plan_summary(*, job: TrainingJob, cost_so_far: Any = None, now: datetime
         "rows": [{"what": what, "predicted": p, "measured": m} for what, p, m in rows],
         "elapsed_hours": elapsed_h,
         "runner_ups": plan.get("runner_ups") or [],
+        "prepare": prepare_progress(job),
     }
 
 

@@ -165,3 +165,13 @@ def test_a_bad_prepare_field_is_a_400_at_submission(world, data, expected):
     answer = world.member_client.post("/api/v1/jobs/", payload, format="json")
     assert answer.status_code == 400, answer.content
     assert expected in str(answer.json()["errors"]["config.data.prepare"])
+
+
+def test_the_job_page_says_how_far_the_prepare_step_is(world):
+    job = _job(world, 2)
+    agent = _agents(world, job, 1)[0]
+    assert _claim(agent)["share"] == 0 and _done(agent, 0, 2).status_code == 202
+    page = token_client()
+    page.force_login(world.member)
+    html = page.get(f"/jobs/{job.pk}/").content.decode()
+    assert f"Preparing the data into {OUT} first:" in html and "1/2 shares done, 0 being prepared" in html
