@@ -47,6 +47,7 @@ loop), one subclass per strategy holding its reactions: `_CheckpointRestart`, `_
 
 from __future__ import annotations
 
+import abc
 import itertools
 import math
 from collections.abc import Collection
@@ -390,10 +391,10 @@ def simulate(
     return simulation.replay()
 
 
-class Simulation:
+class Simulation(abc.ABC):
     """One replay of a trace for one strategy: the fleet (live nodes, the dp x pp slot grid), the job's
     bookkeeping (`_Run`) and the event loop. Each subclass is one strategy's reactions to a change
-    (`react`); what the strategy objects say of themselves (`runtime.strategies.base.Strategy`) is
+    (`on_change`); what the strategy objects say of themselves (`runtime.strategies.base.Strategy`) is
     read from `traits`."""
 
     name: str
@@ -483,17 +484,9 @@ class Simulation:
         if self.run.step_s == math.inf:
             self.wait_for_nodes(0.0)
 
+    @abc.abstractmethod
     def on_change(self, t: float, added: list[str], removed: list[str], hit: list[str]) -> None:
         """Nodes `added` and `removed` at t (`hit`: the removed ones that held a slot)."""
-        if self.run.down_since is not None:
-            # Down: re-form from every live node as soon as some plan is possible again.
-            self.resume_if_a_plan_exists(t)
-            return
-        self.react(t, added, hit)
-
-    def react(self, t: float, added: list[str], hit: list[str]) -> None:
-        """The strategy's reaction to a change while the job runs."""
-        raise NotImplementedError
 
     def settle(self, end: float) -> None:
         """Close the books at the end of the trace."""
@@ -589,8 +582,10 @@ class Simulation:
             self.regroup_for_joiners(due)
 
     def regroup_for_joiners(self, t: float) -> None:
-        """The bound passed: the job regroups for the joiners it held (strategies that batch them)."""
-        raise NotImplementedError(f"{self.name} takes every joiner at once")
+        """The bound passed: the job regroups for the joiners it held. Only strategies whose
+        `batches_joiners` trait is set hold any (`batch_deadline`); the others take every joiner at
+        once and never get here."""
+        raise AssertionError(f"{self.name} takes every joiner at once: no batch to regroup for")
 
     # -- losses -----------------------------------------------------------------------------------
     def follow_the_runtimes_interval(self, t: float) -> None:
@@ -778,7 +773,23 @@ class _CheckpointRestart(Simulation):
         run.spent["waiting"] += run.down_s  # the segments account for every other second
 
 
-class _Oobleck(Simulation):
+class _ReactsWhileUp(Simulation):
+    """Strategies that react to each change while the job runs, and re-form once a plan is possible
+    again after the job went down (every strategy but checkpoint-restart, whose segments decide)."""
+
+    def on_change(self, t: float, added: list[str], removed: list[str], hit: list[str]) -> None:
+        if self.run.down_since is not None:
+            # Down: re-form from every live node as soon as some plan is possible again.
+            self.resume_if_a_plan_exists(t)
+            return
+        self.react(t, added, hit)
+
+    @abc.abstractmethod
+    def react(self, t: float, added: list[str], hit: list[str]) -> None:
+        """The strategy's reaction to a change while the job runs."""
+
+
+class _Oobleck(_ReactsWhileUp):
     """oobleck: a loss re-instantiates the pipelines from the runtime's templates, and so does a batch
     of joiners worth a regroup while fewer than dp x pp nodes work; a loss that takes every holder of
     some layer of its plan falls back to the checkpoint."""
@@ -830,7 +841,7 @@ class _Oobleck(Simulation):
         return kept != everything
 
 
-class _FillsHoles(Simulation):
+class _FillsHoles(_ReactsWhileUp):
     """bamboo and recycle: the survivors cover a lost node's slot after `failover_s`; a standing-by
     node or a joiner fills the hole after `join_s` (the runtime's plan fills empty slots, spares
     first: `runtime.distributed.membership.make_plan`), copying its state in the background; enough
@@ -838,8 +849,9 @@ class _FillsHoles(Simulation):
     cannot cover (`no_cover_left`)."""
 
     @property
+    @abc.abstractmethod
     def failover_s(self) -> float:
-        raise NotImplementedError
+        """Seconds until the survivors cover a lost node's slot."""
 
     def no_cover_left(self, p: int, s: int) -> bool:
         """Whether the loss of slot (p, s), now empty, leaves a stage of its pipeline uncovered."""
