@@ -57,6 +57,8 @@ class AgentConfig:
     profile_timeout_s: float = PROFILE_TIMEOUT_S
     prepare_workers: int = 0
     """Local processes a share of a prepare step tokenizes with (0: this node's CPUs)."""
+    prepare_poll_s: float = WAIT_FOR_SHARES_S
+    """How often a node with no share left to take asks again during a prepare step."""
     work_dir: Path = Path("/var/lib/spotpipe")
     worker_module: str = "agent.worker_entry"
     address: str = ""
@@ -348,10 +350,10 @@ class Agent:
                     claim = self.client.prepare_claim()
                 except ControlPlaneError as exc:  # 409: this node is not running yet, or no more
                     logger.info("job %s: no share now (%s)", job_id, exc)
-                    stop.wait(WAIT_FOR_SHARES_S)
+                    stop.wait(self.config.prepare_poll_s)
                     continue
                 if claim["state"] == "waiting":
-                    stop.wait(WAIT_FOR_SHARES_S)
+                    stop.wait(self.config.prepare_poll_s)
                     continue
                 if claim["state"] != "assigned":
                     return  # prepared (a generation follows) or the job ended

@@ -13,8 +13,10 @@ from typing import Any
 
 from agent.json_lines import last_json_object
 
-WAIT_FOR_SHARES_S = 5.0
-"""How often a node with nothing to prepare asks again (a lost node's share comes back to the pool)."""
+WAIT_FOR_SHARES_S = 30.0
+"""How often a node with nothing to prepare asks again. A lost node's share is usually taken by its
+replacement as it starts; the waiting nodes ask in case none comes (1,024 of them: about 34 asks a
+second, each one unlocked read of the step's rows)."""
 
 
 class PrepareFailed(Exception):

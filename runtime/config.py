@@ -372,6 +372,10 @@ class DataSpec:
     on `shards:` of it. Empty: no prepare step. A location that holds the same source's corpus already
     is trained on as it is."""
 
+    def prepared(self) -> DataSpec:
+        """This spec once its prepare step is over: it reads `shards:` of the prepared location."""
+        return dataclasses.replace(self, source=f"shards:{self.prepare}", prepare="")
+
     @property
     def tokenized(self) -> bool:
         """True when the source's documents go through `tokenizer` (see `TOKENIZED_FORMATS`)."""

@@ -257,7 +257,7 @@ def prepare_here(config: JobConfig, *, out: TextIO) -> None:
                      workers=os.cpu_count() or 1)
     print(f"prepared {data.prepare}" + (" (there already)" if done["prepared_before"] else
                                        f": {done['files']} files in {done['seconds']:.1f} s"), file=out, flush=True)
-    data.source, data.prepare = f"shards:{data.prepare}", ""
+    config.data = data.prepared()
 
 
 def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

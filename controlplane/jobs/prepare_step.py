@@ -12,6 +12,7 @@ one of them wrote it, the job's `data.source` becomes `shards:<location>` and th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from django.utils import timezone
 
 from controlplane.common.errors import Conflict, DomainError
 from controlplane.jobs.models import PrepareShare, PrepareShareState, TrainingJob
+from runtime.config import DataSpec
 
 
 def prepare_location(job: TrainingJob) -> str:
@@ -46,6 +48,16 @@ class ShareClaim:
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state, "share": self.number, "of": self.of, "source": self.source,
                 "tokenizer": self.tokenizer, "out": self.out}
+
+
+def may_claim(*, job: TrainingJob, instance_id: int, live: Collection[int]) -> bool:
+    """Whether `claim_share` could give `instance_id` a share or end its wait, read without locks: at
+    the end of a large step most nodes wait, and their polls need not queue on the job's lock."""
+    if not prepare_location(job):
+        return True
+    rows = list(PrepareShare.objects.filter(job=job).values_list("state", "instance_id"))
+    return not rows or any(state == PrepareShareState.PENDING or (state == PrepareShareState.RUNNING and (
+        holder == instance_id or holder not in live)) for state, holder in rows)
 
 
 def claim_share(*, job: TrainingJob, instance_id: int, live: Collection[int], shares: int) -> ShareClaim:
@@ -120,9 +132,7 @@ def step_outcome(job: TrainingJob) -> dict[str, Any]:
 
 def train_on_prepared(job: TrainingJob) -> None:
     """The step is over: the job trains on the prepared corpus (`shards:<location>`) from now on."""
-    data = dict(job.config.get("data") or {})
-    data["source"], data["prepare"] = f"shards:{data['prepare']}", ""
-    job.config = {**job.config, "data": data}
+    job.config = {**job.config, "data": dataclasses.asdict(DataSpec(**job.config["data"]).prepared())}
     job.save(update_fields=["config", "updated_at"])
 
 

@@ -157,6 +157,11 @@ def test_every_share_done_without_an_index_fails_the_job(world):
     ({"source": "tokens:/data/train.bin", "prepare": OUT}, "only text, jsonl, hf, wds, mds sources"),
     ({"prepare": OUT}, "needs a data.source"),
     ({"source": SOURCE, "prepare": "ftp://host/x"}, "expected a folder or an s3://bucket/prefix/"),
+    # Hostile values, refused before anything is stored (PostgreSQL refuses a NUL in JSON).
+    ({"source": SOURCE, "prepare": "/data/\u0000x"}, "NUL"),
+    ({"source": SOURCE, "prepare": "/d" + "x" * 20_000}, "at most 1,000 characters"),
+    ({"source": SOURCE, "prepare": {"a": {"b": [[["x"]]]}}}, "must be a string"),
+    ({"source": SOURCE, "prepare": 7}, "must be a string"),
 ])
 def test_a_bad_prepare_field_is_a_400_at_submission(world, data, expected):
     payload = {"name": "bad-prepare", "strategy": "recycle", "target_steps": 10, "budget_usd": "5.00",

@@ -59,7 +59,7 @@ def _command(source: str, out: str) -> dict:
 
 def _agent(tmp_path: Path, name: str, shares: _Shares) -> Agent:
     agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path / name, address="127.0.0.1",
-                              prepare_workers=1))
+                              prepare_workers=1, prepare_poll_s=0.2))
     agent.client = _Client(shares)
     return agent
 

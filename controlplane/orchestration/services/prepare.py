@@ -18,6 +18,7 @@ from controlplane.jobs.prepare_step import (
     ShareReport,
     claim_share,
     finish_share,
+    may_claim,
     prepare_location,
     step_outcome,
     train_on_prepared,
@@ -36,13 +37,21 @@ def _serving(instance: Instance) -> TrainingJob:
     return _lock_job(instance.job)
 
 
+def _live(job: TrainingJob) -> set[int]:
+    return set(Instance.objects.filter(job=job, state=InstanceState.RUNNING).values_list("pk", flat=True))
+
+
 def share_claim(*, instance: Instance) -> ShareClaim:
-    """The share of its job's prepare step `instance` prepares next, or why none (`ShareClaim`)."""
+    """The share of its job's prepare step `instance` prepares next, or why none (`ShareClaim`). A
+    node that can only be told to wait is told so without taking the job's lock (`may_claim`)."""
+    if instance.job is not None and instance.state == InstanceState.RUNNING and not may_claim(job=instance.job, instance_id=instance.pk,
+                                                  live=_live(instance.job)):
+        return ShareClaim(state="waiting", out=prepare_location(instance.job))
     with transaction.atomic():
         job = _serving(instance)
         if job.status not in ACTIVE_JOB_STATUSES:
             return ShareClaim(state="stopped")
-        live = set(Instance.objects.filter(job=job, state=InstanceState.RUNNING).values_list("pk", flat=True))
+        live = _live(job)
         claim = claim_share(job=job, instance_id=instance.pk, live=live, shares=JobPlan.from_dict(job.plan).nodes)
         if claim.fresh:
             job_record_event(job=job, kind="prepare_share_claimed",
