@@ -32,6 +32,7 @@ from controlplane.orchestration.selectors import job_current_generation
 from controlplane.orchestration.services.job_end import job_fail
 from controlplane.orchestration.services.transitions import _job_set_status, _lock_job, _now
 from controlplane.planning.plans import JobPlan
+from runtime.config import JobConfig
 from runtime.distributed.published_layout import PublishedLayout
 from runtime.strategies import get_strategy
 
@@ -59,12 +60,13 @@ def _react_without_generation(job: TrainingJob, reaction: reactions.Reaction) ->
         _job_set_status(job, JobStatus.RECOVERING, f"waiting for replacements: {reaction.reason}")
 
 
-def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason: str) -> Any:
+def _publish(job: TrainingJob, slots: reactions.Slots, *, decision: str, reason: str,
+             config: JobConfig | None = None) -> Any:
     """Publish the next generation for `slots`: membership with runtime node ids, and a layout that
     names the strategy, the holes, the node ids and the rendezvous store the workers meet at."""
     from controlplane.orchestration.rendezvous import rendezvous_address
 
-    config = job_runtime_config(job)  # the layout's one home: the job's contract
+    config = config or job_runtime_config(job)  # the layout's one home: the job's contract
     previous = job_current_generation(job=job)
     # A start (the first generation, or a resumed job's fresh one) numbers its workers 0..n-1: the
     # runtime takes a node numbered past dp x pp for a replacement joining a running group.
@@ -144,12 +146,13 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
             reactions.full_slots(running, dp=config.dp, pp=config.pp),
             decision="start",
             reason="initial membership",
+            config=config,
         )
     members = set(reactions.alive(slots))
     joiners = [i for i in running if i not in members]
     if not joiners or not reactions.holes(slots):
         return None
-    reaction = reactions.react_join(job_runtime_config(locked), slots, joiners)
+    reaction = reactions.react_join(config, slots, joiners)
     if reaction.slots is None:
         return None
     key = "join:" + ",".join(str(i) for i in joiners[: len(reactions.holes(slots))])
@@ -161,7 +164,8 @@ def job_grow(*, job: TrainingJob, instance: Instance | None = None) -> Any:
         return None
     # A strategy whose answer to a change is a restart restarts to take joiners in too.
     decision = "restart" if get_strategy(config.strategy).decision == "restart" else "grow"
-    generation = _publish(locked, reaction.slots, decision=decision, reason=f"{reaction.reason} ({decision})")
+    generation = _publish(locked, reaction.slots, decision=decision, reason=f"{reaction.reason} ({decision})",
+                          config=config)
     _mark_applied(reconfiguration, decision=decision, generation=generation.number)
     return generation
 

@@ -44,9 +44,10 @@ def _live(job: TrainingJob) -> set[int]:
 def share_claim(*, instance: Instance) -> ShareClaim:
     """The share of its job's prepare step `instance` prepares next, or why none (`ShareClaim`). A
     node that can only be told to wait is told so without taking the job's lock (`may_claim`)."""
-    if instance.job is not None and instance.state == InstanceState.RUNNING and not may_claim(job=instance.job, instance_id=instance.pk,
-                                                  live=_live(instance.job)):
-        return ShareClaim(state="waiting", out=prepare_location(instance.job))
+    job = instance.job
+    if job is not None and instance.state == InstanceState.RUNNING \
+            and not may_claim(job=job, instance_id=instance.pk, live=_live(job)):
+        return ShareClaim(state="waiting", out=prepare_location(job))
     with transaction.atomic():
         job = _serving(instance)
         if job.status not in ACTIVE_JOB_STATUSES:
