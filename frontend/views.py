@@ -15,13 +15,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.models import Team
-from controlplane.billing.metering import job_spend
 from controlplane.common.errors import DomainError
 from controlplane.jobs.admission import queue_positions
 from controlplane.jobs.artifacts import job_artifacts_location, job_artifacts_summary
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.selectors import job_plan_summary
 from controlplane.jobs.services import job_cancel, job_resume, job_submit
+from controlplane.jobs.spend import job_spend
 from frontend import costs
 from frontend.access import job_for_request, visible_team_ids
 from frontend.forms import JobSubmitForm

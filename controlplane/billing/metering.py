@@ -13,7 +13,6 @@ from django.db.models import Q, QuerySet
 
 from controlplane.billing.models import BillingSegment
 from controlplane.billing.reports import exact_hours
-from controlplane.jobs.models import TrainingJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,28 +64,3 @@ def team_month_meter(*, team_id: int, at: datetime) -> Meter:
     """The team's spend this calendar month (UTC) to `at`, and its rate."""
     segments = BillingSegment.objects.filter(team_id=team_id).filter(Q(end__isnull=True) | Q(end__gt=month_start(at)))
     return meter(segments, at=at, since=month_start(at))
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpend:
-    """What a job has spent, spends now, and is projected to have spent when its steps are done."""
-
-    spent_usd: Decimal
-    usd_per_hour: Decimal
-    projected_usd: Decimal | None
-    """Spent plus the steps left at the measured (else predicted) step time and today's fleet rate
-    (the plan's nodes at today's price when none runs now); None without a step time."""
-
-
-def job_spend(*, job: TrainingJob, at: datetime) -> JobSpend:
-    from controlplane.jobs.selectors import job_measured_step_s
-
-    now = job_meter(job_id=job.pk, at=at)
-    step_s = job_measured_step_s(job) or ((job.plan or {}).get("predicted") or {}).get("step_s")
-    projected = None
-    if isinstance(step_s, int | float) and step_s > 0:
-        left_s = max(0, job.target_steps - job.steps_done) * float(step_s)
-        projected = now.projected(left_s) if now.usd_per_hour > 0 else now.spent_usd + Decimal(str(
-            ((job.plan or {}).get("predicted") or {}).get("cost_usd") or 0)) * Decimal(
-            max(0, job.target_steps - job.steps_done)) / Decimal(max(job.target_steps, 1))
-    return JobSpend(spent_usd=now.spent_usd, usd_per_hour=now.usd_per_hour, projected_usd=projected)

@@ -22,13 +22,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from controlplane.billing.models import BillingSegment
-from controlplane.jobs.models import Reconfiguration, TrainingJob
 from runtime.planner.capacity_policy import CAPACITY_TYPES
+
+if TYPE_CHECKING:
+    from controlplane.jobs.models import TrainingJob
 
 CENTS = Decimal("0.01")
 MICRO = Decimal("0.000001")
@@ -226,7 +228,8 @@ def job_cost_report(*, job: TrainingJob, as_of: datetime | None = None) -> CostR
 
     # Spend rate at each reconfiguration, from the segments already in memory.
     rate_cache: dict[datetime, Decimal] = {}
-    for reconf in Reconfiguration.objects.filter(job=job, lost_seconds__gt=0, decided_at__lte=as_of):
+    # The job's reconfigurations through its relation: billing sits below jobs and imports none of it.
+    for reconf in job.reconfigurations.filter(lost_seconds__gt=0, decided_at__lte=as_of):
         t = reconf.decided_at
         if t not in rate_cache:
             rate_cache[t] = sum(

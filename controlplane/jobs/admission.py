@@ -29,6 +29,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.accounts.models import TeamQuota
+from controlplane.billing.metering import team_month_meter
 from controlplane.common.errors import Conflict
 from controlplane.fleet.locks import lock_job
 from controlplane.jobs.models import ACTIVE_JOB_STATUSES, JobStatus, TrainingJob
@@ -127,8 +128,6 @@ def admission_problem(*, job: TrainingJob, quota: TeamQuota | None, usage: Usage
             return f"it needs {nodes} nodes, more than the team's max_nodes {quota.max_nodes}: raise the quota"
         return f"it needs {nodes} nodes; the team's max_nodes is {quota.max_nodes} and {usage.nodes} are claimed"
     if quota.monthly_budget_usd is not None:
-        from controlplane.billing.metering import team_month_meter
-
         spent = team_month_meter(team_id=job.team_id, at=at or timezone.now()).spent_usd
         if spent >= quota.monthly_budget_usd:
             return f"the team has spent ${spent:.2f} of its ${quota.monthly_budget_usd} monthly budget"
@@ -250,8 +249,6 @@ def team_quota_set(*, team_id: int, changes: dict[str, Any]) -> TeamQuota:
     removes it). A limit below what the team's admitted jobs hold already (or, for the monthly
     budget, below this month's spend) is refused (409) and nothing is stored. Raising a limit admits
     queued jobs at once."""
-    from controlplane.billing.metering import team_month_meter
-
     unknown = set(changes) - set(QUOTA_FIELDS)
     if unknown:
         raise ValueError(f"unknown quota fields {sorted(unknown)}")
@@ -282,8 +279,6 @@ def team_quota_set(*, team_id: int, changes: dict[str, Any]) -> TeamQuota:
 
 def team_quota_view(*, team_id: int) -> dict[str, Any]:
     """The team's limits and what its jobs use of them now."""
-    from controlplane.billing.metering import team_month_meter
-
     quota = team_quota(team_id)
     usage = team_usage(team_id=team_id)
     month = team_month_meter(team_id=team_id, at=timezone.now())

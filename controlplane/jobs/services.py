@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.billing.metering import job_meter
 from controlplane.common.agent_wake import commands_changed
 from controlplane.common.errors import Conflict
 from controlplane.fleet.locks import lock_job
@@ -293,7 +294,6 @@ def job_resume(*, job: TrainingJob, user: Any | None = None, budget_usd: Any = N
     `resumed` event says which. `budget_usd` is the job's new total budget: above what it has spent
     (409 otherwise), and required to resume a job its budget stopped. Any other status answers
     Conflict (409)."""
-    from controlplane.billing.metering import job_meter
     from controlplane.jobs.artifacts import job_latest_checkpoint
 
     budget = None

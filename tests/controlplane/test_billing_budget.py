@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from controlplane.billing.budget import budgets_check, job_budget_check
+from controlplane.jobs.budget import budgets_check, job_budget_check
 from controlplane.jobs.models import JobEvent
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertDelivery

@@ -7,5 +7,4 @@ from controlplane.billing.api import views
 urlpatterns = [
     path("billing/segments/", views.BillingSegmentList.as_view(), name="billing-segment-list"),
     path("teams/<int:pk>/spend/", views.TeamSpendReport.as_view(), name="team-spend-report"),
-    path("jobs/<int:pk>/cost-report/", views.JobCostReport.as_view(), name="job-cost-report"),
 ]

@@ -1,5 +1,6 @@
-"""Billing API: segments and a job's cost report, scoped to the requester's teams (another team's
-job answers 404). Node agents have no use for costs and are refused."""
+"""Billing API: segments and a team's spend, scoped to the requester's teams (another team answers
+404). A job's cost report is the jobs API's (`jobs.api.cost`), on billing's report. Node agents have
+no use for costs and are refused."""
 
 from __future__ import annotations
 
@@ -22,15 +23,12 @@ from controlplane.billing.api.filters import SegmentFilter
 from controlplane.billing.api.renderers import CSVRenderer
 from controlplane.billing.api.serializers import (
     BillingSegmentSerializer,
-    CostReportQuery,
-    CostReportSerializer,
     SpendReportQuery,
     TeamSpendReportSerializer,
 )
-from controlplane.billing.reports import job_cost_report, team_spend_report
+from controlplane.billing.reports import team_spend_report
 from controlplane.common.api import UsersOnly, validated_query
 from controlplane.common.filters import FilterBackend
-from controlplane.jobs.models import TrainingJob
 
 
 class BillingSegmentList(generics.ListAPIView):
@@ -43,35 +41,6 @@ class BillingSegmentList(generics.ListAPIView):
 
     def get_queryset(self):
         return selectors.segment_list(team_ids=team_ids_for_request(self.request))
-
-
-class JobCostReport(APIView):
-    """What a job cost: total, per instance type and zone, spot and on-demand capacity apart,
-    against on-demand, and the cost of work lost to preemptions. JSON, or CSV (one line per segment
-    and a TOTAL line, with the split in the `*_capacity_*` columns) with `?format=csv` or
-    `Accept: text/csv`."""
-
-    permission_classes = [IsAuthenticated, UsersOnly]
-    renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, CSVRenderer]
-
-    @extend_schema(
-        parameters=[CostReportQuery],
-        responses={
-            (200, "application/json"): CostReportSerializer,
-            (200, "text/csv"): OpenApiResponse(
-                OpenApiTypes.STR,
-                description="Segments and a TOTAL line; spot_capacity_* and on_demand_capacity_* columns split them.",
-            ),
-        },
-    )
-    def get(self, request: Request, pk: int) -> Response:
-        params = validated_query(CostReportQuery, request)
-        job = get_object_or_404(TrainingJob.objects.filter(team_id__in=team_ids_for_request(request)), pk=pk)
-        report = job_cost_report(job=job, as_of=params.get("as_of"))
-        if getattr(request.accepted_renderer, "format", None) == "csv":
-            return Response(report.to_csv(), content_type="text/csv; charset=utf-8",
-                            headers={"Content-Disposition": f'attachment; filename="job-{job.pk}-cost.csv"'})
-        return Response(report.to_dict())
 
 
 class TeamSpendReport(APIView):

@@ -8,7 +8,6 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.billing.metering import job_spend
 from controlplane.common.api import JSONObjectField
 from controlplane.common.fields import CharField, ModelSerializer
 from controlplane.common.limits import MAX_COUNT, MAX_ID
@@ -28,6 +27,7 @@ from controlplane.jobs.models import (
 )
 from controlplane.jobs.prepare_step import prepare_progress
 from controlplane.jobs.services import MAX_METRIC_BATCH
+from controlplane.jobs.spend import job_spend
 from controlplane.jobs.tracking import TRACKERS
 from controlplane.planning.plans import plan_view
 from runtime.config import model_spec_view
@@ -85,7 +85,7 @@ class JobDetailSerializer(JobSerializer):
     fields and its spend and queue place, which cost queries of their own per job."""
 
     spend = serializers.SerializerMethodField(help_text="Metered spend, the fleet's rate now, and the projection "
-                                              "at completion (billing.metering.job_spend).")
+                                              "at completion (jobs.spend.job_spend).")
     queue_position = serializers.SerializerMethodField(
         help_text="A queued job's place in its team's queue (1: next admitted); null otherwise.")
     tracking = serializers.SerializerMethodField(

@@ -1,7 +1,8 @@
 """Budget thresholds: tell a team when a job's spend crosses 50%, 80% and 100% of its budget.
 
 Each crossing is recorded once as a JobEvent (`budget_threshold`, with the percentage), which is
-both the timeline entry and what keeps a later check from alerting again."""
+both the timeline entry and what keeps a later check from alerting again. The spend is billing's
+cost report; the thresholds and the events are the job's, so this is jobs' (billing knows no job)."""
 
 from __future__ import annotations
 
