@@ -61,6 +61,20 @@ def stand_in_windows(seq_len: int, size: int) -> tuple[torch.Tensor, torch.Tenso
     return rows, rows.clone()
 
 
+def microbatch_data(
+    spec: ModelSpec, *, seed: int, step: int, index: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic inputs and targets of global micro-batch `index` of `step` (a job without
+    `data.source`): random tokens (or features) drawn from (seed, step, index) alone, so the same on
+    every node."""
+    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 10_007 + index) & 0x7FFF_FFFF_FFFF)
+    if spec.kind == "gpt":
+        tokens = torch.randint(0, spec.vocab_size, (size, spec.seq_len + 1), generator=gen)
+        return tokens[:, :-1], tokens[:, 1:]  # (B, T), (B, T)
+    x = torch.randn(size, spec.in_features, generator=gen)
+    return x, torch.randint(0, spec.vocab_size, (size,), generator=gen)
+
+
 class MapSplit:
     """A user's map-style dataset (`__len__`, `__getitem__(i) -> (input, target)`), or a range of it."""
 
@@ -113,8 +127,6 @@ class Batches:
     def train(self, *, step: int, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of micro-batch `index` (of `size` samples) of `step`."""
         if self.dataset is None:
-            from runtime.models.model import microbatch_data
-
             return microbatch_data(self.config.model, seed=self.config.seed, step=step, index=index, size=size)
         batch = self.config.global_batch
         first, count = train_positions(step=step, index=index, size=size, global_batch=batch)

@@ -2,7 +2,7 @@
 
 A model is a list of layers (input layer, blocks, head) so the partitioner can cut it anywhere.
 Layer `l` is initialised from its own seed, so any node can build any layer bit-identically
-without receiving it; the synthetic data of a micro-batch is a pure function of (seed, step, index).
+without receiving it.
 """
 
 from __future__ import annotations
@@ -115,18 +115,6 @@ def activation_shape(spec: ModelSpec, batch: int) -> tuple[int, ...]:
     """Shape of the tensor passed between any two layers of a built-in model. The executor uses the
     per-boundary shapes of `runtime.models.usermodel.boundary_shapes` (any model)."""
     return (batch, spec.seq_len, spec.n_embd) if spec.kind == "gpt" else (batch, spec.n_embd)
-
-
-def microbatch_data(
-    spec: ModelSpec, *, seed: int, step: int, index: int, size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets of global micro-batch `index` of `step`: the same on every node."""
-    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 10_007 + index) & 0x7FFF_FFFF_FFFF)
-    if spec.kind == "gpt":
-        tokens = torch.randint(0, spec.vocab_size, (size, spec.seq_len + 1), generator=gen)
-        return tokens[:, :-1], tokens[:, 1:]  # (B, T), (B, T)
-    x = torch.randn(size, spec.in_features, generator=gen)
-    return x, torch.randint(0, spec.vocab_size, (size,), generator=gen)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -174,7 +174,8 @@ def profile_model(
     first GPU (`on="cuda"`, CUDA events), computing in `dtype` (the device's dtype when a device is given)."""
     import torch
 
-    from runtime.models.model import build_layer, microbatch_data
+    from runtime.data.dataset import microbatch_data
+    from runtime.models.model import build_layer
 
     spec.validate()
     previous = torch.get_num_threads()

@@ -21,7 +21,8 @@ import torch
 
 from runtime.checkpointing.export import ExportError, InitialState
 from runtime.config import JobConfig, ModelSpec
-from runtime.models.model import build_layer, loss_fn, microbatch_data
+from runtime.data.dataset import microbatch_data
+from runtime.models.model import build_layer, loss_fn
 from runtime.train.launcher import run_local
 from runtime.train.optim import LayerState
 
