@@ -1,8 +1,9 @@
 """The job contract: the model spec and the training layout, validated before any process starts.
 
 This module is the one owner of the job's vocabulary: the strategy names (and what `auto` means),
-the model kinds, every model/training field with its meaning and default, and the one translation
-of the legacy `model_spec` request body. The control plane validates a job by building its
+the model kinds, every model/training field with its meaning and default, the grammar of a data
+source (`FORMAT:LOCATION[?options]`, `parse_source`) and the one translation of the legacy
+`model_spec` request body. The control plane validates a job by building its
 `JobConfig` here (no torch import), stores `JobConfig.to_dict()` on the job, and the node agent
 hands that dict to the runtime unchanged.
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,8 +248,6 @@ class ModelSpec:
 
     def problems(self) -> list[LayoutError]:
         """Every reason this model cannot be built (empty when it can)."""
-        import re
-
         found = []
         kinds = (*MODEL_KINDS, USER_MODEL_KIND)
         if self.kind not in kinds:
@@ -346,6 +347,137 @@ TOKEN_WINDOW_FORMATS = ("tokens", *TOKENIZED_FORMATS)
 """Source formats whose samples are windows of `model.seq_len` token ids (`py` datasets give their own)."""
 
 
+# --- Data sources: `FORMAT:LOCATION[?key=value&...]` ------------------------------------------------
+# One string names a job's data on the command line, in the API and in the dashboard:
+# `tokens:data/shakespeare` (nanoGPT's train.bin + val.bin), `text:s3://bucket/corpus/`,
+# `jsonl:data/*.jsonl?field=body`, `hf:data/wiki?column=text`, `py:mypkg.data:build`.
+
+DATA_FORMATS = (*TOKEN_WINDOW_FORMATS, "py")
+"""Formats a source may name: nanoGPT token files, UTF-8 text, JSON Lines, Hugging Face `datasets`
+folders, WebDataset tars and MosaicML MDS shards of text, a corpus prepared by `spotpipe data prepare` (shards), and a
+user's map-style dataset by import path."""
+FORMAT_OPTIONS: dict[str, dict[str, str]] = {
+    "tokens": {"dtype": "uint16"},
+    "text": {},
+    "jsonl": {"field": "text"},
+    "wds": {"field": "txt"},
+    "mds": {"field": "text"},
+    "hf": {"column": "text", "split": "train"},
+    "py": {},
+    "shards": {},
+}
+"""Options each format takes after `?`, with their defaults."""
+PREPARABLE_FORMATS = ("text", "jsonl", "hf", "wds", "mds")
+"""Formats `spotpipe data prepare` (and a job's `data.prepare` step) tokenizes into `shards:`;
+`tokens:` and `py:` sources are read as they are."""
+TOKEN_DTYPES = ("uint16", "uint32")
+_FIELD = "data.source"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceURI:
+    """A parsed data source."""
+
+    format: str
+    """One of `DATA_FORMATS`."""
+    location: str
+    """A local path or glob, an `s3://bucket/prefix` URI, or (py) `package.module:function`."""
+    options: dict[str, str] = field(default_factory=dict)
+    """The format's options, defaults filled in."""
+
+    @property
+    def is_s3(self) -> bool:
+        return self.location.startswith("s3://")
+
+    @property
+    def bucket(self) -> str:
+        """The S3 bucket (s3 locations only)."""
+        return self.location.removeprefix("s3://").split("/", 1)[0]
+
+    @property
+    def key_prefix(self) -> str:
+        """The S3 key or prefix (s3 locations only)."""
+        rest = self.location.removeprefix("s3://").split("/", 1)
+        return rest[1] if len(rest) > 1 else ""
+
+    def __str__(self) -> str:
+        given = {k: v for k, v in self.options.items() if v != FORMAT_OPTIONS[self.format].get(k)}
+        query = f"?{urllib.parse.urlencode(given)}" if given else ""
+        return f"{self.format}:{self.location}{query}"
+
+
+def _bad(text: str, expected: str, field: str = _FIELD) -> LayoutError:
+    return LayoutError(f"{field} {text!r} is invalid: {expected}", field=field)
+
+
+def parse_source(text: str, *, field: str = _FIELD) -> SourceURI:
+    """Parse `FORMAT:LOCATION[?options]`; raises `LayoutError` naming `field` and what was expected."""
+    fmt, sep, rest = text.partition(":")
+    if not sep or fmt not in DATA_FORMATS:
+        raise _bad(text, f"expected FORMAT:LOCATION with FORMAT one of {DATA_FORMATS} "
+                         "(for example text:corpus/ or tokens:data/train.bin)", field)
+    location, _, query = rest.partition("?")
+    if not location or location.strip() != location:
+        raise _bad(text, "the location after the format is empty or has surrounding spaces", field)
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise _bad(text, f"the options after '?' must be key=value pairs joined by '&', got {query!r}", field) from None
+    known = FORMAT_OPTIONS[fmt]
+    options = dict(known)
+    for key, value in pairs:
+        if key not in known:
+            allowed = ", ".join(known) or "none"
+            raise _bad(text, f"option {key!r} is unknown for {fmt}: sources; expected {allowed}", field)
+        if not value:
+            raise _bad(text, f"option {key!r} is empty", field)
+        options[key] = value
+    if fmt == "tokens" and options["dtype"] not in TOKEN_DTYPES:
+        raise _bad(text, f"dtype={options['dtype']!r}; expected one of {TOKEN_DTYPES}", field)
+    if fmt == "shards" and "://" not in location and any(c in location for c in "*["):
+        raise _bad(text, "a shards: location is a folder or an s3://bucket/prefix/, not a glob", field)
+    if fmt == "py":
+        if not re.match(IMPORT_PATH_PATTERN, location):
+            raise _bad(text, "py: sources name a function as package.module:function", field)
+    elif location.startswith("s3://"):
+        _check_bucket(text, location, field)
+    elif "://" in location:
+        raise _bad(text, "the location must be a local path, a glob or an s3://bucket/prefix URI", field)
+    return SourceURI(format=fmt, location=location, options=options)
+
+
+def _check_bucket(text: str, location: str, field: str) -> None:
+    bucket = location.removeprefix("s3://").split("/", 1)[0]
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+        raise _bad(text, f"s3 bucket {bucket!r} is not a valid bucket name (3-63 lower-case letters, "
+                         "digits, dots and hyphens)", field)
+
+
+def check_prepare(source: str, out: str, *, field: str = "data.prepare") -> None:
+    """A job's `data.prepare` step: `source` (its `data.source`) must be of a preparable format and
+    `out` a folder or `s3://bucket/prefix/` that a `shards:` source can read; raises `LayoutError`."""
+    if not source:
+        raise _bad(out, "a prepare step needs a data.source to prepare", field)
+    fmt = source.partition(":")[0]
+    if fmt not in PREPARABLE_FORMATS:
+        raise _bad(out, f"only {', '.join(PREPARABLE_FORMATS)} sources are prepared; data.source is {fmt}:", field)
+    if not out or out.strip() != out or ("://" in out and not out.startswith("s3://")) \
+            or any(c in out for c in "*?["):
+        raise _bad(out, "expected a folder or an s3://bucket/prefix/ (not a glob)", field)
+    if out.startswith("s3://"):
+        _check_bucket(out, out, field)
+
+
+def check_tokenizer(text: str, *, field: str = "data.tokenizer") -> None:
+    """`byte`, or the path (or s3:// URI) of a Hugging Face `tokenizer.json`; raises `LayoutError`."""
+    if text == "byte":
+        return
+    if not text or text.strip() != text:
+        raise _bad(text, "expected 'byte' or the path of a tokenizer.json", field)
+    if "://" in text and not text.startswith("s3://"):
+        raise _bad(text, "a tokenizer is 'byte', a local path or an s3://bucket/key URI", field)
+
+
 MIN_CACHE_BYTES = 1 << 16
 """The smallest `data.cache_bytes` (64 KiB): a cache that small still works, fetching every page again."""
 
@@ -355,7 +487,7 @@ class DataSpec:
     """Where the job's samples come from. Empty `source`: synthetic random samples (tests, benchmarks)."""
 
     source: str = ""
-    """`FORMAT:LOCATION[?options]` (see `runtime.data.uri`), or empty for synthetic data."""
+    """`FORMAT:LOCATION[?options]` (`parse_source`), or empty for synthetic data."""
     tokenizer: str = "byte"
     """text/jsonl/hf sources: `byte` (built in, vocabulary 256) or the path of a Hugging Face tokenizer.json."""
     val_fraction: float = 0.05
@@ -383,8 +515,6 @@ class DataSpec:
 
     def problems(self) -> list[LayoutError]:
         """Every reason this data spec is malformed (what only a node can check is checked there)."""
-        from runtime.data.uri import check_prepare, check_tokenizer, parse_source
-
         found = []
         for name, check in (("source", parse_source), ("tokenizer", check_tokenizer)):
             value = getattr(self, name)
@@ -810,8 +940,6 @@ def requirement_problem(entry: str) -> str:
     """Why `entry` is not an acceptable `requirements` entry (empty when it is). Entries are handed to
     pip one argument each, so anything pip could read as an option (`-e`, `--index-url`, `-r`) or
     that is not one plain requirement is refused here, before a node sees it."""
-    import re
-
     from packaging.requirements import InvalidRequirement, Requirement
 
     expected = ("expected a requirement (name[extras] version, e.g. 'mypkg==1.2'), an "

@@ -1,5 +1,5 @@
 """What the control plane checks of a job's data before any node is bought (docs/api.md, "The job's
-data"). The grammar of `data.source` and `data.tokenizer` is the runtime's (`runtime.data.uri`,
+data"). The grammar of `data.source` and `data.tokenizer` is the runtime's (`runtime.config.parse_source`,
 checked when `job_submit` builds the JobConfig); this module adds what only a look at S3 can tell:
 
 - an `s3://` source: the bucket exists and the control plane's AWS credentials can list at least one
@@ -16,7 +16,7 @@ and why, is said in the notes stored with the job's `submitted` event:
 - local paths and globs: they name the nodes' disks, which the control plane cannot see; a node
   that lacks the file fails the job once with the runtime's message;
 - `py:` sources: user code, imported on the nodes only. The control plane never imports it (only
-  `runtime.data.uri`'s regular expression reads it).
+  `runtime.config`'s regular expression reads it).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.tunables import tunable
-from runtime.config import DataSpec
-from runtime.data.uri import parse_source
+from runtime.config import DataSpec, parse_source
 
 logger = logging.getLogger(__name__)
 

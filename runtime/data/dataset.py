@@ -15,11 +15,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from runtime.config import DataSpec, JobConfig, ModelSpec
+from runtime.config import DataSpec, JobConfig, ModelSpec, SourceURI, parse_source
 from runtime.data.errors import DataError
 from runtime.data.hygiene import cache_root, evict_corpora
 from runtime.data.sampler import EpochPermutations, train_positions, val_positions
-from runtime.data.uri import SourceURI, parse_source
 
 PREFETCH_STEPS = 2
 """Steps ahead whose samples a streamed source (`Split.prefetch`) starts fetching at each step."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
+from runtime.config import SourceURI
 from runtime.data.errors import DataError
-from runtime.data.uri import SourceURI
 
 GLOB_CHARS = "*["
 

@@ -31,12 +31,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from runtime.config import PREPARABLE_FORMATS, LayoutError, SourceURI, check_tokenizer, parse_source
 from runtime.data.cache import content_key, file_digest, token_dtype
 from runtime.data.errors import DataError
 from runtime.data.hygiene import cache_root
 from runtime.data.location import Location, Missing, open_location
 from runtime.data.prepared import INDEX_NAME, PreparedIndex, Shard, pack_pages
-from runtime.data.uri import PREPARABLE_FORMATS, SourceURI, parse_source
 
 DEFAULT_SHARD_BYTES = 64 << 20
 DEFAULT_PAGE_BYTES = 64 << 10
@@ -296,9 +296,6 @@ def prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int = DEFAULT
             stream: IO[str] | None = None, share: tuple[int, int] | None = None) -> PrepareSummary:
     """Prepare `source` at `out` (a folder or s3://bucket/prefix/), or with `share=(k, n)` its share
     of the units (the module docstring); `DataError` naming what is wrong."""
-    from runtime.config import LayoutError
-    from runtime.data.uri import check_tokenizer
-
     stream = stream if stream is not None else sys.stdout
     try:
         uri = parse_source(source, field="SOURCE")

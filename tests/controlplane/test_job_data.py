@@ -1,6 +1,6 @@
 """A job's data through the API (issue 18): `config.data` (source, tokenizer, held-out share,
 validation batches) and `config.val_every` are the runtime's JobConfig fields, validated at submit
-with the runtime's own grammar (`runtime.data.uri`); an s3 source or tokenizer is looked up on S3
+with the runtime's own grammar (`runtime.config.parse_source`); an s3 source or tokenizer is looked up on S3
 (moto's server here) with the control plane's AWS credentials before anything is stored; without
 credentials that lookup is skipped and the job says so; a `py:` source is never imported."""
 

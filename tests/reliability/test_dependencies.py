@@ -160,7 +160,7 @@ def test_dropped_packages_are_not_required(dropped: str) -> None:
 TORCH_FREE = (
     "runtime.config", "runtime.strategies", "runtime.parallel.layout", "runtime.parallel.partition",
     "runtime.parallel.schedule", "runtime.distributed.membership", "runtime.checkpointing.durability",
-    "runtime.train.metrics_log", "runtime.data.uri", "runtime.sim.engine", "runtime.planner.search",
+    "runtime.train.metrics_log", "runtime.sim.engine", "runtime.planner.search",
 )
 
 _TORCH_FREE_PROBE = """

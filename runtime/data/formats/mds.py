@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.config import DataSpec, ModelSpec
+from runtime.config import DataSpec, ModelSpec, SourceURI
 from runtime.data.cache import Documents, open_tokenized
 from runtime.data.errors import DataError
 from runtime.data.files import local_root
-from runtime.data.uri import SourceURI
 
 if TYPE_CHECKING:  # torch: not imported by `spotpipe data prepare`'s workers
     from runtime.data.dataset import Dataset

@@ -14,9 +14,8 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from runtime.config import DataSpec, ModelSpec
+from runtime.config import DataSpec, ModelSpec, SourceURI
 from runtime.data.dataset import DataError, Dataset, MapSplit
-from runtime.data.uri import SourceURI
 
 EXPECTED = "a map-style dataset: __len__ and __getitem__(i) -> (input, target)"
 

@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.config import DataSpec, ModelSpec
+from runtime.config import DataSpec, ModelSpec, SourceURI
 from runtime.data.dataset import DataError, Dataset
 from runtime.data.location import Location, open_location
 from runtime.data.pagecache import PageCache
 from runtime.data.pagefetch import FETCH_THREADS, Prefetcher, cached_page
 from runtime.data.prepared import PreparedIndex, Shard, payload_bytes, read_index
-from runtime.data.uri import SourceURI
 
 
 class ShardedStream:

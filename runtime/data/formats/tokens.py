@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.config import DataSpec, ModelSpec
+from runtime.config import DataSpec, ModelSpec, SourceURI
 from runtime.data.dataset import DataError, Dataset, TokenWindows
-from runtime.data.uri import SourceURI
 
 
 def open_token_file(path: Path, dtype: str) -> np.ndarray:

@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.config import DataSpec, ModelSpec
+from runtime.config import DataSpec, ModelSpec, SourceURI
 from runtime.data.cache import Documents, open_tokenized
 from runtime.data.errors import DataError
 from runtime.data.files import source_files
-from runtime.data.uri import SourceURI
 
 if TYPE_CHECKING:  # torch: not imported by `spotpipe data prepare`'s workers
     from runtime.data.dataset import Dataset

@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.config import DataSpec
+from runtime.config import DataSpec, parse_source
 from runtime.data.dataset import Batches, DataError, open_dataset
 from runtime.data.formats import mds
 from runtime.data.prepare import prepare
-from runtime.data.uri import parse_source
 
 from .conftest import assert_token_batches, make_config, tail_split
 
