@@ -122,7 +122,7 @@ MODEL_FIELDS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LayerMeasure:
-    """One layer of a user's model for one sample, as `runtime.models.usermodel.validate_model`
+    """One layer of a user's model for one sample, as `runtime.train.model_check.validate_model`
     measures it on torch's meta device where the code is (no compute, any size): what the planner
     predicts the layer's times and memory from (`plan: auto`), and what tells the partitioner
     which layers hold no parameters. A micro-batch of n samples costs `fixed_* + n * per sample`
@@ -173,7 +173,7 @@ class ModelSpec:
     """py only: `package.module:function` of the loss, `loss(output, target) -> scalar tensor`;
     empty: mean cross-entropy over the last dimension."""
     layers: int = 0
-    """py only: how many layers the function returns, recorded by `runtime.models.usermodel.validate_model`
+    """py only: how many layers the function returns, recorded by `runtime.train.model_check.validate_model`
     (`spotpipe train` / `spotpipe submit` run it); 0: not validated yet (a node records it at start)."""
     n_layer: int = 4
     """Number of transformer blocks (gpt) or hidden layers (mlp); the model has n_layer + 2 layers."""

@@ -111,7 +111,8 @@ def validate_user_model(body: dict[str, Any]) -> dict[str, Any]:
     if not (isinstance(model, dict) and model.get("kind") == "py"):
         return body
     from runtime.config import JobConfig
-    from runtime.models.usermodel import apply_declaration, validate_model
+    from runtime.models.usermodel import apply_declaration
+    from runtime.train.model_check import validate_model
 
     plan = body.get("plan") if isinstance(body.get("plan"), dict) else {}
     layout = {name: plan[name] if isinstance(plan.get(name), int) else 1 for name in ("dp", "pp", "microbatches")}

@@ -228,12 +228,12 @@ def _model_dict(model: str, args: str | None) -> dict[str, Any]:
 
 
 def validate_user_model(config: JobConfig, batches: Any = None) -> None:
-    """For a user's model: import it, check it (`runtime.models.usermodel.validate_model`) and record its
+    """For a user's model: import it, check it (`runtime.train.model_check.validate_model`) and record its
     layer count and profiled per-layer costs into `config`, here, before any process starts; raises
     `LayoutError` (a `ModelError`) naming what is wrong."""
     if config.model.kind != USER_MODEL_KIND:
         return
-    from runtime.models.usermodel import validate_model
+    from runtime.train.model_check import validate_model
 
     validate_model(config, batches=batches).record(config)
     config.validate()

@@ -1,6 +1,7 @@
 """A user's model (`ModelSpec(kind="py", path="package.module:function", args={...})`): building its
-layers the same on every rank, its loss, the shapes its stage boundaries send, and the checks that run
-before a fleet is bought (`validate_model`).
+layers the same on every rank, its loss, the shapes its stage boundaries send, and the checks of the
+model alone that run before a fleet is bought (`check_layers`; `runtime.train.model_check` adds those
+on the job's data).
 
 The model function is called with `args` as keyword arguments and returns one of:
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import copy
 import importlib
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -325,19 +325,14 @@ def apply_declaration(config: JobConfig) -> None:
         raise problems[0] if len(problems) == 1 else LayoutErrors(problems)
 
 
-def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = True,
-                   need_data: bool = True) -> ModelReport:
-    """Check a user's model before any process starts; raises `ModelError` with one message naming
-    what is wrong and what was expected: not importable, wrong return type, fewer layers with
-    parameters than pipeline stages (a layer without joins a neighbour's stage), non-deterministic
-    initialisation, a layer whose output cannot feed the next (a dry forward of one micro-batch on the
-    meta device), a loss that cannot take the output. It measures each layer on the meta device
-    (`LayerMeasure`) and, with `profile`, times forward+backward per layer on that micro-batch.
-    Without `need_data`, data this machine cannot open (a path only the nodes have) are stood in for
-    by token windows of zeros when the data are token windows (their shape is known), else the dry
-    forward, the measures and the profile are skipped (the nodes run them at start)."""
-    from runtime.data.dataset import Batches, DataError, stand_in_windows
-
+def check_layers(config: JobConfig) -> tuple[ModelReport, list[nn.Module]]:
+    """The checks of a user's model that need no data, before any process starts; raises `ModelError`
+    with one message naming what is wrong and what was expected: not importable, wrong return type,
+    fewer layers with parameters than pipeline stages (a layer without joins a neighbour's stage),
+    non-deterministic initialisation. Returns the report so far (layer count, parameters per layer,
+    what the function declares) and the layers, built under the job's seed. What needs a micro-batch
+    of the job's data (the dry forward, the measures, the timing) is
+    `runtime.train.model_check.validate_model`'s."""
     spec = config.model
     problems = spec.problems()
     if problems:
@@ -380,57 +375,4 @@ def validate_model(config: JobConfig, *, batches: Any = None, profile: bool = Tr
         raise ModelError(f"model function {spec.path} returns {count} layers of which {held} hold parameters, fewer "
                          f"than the pp={config.pp} pipeline stages (a layer without parameters joins a neighbour's "
                          f"stage); expected at least {config.pp} layers with parameters (or a smaller pp)", field="pp")
-    try:
-        batches = batches if batches is not None else Batches(config)
-    except DataError:
-        if need_data:
-            raise
-        if config.tokens_per_sample is None:
-            return report
-        # Token windows have one shape and type whatever the data: the model is checked and measured on them.
-        x, y = stand_in_windows(config.tokens_per_sample, config.microbatch_size)
-    else:
-        x, y = batches.train(step=0, index=0, size=config.microbatch_size)
-    with torch.device("meta"):
-        meta = [build_user_layer(spec, i, config.seed) for i in range(count)]
-    report.boundaries = dry_forward(config, meta, x, y)
-    report.measures = measure_layers_per_sample(meta, x)
-    if profile:
-        report.layer_costs = time_layers(layers, x)
-    return report
-
-
-def measure_layers_per_sample(meta: list[nn.Module], x: torch.Tensor) -> list[LayerMeasure]:
-    """Each of `meta` (layers on the meta device, fed in turn from `x`) measured as a `LayerMeasure`:
-    at one sample of `x` and at two, the difference being what a sample adds and the rest what the
-    layer costs whatever the samples."""
-    from runtime.planner.meta_features import measure_layers
-
-    one = measure_layers(meta, x[:1])
-    two = measure_layers(meta, torch.cat([x[:1], x[:1]]))
-    parameters = [sum(p.numel() for p in layer.parameters()) for layer in meta]
-    return [LayerMeasure(parameters=held, forward_flops=b.forward_flops - a.forward_flops,
-                         fixed_forward_flops=max(0.0, 2 * a.forward_flops - b.forward_flops),
-                         activation_bytes=b.activation_bytes - a.activation_bytes,
-                         fixed_activation_bytes=max(0.0, 2 * a.activation_bytes - b.activation_bytes),
-                         output_bytes=a.output_bytes, kernels=a.ops, input_grad=a.has_input_grad)
-            for held, a, b in zip(parameters, one, two, strict=True)]
-
-
-def time_layers(layers: list, x: object, *, repeats: int = 3) -> list[float]:
-    """Best-of-`repeats` forward+backward seconds of each layer in turn, fed by the previous one's
-    output (`x`: the first layer's input); runs on copies, so `layers` are left unchanged."""
-    costs = []
-    for layer in layers:
-        layer = copy.deepcopy(layer)
-        inp = x.detach().requires_grad_() if x.is_floating_point() else x
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = layer(inp)
-            out.float().sum().backward()
-            best = min(best, time.perf_counter() - start)
-        costs.append(max(best, 1e-6))
-        with torch.no_grad():
-            x = layer(inp).detach()
-    return costs
+    return report, layers

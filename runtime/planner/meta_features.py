@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from runtime.config import USER_MODEL_KIND, ModelSpec
+from runtime.config import USER_MODEL_KIND, LayerMeasure, ModelSpec
 from runtime.models.model import build_layer
 from runtime.planner.predictor import LayerFeatures
 
@@ -86,3 +86,18 @@ def measure_layers(layers: Iterable[torch.nn.Module], x: torch.Tensor) -> list[L
         )
         x = y.detach()
     return out
+
+
+def measure_layers_per_sample(meta: list[torch.nn.Module], x: torch.Tensor) -> list[LayerMeasure]:
+    """Each of `meta` (layers on the meta device, fed in turn from `x`) measured as a `LayerMeasure`:
+    at one sample of `x` and at two, the difference being what a sample adds and the rest what the
+    layer costs whatever the samples."""
+    one = measure_layers(meta, x[:1])
+    two = measure_layers(meta, torch.cat([x[:1], x[:1]]))
+    parameters = [sum(p.numel() for p in layer.parameters()) for layer in meta]
+    return [LayerMeasure(parameters=held, forward_flops=b.forward_flops - a.forward_flops,
+                         fixed_forward_flops=max(0.0, 2 * a.forward_flops - b.forward_flops),
+                         activation_bytes=b.activation_bytes - a.activation_bytes,
+                         fixed_activation_bytes=max(0.0, 2 * a.activation_bytes - b.activation_bytes),
+                         output_bytes=a.output_bytes, kernels=a.ops, input_grad=a.has_input_grad)
+            for held, a, b in zip(parameters, one, two, strict=True)]

@@ -20,7 +20,8 @@ from runtime.config import JobConfig, LayoutError
 def node_profile(config: dict[str, Any]) -> dict[str, Any]:
     """The profile of `config`'s model (a `JobConfig.to_dict()` of a model function) on this node,
     as `POST /api/v1/agents/profile/` takes it. Raises `LayoutError` (or `DataError`) naming the field."""
-    from runtime.models.usermodel import apply_declaration, validate_model
+    from runtime.models.usermodel import apply_declaration
+    from runtime.train.model_check import validate_model
 
     job = JobConfig.from_dict({**config, "dp": 1, "pp": 1, "microbatches": 1})
     apply_declaration(job)

@@ -321,7 +321,7 @@ class Worker:
         the same count, and the stages are split evenly (no profiled `layer_costs`)."""
         if self.config.model.kind != USER_MODEL_KIND:
             return
-        from runtime.models.usermodel import validate_model
+        from runtime.train.model_check import validate_model
 
         try:
             validate_model(self.config, batches=self.batches, profile=False).record(self.config)

@@ -14,7 +14,7 @@ import pytest
 from agent.main import Agent, AgentConfig
 from agent.profile import ProfileFailed, run_node_profile
 from runtime.config import DataSpec, JobConfig, ModelSpec
-from runtime.models.usermodel import validate_model
+from runtime.train.model_check import validate_model
 
 M = "tests.usermodels.models"
 ROOT = Path(__file__).resolve().parents[2]

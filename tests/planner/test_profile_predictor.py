@@ -107,7 +107,7 @@ def test_a_model_functions_measures_for_one_sample_predict_as_the_same_layers_me
     import torch
 
     from runtime.models.model import build_layer
-    from runtime.models.usermodel import measure_layers_per_sample
+    from runtime.planner.meta_features import measure_layers_per_sample
 
     with torch.device("meta"):
         layers = [build_layer(MLP, i, 0) for i in range(MLP.num_layers)]

@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from runtime.config import DataSpec, JobConfig, LayoutError, ModelSpec, each_error
 from runtime.distributed.comm import Comm, PeerAborted
-from runtime.models.usermodel import validate_model
 from runtime.train.launcher import Fault, run_local
+from runtime.train.model_check import validate_model
 from runtime.train.optim import Hyper, LayerState, lr_at
 from runtime.train.reference import reference_run
 from tests.runtime.conftest import assert_same_math, gloo_pair, small_config

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from runtime.config import JobConfig, LayoutError, ModelSpec
-from runtime.models.usermodel import ModelError, boundary_shapes, build_user_layer, validate_model
+from runtime.models.usermodel import ModelError, boundary_shapes, build_user_layer
+from runtime.train.model_check import validate_model
 from runtime.train.reference import train_reference
 from spotpipe.train import TrainOptions, run_train
 
