@@ -11,6 +11,5 @@ urlpatterns = [
     path("", include("controlplane.jobs.api.urls")),
     path("", include("controlplane.billing.api.urls")),
     path("", include("controlplane.orchestration.api.urls")),
-    path("", include("controlplane.planning.api.urls")),
     path("", include("controlplane.webhooks.api.manage_urls")),
 ]

@@ -43,9 +43,9 @@ from django.db import close_old_connections  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
 from controlplane.common.heap import freeze_startup_heap  # noqa: E402
-from controlplane.common.request_limits import request_body_ceiling  # noqa: E402
 from controlplane.hotpaths import heartbeat_channel, poll_channel  # noqa: E402
 from controlplane.hotpaths.agent_channel import CommandWaiters  # noqa: E402
+from controlplane.hotpaths.request_limits import request_body_ceiling  # noqa: E402
 from controlplane.hotpaths.thread_pools import DatabaseThreadPool  # noqa: E402
 from controlplane.hotpaths.window_batches import WindowBatches  # noqa: E402
 from controlplane.hotpaths.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402

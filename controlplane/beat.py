@@ -14,7 +14,8 @@ BEAT_SCHEDULE["fleet.sweep_notices"] = {"task": "fleet.sweep_notices", "schedule
 # Outbound alerts: re-send deliveries whose task was lost (broker down at enqueue, worker died).
 BEAT_SCHEDULE["webhooks.sweep_alerts"] = {"task": "webhooks.sweep_alerts", "schedule": 30.0}
 
-# Market: pull live spot prices from AWS every 10 minutes. Off unless SPOTPIPE_PULL_SPOT_PRICES is
+# Market prices: pull live spot prices from AWS every 10 minutes and re-price the open billing
+# segments they change (billing.tasks). Off unless SPOTPIPE_PULL_SPOT_PRICES is
 # set (to anything but 0/false/no), so a fresh clone with no AWS account does not try to call AWS.
 if tunable_from_env("SPOTPIPE_PULL_SPOT_PRICES"):
     BEAT_SCHEDULE["market.pull_spot_prices"] = {"task": "market.tasks.pull_spot_prices", "schedule": 600.0}

@@ -13,7 +13,6 @@ from django.utils.text import slugify
 from controlplane.accounts.authentication import generate_key, hash_key
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
 from controlplane.common.errors import Conflict, DomainError
-from controlplane.fleet.states import TERMINAL_STATES
 from controlplane.tunables import tunable
 
 # An agent token lives a day unless SPOTPIPE_AGENT_TOKEN_TTL_S says otherwise; the agent rotates it
@@ -164,9 +163,10 @@ def api_token_create(
         if instance.team_id != team.pk:
             raise DomainError(f"instance {instance.pk} does not belong to team {team}", field="instance")
         # The instance's row lock serialises concurrent enrolments, so exactly one token stays live.
-        state = type(instance).objects.select_for_update().values_list("state", flat=True).get(pk=instance.pk)
-        if state in TERMINAL_STATES:
-            raise Conflict(f"instance {instance.pk} is {state}; an ended instance gets no agent token",
+        # `type(instance)`: accounts sits below fleet and reaches its model through the instance.
+        locked = type(instance).objects.select_for_update().only("state").get(pk=instance.pk)
+        if locked.ended:
+            raise Conflict(f"instance {instance.pk} is {locked.state}; an ended instance gets no agent token",
                            field="instance")
         limit = timezone.now() + agent_token_ttl()
         expires_at = limit if expires_at is None else min(expires_at, limit)

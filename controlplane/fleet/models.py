@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from controlplane.common.models import TimeStampedModel
-from controlplane.fleet.states import InstanceState
+from controlplane.fleet.states import TERMINAL_STATES, InstanceState
 
 
 class ProviderKind(models.TextChoices):
@@ -71,6 +71,11 @@ class Instance(TimeStampedModel):
 
     def __str__(self) -> str:
         return f"{self.provider_instance_id or f'instance {self.pk}'} ({self.state})"
+
+    @property
+    def ended(self) -> bool:
+        """In a terminal state: preempted, terminated or failed (`fleet.states.TERMINAL_STATES`)."""
+        return self.state in TERMINAL_STATES
 
 
 def job_model() -> type[models.Model]:

@@ -13,5 +13,6 @@ the business rules stay in the apps' services, which these modules call. docs/or
   `poll_channel` (the long-poll's first step: tokens and versions in one read) and
   `heartbeat_channel` (plain heartbeats in one UPDATE);
 - `webhook_dispatch`: the inbound webhooks through a shorter middleware stack;
-- `wsgi_environ`: no server environment in a request's environ.
+- `wsgi_environ`: no server environment in a request's environ;
+- `request_limits`: the largest request body the server reads at all (the largest route's limit).
 """

@@ -19,10 +19,10 @@ from moto.ec2.responses.spot_instances import SpotInstances
 from moto.server import ThreadedMotoServer
 
 from controlplane.beat import BEAT_SCHEDULE  # noqa: F401  (the module must import cleanly)
+from controlplane.billing.tasks import pull_spot_prices
 from controlplane.market.models import SpotPrice, Zone
 from controlplane.market.pull import FIRST_PULL_LOOKBACK, spot_prices_pull_region
 from controlplane.market.services import catalogue_load
-from controlplane.market.tasks import pull_spot_prices
 
 pytestmark = pytest.mark.django_db
 REGION = "us-east-1"

@@ -185,7 +185,7 @@ def test_every_refusal_on_a_kept_alive_connection_is_answered_and_the_connection
 def test_a_body_over_the_servers_ceiling_is_answered_413_without_being_read(server):
     """A declared length past every route's limit (`request_body_ceiling`) is answered at once with
     413 and `Connection: close`; the server does not wait for (or spool) the body."""
-    from controlplane.common.request_limits import request_body_ceiling
+    from controlplane.hotpaths.request_limits import request_body_ceiling
 
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=20) as sock:

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.accounts import selectors, services
+from controlplane.accounts.api.access import UsersOnly, resolve_team
 from controlplane.accounts.api.filters import ApiTokenFilter, TeamFilter
 from controlplane.accounts.api.serializers import (
     ApiTokenCreatedSerializer,
@@ -28,10 +29,9 @@ from controlplane.accounts.api.serializers import (
 )
 from controlplane.accounts.models import ApiToken, Membership, Team, TokenKind
 from controlplane.accounts.scoping import admin_team_ids_for_request
-from controlplane.common.api import UsersOnly, resolve_team, validate_or_400
+from controlplane.common.api import validate_or_400
 from controlplane.common.errors import Conflict
 from controlplane.common.filters import FilterBackend
-from controlplane.fleet.models import Instance
 
 ERRORS = {
     401: OpenApiResponse(description="No or a bad token."),
@@ -154,7 +154,7 @@ class ApiTokenViewSet(
             raise exceptions.PermissionDenied(f"only admins of team {team.slug!r} may create its tokens")
         instance = None
         if data.get("instance") is not None:
-            instance = Instance.objects.filter(pk=data["instance"], team=team).first()
+            instance = team.instances.filter(pk=data["instance"]).first()
             if instance is None:
                 message = f"no instance {data['instance']} in team {team.slug!r}"
                 raise exceptions.ValidationError({"instance": [message]})

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from controlplane.accounts.api.access import UsersOnly
 from controlplane.accounts.models import Team
 from controlplane.accounts.scoping import team_ids_for_request
 from controlplane.billing import selectors
@@ -27,7 +28,7 @@ from controlplane.billing.api.serializers import (
     TeamSpendReportSerializer,
 )
 from controlplane.billing.reports import team_spend_report
-from controlplane.common.api import UsersOnly, validated_query
+from controlplane.common.api import validated_query
 from controlplane.common.filters import FilterBackend
 
 

@@ -12,14 +12,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.accounts.api.access import AgentActionsOnly, TeamScopedViewSetMixin, UsersOnly, agent_token
 from controlplane.accounts.models import ApiToken
-from controlplane.common.api import (
-    AgentActionsOnly,
-    TeamScopedViewSetMixin,
-    UsersOnly,
-    agent_token,
-    validate_or_400,
-)
+from controlplane.common.api import validate_or_400
 from controlplane.common.filters import FilterBackend
 from controlplane.fleet import selectors
 from controlplane.fleet.api.filters import InstanceFilter, NoticeFilter

@@ -12,11 +12,12 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from controlplane.accounts.api.access import UsersOnly
 from controlplane.accounts.scoping import team_ids_for_request
 from controlplane.billing.api.renderers import CSVRenderer
 from controlplane.billing.api.serializers import CostReportQuery, CostReportSerializer
 from controlplane.billing.reports import job_cost_report
-from controlplane.common.api import UsersOnly, validated_query
+from controlplane.common.api import validated_query
 from controlplane.jobs.models import TrainingJob
 
 

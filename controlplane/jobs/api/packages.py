@@ -13,8 +13,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.accounts.api.access import AgentActionsOnly, TeamScopedViewSetMixin, resolve_team
 from controlplane.accounts.models import ApiToken
-from controlplane.common.api import AgentActionsOnly, TeamScopedViewSetMixin, resolve_team, validate_or_400
+from controlplane.common.api import validate_or_400
 from controlplane.common.fields import CharField
 from controlplane.jobs import packages
 from controlplane.jobs.models import Package

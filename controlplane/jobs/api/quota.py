@@ -13,8 +13,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.api.access import UsersOnly
 from controlplane.accounts.scoping import admin_team_ids_for_request, team_ids_for_request
-from controlplane.common.api import UsersOnly, validate_or_400
+from controlplane.common.api import validate_or_400
 from controlplane.common.fields import CharField
 from controlplane.common.limits import MAX_COUNT
 from controlplane.jobs.admission import team_quota_set, team_quota_view

@@ -15,14 +15,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.accounts.api.access import AgentActionsOnly, TeamScopedViewSetMixin, agent_token, resolve_team
 from controlplane.accounts.models import ApiToken
-from controlplane.common.api import (
-    AgentActionsOnly,
-    TeamScopedViewSetMixin,
-    agent_token,
-    resolve_team,
-    validate_or_400,
-)
+from controlplane.common.api import validate_or_400
 from controlplane.common.filters import FilterBackend
 from controlplane.fleet.models import Instance
 from controlplane.jobs import artifacts, selectors, services

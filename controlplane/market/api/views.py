@@ -12,7 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.common.api import UsersOnly, validate_or_400, validated_query
+from controlplane.accounts.api.access import UsersOnly
+from controlplane.common.api import validate_or_400, validated_query
 from controlplane.common.fields import CharField
 from controlplane.common.filters import FilterBackend
 from controlplane.market import selectors

@@ -16,10 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.api.access import TeamScopedViewSetMixin, UsersOnly, agent_token
 from controlplane.accounts.scoping import admin_team_ids_for_request, team_ids_for_request
 from controlplane.accounts.selectors import agent_token_live
 from controlplane.accounts.services import agent_token_rotate
-from controlplane.common.api import TeamScopedViewSetMixin, UsersOnly, agent_token, validate_or_400, validated_query
+from controlplane.common.api import validate_or_400, validated_query
 from controlplane.common.errors import DomainError
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.api.serializers import InstanceSerializer

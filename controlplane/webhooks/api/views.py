@@ -15,14 +15,10 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.accounts.api.access import TeamScopedViewSetMixin, UsersOnly, resolve_team
 from controlplane.accounts.models import Team
 from controlplane.accounts.scoping import admin_team_ids_for_request
-from controlplane.common.api import (
-    TeamScopedViewSetMixin,
-    UsersOnly,
-    resolve_team,
-    validate_or_400,
-)
+from controlplane.common.api import validate_or_400
 from controlplane.common.errors import Conflict
 from controlplane.common.filters import FilterBackend
 from controlplane.webhooks import alerts, credentials

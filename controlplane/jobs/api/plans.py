@@ -1,4 +1,5 @@
-"""POST /api/v1/plans/: plan a job (instance type x nodes x DP x PP) with current prices and risk."""
+"""POST /api/v1/plans/: plan a job (instance type x nodes x DP x PP) with current prices and risk,
+by the planning app's services; the jobs API's since it may plan a stored job (`job`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.api.access import UsersOnly
 from controlplane.accounts.scoping import team_ids_for_request
-from controlplane.common.api import UsersOnly, validate_or_400
+from controlplane.common.api import validate_or_400
 from controlplane.common.throttles import ApiRateThrottle, PlanRateThrottle
+from controlplane.jobs.api.plan_serializers import ModelSpecSerializer, PlanRequestSerializer
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.selectors import plan_input_from_job
-from controlplane.planning.api.serializers import ModelSpecSerializer, PlanRequestSerializer
 from controlplane.planning.services import PlanInfeasible, PlanInput, plan_compute, plan_estimate
 from runtime.planner.capacity_policy import DEFAULT_CAPACITY_POLICY
 
