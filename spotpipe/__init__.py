@@ -11,7 +11,7 @@ __all__ = ["Model", "load_model"]
 
 def __getattr__(name: str) -> Any:
     if name == "load_model":
-        from runtime.checkpointing.export import load_model
+        from runtime.models.load import load_model
 
         return load_model
     if name == "Model":  # what a model function may return: its layers and what the data need

@@ -17,7 +17,6 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
     out, err = out or sys.stdout, err or sys.stderr
     from runtime.checkpointing.export import (
         ExportError,
-        load_model,
         local_folder,
         model_of_info,
         read_info,
@@ -27,6 +26,7 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
     from runtime.data.tokenizer import load_tokenizer
     from runtime.models.generate import sample
     from runtime.models.hf_gpt2 import is_hf_gpt2, read_config, spec_of_hf
+    from runtime.models.load import load_model
 
     if tokens < 0 or not temperature > 0 or (top_k is not None and top_k < 1):
         print(f"error: --tokens ({tokens}) must be >= 0, --temperature ({temperature}) > 0 and --top-k ({top_k}) "

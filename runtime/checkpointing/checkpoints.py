@@ -96,7 +96,7 @@ class Checkpoints:
         Pruning lists the whole store, so at most two writers do it per checkpoint (the one that
         completed it, and layer 0's writer, which prunes even where checkpoints never complete):
         with every writer pruning, 1,024 writers would list the same prefix 1,024 times."""
-        body = {"model": model_entry(spec), **info, "steps_done": step}  # loadable by `load_model`
+        body = {"model": model_entry(spec), **info, "steps_done": step}  # loadable by `spotpipe.load_model`
         complete = export_layers(self.step_dir(step), spec=spec, writers=writers, node=node, states=states,
                                  steps_done=step, export_id=export_id, info=body, max_shard_bytes=max_shard_bytes)
         if complete or writers.get(0) == node:

@@ -192,14 +192,3 @@ def hf_state(spec: ModelSpec, state: dict[str, torch.Tensor]) -> dict[str, torch
         tensor = state[ours].detach().to("cpu")
         out[theirs] = (tensor.t() if transform is _transposed else tensor).contiguous().clone()
     return out
-
-
-def load_hf_gpt2(directory: str | Path) -> torch.nn.Sequential:
-    """A Hugging Face GPT-2 folder as our `nn.Sequential` (what `spotpipe.load_model` gives for one)."""
-    from runtime.checkpointing.export import build_from_entry, load_state_into, model_entry
-
-    spec = spec_of_hf(read_config(directory))
-    weights = HFGPT2Weights(directory, spec)
-    model = build_from_entry(model_entry(spec))
-    load_state_into(model, weights.tensors(weights.map), str(directory))
-    return model.eval()

@@ -22,12 +22,12 @@ def corpus_source() -> str:
 
 def learning_summary(config: dict[str, Any], *, val_loss: float | None, weights: str) -> dict[str, Any]:
     """The figures `learning_lines` prints (and the demo's summary JSON holds)."""
-    from runtime.checkpointing.export import load_model
     from runtime.config import JobConfig
     from runtime.data.dataset import Batches
     from runtime.data.stats import unigram_entropy
     from runtime.data.tokenizer import ByteTokenizer
     from runtime.models.generate import sample
+    from runtime.models.load import load_model
 
     job = JobConfig.from_dict(config)
     batches = Batches(job)  # the nodes filled this machine's cache: opening it reads no corpus again

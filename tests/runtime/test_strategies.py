@@ -16,11 +16,11 @@ from runtime.checkpointing.durability import (
     estimated_mtbf_s,
     next_durability,
 )
-from runtime.checkpointing.export import load_model
 from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import JobConfig, LayoutError, ModelSpec
 from runtime.distributed.generation_plan import GenerationPlan
 from runtime.distributed.membership import initial_plan, make_plan
+from runtime.models.load import load_model
 from runtime.models.model import build_layer
 from runtime.parallel.schedule import action_duration, build_schedule, simulate, validate_schedule
 from runtime.strategies import get_strategy, initial_layout

@@ -21,11 +21,11 @@ from runtime.checkpointing.export import (
     WeightsFolder,
     export_layers,
     export_model,
-    load_model,
     model_entry,
     optimizer_tensors,
 )
 from runtime.config import JobConfig, ModelSpec
+from runtime.models.load import load_model
 from runtime.models.model import build_layer, build_model
 from runtime.train.optim import LayerState
 from runtime.train.reference import train_reference
