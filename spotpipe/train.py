@@ -312,10 +312,11 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
     data = batches.dataset.description if batches.dataset else {"source": "synthetic"}
     start = 0
     if config.init_from:
-        from runtime.checkpointing.export import ExportError, InitialState
+        from runtime.checkpointing.export import ExportError
+        from runtime.models.load import initial_state
 
         try:
-            start = InitialState(config.init_from, config.model).start_step
+            start = initial_state(config.init_from, config.model).start_step
         except (ExportError, OSError) as exc:
             print(f"error: init_from: {exc}", file=err)
             return 2

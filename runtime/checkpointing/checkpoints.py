@@ -129,14 +129,14 @@ class Checkpoints:
             client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[at:at + 1000]]})
 
     # -- reading ---------------------------------------------------------------------------------
-    def load(self, step: int, state: Any, spec: ModelSpec) -> None:
-        """Load layer `state.index` (parameters, AdamW moments, version) of the job's model `spec`
-        from the checkpoint of `step` into a `LayerState`, as `init_from` does (one reader per step,
-        so an S3 checkpoint is downloaded once)."""
-        self.reader(step, spec).apply(state)
+    def load(self, step: int, state: Any) -> None:
+        """Load layer `state.index` (parameters, AdamW moments, version) from the checkpoint of
+        `step` into a `LayerState`, as `init_from` does (one reader per step, so an S3 checkpoint is
+        downloaded once)."""
+        self.reader(step).apply(state)
 
-    def reader(self, step: int, spec: ModelSpec) -> InitialState:
+    def reader(self, step: int) -> InitialState:
         """The checkpoint of `step` as an `InitialState` (read once per step)."""
         if step not in self._readers:
-            self._readers[step] = InitialState(self.step_dir(step), spec)
+            self._readers[step] = InitialState(self.step_dir(step))
         return self._readers[step]

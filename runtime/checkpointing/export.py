@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -453,18 +453,24 @@ def _export_layers_local(directory: Path, *, spec: ModelSpec, writers: Mapping[i
     return complete
 
 
+class Weights(Protocol):
+    """What reads a folder's weights under our state-dict keys: a `WeightsFolder`, or the reader of
+    a folder in another layout (`runtime.models.hf_gpt2.HFGPT2Weights`)."""
+
+    def tensors(self, keys: Iterable[str]) -> dict[str, torch.Tensor]: ...
+
+
 class InitialState:
-    """The weights (and optimizer state, when the folder has it) a job starts from (`init_from`):
-    a spotpipe export, or a Hugging Face GPT-2 folder (weights only, `runtime.models.hf_gpt2`).
+    """The weights (and optimizer state, when the folder has it) a job starts from (`init_from`, or
+    a checkpoint it restores): a spotpipe export, or a folder in another layout that `foreign` reads
+    (weights only; which folders those are is `runtime.models.load.initial_state`'s).
 
     With optimizer state the job continues the exported one: its layers get the moments and
     versions, and training resumes at the export's `steps_done` (`start_step`), so the data order
     and the learning-rate step continue; with weights only it fine-tunes from step 0."""
 
-    def __init__(self, directory: str | Path, spec: ModelSpec) -> None:
-        """`spec`: the job's model; a Hugging Face GPT-2 folder (`runtime.models.hf_gpt2`) is checked against it."""
-        from runtime.models.hf_gpt2 import HFGPT2Weights, is_hf_gpt2
-
+    def __init__(self, directory: str | Path, foreign: Callable[[Path], Weights | None] | None = None) -> None:
+        """`foreign(local folder)`: the reader of a folder that is not a spotpipe export, None for one that is."""
         local = local_folder(directory)
         if not Path(local).is_dir():
             raise ExportError(f"init_from {str(directory)!r} is not a folder; expected a folder of weights "
@@ -473,8 +479,9 @@ class InitialState:
         self.local = Path(local)
         """The folder on this machine (an S3 export's download)."""
         self.optimizer: WeightsFolder | None = None
-        if is_hf_gpt2(local):  # weights only, under our names
-            self.weights: WeightsFolder | HFGPT2Weights = HFGPT2Weights(local, spec)
+        reader = foreign(self.local) if foreign is not None else None
+        if reader is not None:  # weights only, under our names
+            self.weights: Weights = reader
             return
         self.weights = WeightsFolder(local)
         if WeightsFolder.exists(local, OPTIMIZER):

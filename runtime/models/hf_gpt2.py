@@ -128,7 +128,7 @@ def key_map(spec: ModelSpec) -> dict[str, tuple[tuple[str, ...], Transform]]:
 
 
 class HFGPT2Weights:
-    """A Hugging Face GPT-2 folder read under our keys (what `runtime.checkpointing.export.InitialState` asks for):
+    """A Hugging Face GPT-2 folder read under our keys (an `InitialState`'s weights, `runtime.models.load`):
     checked against the job's model when opened, tensors mapped when read. Weights only: no
     optimizer state, so the job starts at step 0."""
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from runtime.checkpointing.export import (
     ExportError,
+    InitialState,
     WeightsFolder,
     local_folder,
     model_entry,
@@ -22,6 +23,7 @@ from runtime.checkpointing.export import (
     read_info,
     spec_of_entry,
 )
+from runtime.config import ModelSpec
 from runtime.models.hf_gpt2 import HFGPT2Weights, is_hf_gpt2, read_config, spec_of_hf
 from runtime.models.model import build_layer, build_model
 
@@ -119,3 +121,9 @@ def load_hf_gpt2(directory: str | Path) -> nn.Sequential:
     load_state_into(model, weights.tensors(weights.map), str(directory))
     return model.eval()
 
+
+def initial_state(directory: str | Path, spec: ModelSpec) -> InitialState:
+    """The state a job of model `spec` starts from (`init_from`): a spotpipe export (weights, and the
+    optimizer state when it has it), or a Hugging Face GPT-2 folder checked against `spec` and read
+    under our names (weights only)."""
+    return InitialState(directory, foreign=lambda local: HFGPT2Weights(local, spec) if is_hf_gpt2(local) else None)

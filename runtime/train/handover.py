@@ -105,7 +105,7 @@ class Handover:
         if step <= self.init_step:
             return self.initial_layer(index)
         state = self.new_layer(index)
-        self.checkpoints.load(step, state, self.config.model)
+        self.checkpoints.load(step, state)
         return state
 
     @staticmethod

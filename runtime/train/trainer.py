@@ -44,6 +44,7 @@ from runtime.distributed.comm import Comm
 from runtime.distributed.coordinator import Coordinator, Heartbeat, connect
 from runtime.distributed.generation_plan import GenerationPlan
 from runtime.distributed.membership import initial_plan, make_plan
+from runtime.models.load import initial_state
 from runtime.parallel.device import DeviceUnavailable, Staging, resolve_device, use_device
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import forward_schedule, stage_durations
@@ -305,7 +306,7 @@ class Worker:
         if not self.config.init_from:
             return
         try:
-            self.init = InitialState(self.config.init_from, self.config.model)
+            self.init = initial_state(self.config.init_from, self.config.model)
         except (ExportError, OSError) as exc:
             reason = f"init_from: {exc}"
             self.coord.mark_failed(reason)
@@ -496,7 +497,7 @@ class Worker:
         there); the first generation keeps what `init_from` recorded."""
         restore = plan.restore_step
         if restore is not None and restore > self.init_step:
-            self.skipped_at = self.ckpt.reader(restore, self.config.model).skipped_at
+            self.skipped_at = self.ckpt.reader(restore).skipped_at
         elif restore is not None:
             self.skipped_at = self.init.skipped_at if self.init is not None else []
         elif plan.skipped_at is not None:

@@ -61,11 +61,11 @@ def test_a_trained_gpt_loads_in_transformers_with_spotpipes_logits(tmp_path: Pat
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     for text in TEXTS:
         assert tokenizer.encode(text, add_special_tokens=False) == list(ByteTokenizer().encode(text))
-    from runtime.checkpointing.export import InitialState
+    from runtime.models.load import initial_state
     from spotpipe.train import TrainOptions as Options
     from spotpipe.train import resolve_config
 
-    assert InitialState(str(hf_dir), resolve_config(Options(file=_job_file(tmp_path))).model).start_step == 0
+    assert initial_state(str(hf_dir), resolve_config(Options(file=_job_file(tmp_path))).model).start_step == 0
 
     sampled, problems = io.StringIO(), io.StringIO()
     from spotpipe.sample import run_sample

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.checkpointing.export import ExportError, InitialState
+from runtime.checkpointing.export import ExportError
 from runtime.config import JobConfig, ModelSpec
 from runtime.data.dataset import microbatch_data
+from runtime.models.load import initial_state
 from runtime.models.model import build_layer, loss_fn
 from runtime.train.launcher import run_local
 from runtime.train.optim import LayerState
@@ -93,7 +94,7 @@ def gpt2_forward(state: dict[str, torch.Tensor], config: dict, idx: torch.Tensor
 
 
 def _loaded_model(directory: Path, spec: ModelSpec) -> torch.nn.Sequential:
-    init = InitialState(str(directory), spec)
+    init = initial_state(str(directory), spec)
     layers = []
     for i in range(spec.num_layers):
         state = LayerState(i, build_layer(spec, i, seed=7))
@@ -137,7 +138,7 @@ def test_a_model_that_does_not_fit_is_named_in_one_message(tmp_path: Path, chang
     folder = write_hf_folder(tmp_path / "hf", HF, hf_state(HF))
     spec = _spec(**change)
     with pytest.raises(ExportError, match="is a Hugging Face GPT-2 that does not fit") as info:
-        InitialState(str(folder), spec)
+        initial_state(str(folder), spec)
     assert named in str(info.value)
 
 
@@ -145,7 +146,7 @@ def test_other_gpt2_variants_are_refused_by_name(tmp_path: Path) -> None:
     folder = write_hf_folder(tmp_path / "hf", {**HF, "activation_function": "relu", "layer_norm_epsilon": 1e-6},
                              hf_state(HF))
     with pytest.raises(ExportError) as info:
-        InitialState(str(folder), SPEC)
+        initial_state(str(folder), SPEC)
     assert "activation_function is 'relu'" in str(info.value) and "layer_norm_epsilon is 1e-06" in str(info.value)
 
 

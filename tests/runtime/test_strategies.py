@@ -280,7 +280,7 @@ def test_checkpoints_are_exports_complete_when_the_last_writer_is_done_and_keep_
     assert not write(2, 1) and store.latest() is None  # one writer of two: not complete
     assert write(2, 0) and store.latest() == 2
     back = LayerState(1, build_layer(spec, 1, 99))
-    store.load(2, back, spec)
+    store.load(2, back)
     assert back.version == 5
     for a, b in zip(back.tensors(), states[1].tensors(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -167,7 +167,7 @@ def test_checkpoints_on_s3_are_exports_found_pruned_and_loaded(s3) -> None:  # n
     assert store.complete_steps() == [4, 6]
     assert not client.list_objects_v2(Bucket=bucket, Prefix="jobs/job-4/checkpoints/step-2/").get("Contents")
     back = LayerState(3, build_layer(spec, 3, 99))
-    store.load(6, back, spec)
+    store.load(6, back)
     torch.testing.assert_close(back.module.state_dict(), states[3].module.state_dict(), rtol=0, atol=0)
     whole = {f"{i}.{k}": v for i in range(4) for k, v in states[i].module.state_dict().items()}
     _assert_equal_state(load_model(store.step_dir(4)).state_dict(), whole, rtol=0, atol=0)
