@@ -168,8 +168,8 @@ def _checkpoint_cost_s(config: JobConfig) -> float:
     states = {i: LayerState(i, build_layer(config.model, i, 0)) for i in range(config.model.num_layers)}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        Checkpoints(tmp).write(1, spec=config.model, writers=dict.fromkeys(states, 0), node=0, states=states,
-                               export_id="bench", info={})
+        Checkpoints(tmp).write(1, spec=config.model, layers={i: s.module for i, s in states.items()},
+                               writers=dict.fromkeys(states, 0), node=0, states=states, export_id="bench", info={})
         return time.perf_counter() - start
 
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from runtime.checkpointing.durability import CHECKPOINTS, complete_steps
 from runtime.checkpointing.export import DEFAULT_SHARD_BYTES, InitialState, export_layers, model_entry
 from runtime.config import ModelSpec
@@ -87,9 +89,11 @@ class Checkpoints:
         return steps[-1] if steps else None
 
     # -- writing ---------------------------------------------------------------------------------
-    def write(self, step: int, *, spec: ModelSpec, writers: Mapping[int, int], node: int, states: Mapping[int, Any],
-              export_id: str, info: Mapping[str, Any], max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> bool:
-        """This node's shards of the checkpoint of `step` (`export_layers`); True when this node saw
+    def write(self, step: int, *, spec: ModelSpec, layers: Mapping[int, nn.Module], writers: Mapping[int, int],
+              node: int, states: Mapping[int, Any], export_id: str, info: Mapping[str, Any],
+              max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> bool:
+        """This node's shards of the checkpoint of `step` (`export_layers`: `layers`, every layer of
+        the model `spec`, give the shard plan its shapes; meta ones do); True when this node saw
         it complete. `export_id` must differ between attempts at the same step (e.g. name the
         generation), so shards left by an attempt that died are never counted as this one's.
 
@@ -97,7 +101,7 @@ class Checkpoints:
         completed it, and layer 0's writer, which prunes even where checkpoints never complete):
         with every writer pruning, 1,024 writers would list the same prefix 1,024 times."""
         body = {"model": model_entry(spec), **info, "steps_done": step}  # loadable by `spotpipe.load_model`
-        complete = export_layers(self.step_dir(step), spec=spec, writers=writers, node=node, states=states,
+        complete = export_layers(self.step_dir(step), layers=layers, writers=writers, node=node, states=states,
                                  steps_done=step, export_id=export_id, info=body, max_shard_bytes=max_shard_bytes)
         if complete or writers.get(0) == node:
             self.prune()

@@ -226,20 +226,14 @@ def export_model(directory: str | Path, model: nn.Module, *, spec: ModelSpec | N
     return export_state_dict(directory, model.state_dict(), max_shard_bytes=max_shard_bytes)
 
 
-def _meta_layer(spec: ModelSpec, index: int) -> nn.Module:
-    from runtime.models.model import build_layer
-
-    with torch.device("meta"):
-        return build_layer(spec, index, 0)
-
-
-def distributed_plans(spec: ModelSpec, writers: Mapping[int, int], *, optimizer: bool,
+def distributed_plans(layers: Mapping[int, nn.Module], writers: Mapping[int, int], *, optimizer: bool,
                       max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, ShardPlan]:
-    """The model (and optimizer) shard plans of a distributed export, from shapes only (layers built
-    on the meta device): the same on every node. `writers`: layer -> designated writer node."""
+    """The model (and optimizer) shard plans of a distributed export, from shapes only: the same on
+    every node. `layers`: every layer of the model (built on the meta device is enough: only the
+    names and sizes of their tensors are read); `writers`: layer -> designated writer node."""
     model_entries, opt_entries = [], []
     for layer in sorted(writers):
-        module, writer = _meta_layer(spec, layer), writers[layer]
+        module, writer = layers[layer], writers[layer]
         model_entries += [(writer, key, _nbytes(t)) for key, t in layer_tensors(layer, module).items()]
         if optimizer:
             for name, p in module.named_parameters():
@@ -353,12 +347,13 @@ def model_of_info(info: Mapping[str, Any]) -> dict[str, Any]:
 # --- a distributed job's final export (called by each worker) ------------------------------------
 
 
-def export_layers(directory: str | Path, *, spec: ModelSpec, writers: Mapping[int, int], node: int,
+def export_layers(directory: str | Path, *, layers: Mapping[int, nn.Module], writers: Mapping[int, int], node: int,
                   states: Mapping[int, Any], steps_done: int, export_id: str, info: Mapping[str, Any],
                   optimizer: bool = True, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
                   staging: str | Path | None = None) -> bool:
-    """Write this node's shards of a distributed export (`writers`: layer -> designated writer node;
-    `states`: this node's `LayerState`s), and the indexes when this node completes the export.
+    """Write this node's shards of a distributed export (`layers`: every layer of the model, for the
+    shard plan's shapes, `distributed_plans`; `writers`: layer -> designated writer node; `states`:
+    this node's `LayerState`s), and the indexes when this node completes the export.
     Returns True when this node saw the export complete.
 
     `directory` may be `s3://bucket/prefix`: the shards are written to a local staging folder
@@ -367,14 +362,14 @@ def export_layers(directory: str | Path, *, spec: ModelSpec, writers: Mapping[in
     if str(directory).startswith("s3://"):
         local = Path(staging) if staging is not None else Path(tempfile.mkdtemp(prefix="spotpipe-export-"))
         try:
-            return _export_layers_local(local, spec=spec, writers=writers, node=node, states=states,
+            return _export_layers_local(local, layers=layers, writers=writers, node=node, states=states,
                                         steps_done=steps_done, export_id=export_id, info=info, optimizer=optimizer,
                                         max_shard_bytes=max_shard_bytes, upload_to=str(directory))
         finally:
             import shutil
 
             shutil.rmtree(local, ignore_errors=True)
-    return _export_layers_local(Path(directory), spec=spec, writers=writers, node=node, states=states,
+    return _export_layers_local(Path(directory), layers=layers, writers=writers, node=node, states=states,
                                 steps_done=steps_done, export_id=export_id, info=info, optimizer=optimizer,
                                 max_shard_bytes=max_shard_bytes)
 
@@ -422,11 +417,11 @@ def _upload_export(url: str, local: Path, *, plans: Mapping[str, ShardPlan], ord
     return True
 
 
-def _export_layers_local(directory: Path, *, spec: ModelSpec, writers: Mapping[int, int], node: int,
+def _export_layers_local(directory: Path, *, layers: Mapping[int, nn.Module], writers: Mapping[int, int], node: int,
                          states: Mapping[int, Any], steps_done: int, export_id: str, info: Mapping[str, Any],
                          optimizer: bool, max_shard_bytes: int, upload_to: str | None = None) -> bool:
     directory.mkdir(parents=True, exist_ok=True)
-    plans = distributed_plans(spec, writers, optimizer=optimizer, max_shard_bytes=max_shard_bytes)
+    plans = distributed_plans(layers, writers, optimizer=optimizer, max_shard_bytes=max_shard_bytes)
     mine = [layer for layer, w in writers.items() if w == node]
     if mine:
         write_json(directory / INFO, dict(info))  # every writer: the same content, before any index

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from runtime.checkpointing.checkpoints import Checkpoints, checkpoint_root
 from runtime.checkpointing.export import ExportError, InitialState, export_layers, model_entry
@@ -45,6 +46,7 @@ from runtime.distributed.coordinator import Coordinator, Heartbeat, connect
 from runtime.distributed.generation_plan import GenerationPlan
 from runtime.distributed.membership import initial_plan, make_plan
 from runtime.models.load import initial_state
+from runtime.models.model import build_layer
 from runtime.parallel.device import DeviceUnavailable, Staging, resolve_device, use_device
 from runtime.parallel.layout import Layout
 from runtime.parallel.schedule import forward_schedule, stage_durations
@@ -568,6 +570,12 @@ class Worker:
         checkpoints and the final export alike."""
         return {i: owners[0] for lo, hi, owners in layout.owner_runs() if owners for i in range(lo, hi)}
 
+    def _meta_layers(self, writers: dict[int, int]) -> dict[int, nn.Module]:
+        """The written layers built on the meta device: the shapes an export's shard plan needs
+        (`runtime.checkpointing.export.distributed_plans`), with no memory."""
+        with torch.device("meta"):
+            return {i: build_layer(self.config.model, i, 0) for i in sorted(writers)}
+
     def _export_info(self, steps_done: int) -> dict[str, Any]:
         """spotpipe.json of an export or checkpoint after `steps_done` steps."""
         cfg = self.config
@@ -587,7 +595,8 @@ class Worker:
             return
         began = time.perf_counter()
         complete = self.ckpt.write(
-            step, spec=self.config.model, writers=writers, node=self.node, states=self.held,
+            step, spec=self.config.model, layers=self._meta_layers(writers), writers=writers, node=self.node,
+            states=self.held,
             # The generation in the id: shards an earlier attempt at this step left never count.
             export_id=f"{self.spec.job_id}/checkpoint/{step}/{generation}", info=self._export_info(step),
             max_shard_bytes=self.config.export_shard_bytes,
@@ -630,8 +639,9 @@ class Worker:
         node that completes the export also writes the job's other `export` format beside it (`hf/`);
         a failure there is reported in the event, and the weights stand."""
         assert self.layout is not None
+        writers = self._writers(self.layout)
         complete = export_layers(
-            self.spec.export_dir, spec=self.config.model, writers=self._writers(self.layout), node=self.node,
+            self.spec.export_dir, layers=self._meta_layers(writers), writers=writers, node=self.node,
             states=self.held, steps_done=self.committed, export_id=f"{self.spec.job_id}/{self.committed}",
             info=self._export_info(self.committed), max_shard_bytes=self.config.export_shard_bytes,
         )

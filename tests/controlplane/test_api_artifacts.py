@@ -131,7 +131,8 @@ def test_an_s3_store_lists_and_serves_what_the_workers_uploaded(s3, settings) ->
     assert location == f"s3://{bucket}/store/job-{job.pk}"
     spec = ModelSpec(kind="mlp", n_layer=2, n_embd=8, in_features=4, vocab_size=5)
     states = {i: LayerState(i, build_layer(spec, i, 0)) for i in range(spec.num_layers)}
-    common = dict(spec=spec, writers={0: 1, 1: 1, 2: 2, 3: 2}, steps_done=3, export_id="x/3",
+    layers = {i: s.module for i, s in states.items()}  # the shard plan's shapes
+    common = dict(layers=layers, writers={0: 1, 1: 1, 2: 2, 3: 2}, steps_done=3, export_id="x/3",
                   info={"model": model_entry(spec), "steps_done": 3})
     client_api = token_client(make_api_token(team, user=make_api_user(team)))
     url = f"/api/v1/jobs/{job.pk}/artifacts/"
@@ -173,7 +174,8 @@ def test_the_hugging_face_folder_of_an_hf_export_is_listed_and_served(where: str
     location = artifacts.job_artifacts_location(job=job)
     spec = ModelSpec(kind="gpt", n_layer=1, n_embd=8, n_head=2, seq_len=8, vocab_size=256)
     states = {i: LayerState(i, build_layer(spec, i, 0)) for i in range(spec.num_layers)}
-    assert export_layers(location, spec=spec, writers=dict.fromkeys(states, 0), node=0, states=states, steps_done=3,
+    layers = {i: s.module for i, s in states.items()}  # the shard plan's shapes
+    assert export_layers(location, layers=layers, writers=dict.fromkeys(states, 0), node=0, states=states, steps_done=3,
                          export_id="x/3", info={"model": model_entry(spec), "steps_done": 3, "tokenizer": "byte"})
     api = token_client(make_api_token(team, user=make_api_user(team)))
     url = f"/api/v1/jobs/{job.pk}/artifacts/"

@@ -275,7 +275,8 @@ def test_checkpoints_are_exports_complete_when_the_last_writer_is_done_and_keep_
 
     def write(step: int, node: int) -> bool:
         mine = {i: s for i, s in states.items() if writers[i] == node}
-        return store.write(step, spec=spec, writers=writers, node=node, states=mine, export_id=f"j/{step}", info={})
+        return store.write(step, spec=spec, layers={i: s.module for i, s in states.items()}, writers=writers,
+                           node=node, states=mine, export_id=f"j/{step}", info={})
 
     assert not write(2, 1) and store.latest() is None  # one writer of two: not complete
     assert write(2, 0) and store.latest() == 2

@@ -100,7 +100,8 @@ def test_distributed_writers_write_their_shards_and_the_index_comes_last(tmp_pat
     for state in states.values():  # some optimizer state to carry
         state.step([torch.ones_like(p) for p in state.params], lr=0.1, weight_decay=0.0, snapshot=False)
     writers = {0: 5, 1: 5, 2: 7, 3: 7}  # node 5 writes layers 0-1, node 7 layers 2-3
-    common = dict(spec=spec, writers=writers, steps_done=1, export_id="job/1",
+    layers = {i: s.module for i, s in states.items()}  # the shard plan's shapes
+    common = dict(layers=layers, writers=writers, steps_done=1, export_id="job/1",
                   info={"model": model_entry(spec)}, max_shard_bytes=10**9)
     assert not export_layers(tmp_path, node=7, states={i: states[i] for i in (2, 3)}, **common)
     assert sorted(p.name for p in tmp_path.glob("*.json")) == [INFO]  # no index before every shard is in
@@ -127,7 +128,8 @@ def test_distributed_writers_upload_to_s3_and_the_index_comes_last(tmp_path: Pat
     for state in states.values():
         state.step([torch.ones_like(p) for p in state.params], lr=0.1, weight_decay=0.0, snapshot=False)
     url = f"s3://{bucket}/jobs/job-3"
-    common = dict(spec=spec, writers={0: 5, 1: 5, 2: 7, 3: 7}, steps_done=1, export_id="job/1",
+    layers = {i: s.module for i, s in states.items()}  # the shard plan's shapes
+    common = dict(layers=layers, writers={0: 5, 1: 5, 2: 7, 3: 7}, steps_done=1, export_id="job/1",
                   info={"model": model_entry(spec)}, max_shard_bytes=10**9)
 
     def keys() -> list[str]:
@@ -160,7 +162,8 @@ def test_checkpoints_on_s3_are_exports_found_pruned_and_loaded(s3) -> None:  # n
     store = Checkpoints(f"s3://{bucket}/jobs/job-4")
     for step in (2, 4, 6):
         for node in (7, 5):
-            store.write(step, spec=spec, writers=writers, node=node, export_id=f"job-4/{step}", info={},
+            store.write(step, spec=spec, layers={i: s.module for i, s in states.items()}, writers=writers, node=node,
+                        export_id=f"job-4/{step}", info={},
                         states={i: s for i, s in states.items() if writers[i] == node})
         if step == 2:
             assert store.latest() == 2
