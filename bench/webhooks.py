@@ -200,7 +200,7 @@ def _seed(instances: int) -> list[str]:
                 config={"model": {"kind": "mlp", "n_layer": 4}},
                 strategy="recycle",
                 target_steps=100,
-                budget_usd=Decimal(10), allow_over_budget=True,
+                budget_usd=Decimal(10),  # a row written directly: no submission, no budget check
                 status="running",
             )
             for j in range((instances + 7) // 8)

@@ -33,3 +33,18 @@ def test_a_missing_tool_is_named_before_the_benchmark_starts(monkeypatch, capsys
     assert main(["webhooks", "--quick"]) == 2
     err = capsys.readouterr().err
     assert "gunicorn (for the _gunicorn variants)" in err and "pip install -e '.[dev]'" in err
+
+
+@pytest.mark.django_db
+def test_the_webhooks_bench_seeds_its_fleet_with_the_models_of_today() -> None:
+    """The webhook bench writes its fleet as rows, not through the services: a field it names that
+    the models no longer have fails here, not at the start of a measurement (a submission-only
+    argument written into the job rows once broke `python -m bench webhooks` unnoticed)."""
+    from bench.webhooks import _seed
+    from controlplane.fleet.models import Instance
+    from controlplane.jobs.models import TrainingJob
+
+    ids = _seed(9)
+    assert len(set(ids)) == 9
+    assert Instance.objects.filter(provider_instance_id__in=ids, state="running").count() == 9
+    assert TrainingJob.objects.filter(instances__provider_instance_id__in=ids).distinct().count() == 2
