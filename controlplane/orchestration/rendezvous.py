@@ -105,17 +105,34 @@ def rendezvous_address(*, job: TrainingJob) -> str:
 
 
 def rendezvous_release(*, job: TrainingJob) -> bool:
-    """Stop the job's store (its workers are gone). Idempotent."""
+    """Stop the job's store (its workers are gone) and return once its process has ended: a store
+    retired by another caller whose process still runs is stopped here too. Idempotent."""
+    retired = rendezvous_retire(job=job) or Rendezvous.objects.filter(job=job).exclude(released_at=None).first()
+    if retired is None:
+        return False
+    rendezvous_stop(retired)
+    return True
+
+
+def rendezvous_retire(*, job: TrainingJob) -> Rendezvous | None:
+    """Mark the job's store released, so that from now on `rendezvous_ensure` starts a new one
+    rather than hand this one out; returns the row whose process `rendezvous_stop` then ends (None:
+    no store was live). Callers that may race a resume call it under the job's lock."""
     row = Rendezvous.objects.filter(job=job, released_at__isnull=True).first()
     if row is None:
-        return False
-    if row.pid and pid_alive(row.pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(row.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 3
-        while pid_alive(row.pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(row.pid, signal.SIGKILL)
+        return None
     Rendezvous.objects.filter(pk=row.pk).update(released_at=timezone.now())
-    return True
+    return row
+
+
+def rendezvous_stop(retired: Rendezvous) -> None:
+    """End a retired store's process: SIGTERM, then SIGKILL after 3 s."""
+    if not retired.pid or not pid_alive(retired.pid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(retired.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3
+    while pid_alive(retired.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(retired.pid, signal.SIGKILL)

@@ -353,6 +353,39 @@ def test_a_release_and_its_event_commit_together(fake, monkeypatch):
     assert job.events.filter(kind="released").count() == 1
 
 
+def test_a_release_keeps_the_rendezvous_store_of_a_job_resumed_meanwhile(fake, monkeypatch):
+    """A resume can land between an ended job's node release and its store's release (`bench money`'s
+    third budget trial: resumed 40 ms after "released", its launch was handed the old store, which
+    the release then stopped, and no generation ever formed). The store is retired only while the
+    job is still over, under its lock; a job still over loses it."""
+    from controlplane.jobs.models import TrainingJob
+    from controlplane.orchestration.models import Rendezvous
+    from controlplane.orchestration.services import reconcile
+
+    real_provider = reconcile.get_provider
+
+    class ResumedWhileTerminating:
+        def __init__(self, kind: str) -> None:
+            self.real = real_provider(kind)
+
+        def terminate(self, ids: list[str]) -> None:
+            self.real.terminate(ids)
+            TrainingJob.objects.filter(pk=resumed.pk).update(status=JobStatus.PENDING)
+
+    resumed, ended = _job(dp=1, pp=2), _job(dp=1, pp=2)
+    for job in (resumed, ended):
+        instances = _start(job, fake)
+        Rendezvous.objects.create(job=job, address="127.0.0.1:1", created_at=timezone.now())
+        TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.STOPPED)
+        job.refresh_from_db()
+    monkeypatch.setattr(reconcile, "get_provider", ResumedWhileTerminating)
+    assert len(services.capacity_release(job=resumed)) == 2
+    assert Rendezvous.objects.get(job=resumed).released_at is None  # its new nodes meet there
+    monkeypatch.undo()
+    assert sorted(services.capacity_release(job=ended)) == sorted(i.pk for i in instances)
+    assert Rendezvous.objects.get(job=ended).released_at is not None
+
+
 def _release_queries(fake, dp: int) -> tuple[int, Instance]:
     """SQL statements of releasing a started, cancelled job of dp x 2 nodes, and one of its nodes."""
     from django.db import connection

@@ -51,8 +51,10 @@ def capacity_release(*, job: TrainingJob) -> list[int]:
     # The nodes' ends and the timeline's "released" event commit together: no reader (the API, the
     # dashboard, a test) sees the nodes gone without the event, and a crash in between leaves the
     # nodes live for the next reconcile to release, event and all.
+    from controlplane.orchestration.rendezvous import rendezvous_retire, rendezvous_stop
+
     with transaction.atomic():
-        _jobs, locked = lock_jobs_then_instances(
+        jobs, locked = lock_jobs_then_instances(
             job_ids=[job.pk], instances=Instance.objects.filter(pk__in=[i.pk for i in instances]))
         released = [i.pk for i in _end_locked_many(locked, InstanceState.TERMINATED,
                                                    detail={"reason": f"job {job.status}"})]
@@ -60,9 +62,13 @@ def capacity_release(*, job: TrainingJob) -> list[int]:
             job_record_event(
                 job=job, kind="released", message=f"released {len(released)} node(s)", data={"instances": released}
             )
-    from controlplane.orchestration.rendezvous import rendezvous_release
-
-    rendezvous_release(job=job)
+        # A resume can come as soon as the nodes are gone, and its launch may already have been handed
+        # this store: retired only while the job is still over, under its lock (a resume takes it
+        # too), so a later resume starts a new store and an earlier one keeps this one.
+        over = job.pk in jobs and jobs[job.pk].status not in ACTIVE_JOB_STATUSES
+        retired = rendezvous_retire(job=job) if over else None
+    if retired is not None:
+        rendezvous_stop(retired)
     return released
 
 
