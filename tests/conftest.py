@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from pathlib import Path
@@ -54,7 +55,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     PBKDF2 (1,000,000 iterations) took 0.34 s a hash here, 13 s of one pass's worker time (39 hashes in
     the control-plane, reliability and orchestration tests, counted 2026-11-28). What is
     tested of passwords (login, its limits) does not depend on the hash's cost; servers the tests
-    start in their own processes keep production's hashers. And an empty static root (below)."""
+    start in their own processes keep production's hashers. And an empty static root (below).
+    A GPU host runs the `gpu` tests with torch alone (tests/gpu_host/run_checks.sh): no Django there."""
+    if importlib.util.find_spec("django") is None:
+        return
     from django.conf import settings
 
     if settings.configured:
