@@ -107,7 +107,8 @@ def rendezvous_address(*, job: TrainingJob) -> str:
 def rendezvous_release(*, job: TrainingJob) -> bool:
     """Stop the job's store (its workers are gone) and return once its process has ended: a store
     retired by another caller whose process still runs is stopped here too. Idempotent."""
-    retired = rendezvous_retire(job=job) or Rendezvous.objects.filter(job=job).exclude(released_at=None).first()
+    retired = rendezvous_retire(job=job) or (
+        Rendezvous.objects.filter(job=job).exclude(released_at=None).exclude(pid=None).first())
     if retired is None:
         return False
     rendezvous_stop(retired)
@@ -126,13 +127,16 @@ def rendezvous_retire(*, job: TrainingJob) -> Rendezvous | None:
 
 
 def rendezvous_stop(retired: Rendezvous) -> None:
-    """End a retired store's process: SIGTERM, then SIGKILL after 3 s."""
-    if not retired.pid or not pid_alive(retired.pid):
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(retired.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 3
-    while pid_alive(retired.pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(retired.pid, signal.SIGKILL)
+    """End a retired store's process: SIGTERM, then SIGKILL after 3 s. The row forgets the pid once
+    it is gone, so a later release never signals whatever process reuses that number."""
+    if retired.pid and pid_alive(retired.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(retired.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        while pid_alive(retired.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(retired.pid, signal.SIGKILL)
+    if retired.pid:
+        # Only if no `rendezvous_ensure` has taken the row over with a store of its own meanwhile.
+        Rendezvous.objects.filter(pk=retired.pk, pid=retired.pid).exclude(released_at=None).update(pid=None)

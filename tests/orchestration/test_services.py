@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from datetime import timedelta
 from decimal import Decimal
 
@@ -382,8 +383,12 @@ def test_a_release_keeps_the_rendezvous_store_of_a_job_resumed_meanwhile(fake, m
     assert len(services.capacity_release(job=resumed)) == 2
     assert Rendezvous.objects.get(job=resumed).released_at is None  # its new nodes meet there
     monkeypatch.undo()
+    store = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands in for the store's process
+    Rendezvous.objects.filter(job=ended).update(pid=store.pid)
     assert sorted(services.capacity_release(job=ended)) == sorted(i.pk for i in instances)
-    assert Rendezvous.objects.get(job=ended).released_at is not None
+    assert store.wait(timeout=10) != 0  # ended by the release, which returned once it was gone
+    row = Rendezvous.objects.get(job=ended)
+    assert row.released_at is not None and row.pid is None  # a reused pid is never signalled later
 
 
 def _release_queries(fake, dp: int) -> tuple[int, Instance]:

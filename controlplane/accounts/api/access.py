@@ -73,7 +73,8 @@ class TeamScopedViewSetMixin:
     agent_actions: ClassVar[frozenset[str]] = frozenset()
 
     def scoped_queryset(self, team_ids: list[int]) -> QuerySet:
-        raise NotImplementedError
+        """The viewset's objects of `team_ids`: every team-owned viewset defines it."""
+        raise NotImplementedError(f"{type(self).__name__} must define scoped_queryset(team_ids)")
 
     def get_queryset(self) -> QuerySet:
         request = self.request  # type: ignore[attr-defined]
