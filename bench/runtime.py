@@ -30,7 +30,7 @@ from bench.report import Progress, print_table
 from runtime.checkpointing.durability import checkpoint_interval_steps
 from runtime.checkpointing.youngdaly import young_interval
 from runtime.config import DEVICES, DeviceTime, JobConfig, ModelSpec
-from runtime.parallel.schedule import action_duration, build_schedule, simulate, stage_durations
+from runtime.parallel.schedule import action_duration, build_schedule, job_durations, simulate
 from runtime.strategies import get_strategy
 from runtime.traces import FORMATS
 from runtime.train.launcher import Fault, Join, RunResult, faults_from_trace, run_local
@@ -371,8 +371,7 @@ def simulated_steps() -> dict[str, Any]:
     for name, (strategy, schedule, slots, spill) in cases.items():
         cfg = _config(strategy, steps=1, emulated=True, schedule=schedule, recycle_spill=spill)
         layout = get_strategy(strategy).layout_for(cfg, slots)
-        per_layer = (4.0, 4.0, 4.0)
-        durations = stage_durations(layout, [per_layer] * layout.num_layers)
+        durations = job_durations(cfg, layout)  # what the nodes build their lists with (ms here)
         timeline = simulate(build_schedule(layout, cfg.schedule, durations), action_duration(layout, durations))
         busiest = max(sum(e - s for s, e, _ in row) for row in timeline.values())
         out[f"{name}_step_ms"] = max(e for row in timeline.values() for _, e, _ in row)

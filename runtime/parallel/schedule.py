@@ -23,7 +23,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.config import LayoutError
+from runtime.config import JobConfig, LayoutError
 from runtime.parallel.layout import Hop, Layout
 
 FORWARD = "F"
@@ -84,6 +84,28 @@ def stage_durations(layout: Layout, layer_costs: list[tuple[float, float, float]
     for stage, (lo, hi) in enumerate(layout.stages):
         out[stage] = tuple(sum(c[k] for c in costs[lo:hi]) for k in range(3))  # type: ignore[assignment]
     return out
+
+
+def stated_layer_times(config: JobConfig) -> tuple[list[tuple[float, float, float]], float] | None:
+    """Each layer's (F, I, W) for one micro-batch in the unit the job states them in, and that unit
+    in seconds: the emulated `device_time` (ms), else `layer_costs` (seconds of forward + backward,
+    split evenly over F, I and W); None when the job states neither."""
+    dt = config.device_time
+    if dt is not None:
+        return [(dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms)] * config.model.num_layers, 1e-3
+    if config.layer_costs:
+        return [(c / 3, c / 3, c / 3) for c in config.layer_costs], 1.0
+    return None
+
+
+def job_durations(config: JobConfig, layout: Layout) -> Durations:
+    """Stage -> (F, I, W) that every node of the job builds its action lists with (unit costs when
+    the job states no times). Whoever predicts the schedule the nodes will run (recycle's spill
+    placement, the trainer's step estimate) must use these very numbers: the list scheduler breaks
+    ties by them, so the same times in another unit (seconds for milliseconds) can order a
+    different schedule, 152 ms instead of 136 ms in `bench runtime`'s 1-of-8 spill layout."""
+    stated = stated_layer_times(config)
+    return stage_durations(layout, stated[0] if stated else None)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 
 from runtime.config import JobConfig
+from runtime.parallel.schedule import stated_layer_times
 from runtime.parallel.throughput import CostModel, Network
 from runtime.strategies.spill import LinkCosts
 
@@ -59,13 +60,11 @@ def stated_by_cost_models(costs: Sequence[CostModel]) -> dict[str, float | list[
 
 def layer_times_s(config: JobConfig) -> list[tuple[float, float, float]] | None:
     """(F, I, W) seconds of each layer for one micro-batch, from what the job states (None: nothing)."""
-    dt = config.device_time
-    if dt is not None:
-        per_layer = (dt.forward_ms / 1e3, dt.backward_input_ms / 1e3, dt.backward_weight_ms / 1e3)
-        return [per_layer] * config.model.num_layers
-    if config.layer_costs:
-        return [(c / 3, c / 3, c / 3) for c in config.layer_costs]
-    return None
+    stated = stated_layer_times(config)
+    if stated is None:
+        return None
+    times, unit_s = stated
+    return [(f * unit_s, i * unit_s, w * unit_s) for f, i, w in times]
 
 
 def link_costs(config: JobConfig) -> LinkCosts | None:

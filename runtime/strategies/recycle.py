@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from runtime.config import JobConfig, LayoutError
 from runtime.parallel.layout import Layout, pipelines_layout
-from runtime.parallel.schedule import stage_durations
+from runtime.parallel.schedule import job_durations, stated_layer_times
 from runtime.strategies.base import Slots, alive_nodes
 from runtime.strategies.links import link_costs
 from runtime.strategies.spill import LinkCosts, Routes, place_lost_hops
@@ -116,15 +116,18 @@ def _spill(
     slots: Slots,
     costs: LinkCosts | None,
 ) -> Layout:
-    """Place the lost hops on survivors (`runtime.strategies.spill`), scored with `costs` (seconds,
-    with each stage's join cost) or else the emulated device time per layer (unit costs without
-    one), as the runtime's schedule estimate does."""
-    if costs is not None:
-        holders = {s: sum(row[s] is not None for row in slots) for s in range(len(base.stages))}
-        durations = costs.stage_compute(base.stages)
-        join = costs.stage_join_times(base.stages, holders)
-        return base.with_routes(place_lost_hops(base, routes, lost, slots, durations, config.schedule, join))
-    dt = config.device_time
-    per_layer = (dt.forward_ms, dt.backward_input_ms, dt.backward_weight_ms) if dt else (1.0, 1.0, 1.0)
-    durations = stage_durations(base, [per_layer] * base.num_layers)
-    return base.with_routes(place_lost_hops(base, routes, lost, slots, durations, config.schedule))
+    """Place the lost hops on survivors (`runtime.strategies.spill`), scored on the schedule the
+    nodes will build (`job_durations`: the job's own times, in its own unit, since the list
+    scheduler's ties depend on them) plus, with `costs`, each stage's join cost in that unit. A job
+    that states no times but is handed `costs` is scored in the costs' seconds."""
+    durations = job_durations(config, base)
+    if costs is None:
+        return base.with_routes(place_lost_hops(base, routes, lost, slots, durations, config.schedule))
+    holders = {s: sum(row[s] is not None for row in slots) for s in range(len(base.stages))}
+    stated = stated_layer_times(config)
+    if stated is None:
+        durations, per_second = costs.stage_compute(base.stages), 1.0
+    else:
+        per_second = 1.0 / stated[1]
+    join = {stage: t * per_second for stage, t in costs.stage_join_times(base.stages, holders).items()}
+    return base.with_routes(place_lost_hops(base, routes, lost, slots, durations, config.schedule, join))

@@ -49,7 +49,7 @@ from runtime.models.load import initial_state
 from runtime.models.model import build_layer
 from runtime.parallel.device import DeviceUnavailable, Staging, resolve_device, use_device
 from runtime.parallel.layout import Layout
-from runtime.parallel.schedule import forward_schedule, stage_durations
+from runtime.parallel.schedule import forward_schedule, job_durations
 from runtime.strategies import get_strategy
 from runtime.train.executor import Executor
 from runtime.train.faults import FaultInjector
@@ -555,13 +555,7 @@ class Worker:
         return dist.PrefixStore(f"{self.spec.job_id}/gen/{generation}", self.store)
 
     def durations(self, layout: Layout):
-        dev = self.config.device_time
-        if dev is not None:
-            per_layer = [(dev.forward_ms, dev.backward_input_ms, dev.backward_weight_ms)] * layout.num_layers
-            return stage_durations(layout, per_layer)
-        if self.config.layer_costs:
-            return stage_durations(layout, [(c / 3, c / 3, c / 3) for c in self.config.layer_costs])
-        return stage_durations(layout)
+        return job_durations(self.config, layout)
 
     # -- checkpoints and the final export ------------------------------------------------------
     @staticmethod

@@ -156,3 +156,20 @@ def test_the_simulator_plans_recycle_as_a_worker_of_the_job_would() -> None:
     # the same hole costs more than peers only: the traffic is what the link costs add.
     compute_only = get_strategy("recycle").layout_for(dataclasses.replace(config, link_gbps=0.0), slots)
     assert model.plans.layout_step(compute_only, "fiw") > peers.step("recycle", pattern)
+
+
+def test_spill_scores_the_schedule_the_nodes_build_in_the_jobs_own_unit() -> None:
+    # The nodes build their action lists from the job's times in its own unit (`job_durations`: ms
+    # of `device_time` here), and the list scheduler's ties depend on those very numbers. Spill once
+    # scored placements on the same times in seconds, where float rounding ordered another schedule:
+    # it picked a placement that runs 152 ms instead of 136 ms (`bench runtime`'s 1-of-8 layout).
+    # Priced links (tiny joins for this small model) must not cost more than the joins themselves.
+    from runtime.parallel.schedule import job_durations, schedule_length
+
+    small = ModelSpec(kind="gpt", n_layer=6, n_embd=32, n_head=2, seq_len=16, vocab_size=64)
+    config = job(layer_ms=4.0, model=small, global_batch=32)
+    slots = [[0, 1, 2, 3], [4, None, 6, 7]]
+    priced = get_strategy("recycle").layout_for(config, slots)
+    compute_only = get_strategy("recycle").layout_for(dataclasses.replace(config, link_gbps=0.0), slots)
+    step_ms = schedule_length(priced, "fiw", job_durations(config, priced))
+    assert step_ms == schedule_length(compute_only, "fiw", job_durations(config, compute_only)) == 136.0
