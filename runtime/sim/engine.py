@@ -132,8 +132,9 @@ class SimParams:
     recycle_failover_s: float = 2.0
     join_s: float = 1.0
     """recycle: a replacement copies its stage from a peer in the background, then fills a hole at a
-    step boundary (the job pauses only for the switch). Neither has a source; the runtime measured
-    0.44 s (kill -> next commit) and 0.47 s (replacement ready -> first commit) on localhost."""
+    step boundary (the job pauses only for the switch). Neither has a source; the runtime's own
+    kill -> next commit and replacement ready -> first commit at 8 ranks on localhost are in
+    docs/runtime.md's figures table (`python -m bench runtime`), well under both."""
     detection_s: float = 5.0
     """A node that leaves without (enough) notice is declared dead after this long."""
     notice_s: float = 0.0
