@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path's checks on a host with a CUDA GPU and a CUDA build of torch (no Django, Celery or
 # database needed): the `gpu` tests, `bench runtime --device cuda --quick` and a CUDA-event profile.
-# Usage: bash tests/gpu_host/run_checks.sh OUT_DIR   (docs/runtime.md, "The GPU path", has the results)
+# Usage: bash tests/gpu_host/run_checks.sh OUT_DIR   (docs/runtime.md: "The GPU path" says how; its Benchmark table has the results)
 #        BENCH_FLAGS= bash tests/gpu_host/run_checks.sh OUT_DIR   the benchmark's full length (default --quick)
 set -u
 out=${1:-var/gpu-checks}
