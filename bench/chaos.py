@@ -151,7 +151,8 @@ class Soak:
         processes.sweep(self.var_dir)  # anything left by an interrupted run of this var dir
         self.pg = PrivatePostgres(self.var_dir / "postgres")
         self.pg.init()
-        for sub in ("nodes", "logs", "checkpoints", "broker"):
+        # Each soak starts on a fresh database: what an earlier soak of this var dir wrote goes too.
+        for sub in ("nodes", "logs", "checkpoints", "broker", "artifacts"):
             shutil.rmtree(self.var_dir / sub, ignore_errors=True)
         self.pg.start()
         self.pg.create_database()

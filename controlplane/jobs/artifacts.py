@@ -1,5 +1,5 @@
 """A job's artifacts: the final weights its workers export (runtime/checkpointing/export.py) into the job's folder
-of the artifact store (`SPOTPIPE_ARTIFACTS`, `<store>/job-<id>/`), listed and served by the API.
+of the artifact store (`SPOTPIPE_ARTIFACTS`, `<store>/job-<id>-<key>/`), listed and served by the API.
 
 The control plane hands the folder to the agents in the `run` command (`job.artifacts`); every
 worker of the final layout writes its shards there at the end of the job, the last one the index
@@ -55,13 +55,16 @@ def artifact_store() -> str:
     return str(tunable("SPOTPIPE_ARTIFACTS"))
 
 
-def job_artifacts_location(*, job: TrainingJob | int) -> str:
-    """The job's folder in the artifact store: what its workers get as their export folder."""
-    job_id = job if isinstance(job, int) else job.pk
+def job_artifacts_location(*, job: TrainingJob) -> str:
+    """The job's folder in the artifact store (`job-<id>-<artifacts_key>`; `job-<id>` for jobs older than the
+    key): what its workers get as their export folder, checkpoints included. The key keeps a reused id (a
+    reset database, a second control plane on the same store) away from another job's checkpoints, which a
+    run would otherwise restore from or prune."""
+    name = f"job-{job.pk}-{job.artifacts_key}" if job.artifacts_key else f"job-{job.pk}"
     store = artifact_store()
     if store.startswith("s3://"):
-        return f"{store.rstrip('/')}/job-{job_id}"
-    return str(Path(store) / f"job-{job_id}")
+        return f"{store.rstrip('/')}/{name}"
+    return str(Path(store) / name)
 
 
 class _LocalFolder:

@@ -3,6 +3,8 @@ timeline events."""
 
 from __future__ import annotations
 
+import secrets
+
 from django.conf import settings
 from django.db import models
 
@@ -77,6 +79,11 @@ MAX_PRIORITY = 1000
 DEFAULT_MAX_RESTARTS_ON_ERRORS = 3
 
 
+def new_artifacts_key() -> str:
+    """A job's own part of its artifact folder's name (`controlplane.jobs.artifacts`)."""
+    return secrets.token_hex(4)
+
+
 class TrainingJob(TimeStampedModel):
     """A training job submitted by a team, with a deadline and/or a budget."""
 
@@ -132,6 +139,11 @@ class TrainingJob(TimeStampedModel):
     )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    artifacts_key = models.CharField(
+        max_length=16, blank=True, default=new_artifacts_key, editable=False,
+        help_text="Names the job's artifact folder with its id, so a job whose id an earlier database already "
+        "used (a reset, another control plane on the same store) never reads or prunes that job's "
+        "checkpoints. Empty for jobs made before it existed: their folder stays job-<id>.")
 
     class Meta:
         indexes = [models.Index(fields=["team", "status"], name="job_team_status_idx")]

@@ -45,7 +45,7 @@ def test_the_agents_run_command_names_the_jobs_folder(store: Path) -> None:
     job = make_job(team)
     instance = make_instance(team, job=job)
     answer = agent_commands(instance_id=instance.pk)
-    assert answer["job"]["artifacts"] == str(store / f"job-{job.pk}")
+    assert answer["job"]["artifacts"] == str(store / f"job-{job.pk}-{job.artifacts_key}")
 
 
 def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
@@ -57,8 +57,8 @@ def test_listing_download_and_scoping(store: Path, monkeypatch) -> None:
 
     # Nothing exported yet (or a partial export): an empty listing, the folder named.
     body = client.get(url).json()
-    assert body["files"] == [] and not body["complete"] and body["location"] == str(store / f"job-{job.pk}")
-    folder = store / f"job-{job.pk}"
+    folder = store / f"job-{job.pk}-{job.artifacts_key}"
+    assert body["files"] == [] and not body["complete"] and body["location"] == str(folder)
     folder.mkdir(parents=True)
     (folder / "model-00001-of-00002.safetensors").write_bytes(b"partial")
     assert client.get(url).json()["files"] == []
@@ -128,7 +128,7 @@ def test_an_s3_store_lists_and_serves_what_the_workers_uploaded(s3, settings) ->
     team = make_team()
     job = make_job(team)
     location = artifacts.job_artifacts_location(job=job)
-    assert location == f"s3://{bucket}/store/job-{job.pk}"
+    assert location == f"s3://{bucket}/store/job-{job.pk}-{job.artifacts_key}"
     spec = ModelSpec(kind="mlp", n_layer=2, n_embd=8, in_features=4, vocab_size=5)
     states = {i: LayerState(i, build_layer(spec, i, 0)) for i in range(spec.num_layers)}
     layers = {i: s.module for i, s in states.items()}  # the shard plan's shapes
@@ -143,11 +143,13 @@ def test_an_s3_store_lists_and_serves_what_the_workers_uploaded(s3, settings) ->
     names = [f["name"] for f in body["files"]]
     assert "model.safetensors.index.json" in names and "spotpipe.json" in names and body["complete"]
     for f in body["files"]:
-        data = client.get_object(Bucket=bucket, Key=f"store/job-{job.pk}/{f['name']}")["Body"].read()
+        key = f"store/job-{job.pk}-{job.artifacts_key}/{f['name']}"
+        data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
         assert f["size"] == len(data) and f["sha256"] == hashlib.sha256(data).hexdigest()
         response = client_api.get(url + f["name"])
         assert response.status_code == 200 and b"".join(response.streaming_content) == data
-    sidecar = json.loads(client.get_object(Bucket=bucket, Key=f"store/job-{job.pk}/{artifacts.SIDECAR}")["Body"].read())
+    sidecar_key = f"store/job-{job.pk}-{job.artifacts_key}/{artifacts.SIDECAR}"
+    sidecar = json.loads(client.get_object(Bucket=bucket, Key=sidecar_key)["Body"].read())
     assert set(sidecar) == set(names)
     assert client_api.get(url + artifacts.SIDECAR).status_code == 404
     assert f'spotpipe.load_model("{location}")' in body["load_snippet"]
@@ -191,7 +193,7 @@ def test_the_hugging_face_folder_of_an_hf_export_is_listed_and_served(where: str
     for bad in ("hf/notes.txt", "hf/../spotpipe.json", "hf", "hf/", "other/config.json"):
         assert api.get(url + bad).status_code == 404, bad
     if where == "local":  # a linked folder is another folder: nothing in it is served
-        folder = store / f"job-{job.pk}"
+        folder = store / f"job-{job.pk}-{job.artifacts_key}"
         (folder / "hf").rename(folder / "elsewhere")
         (folder / "hf").symlink_to(folder / "elsewhere")
         assert not [f for f in api.get(url).json()["files"] if f["name"].startswith("hf/")]
@@ -205,8 +207,8 @@ def test_the_job_page_links_the_files_and_shows_the_snippet(store: Path) -> None
     page = token_client()
     page.force_login(user)
     html = page.get(f"/jobs/{job.pk}/").content.decode()
-    assert 'id="artifacts-empty"' in html and str(store / f"job-{job.pk}") in html
-    _export(store / f"job-{job.pk}")
+    assert 'id="artifacts-empty"' in html and str(store / f"job-{job.pk}-{job.artifacts_key}") in html
+    _export(store / f"job-{job.pk}-{job.artifacts_key}")
     html = page.get(f"/jobs/{job.pk}/").content.decode()
     assert f'href="/api/v1/jobs/{job.pk}/artifacts/model.safetensors"' in html
     assert "import spotpipe" in html and "spotpipe.load_model(&quot;" in html

@@ -86,7 +86,8 @@ def test_mlflow_gets_the_contract_each_step_once_and_the_outcome(world, mlflow_s
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED"
     tags = run.data.tags
-    assert tags["weights"] == str(tmp_path / "artifacts" / f"job-{job.pk}") and tags["status"] == "finished"
+    assert tags["weights"] == str(tmp_path / "artifacts" / f"job-{job.pk}-{job.artifacts_key}")
+    assert tags["status"] == "finished"
     assert (tags["recoveries"], tags["recovery_lost_s"]) == ("1", "2.5")
     # The API, `spotpipe status` and the job page name the run.
     from spotpipe.commands import describe_tracker

@@ -104,7 +104,7 @@ def test_a_user_models_weights_come_out_through_the_api_after_a_notice(
             return listing if listing.get("complete") else None
 
         listing = wait_for(complete, 30, "the export to be complete")
-        assert listing["location"] == str(tmp_path / "artifacts" / f"job-{job.pk}")
+        assert listing["location"] == str(tmp_path / "artifacts" / f"job-{job.pk}-{job.artifacts_key}")
         names = {f["name"] for f in listing["files"]}
         assert {"spotpipe.json", "model.safetensors"} <= names, names  # pp=1: one writer, one file
         assert any(n.startswith("optimizer") for n in names), names

@@ -54,7 +54,7 @@ def test_pull_downloads_verified_weights_and_never_saves_a_bad_file(control_plan
     assert code == 1 and f"job {job.pk} has no complete weights yet" in err
     assert not (tmp_path / "early").exists()
 
-    folder = tmp_path / "artifacts" / f"job-{job.pk}"
+    folder = tmp_path / "artifacts" / f"job-{job.pk}-{job.artifacts_key}"
     _export(folder)
     TrainingJob.objects.filter(pk=job.pk).update(status="finished", steps_done=job.target_steps)
     code, out, err = _run(commands.pull, job.pk, tmp_path / "weights")

@@ -65,7 +65,7 @@ def _east_job_at_step_30_with_a_checkpoint_of_20(settings) -> tuple[TrainingJob,
     services.acquisition_launch(acquisition=services.job_start(job=job))
     _enroll_all(job)
     TrainingJob.objects.filter(pk=job.pk).update(status="running", steps_done=30)
-    checkpoint = Path(settings.SPOTPIPE_ARTIFACTS) / f"job-{job.pk}" / "checkpoints" / "step-20"
+    checkpoint = Path(settings.SPOTPIPE_ARTIFACTS) / f"job-{job.pk}-{job.artifacts_key}" / "checkpoints" / "step-20"
     checkpoint.mkdir(parents=True)
     (checkpoint / "model.safetensors").write_bytes(b"complete")  # what makes a checkpoint complete
     return job, checkpoint
