@@ -88,7 +88,8 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_ENROLL_VERIFY_IDENTITY", "auto", "check an enrolling node's signed identity document: "
             "`auto` (aws nodes only), `on`, `off`"),
     Tunable("SPOTPIPE_ARTIFACTS", _artifacts_default, "the artifact store: a folder the nodes see, or "
-            "`s3://bucket/prefix`; each job's weights and checkpoints go to `job-<id>-<key>/` (default `var/artifacts`)"),
+            "`s3://bucket/prefix`; each job's weights and checkpoints go to `job-<id>-<key>/` "
+            "(default `var/artifacts`)"),
     Tunable("SPOTPIPE_PACKAGE_MAX_BYTES", 200 * 2**20, "the largest package a team may upload for its jobs' "
             "requirements", kind=int),
     Tunable("SPOTPIPE_PRICE_UPLOAD_MAX_BYTES", 200 * 2**20, "the largest spot price file staff may upload",
