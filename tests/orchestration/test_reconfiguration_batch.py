@@ -20,7 +20,7 @@ from controlplane.jobs.models import JobEvent, JobGeneration, Reconfiguration, T
 from controlplane.orchestration import services, tasks
 from controlplane.orchestration.notices import notice_process, notices_process_batch
 from controlplane.orchestration.providers import set_provider
-from controlplane.orchestration.services import applying, generations
+from controlplane.orchestration.services import generations
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertDelivery
 from tests.controlplane.factories import make_instance, make_job, make_team
@@ -37,7 +37,7 @@ def _worker(monkeypatch, settings):
     settings.SPOTPIPE_ALERT_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the alert URL is on loopback
     provider = FakeProvider()
     set_provider("local", provider)
-    monkeypatch.setattr(applying, "_in_worker", lambda: True)
+    monkeypatch.setattr(generations, "_in_worker", lambda: True)
     enqueued: list[tuple] = []
     for name in ("apply_reconfiguration", "instance_joined", "reconcile_job"):
         monkeypatch.setattr(getattr(tasks, name), "delay", lambda *args, name=name: enqueued.append((name, *args)))

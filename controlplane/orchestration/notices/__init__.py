@@ -1,7 +1,7 @@
 """Reacting to interruption notices: a worker's drain claims stored notices (fleet's
 `fleet.notices.claims`) and processes them in batches (`processing`), each notice moving its
 instance, recording the event on its job's timeline and deciding a reconfiguration (`reaction`),
-which orchestration applies once the batch commits (`services.applying`)."""
+which orchestration applies once the batch commits (`services.generations`)."""
 
 from controlplane.orchestration.notices.processing import (
     DrainResult,

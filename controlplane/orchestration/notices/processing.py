@@ -27,7 +27,7 @@ from controlplane.fleet.services import instances_moved_save
 from controlplane.jobs.models import JobEvent
 from controlplane.jobs.reconfiguration import current_generations, reconfigurations_create
 from controlplane.orchestration.notices.reaction import InstanceMap, ReactionBatch, instance_keys, react
-from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
+from controlplane.orchestration.services.generations import reconfigurations_apply_after_commit
 
 logger = logging.getLogger(__name__)
 

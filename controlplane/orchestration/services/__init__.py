@@ -10,9 +10,8 @@ One module per job, each importing what it needs from the others:
 
 - `acquisition`: record a job's missing capacity, launch it, attach the launched nodes;
 - `agents`: a node's enrolment, its agent's commands and notices;
-- `generations`: the next generation when nodes join or leave (reconfigurations applied);
-- `applying`: when a decided reconfiguration is applied (after its decider's commit; inline in a
-  worker, else by a task);
+- `generations`: the next generation when nodes join or leave, and when a decided leave is applied
+  (after its decider's commit; inline in a worker, else by a task);
 - `liveness`: nodes whose heartbeats stopped, or that never enrolled, are lost;
 - `job_end`: a job fails or finishes;
 - `reconcile`: desired against actual capacity, and an ended job's release;
@@ -41,13 +40,13 @@ from controlplane.orchestration.services.agents import (
     agent_enroll,
     agent_notice,
 )
-from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
 from controlplane.orchestration.services.enrolment_keys import acquisition_enroll_key, acquisition_from_enroll_key
 from controlplane.orchestration.services.generations import (
     job_grow,
     reconfiguration_apply,
     reconfiguration_lost_seconds,
     reconfigurations_apply,
+    reconfigurations_apply_after_commit,
     reconfigurations_pending,
 )
 from controlplane.orchestration.services.job_end import (

@@ -21,8 +21,11 @@ from controlplane.jobs.reconfiguration import (
 )
 from controlplane.jobs.services import job_record_event
 from controlplane.orchestration.providers import get_provider
-from controlplane.orchestration.services.applying import reconfigurations_apply_after_commit
-from controlplane.orchestration.services.generations import reconfiguration_apply, reconfigurations_apply
+from controlplane.orchestration.services.generations import (
+    reconfiguration_apply,
+    reconfigurations_apply,
+    reconfigurations_apply_after_commit,
+)
 from controlplane.orchestration.services.transitions import _end_locked_many, _now, _transition
 from controlplane.tunables import tunable
 
