@@ -23,13 +23,10 @@ docs/orchestration.md, "The agent command channel", says why this and not Django
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -39,14 +36,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django.setup()
 
 from django.conf import settings  # noqa: E402
-from django.db import close_old_connections  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
 from controlplane.common.heap import freeze_startup_heap  # noqa: E402
 from controlplane.hotpaths import heartbeat_channel, poll_channel  # noqa: E402
-from controlplane.hotpaths.agent_channel import CommandWaiters  # noqa: E402
+from controlplane.hotpaths.agent_channel import AnswerReads, CommandWaiters, hold_poll  # noqa: E402
 from controlplane.hotpaths.request_limits import request_body_ceiling  # noqa: E402
-from controlplane.hotpaths.thread_pools import DatabaseThreadPool  # noqa: E402
+from controlplane.hotpaths.thread_pools import DatabaseThreadPool, in_request  # noqa: E402
 from controlplane.hotpaths.window_batches import WindowBatches  # noqa: E402
 from controlplane.hotpaths.wsgi_bridge import WSGIBridge, WSGIResponse, send_response  # noqa: E402
 from controlplane.orchestration import selectors  # noqa: E402
@@ -63,60 +59,6 @@ WEB_THREADS = int(tunable("SPOTPIPE_WEB_THREADS"))
 # apart from the web threads: a wake-up of a thousand agents does not queue ahead of webhooks.
 AGENT_THREADS = int(tunable("SPOTPIPE_AGENT_THREADS"))
 COMMANDS_PATH = reverse("agent-commands")
-# A held poll is answered after `wait` x (1 - up to this share) when nothing changed.
-HOLD_JITTER = 0.25
-
-
-def _in_request(fn: Callable, *args: Any) -> Any:
-    """`fn(*args)` in a pool thread with Django's per-request connection hygiene."""
-    close_old_connections()
-    try:
-        return fn(*args)
-    finally:
-        close_old_connections()
-
-
-class _AnswerReads:
-    """Coalesces the answer reads that held polls ask for within `window_s` into one call in the
-    pool: a new generation wakes every agent of its job at once, and a few queries for all of them
-    cost less than a few per agent (`services.agent_commands_many`)."""
-
-    def __init__(self, executor: ThreadPoolExecutor, window_s: float = 0.002) -> None:
-        self.executor = executor
-        self.window_s = window_s
-        self.pending: dict[int, list[asyncio.Future]] = {}
-        self._flushes: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak ones)
-
-    def _start_flush(self) -> None:
-        task = asyncio.ensure_future(self._flush())
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
-
-    async def answer(self, instance_id: int) -> tuple[str, bytes]:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if not self.pending:
-            loop.call_later(self.window_s, self._start_flush)
-        self.pending.setdefault(instance_id, []).append(future)
-        return await future
-
-    async def _flush(self) -> None:
-        batch, self.pending = self.pending, {}
-        try:
-            rendered = await asyncio.get_running_loop().run_in_executor(
-                self.executor, _in_request, poll_channel.render_answers, list(batch))
-        except Exception as exc:
-            rendered, error = {}, exc
-        else:
-            error = None
-        for pk, futures in batch.items():
-            for future in futures:
-                if future.done():
-                    continue
-                if pk in rendered:
-                    future.set_result(rendered[pk])
-                else:
-                    future.set_exception(error or LookupError(f"instance {pk} does not exist"))
 
 
 def _query(scope: dict[str, Any]) -> tuple[str, float]:
@@ -128,11 +70,6 @@ def _query(scope: dict[str, Any]) -> tuple[str, float]:
     return query.get("version", [""])[0], wait
 
 
-async def _disconnected(receive: Callable) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        await asyncio.sleep(1.0)  # a server that sends something else: look again, without spinning
-
-
 class ControlPlane:
     """The ASGI application: the agent command channel, and the WSGI application for the rest."""
 
@@ -142,22 +79,22 @@ class ControlPlane:
                  poll_batch_s: float | None = None) -> None:
         self.bridge = WSGIBridge(wsgi, threads=web_threads, max_body_bytes=request_body_ceiling())
         self.agent_executor = DatabaseThreadPool(max_workers=agent_threads, thread_name_prefix="agent-channel")
-        self.answers = _AnswerReads(self.agent_executor)
+        self.answers = AnswerReads(self.agent_executor)
         self.waiters = CommandWaiters(
-            versions_of=lambda ids: _in_request(selectors.agent_command_versions, ids),
+            versions_of=lambda ids: in_request(selectors.agent_command_versions, ids),
             executor=self.agent_executor,
             redis_url=settings.REDIS_URL if redis_url is None else redis_url,
             fast_poll_s=tunable("SPOTPIPE_AGENT_POLL_S") if fast_poll_s is None else fast_poll_s,
             slow_poll_s=tunable("SPOTPIPE_AGENT_POLL_REDIS_S") if slow_poll_s is None else slow_poll_s,
         )
         self.heartbeats = WindowBatches(
-            record_batch=lambda claims: _in_request(heartbeat_channel.record_and_render, claims),
+            record_batch=lambda claims: in_request(heartbeat_channel.record_and_render, claims),
             executor=self.agent_executor,
             window_s=tunable("SPOTPIPE_HEARTBEAT_BATCH_S") if heartbeat_batch_s is None else heartbeat_batch_s,
             min_interval_s=heartbeat_channel.MIN_INTERVAL_S,
         )
         self.polls = WindowBatches(
-            record_batch=lambda claims: _in_request(poll_channel.first_steps, claims),
+            record_batch=lambda claims: in_request(poll_channel.first_steps, claims),
             executor=self.agent_executor,
             window_s=tunable("SPOTPIPE_POLL_BATCH_S") if poll_batch_s is None else poll_batch_s,
             min_interval_s=poll_channel.MIN_INTERVAL_S, what="command poll",
@@ -251,7 +188,8 @@ class ControlPlane:
             if isinstance(step, poll_channel.Answer):
                 await send_response(send, poll_channel.response(request, step.body))
                 return
-            rendered = await self._hold(receive, started, version, wait, step.instance_id, step.job_id)
+            rendered = await hold_poll(receive, waiters=self.waiters, answers=self.answers, started=started,
+                                       version=version, wait=wait, instance_id=step.instance_id, job_id=step.job_id)
             if rendered is not None:
                 await send_response(send, poll_channel.response(request, rendered))
             return
@@ -260,43 +198,15 @@ class ControlPlane:
             await send_response(send, first)  # a stale version, no wait, or an error: the view's answer
             return
         instance_id, job_text = hold.decode().split()
-        rendered = await self._hold(receive, started, version, wait, int(instance_id),
-                                    int(job_text) if job_text.isdigit() else None)
+        rendered = await hold_poll(receive, waiters=self.waiters, answers=self.answers, started=started,
+                                   version=version, wait=wait, instance_id=int(instance_id),
+                                   job_id=int(job_text) if job_text.isdigit() else None)
         if rendered is None:
             return
         dropped = (b"content-length", b"content-type", HOLD_HEADER.lower().encode())
         headers = [(k, v) for k, v in first.headers if k not in dropped]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(rendered)).encode())]
         await send_response(send, WSGIResponse(200, headers, rendered))
-
-    async def _hold(self, receive: Callable, started: float, version: str, wait: float, instance_id: int,
-                    job_id: int | None) -> bytes | None:
-        """Hold a poll whose version is current until a wake-up changes it or its time is up; the
-        answer's body then, or None when the agent hung up."""
-        # Up to `wait`, less a random part: polls that started together (a restart, a mass
-        # enrolment) do not all come back together for ever.
-        deadline = started + wait * random.uniform(1.0 - HOLD_JITTER, 1.0)
-        read_at = started
-        gone = asyncio.create_task(_disconnected(receive))
-        try:
-            while True:
-                held = asyncio.create_task(self.waiters.wait(
-                    instance_id=instance_id, job_id=job_id, version=version,
-                    timeout_s=deadline - time.monotonic(), read_at=read_at))
-                done, _ = await asyncio.wait({held, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if gone in done:
-                    held.cancel()
-                    return None  # the agent hung up: nobody to answer
-                read_at = time.monotonic()
-                new_version, rendered = await self.answers.answer(instance_id)
-                # A wake-up that changed nothing for this agent (another field of its job): hold on.
-                if not held.result() or new_version != version or time.monotonic() >= deadline:
-                    return rendered
-        finally:
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await gone
-
 
 
 application = ControlPlane(wsgi_application)

@@ -1,30 +1,39 @@
-"""Where held agent command long-polls wait, one hub per web worker process (asyncio).
+"""Where held agent command long-polls wait and how they are answered, one hub per web worker
+process (asyncio).
 
 A held poll costs a future here, not a thread: the ASGI entry point (`controlplane/asgi.py`) answers
 at once when the agent's version is stale (through the usual Django view, or for a plain poll its
-batched first step, `poll_channel.py`), else parks the request in `CommandWaiters.wait` until one of:
+batched first step, `poll_channel.py`), else holds the request (`hold_poll`) in `CommandWaiters.wait`
+until one of:
 - a Redis message on `common.agent_wake.CHANNEL` names its instance or its job (published on commit
   by the writers of what the version is made of): the prompt path, production stack;
 - the hub's database poll, ONE query for every poll held in this process
   (`selectors.agent_command_versions`), sees its version change: the fallback for a lost message
   (every `slow_poll_s`) and the only mechanism without Redis (every `fast_poll_s`);
 - its time is up.
-The caller then reads the answer from the database, so a wake-up never decides what an agent runs."""
+The answer is then read from the database (`AnswerReads`: the polls woken together read together,
+`services.agent_commands_many`, rendered as the view renders it), so a wake-up never decides what
+an agent runs."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from controlplane.common.agent_wake import CHANNEL, decode
+from controlplane.hotpaths.thread_pools import in_request
+from controlplane.orchestration import services
 
 logger = logging.getLogger(__name__)
 
+# A held poll is answered after `wait` x (1 - up to this share) when nothing changed.
+HOLD_JITTER = 0.25
 
 
 @dataclass(eq=False)
@@ -166,3 +175,89 @@ class CommandWaiters:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+
+
+def render_answers(instance_ids: list[int]) -> dict[int, tuple[str, bytes]]:
+    """The view's answer (version, JSON body) of each of these instances, read together."""
+    from rest_framework.settings import api_settings
+
+    renderer = api_settings.DEFAULT_RENDERER_CLASSES[0]()
+    answers = services.agent_commands_many(instance_ids=instance_ids)
+    return {pk: (answer["version"], renderer.render(answer)) for pk, answer in answers.items()}
+
+
+class AnswerReads:
+    """Coalesces the answer reads that held polls ask for within `window_s` into one call in the
+    pool: a new generation wakes every agent of its job at once, and a few queries for all of them
+    cost less than a few per agent (`services.agent_commands_many`)."""
+
+    def __init__(self, executor: Executor, window_s: float = 0.002) -> None:
+        self.executor = executor
+        self.window_s = window_s
+        self.pending: dict[int, list[asyncio.Future]] = {}
+        self._flushes: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak ones)
+
+    def _start_flush(self) -> None:
+        task = asyncio.ensure_future(self._flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def answer(self, instance_id: int) -> tuple[str, bytes]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self.pending:
+            loop.call_later(self.window_s, self._start_flush)
+        self.pending.setdefault(instance_id, []).append(future)
+        return await future
+
+    async def _flush(self) -> None:
+        batch, self.pending = self.pending, {}
+        try:
+            rendered = await asyncio.get_running_loop().run_in_executor(
+                self.executor, in_request, render_answers, list(batch))
+        except Exception as exc:
+            rendered, error = {}, exc
+        else:
+            error = None
+        for pk, futures in batch.items():
+            for future in futures:
+                if future.done():
+                    continue
+                if pk in rendered:
+                    future.set_result(rendered[pk])
+                else:
+                    future.set_exception(error or LookupError(f"instance {pk} does not exist"))
+
+
+async def _disconnected(receive: Callable) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        await asyncio.sleep(1.0)  # a server that sends something else: look again, without spinning
+
+
+async def hold_poll(receive: Callable, *, waiters: CommandWaiters, answers: AnswerReads, started: float,
+                    version: str, wait: float, instance_id: int, job_id: int | None) -> bytes | None:
+    """Hold a poll whose version is current until a wake-up changes it or its time is up; the
+    answer's body then, or None when the agent hung up (`receive`: the request's ASGI channel)."""
+    # Up to `wait`, less a random part: polls that started together (a restart, a mass
+    # enrolment) do not all come back together for ever.
+    deadline = started + wait * random.uniform(1.0 - HOLD_JITTER, 1.0)
+    read_at = started
+    gone = asyncio.create_task(_disconnected(receive))
+    try:
+        while True:
+            held = asyncio.create_task(waiters.wait(
+                instance_id=instance_id, job_id=job_id, version=version,
+                timeout_s=deadline - time.monotonic(), read_at=read_at))
+            done, _ = await asyncio.wait({held, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if gone in done:
+                held.cancel()
+                return None  # the agent hung up: nobody to answer
+            read_at = time.monotonic()
+            new_version, rendered = await answers.answer(instance_id)
+            # A wake-up that changed nothing for this agent (another field of its job): hold on.
+            if not held.result() or new_version != version or time.monotonic() >= deadline:
+                return rendered
+    finally:
+        gone.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await gone

@@ -37,8 +37,9 @@ from django.utils import timezone
 
 from controlplane.accounts.authentication import hash_key
 from controlplane.hotpaths import heartbeat_channel
+from controlplane.hotpaths.agent_channel import render_answers
 from controlplane.hotpaths.wsgi_bridge import WSGIResponse
-from controlplane.orchestration import selectors, services
+from controlplane.orchestration import selectors
 from controlplane.orchestration.api.serializers import COMMANDS_MAX_WAIT_S
 
 URL = reverse("agent-commands")
@@ -106,15 +107,6 @@ def poll_claim(scope: dict[str, Any], body: bytes) -> tuple[PollClaim, WSGIReque
     if request is None:
         return None
     return PollClaim(key_hash=hash_key(key), version=version, wait=wait), request
-
-
-def render_answers(instance_ids: list[int]) -> dict[int, tuple[str, bytes]]:
-    """The view's answer (version, JSON body) of each of these instances, read together."""
-    from rest_framework.settings import api_settings
-
-    renderer = api_settings.DEFAULT_RENDERER_CLASSES[0]()
-    answers = services.agent_commands_many(instance_ids=instance_ids)
-    return {pk: (answer["version"], renderer.render(answer)) for pk, answer in answers.items()}
 
 
 def first_steps(claims: Sequence[PollClaim]) -> list[Hold | Answer | None]:

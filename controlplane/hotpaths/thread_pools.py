@@ -11,9 +11,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from django.db import connections
+from django.db import close_old_connections, connections
 
 CLOSE_WAIT_S = 5.0
 """How long a shutdown waits for the pool's threads to take their close (a thread busy longer keeps
@@ -50,3 +52,12 @@ def _close_connections_after(barrier: threading.Barrier) -> None:
     with contextlib.suppress(threading.BrokenBarrierError):
         barrier.wait()
     connections.close_all()
+
+
+def in_request(fn: Callable, *args: Any) -> Any:
+    """`fn(*args)` in a pool thread with Django's per-request connection hygiene."""
+    close_old_connections()
+    try:
+        return fn(*args)
+    finally:
+        close_old_connections()

@@ -17,10 +17,11 @@ from django.utils import timezone
 
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.services import api_token_revoke
-from controlplane.asgi import ControlPlane, _in_request
+from controlplane.asgi import ControlPlane
 from controlplane.fleet.models import Instance
 from controlplane.fleet.services import instance_transition
 from controlplane.hotpaths import heartbeat_channel
+from controlplane.hotpaths.thread_pools import in_request
 from controlplane.hotpaths.window_batches import WindowBatches
 from controlplane.hotpaths.wsgi_bridge import read_body
 from controlplane.orchestration.services import instances_detect_dead
@@ -263,7 +264,7 @@ def test_a_window_of_heartbeats_is_one_update(fleet):
     nodes, _ = fleet
     app = _app(heartbeat_batch_s=0.2)
     capturing, statements = capturing_sql(heartbeat_channel.record_and_render)
-    app.heartbeats.record_batch = lambda claims: _in_request(capturing, claims)
+    app.heartbeats.record_batch = lambda claims: in_request(capturing, claims)
 
     async def scenario():
         return await asyncio.gather(*(_call(app, _url(instance), {**JSON, "authorization": f"Token {key}"}, b"{}")

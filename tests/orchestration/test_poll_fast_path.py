@@ -20,10 +20,11 @@ from django.utils import timezone
 
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.services import api_token_revoke
-from controlplane.asgi import ControlPlane, _in_request
+from controlplane.asgi import ControlPlane
 from controlplane.common import agent_wake
 from controlplane.fleet.services import instance_transition
 from controlplane.hotpaths import poll_channel
+from controlplane.hotpaths.thread_pools import in_request
 from controlplane.orchestration import selectors, services
 from controlplane.wsgi import application as wsgi_application
 from tests.controlplane.api_helpers import make_api_token, make_api_user
@@ -149,7 +150,7 @@ def test_a_window_of_polls_is_one_read_of_their_tokens_and_versions(fleet):
     nodes, _ = fleet
     app = _app(poll_batch_s=0.2)
     capturing, statements = capturing_sql(poll_channel.first_steps)
-    app.polls.record_batch = lambda claims: _in_request(capturing, claims)
+    app.polls.record_batch = lambda claims: in_request(capturing, claims)
     # The first 5 hold a version never issued: answered at once, together; the others are held.
     queries = [_query("idle:0:None:None" if n < 5 else _version(instance), "0.2")
                for n, (instance, _) in enumerate(nodes)]
