@@ -786,132 +786,8 @@ class JobConfig:
     def problems(self) -> list[LayoutError]:
         """Every reason this config cannot run, each naming its field (empty when it can)."""
         found = self.model.problems() + self.data.problems()
-
-        def bad(message: str, field: str) -> None:
-            found.append(LayoutError(message, field=field))
-
-        if self.strategy not in STRATEGIES:
-            bad(f"strategy {self.strategy!r} is unknown; expected one of {STRATEGIES}", "strategy")
-        if self.schedule not in SCHEDULES:
-            bad(f"schedule {self.schedule!r} is unknown; expected one of {SCHEDULES}", "schedule")
-        for name in ("dp", "pp", "microbatches"):
-            if getattr(self, name) < 1:
-                bad(f"{name}={getattr(self, name)} must be at least 1", name)
-        known = self.model.num_layers > 0  # a user's model not validated yet: its layers are unknown
-        stages = self.model.max_stages
-        if known and self.pp > stages and self.model.kind == USER_MODEL_KIND:
-            held = "" if stages == self.model.num_layers else f", {stages} of them with parameters"
-            bad(f"pp={self.pp} stages but the model function {self.model.path} returns only "
-                f"{self.model.num_layers} layers{held}; expected pp <= {stages} (a layer without parameters "
-                "joins a neighbour's stage)", "pp")
-        elif known and self.pp > self.model.num_layers:
-            bad(f"pp={self.pp} stages but the model has only {self.model.num_layers} layers "
-                f"(n_layer={self.model.n_layer} + input + head); expected pp <= {self.model.num_layers}", "pp")
-        if self.global_batch < 1:
-            bad(f"global_batch={self.global_batch} must be at least 1", "global_batch")
-        elif self.num_microbatches >= 1 and self.global_batch % self.num_microbatches:
-            bad(f"global_batch={self.global_batch} is not divisible by dp*microbatches={self.num_microbatches}; "
-                f"expected a multiple of {self.num_microbatches}", "global_batch")
-        if known and self.layer_costs is not None and len(self.layer_costs) != self.model.num_layers:
-            bad(f"layer_costs has {len(self.layer_costs)} entries; expected {self.model.num_layers} (one per layer)",
-                "layer_costs")
-        if not 1 <= self.min_stages <= max(self.pp, 1):
-            bad(f"min_stages={self.min_stages} must be between 1 and pp={self.pp}", "min_stages")
-        if self.steps < 0:
-            bad(f"steps={self.steps} must be >= 0", "steps")
-        if self.val_every < 0:
-            bad(f"val_every={self.val_every} must be >= 0 (0: no validation)", "val_every")
-        if self.val_every and not self.data.source:
-            bad("val_every needs held-out data: set data.source (synthetic data has no validation split)", "val_every")
-        if self.data.tokenized and self.model.kind in ("gpt", USER_MODEL_KIND) and self.data.tokenizer == "byte" \
-                and 0 < self.model.vocab_size < BYTE_VOCAB_SIZE:
-            bad(f"model.vocab_size={self.model.vocab_size} is below the byte tokenizer's {BYTE_VOCAB_SIZE} ids; "
-                f"expected at least {BYTE_VOCAB_SIZE}", "model.vocab_size")
-        if self.model.kind == USER_MODEL_KIND and self.model.layers:  # validated: its declaration is recorded
-            for problem in undeclared_context(self):
-                bad(problem.message, problem.field)
-        if self.init_from and (not self.init_from.strip() or self.init_from != self.init_from.strip()
-                               or (self.init_from.startswith("s3://") and len(self.init_from) <= 5)):
-            bad(f"init_from={self.init_from!r} is not a path; expected a weights folder (model*.safetensors) "
-                "or s3://bucket/prefix, or empty for a seeded start", "init_from")
-        if self.weight_decay_min_dim < 0:
-            bad(f"weight_decay_min_dim={self.weight_decay_min_dim} must be >= 0 (0: decay every parameter)",
-                "weight_decay_min_dim")
-        if not self.weight_decay >= 0:
-            bad(f"weight_decay={self.weight_decay} must be >= 0", "weight_decay")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            bad(f"betas={self.betas} is invalid; expected two numbers [beta1, beta2], each in [0, 1)", "betas")
-        if not self.eps > 0:
-            bad(f"eps={self.eps} must be > 0", "eps")
-        if self.precision not in PRECISIONS:
-            bad(f"precision {self.precision!r} is unknown; expected one of {PRECISIONS}", "precision")
-        if not (self.loss_scale_init >= 1 and math.isfinite(self.loss_scale_init)
-                and math.frexp(self.loss_scale_init)[0] == 0.5):
-            bad(f"loss_scale_init={self.loss_scale_init} must be a power of two >= 1 (scaling by it is exact)",
-                "loss_scale_init")
-        if self.loss_scale_growth_interval < 1:
-            bad(f"loss_scale_growth_interval={self.loss_scale_growth_interval} must be >= 1",
-                "loss_scale_growth_interval")
-        if self.device not in DEVICES:
-            bad(f"device {self.device!r} is unknown; expected one of {DEVICES} (a node picks its own GPU "
-                "for cuda)", "device")
-        if self.lr_schedule not in LR_SCHEDULES:
-            bad(f"lr_schedule {self.lr_schedule!r} is unknown; expected one of {LR_SCHEDULES}", "lr_schedule")
-        if self.warmup_steps < 0:
-            bad(f"warmup_steps={self.warmup_steps} must be >= 0 (0: no warmup)", "warmup_steps")
-        if not 0 <= self.lr_min <= self.lr:
-            bad(f"lr_min={self.lr_min} must be between 0 and lr={self.lr}", "lr_min")
-        if not self.clip >= 0:
-            bad(f"clip={self.clip} must be >= 0 (0: no clipping)", "clip")
-        if len(self.requirements) > REQUIREMENTS_MAX:
-            bad(f"requirements has {len(self.requirements)} entries; expected at most {REQUIREMENTS_MAX}",
-                "requirements")
-        for index, entry in enumerate(self.requirements):
-            problem = requirement_problem(entry)
-            if problem:
-                bad(f"requirements[{index}] {entry[:80]!r} {problem}", f"requirements[{index}]")
-        if self.export not in ("", *EXPORT_FORMATS):
-            bad(f"export={self.export!r} is unknown; expected one of {', '.join(EXPORT_FORMATS)} (or none)", "export")
-        elif self.export == "hf" and self.model.kind != "gpt":
-            bad(f"export = 'hf' writes a Hugging Face GPT-2 folder, for the gpt presets; the model is "
-                f"{self.model.kind!r} (a model function's weights load into your own nn.Sequential with "
-                "load_state_dict(strict=True): docs/runtime.md)", "export")
-        if self.export_shard_bytes < 1:
-            bad(f"export_shard_bytes={self.export_shard_bytes} must be at least 1", "export_shard_bytes")
-        if not self.op_timeout_s > 0:  # `not >` also rejects NaN
-            bad(f"op_timeout_s={self.op_timeout_s} must be a positive number of seconds", "op_timeout_s")
-        if not (self.transfer_timeout_s == 0 or self.op_timeout_s <= self.transfer_timeout_s < math.inf):
-            bad(f"transfer_timeout_s={self.transfer_timeout_s} is invalid; expected 0 (derive it from the bytes "
-                f"moved) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}", "transfer_timeout_s")
-        if not 1 <= self.op_timeout_factor < math.inf:
-            bad(f"op_timeout_factor={self.op_timeout_factor} must be a finite number at least 1 (the bound "
-                "of a call is this many times the expected step time)", "op_timeout_factor")
-        if not (self.first_step_timeout_s == 0 or self.op_timeout_s <= self.first_step_timeout_s < math.inf):
-            bad(f"first_step_timeout_s={self.first_step_timeout_s} is invalid; expected 0 (derive it from the "
-                f"model's work) or a finite number of seconds at least op_timeout_s={self.op_timeout_s}",
-                "first_step_timeout_s")
-        if self.checkpoint_interval < 0:
-            bad(f"checkpoint_interval={self.checkpoint_interval} must be >= 0 (0: from Young/Daly)",
-                "checkpoint_interval")
-        if not 0 < self.mtbf_s < math.inf:  # `not <` also rejects NaN
-            bad(f"mtbf_s={self.mtbf_s} must be a positive, finite number of seconds", "mtbf_s")
-        if not 0 <= self.checkpoint_cost_s < math.inf:
-            bad(f"checkpoint_cost_s={self.checkpoint_cost_s} must be a finite number of seconds >= 0",
-                "checkpoint_cost_s")
-        if not 0 <= self.join_batch_wait_s < math.inf:
-            bad(f"join_batch_wait_s={self.join_batch_wait_s} must be a finite number of seconds >= 0 "
-                "(0: regroup for every joiner at once)", "join_batch_wait_s")
-        if not 0 < self.step_time_s < math.inf:
-            bad(f"step_time_s={self.step_time_s} must be a positive, finite number of seconds", "step_time_s")
-        if not 0 < self.compute_floor_gflop_s < math.inf:
-            bad(f"compute_floor_gflop_s={self.compute_floor_gflop_s} must be a positive, finite rate in GFLOP/s",
-                "compute_floor_gflop_s")
-        if not 0 <= self.link_gbps < math.inf:
-            bad(f"link_gbps={self.link_gbps} must be a finite bandwidth in Gbit/s >= 0 (0: spill scores compute "
-                "only)", "link_gbps")
-        if not 0 < self.transfer_floor_mb_s < math.inf:
-            bad(f"transfer_floor_mb_s={self.transfer_floor_mb_s} must be a positive, finite bandwidth in MB/s",
-                "transfer_floor_mb_s")
+        for check in (_shape_problems, _training_problems, _delivery_problems, _timing_problems):
+            found += check(self)
         return found
 
     def validate(self) -> None:
@@ -934,6 +810,162 @@ class JobConfig:
 
 
 _SHA256 = r"[0-9a-f]{64}"
+
+
+class _Problems(list):
+    """The `LayoutError`s a check finds, in the order it finds them."""
+
+    def bad(self, message: str, field: str) -> None:
+        self.append(LayoutError(message, field=field))
+
+
+def _shape_problems(config: JobConfig) -> list[LayoutError]:
+    """The strategy, the schedule and the layout against the model and the batch."""
+    found = _Problems()
+    if config.strategy not in STRATEGIES:
+        found.bad(f"strategy {config.strategy!r} is unknown; expected one of {STRATEGIES}", "strategy")
+    if config.schedule not in SCHEDULES:
+        found.bad(f"schedule {config.schedule!r} is unknown; expected one of {SCHEDULES}", "schedule")
+    for name in ("dp", "pp", "microbatches"):
+        if getattr(config, name) < 1:
+            found.bad(f"{name}={getattr(config, name)} must be at least 1", name)
+    known = config.model.num_layers > 0  # a user's model not validated yet: its layers are unknown
+    stages = config.model.max_stages
+    if known and config.pp > stages and config.model.kind == USER_MODEL_KIND:
+        held = "" if stages == config.model.num_layers else f", {stages} of them with parameters"
+        found.bad(f"pp={config.pp} stages but the model function {config.model.path} returns only "
+                  f"{config.model.num_layers} layers{held}; expected pp <= {stages} (a layer without parameters "
+                  "joins a neighbour's stage)", "pp")
+    elif known and config.pp > config.model.num_layers:
+        found.bad(f"pp={config.pp} stages but the model has only {config.model.num_layers} layers "
+                  f"(n_layer={config.model.n_layer} + input + head); expected pp <= {config.model.num_layers}", "pp")
+    if config.global_batch < 1:
+        found.bad(f"global_batch={config.global_batch} must be at least 1", "global_batch")
+    elif config.num_microbatches >= 1 and config.global_batch % config.num_microbatches:
+        found.bad(f"global_batch={config.global_batch} is not divisible by dp*microbatches={config.num_microbatches}; "
+                  f"expected a multiple of {config.num_microbatches}", "global_batch")
+    if known and config.layer_costs is not None and len(config.layer_costs) != config.model.num_layers:
+        found.bad(f"layer_costs has {len(config.layer_costs)} entries; expected {config.model.num_layers} "
+                  "(one per layer)", "layer_costs")
+    if not 1 <= config.min_stages <= max(config.pp, 1):
+        found.bad(f"min_stages={config.min_stages} must be between 1 and pp={config.pp}", "min_stages")
+    return found
+
+
+def _training_problems(config: JobConfig) -> list[LayoutError]:
+    """Steps, validation, tokens, the starting weights, the optimizer, precision and the learning rate."""
+    found = _Problems()
+    if config.steps < 0:
+        found.bad(f"steps={config.steps} must be >= 0", "steps")
+    if config.val_every < 0:
+        found.bad(f"val_every={config.val_every} must be >= 0 (0: no validation)", "val_every")
+    if config.val_every and not config.data.source:
+        found.bad("val_every needs held-out data: set data.source (synthetic data has no validation split)",
+                  "val_every")
+    if config.data.tokenized and config.model.kind in ("gpt", USER_MODEL_KIND) and config.data.tokenizer == "byte" \
+            and 0 < config.model.vocab_size < BYTE_VOCAB_SIZE:
+        found.bad(f"model.vocab_size={config.model.vocab_size} is below the byte tokenizer's {BYTE_VOCAB_SIZE} ids; "
+                  f"expected at least {BYTE_VOCAB_SIZE}", "model.vocab_size")
+    if config.model.kind == USER_MODEL_KIND and config.model.layers:  # validated: its declaration is recorded
+        for problem in undeclared_context(config):
+            found.bad(problem.message, problem.field)
+    if config.init_from and (not config.init_from.strip() or config.init_from != config.init_from.strip()
+                           or (config.init_from.startswith("s3://") and len(config.init_from) <= 5)):
+        found.bad(f"init_from={config.init_from!r} is not a path; expected a weights folder (model*.safetensors) "
+                  "or s3://bucket/prefix, or empty for a seeded start", "init_from")
+    if config.weight_decay_min_dim < 0:
+        found.bad(f"weight_decay_min_dim={config.weight_decay_min_dim} must be >= 0 (0: decay every parameter)",
+                  "weight_decay_min_dim")
+    if not config.weight_decay >= 0:
+        found.bad(f"weight_decay={config.weight_decay} must be >= 0", "weight_decay")
+    if len(config.betas) != 2 or not all(0 <= b < 1 for b in config.betas):
+        found.bad(f"betas={config.betas} is invalid; expected two numbers [beta1, beta2], each in [0, 1)", "betas")
+    if not config.eps > 0:
+        found.bad(f"eps={config.eps} must be > 0", "eps")
+    if config.precision not in PRECISIONS:
+        found.bad(f"precision {config.precision!r} is unknown; expected one of {PRECISIONS}", "precision")
+    if not (config.loss_scale_init >= 1 and math.isfinite(config.loss_scale_init)
+            and math.frexp(config.loss_scale_init)[0] == 0.5):
+        found.bad(f"loss_scale_init={config.loss_scale_init} must be a power of two >= 1 (scaling by it is exact)",
+                  "loss_scale_init")
+    if config.loss_scale_growth_interval < 1:
+        found.bad(f"loss_scale_growth_interval={config.loss_scale_growth_interval} must be >= 1",
+                  "loss_scale_growth_interval")
+    if config.device not in DEVICES:
+        found.bad(f"device {config.device!r} is unknown; expected one of {DEVICES} (a node picks its own GPU "
+                  "for cuda)", "device")
+    if config.lr_schedule not in LR_SCHEDULES:
+        found.bad(f"lr_schedule {config.lr_schedule!r} is unknown; expected one of {LR_SCHEDULES}", "lr_schedule")
+    if config.warmup_steps < 0:
+        found.bad(f"warmup_steps={config.warmup_steps} must be >= 0 (0: no warmup)", "warmup_steps")
+    if not 0 <= config.lr_min <= config.lr:
+        found.bad(f"lr_min={config.lr_min} must be between 0 and lr={config.lr}", "lr_min")
+    if not config.clip >= 0:
+        found.bad(f"clip={config.clip} must be >= 0 (0: no clipping)", "clip")
+    return found
+
+
+def _delivery_problems(config: JobConfig) -> list[LayoutError]:
+    """What a node installs (requirements) and what the job writes out (export)."""
+    found = _Problems()
+    if len(config.requirements) > REQUIREMENTS_MAX:
+        found.bad(f"requirements has {len(config.requirements)} entries; expected at most {REQUIREMENTS_MAX}",
+                  "requirements")
+    for index, entry in enumerate(config.requirements):
+        problem = requirement_problem(entry)
+        if problem:
+            found.bad(f"requirements[{index}] {entry[:80]!r} {problem}", f"requirements[{index}]")
+    if config.export not in ("", *EXPORT_FORMATS):
+        found.bad(f"export={config.export!r} is unknown; expected one of {', '.join(EXPORT_FORMATS)} (or none)",
+                  "export")
+    elif config.export == "hf" and config.model.kind != "gpt":
+        found.bad(f"export = 'hf' writes a Hugging Face GPT-2 folder, for the gpt presets; the model is "
+                  f"{config.model.kind!r} (a model function's weights load into your own nn.Sequential with "
+                  "load_state_dict(strict=True): docs/runtime.md)", "export")
+    if config.export_shard_bytes < 1:
+        found.bad(f"export_shard_bytes={config.export_shard_bytes} must be at least 1", "export_shard_bytes")
+    return found
+
+
+def _timing_problems(config: JobConfig) -> list[LayoutError]:
+    """Timeouts, checkpointing and the rates the runtime estimates from."""
+    found = _Problems()
+    if not config.op_timeout_s > 0:  # `not >` also rejects NaN
+        found.bad(f"op_timeout_s={config.op_timeout_s} must be a positive number of seconds", "op_timeout_s")
+    if not (config.transfer_timeout_s == 0 or config.op_timeout_s <= config.transfer_timeout_s < math.inf):
+        found.bad(f"transfer_timeout_s={config.transfer_timeout_s} is invalid; expected 0 (derive it from the bytes "
+                  f"moved) or a finite number of seconds at least op_timeout_s={config.op_timeout_s}",
+                  "transfer_timeout_s")
+    if not 1 <= config.op_timeout_factor < math.inf:
+        found.bad(f"op_timeout_factor={config.op_timeout_factor} must be a finite number at least 1 (the bound "
+                  "of a call is this many times the expected step time)", "op_timeout_factor")
+    if not (config.first_step_timeout_s == 0 or config.op_timeout_s <= config.first_step_timeout_s < math.inf):
+        found.bad(f"first_step_timeout_s={config.first_step_timeout_s} is invalid; expected 0 (derive it from the "
+                  f"model's work) or a finite number of seconds at least op_timeout_s={config.op_timeout_s}",
+                  "first_step_timeout_s")
+    if config.checkpoint_interval < 0:
+        found.bad(f"checkpoint_interval={config.checkpoint_interval} must be >= 0 (0: from Young/Daly)",
+                  "checkpoint_interval")
+    if not 0 < config.mtbf_s < math.inf:  # `not <` also rejects NaN
+        found.bad(f"mtbf_s={config.mtbf_s} must be a positive, finite number of seconds", "mtbf_s")
+    if not 0 <= config.checkpoint_cost_s < math.inf:
+        found.bad(f"checkpoint_cost_s={config.checkpoint_cost_s} must be a finite number of seconds >= 0",
+                  "checkpoint_cost_s")
+    if not 0 <= config.join_batch_wait_s < math.inf:
+        found.bad(f"join_batch_wait_s={config.join_batch_wait_s} must be a finite number of seconds >= 0 "
+                  "(0: regroup for every joiner at once)", "join_batch_wait_s")
+    if not 0 < config.step_time_s < math.inf:
+        found.bad(f"step_time_s={config.step_time_s} must be a positive, finite number of seconds", "step_time_s")
+    if not 0 < config.compute_floor_gflop_s < math.inf:
+        found.bad(f"compute_floor_gflop_s={config.compute_floor_gflop_s} must be a positive, finite rate in GFLOP/s",
+                  "compute_floor_gflop_s")
+    if not 0 <= config.link_gbps < math.inf:
+        found.bad(f"link_gbps={config.link_gbps} must be a finite bandwidth in Gbit/s >= 0 (0: spill scores compute "
+                  "only)", "link_gbps")
+    if not 0 < config.transfer_floor_mb_s < math.inf:
+        found.bad(f"transfer_floor_mb_s={config.transfer_floor_mb_s} must be a positive, finite bandwidth in MB/s",
+                  "transfer_floor_mb_s")
+    return found
 
 
 def requirement_problem(entry: str) -> str:

@@ -105,6 +105,68 @@ def _give_back_slots(config: JobConfig, previous: GenerationPlan, alive: dict[in
     return slots
 
 
+class _Arrangement:
+    """The next generation's slots for a choice of noticed nodes kept (`keep`): the grid with every
+    other noticed node's slot emptied, filled from `candidates`, and its layout (or why none)."""
+
+    def __init__(self, config: JobConfig, grid: Slots, alive: dict[int, dict[str, Any]], noticed: list[int],
+                 candidates: list[int]) -> None:
+        self.config, self.grid, self.alive, self.noticed, self.candidates = config, grid, alive, noticed, candidates
+
+    def __call__(self, keep: set[int]) -> tuple[Slots, list[int], Layout | LayoutError]:
+        staying = {n for n in self.alive if n not in self.noticed or n in keep}
+        slots: Slots = [[n if n in staying else None for n in row] for row in self.grid]
+        slots, extra = fill_slots(slots, self.candidates)
+        try:
+            if not self.alive:
+                raise LayoutError("no member survived")
+            return slots, extra, layout_of(self.config, slots)
+        except LayoutError as exc:
+            return slots, extra, exc
+
+    def keeping_fewest_noticed(self) -> tuple[set[int], tuple[Slots, list[int], Layout | LayoutError]]:
+        """(the noticed nodes kept, their arrangement). A node with a notice normally leaves now. If
+        the job cannot go on without it (it is the last holder of a stage and no replacement has
+        joined yet), it stays -- *deferred* -- and keeps training until a replacement joins, then
+        hands its state over (or its deadline kills it and the job fails with a named reason). Keep
+        as few noticed nodes as the layout needs."""
+        deferred: set[int] = set()
+        arranged = self(deferred)
+        noticed = self.noticed
+        if isinstance(arranged[2], LayoutError) and noticed and not isinstance(self(set(noticed))[2], LayoutError):
+            deferred = set(noticed)
+            for n in noticed:
+                if not isinstance(self(deferred - {n})[2], LayoutError):
+                    deferred.discard(n)
+            arranged = self(deferred)
+        return deferred, arranged
+
+
+def _state_transfers(alive: dict[int, dict[str, Any]], leaving: list[int], layout: Layout,
+                     start: int) -> list[tuple[int, int, int]] | str:
+    """(layer, from node, to node) for every layer a member of `layout` must receive to resume at
+    step `start`, or why it cannot (a layer with no surviving copy)."""
+    holders: dict[int, list[int]] = {}
+    # Staying nodes first so a leaving node is used as a source only when it holds the last copy.
+    for n in sorted(alive, key=lambda n: (n in leaving, n)):
+        for layer, version in alive[n]["versions"].items():
+            if int(version) in (start, start + 1):
+                holders.setdefault(int(layer), []).append(n)
+    lay = Layout.from_dict(layout.to_dict())
+    layers_of = lay.layers_by_node()
+    transfers: list[tuple[int, int, int]] = []
+    for node in lay.nodes():
+        for layer in sorted(layers_of.get(node, ())):
+            sources = holders.get(layer, [])
+            if node in sources:
+                continue
+            if not sources:
+                return (f"layer {layer} has no surviving copy at step {start} "
+                        "(every node that held it is gone; no replica had it)")
+            transfers.append((layer, sources[0], node))
+    return transfers
+
+
 def make_plan(
     config: JobConfig,
     *,
@@ -137,31 +199,8 @@ def make_plan(
     candidates = [*(spares or []), *(n for n in joiners if n not in (spares or []) and n not in gone_joiners)]
     noticed = sorted(n for n, rec in alive.items() if rec.get("leaving"))
     lost = sorted(set(previous.members) - set(alive))
-    grid = _give_back_slots(config, previous, alive)
-
-    def arrange(keep: set[int]) -> tuple[Slots, list[int], Layout | LayoutError]:
-        staying = {n for n in alive if n not in noticed or n in keep}
-        slots: Slots = [[n if n in staying else None for n in row] for row in grid]
-        slots, extra = fill_slots(slots, candidates)
-        try:
-            if not alive:
-                raise LayoutError("no member survived")
-            return slots, extra, layout_of(config, slots)
-        except LayoutError as exc:
-            return slots, extra, exc
-
-    # A node with a notice normally leaves now. If the job cannot go on without it (it is the last
-    # holder of a stage and no replacement has joined yet), it stays -- *deferred* -- and keeps
-    # training until a replacement joins, then hands its state over (or its deadline kills it and
-    # the job fails with a named reason). Keep as few noticed nodes as the layout needs.
-    deferred: set[int] = set()
-    slots, extra, layout = arrange(deferred)
-    if isinstance(layout, LayoutError) and noticed and not isinstance(arrange(set(noticed))[2], LayoutError):
-        deferred = set(noticed)
-        for n in noticed:
-            if not isinstance(arrange(deferred - {n})[2], LayoutError):
-                deferred.discard(n)
-        slots, extra, layout = arrange(deferred)
+    arrange = _Arrangement(config, _give_back_slots(config, previous, alive), alive, noticed, candidates)
+    deferred, (slots, extra, layout) = arrange.keeping_fewest_noticed()
     leaving = [n for n in noticed if n not in deferred]
     base = GenerationPlan(
         generation=generation,
@@ -199,24 +238,9 @@ def make_plan(
         restore = checkpoint_step or 0
         start = restore
     elif start > 0:
-        holders: dict[int, list[int]] = {}
-        # Staying nodes first so a leaving node is used as a source only when it holds the last copy.
-        for n in sorted(alive, key=lambda n: (n in leaving, n)):
-            for layer, version in alive[n]["versions"].items():
-                if int(version) in (start, start + 1):
-                    holders.setdefault(int(layer), []).append(n)
-        lay = Layout.from_dict(layout.to_dict())
-        layers_of = lay.layers_by_node()
-        for node in lay.nodes():
-            for layer in sorted(layers_of.get(node, ())):
-                sources = holders.get(layer, [])
-                if node in sources:
-                    continue
-                if not sources:
-                    lost_state = (f"layer {layer} has no surviving copy at step {start} "
-                                  "(every node that held it is gone; no replica had it)")
-                    return _restart_or_fail(config, base, lost_state, **fallback)
-                transfers.append((layer, sources[0], node))
+        transfers = _state_transfers(alive, leaving, layout, start)
+        if isinstance(transfers, str):
+            return _restart_or_fail(config, base, transfers, **fallback)
     return dataclasses.replace(base, layout=layout, members=list(layout.nodes()), spare=extra, start_step=start,
                                restore_step=restore, transfers=transfers)
 

@@ -18,6 +18,7 @@ node never blocks on a peer while it still has work others wait for).
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -309,29 +310,63 @@ def _task_table(layout: Layout, kind: str, durations: Durations) -> _Tasks:
     return out
 
 
+def _offer(avail: list, pend: list, free: list[float], gate: list[int], in_flight: list[int], caps: list[int],
+           held: dict, offered: list, picks: list, v: int) -> None:
+    """Push the (start, order key, node, task) node `v` would start next (if any) on `picks`.
+
+    Each node keeps two heaps: tasks whose inputs are ready by the time the node is free (`avail`:
+    they all start then, so they rank by (priority, mb, hop) alone) and the others (`pend`, by
+    inputs-ready time first; a node's free time only grows, so tasks only move from pend to
+    avail). `picks` holds each node's best, re-offered after every change to the node; an entry
+    other than the node's latest offer (`offered`) is stale and skipped when popped. A forward held
+    back by a full memory cap waits aside (`held`) until a backward on that (node, pipeline)
+    releases one."""
+    heappush, heappop = heapq.heappush, heapq.heappop
+    av, pe, now = avail[v], pend[v], free[v]
+    while pe and pe[0][0] <= now:
+        ready_at, key, i = heappop(pe)
+        heappush(av, (key, i, ready_at))
+    best = None
+    while av:
+        key, i, ready_at = av[0]
+        s = gate[i]
+        if in_flight[s] < caps[s]:
+            best = (now, key, v, i)
+            break
+        heappop(av)
+        held.setdefault(s, []).append((ready_at, key, i))
+    else:
+        while pe:
+            ready_at, key, i = pe[0]
+            s = gate[i]
+            if in_flight[s] < caps[s]:
+                best = (ready_at, key, v, i)
+                break
+            heappop(pe)
+            held.setdefault(s, []).append((ready_at, key, i))
+    offered[v] = best
+    if best is not None:
+        heappush(picks, best)
+
+
 def _schedule(layout: Layout, kind: str, durations: Durations) -> _Tasks:
     """Replay the layout in estimated time: repeatedly start, over all nodes, the ready task with the
     smallest (start, priority, micro-batch, hop, node), start = max(inputs ready, node free).
 
-    A pick costs O(log tasks), not a scan of every ready task: each node keeps two heaps, tasks whose
-    inputs are ready by the time the node is free (`avail`: they all start then, so they rank by
-    (priority, mb, hop) alone) and the others (`pend`, by inputs-ready time first; a node's free time
-    only grows, so tasks only move from pend to avail), and a global heap holds each node's best
-    (re-offered after every change to the node; an entry other than the node's latest offer is
-    stale and skipped when popped). A forward held back by a full memory cap waits aside until a
-    backward on that (node, pipeline) releases one.
-    `tests/runtime/test_list_schedule.py` checks the result is the scan's, pick for pick.
+    A pick costs O(log tasks), not a scan of every ready task: per node heaps and a global heap of
+    each node's best (`_offer`). `tests/runtime/test_list_schedule.py` checks the result is the
+    scan's, pick for pick.
     """
     tasks = _task_table(layout, kind, durations)
     n = len(tasks.kind)
     node_of, duration, key_of = tasks.node, tasks.duration, tasks.key
-    gate, slot_of, delta, caps = tasks.gate, tasks.slot, tasks.delta, tasks.caps
+    slot_of, delta = tasks.slot, tasks.delta
     waiting, dependents = list(tasks.waiting), tasks.dependents
     ready = [0.0] * n  # latest finish among a task's finished dependencies
     start_of = [0.0] * n
     picked = tasks.picked
     count = len(tasks.nodes)
-    in_flight = [0] * len(caps)
+    in_flight = [0] * len(tasks.caps)
     held: dict[int, list[tuple[float, int, int]]] = {}
     free = [0.0] * count
     avail: list[list[tuple[int, int, float]]] = [[] for _ in range(count)]  # (order key, task, ready at)
@@ -339,35 +374,7 @@ def _schedule(layout: Layout, kind: str, durations: Durations) -> _Tasks:
     offered: list[tuple[float, int, int, int] | None] = [None] * count  # each node's latest offer
     picks: list[tuple[float, int, int, int]] = []  # (start, order key, node, task)
     heappush, heappop = heapq.heappush, heapq.heappop
-
-    def offer(v: int) -> None:
-        """Push the (start, order key, node, task) node `v` would start next (if any)."""
-        av, pe, now = avail[v], pend[v], free[v]
-        while pe and pe[0][0] <= now:
-            ready_at, key, i = heappop(pe)
-            heappush(av, (key, i, ready_at))
-        best = None
-        while av:
-            key, i, ready_at = av[0]
-            s = gate[i]
-            if in_flight[s] < caps[s]:
-                best = (now, key, v, i)
-                break
-            heappop(av)
-            held.setdefault(s, []).append((ready_at, key, i))
-        else:
-            while pe:
-                ready_at, key, i = pe[0]
-                s = gate[i]
-                if in_flight[s] < caps[s]:
-                    best = (ready_at, key, v, i)
-                    break
-                heappop(pe)
-                held.setdefault(s, []).append((ready_at, key, i))
-        offered[v] = best
-        if best is not None:
-            heappush(picks, best)
-
+    offer = functools.partial(_offer, avail, pend, free, tasks.gate, in_flight, tasks.caps, held, offered, picks)
     for i in range(n):
         if not waiting[i]:
             heappush(pend[node_of[i]], (0.0, key_of[i], i))
@@ -403,7 +410,7 @@ def _schedule(layout: Layout, kind: str, durations: Durations) -> _Tasks:
             waiting[child] -= 1
             if not waiting[child]:
                 other, at, key = node_of[child], ready[child], key_of[child]
-                # Straight into avail when the node is free by then (`offer` would move it there).
+                # Straight into avail when the node is free by then (`_offer` would move it there).
                 if at <= free[other]:
                     heappush(avail[other], (key, child, at))
                 else:

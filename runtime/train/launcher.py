@@ -174,6 +174,25 @@ def run_local(
     control plane does) once a node has committed that step: its members checkpoint one step and exit.
     """
     initial_layout(config)  # raises before any process starts
+    _check_faults(faults)
+    tmp = tempfile.TemporaryDirectory(prefix="spotpipe-") if out_dir is None else None
+    out = Path(out_dir or tmp.name)  # type: ignore[union-attr]
+    out.mkdir(parents=True, exist_ok=True)
+    run = _LocalJob(config, faults, out, export_dir)
+    started = time.time()
+    try:
+        for node in range(config.num_nodes):
+            run.start(node, joining=False)
+        run.supervise(list(joins), timeout_s=timeout_s, stop_after_step=stop_after_step)
+        wall = time.time() - started
+        return _collect(out, run.procs, started, wall, run.injected)
+    finally:
+        run.kill_all()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _check_faults(faults: Sequence[Fault]) -> None:
     for fault in faults:
         if fault.phase not in FAULT_PHASES:
             raise ValueError(f"fault phase {fault.phase!r} is unknown; expected one of {FAULT_PHASES}")
@@ -185,66 +204,71 @@ def run_local(
                 f"a delay fault needs delay_s > 0 (got {fault.delay_s}) and a step or phase='transfer', "
                 f"not time_s={fault.time_s}: the worker sleeps itself"
             )
-    ctx = _context()
-    store = serve(0)
-    job = f"job-{uuid.uuid4().hex[:8]}"
-    coord = Coordinator(store, job)
-    address = f"127.0.0.1:{store.port}"
-    tmp = tempfile.TemporaryDirectory(prefix="spotpipe-") if out_dir is None else None
-    out = Path(out_dir or tmp.name)  # type: ignore[union-attr]
-    out.mkdir(parents=True, exist_ok=True)
-    procs: dict[int, mp.process.BaseProcess] = {}
-    stopped: set[int] = set()
-    reported: set[int] = set()
-    injected: list[dict[str, Any]] = []
 
-    def start(node: int, joining: bool) -> None:
+
+class _LocalJob:
+    """The processes of one `run_local` job, its rendezvous store, and what the launcher does to them
+    as an agent and a cloud would: start, inject timed faults, start joiners, mark the dead."""
+
+    def __init__(self, config: JobConfig, faults: Sequence[Fault], out: Path, export_dir: str | Path | None) -> None:
+        self.config, self.faults, self.out, self.export_dir = config, faults, out, export_dir
+        self.ctx = _context()
+        self.store = serve(0)
+        self.job = f"job-{uuid.uuid4().hex[:8]}"
+        self.coord = Coordinator(self.store, self.job)
+        self.address = f"127.0.0.1:{self.store.port}"
+        self.procs: dict[int, mp.process.BaseProcess] = {}
+        self.stopped: set[int] = set()
+        self.reported: set[int] = set()
+        self.injected: list[dict[str, Any]] = []
+
+    def start(self, node: int, *, joining: bool) -> None:
         own = [
             {"kind": f.kind, "step": f.step, "at": f.at, "phase": f.phase, "delay_s": f.delay_s}
-            for f in faults
+            for f in self.faults
             if f.node == node and (f.step is not None or f.phase == "transfer")
         ]
         spec = {
-            "job_id": job,
+            "job_id": self.job,
             "node": node,
-            "rendezvous": address,
-            "config": config.to_dict(),
+            "rendezvous": self.address,
+            "config": self.config.to_dict(),
             "joining": joining,
-            "out_dir": str(out),
-            "export_dir": str(export_dir or ""),
+            "out_dir": str(self.out),
+            "export_dir": str(self.export_dir or ""),
             "device_index": node,  # the nodes share this host's GPUs (resolve_device wraps it)
             "faults": own,
         }
-        proc = ctx.Process(target=_child, args=(spec, dict(os.environ)), name=f"spotpipe-node-{node}", daemon=True)
+        proc = self.ctx.Process(target=_child, args=(spec, dict(os.environ)), name=f"spotpipe-node-{node}",
+                                daemon=True)
         proc.start()
-        procs[node] = proc
+        self.procs[node] = proc
 
-    started = time.time()
-    may_stop = any(f.kind == "stop" for f in faults)  # only a fault stops a worker (SIGSTOP)
-    try:
-        for node in range(config.num_nodes):
-            start(node, False)
-        timed = sorted((f for f in faults if f.time_s is not None), key=lambda f: f.time_s or 0.0)
-        pending_joins = list(joins)
+    def supervise(self, pending_joins: list[Join], *, timeout_s: float, stop_after_step: int | None) -> None:
+        """Until every worker has exited or is stopped and no join is pending: timed faults, joins
+        and the job's stop at their time, a dead mark for each worker that failed."""
+        out, procs = self.out, self.procs
+        timed = sorted((f for f in self.faults if f.time_s is not None), key=lambda f: f.time_s or 0.0)
+        joins_timed = any(j.time_s is not None for j in pending_joins)
+        may_stop = any(f.kind == "stop" for f in self.faults)  # only a fault stops a worker (SIGSTOP)
         deadline = time.monotonic() + timeout_s
         training_since: float | None = None  # process start-up is not part of a trace's clock
         while True:
-            clocked = timed or any(j.time_s is not None for j in joins)
-            if training_since is None and clocked and _max_committed(out) >= 1:
+            if training_since is None and (timed or joins_timed) and _max_committed(out) >= 1:
                 training_since = time.time()
             now = time.time() - training_since if training_since is not None else -1.0
             for node, proc in procs.items():
-                if proc.exitcode is not None and node not in reported:
-                    reported.add(node)
+                if proc.exitcode is not None and node not in self.reported:
+                    self.reported.add(node)
                     if proc.exitcode != 0:
-                        coord.mark_dead(node)  # what the node agent does when its worker dies
+                        self.coord.mark_dead(node)  # what the node agent does when its worker dies
             while timed and training_since is not None and now >= (timed[0].time_s or 0.0):
                 fault = timed.pop(0)
-                _inject(fault, procs, coord, stopped)
-                injected.append({"kind": fault.kind, "node": fault.node, "time": time.time()})
+                _inject(fault, procs, self.coord, self.stopped)
+                self.injected.append({"kind": fault.kind, "node": fault.node, "time": time.time()})
             if stop_after_step is not None and _max_committed(out) >= stop_after_step:
-                coord.request_stop()
-                injected.append({"kind": "stop_job", "node": None, "time": time.time()})
+                self.coord.request_stop()
+                self.injected.append({"kind": "stop_job", "node": None, "time": time.time()})
                 stop_after_step = None
             for join in list(pending_joins):
                 due = join.time_s is not None and now >= join.time_s and training_since is not None
@@ -252,14 +276,14 @@ def run_local(
                     due = _max_committed(out) >= join.after_step
                 if due:
                     pending_joins.remove(join)
-                    injected.append({"kind": "join", "node": join.node, "time": time.time()})
-                    start(join.node, True)
+                    self.injected.append({"kind": "join", "node": join.node, "time": time.time()})
+                    self.start(join.node, joining=True)
             running = [
                 n for n, p in procs.items()
-                if p.exitcode is None and n not in stopped and not (may_stop and _is_stopped(p.pid))
+                if p.exitcode is None and n not in self.stopped and not (may_stop and _is_stopped(p.pid))
             ]
             if not running and not pending_joins:
-                break
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job did not finish within {timeout_s}s; still running: {running}")
             # Sleep until a worker exits (seen at once: the agent's dead mark is on the recovery
@@ -268,17 +292,14 @@ def run_local(
             # from the workers (bench training).
             mp.connection.wait([procs[n].sentinel for n in running],
                                timeout=0.005 if timed or pending_joins else 0.05)
-        wall = time.time() - started
-        return _collect(out, procs, started, wall, injected)
-    finally:
-        for proc in procs.values():
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
             if proc.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)  # type: ignore[arg-type]  # stopped ones too
-        for proc in procs.values():
+        for proc in self.procs.values():
             proc.join(timeout=5)
-        if tmp is not None:
-            tmp.cleanup()
 
 
 def _is_stopped(pid: int | None) -> bool:
