@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from agent.client import ControlPlaneClient, ControlPlaneError, Stopped
+from agent.command import AgentCommand
 from agent.metadata import MetadataWatcher, make_watcher
 from agent.prepare import WAIT_FOR_SHARES_S, PrepareFailed, run_share
 from agent.profile import PROFILE_TIMEOUT_S, ProfileFailed, run_node_profile
@@ -95,7 +96,7 @@ class Agent:
         self.supervisor = WorkerSupervisor(config.work_dir, worker_module=config.worker_module,
                                            gpu_index=config.gpu_index,
                                            on_message=self._on_worker_message, on_exit=self._on_worker_exit)
-        self.last_command: dict | None = None
+        self.last_command: AgentCommand | None = None
         self.notices_forwarded: list[dict] = []
         self._restart = threading.Event()
         self._failure = ""  # why the runtime said the job cannot go on (from the worker's `failed` line)
@@ -221,38 +222,37 @@ class Agent:
         while not self.stop_event.is_set():
             wait = 0.0 if self._restart.is_set() else self.config.commands_wait_s
             try:
-                command = self.client.commands(version=version, wait_s=wait)
+                command = AgentCommand.from_dict(self.client.commands(version=version, wait_s=wait))
             except ControlPlaneError as exc:
                 if exc.status in (401, 403, 404):
                     logger.warning("commands refused (%s); stopping", exc)
                     return
                 raise
-            if command["version"] != version or self._restart.is_set():
-                logger.info("command %s: %s", command["version"], command["action"])
+            if command.version != version or self._restart.is_set():
+                logger.info("command %s: %s", command.version, command.action)
                 self._record(command)
                 self._restart.clear()
-                version = command["version"]
+                version = command.version
                 self._apply(command)
-            if command["action"] == "stop" and command.get("job") is None:
+            if command.action == "stop" and command.job is None:
                 return
 
-    def _record(self, command: dict) -> None:
+    def _record(self, command: AgentCommand) -> None:
         """Append what arrived and when to `commands.jsonl` (benchmarks read delivery times here)."""
-        generation = (command.get("generation") or {}).get("number")
         with open(self.config.work_dir / "commands.jsonl", "a") as log:
-            log.write(json.dumps({"at": time.time(), "version": command["version"], "action": command["action"],
-                                  "generation": generation}) + "\n")
+            log.write(json.dumps({"at": time.time(), "version": command.version, "action": command.action,
+                                  "generation": command.generation_number}) + "\n")
 
-    def _apply(self, command: dict) -> None:
+    def _apply(self, command: AgentCommand) -> None:
         self.last_command = command
-        action = command["action"]
+        action = command.action
         if action != "prepare":
             self._stop_preparing()
-        if command.get("job"):
-            self.job_id = command["job"]["id"]
-        if action in ("run", "standby") and command["job"].get("status") == "stopping":
+        if command.job is not None:
+            self.job_id = command.job.id
+        if action in ("run", "standby") and command.job.status == "stopping":
             # A limit stops the job: its worker checkpoints and exits; nothing new starts for it.
-            self.supervisor.request_stop(command["job"]["id"])
+            self.supervisor.request_stop(command.job.id)
             return
         if action == "run":
             python = None
@@ -261,7 +261,7 @@ class Agent:
                 if python is None:
                     return  # its requirements failed to install: reported once, nothing to run
             what = self.supervisor.apply(command, python=python)
-            logger.info("generation %s: %s", command["generation"]["number"], what)
+            logger.info("generation %s: %s", command.generation_number, what)
         elif action == "profile":
             self._profile(command)
         elif action == "prepare":
@@ -273,60 +273,60 @@ class Agent:
         else:
             self.supervisor.stop()
 
-    def _job_python(self, command: dict) -> str | None:
+    def _job_python(self, command: AgentCommand) -> str | None:
         """The python the job's worker runs on, its requirements installed first (None: they could
         not be; the job is reported failed once, and not tried again on this node)."""
-        job = command["job"]
-        if job["id"] in self._failed_installs:
+        job = command.job
+        if job.id in self._failed_installs:
             return None
         if not self.config.install_requirements:
-            if job_requirements(job):
+            if job_requirements(job.config):
                 self._event("requirements_output", message="requirements not installed: this node runs jobs on "
                                                            "its own environment (--no-requirements)")
             return sys.executable
         try:
-            return job_python(job, work_dir=self.config.work_dir, fetch=self._fetch_package,
+            return job_python(job.id, job.config, work_dir=self.config.work_dir, fetch=self._fetch_package,
                               on_line=lambda line: self._event("requirements_output", message=line),
                               stop=self.stop_event)
         except InstallFailed as exc:
             if self.stop_event.is_set():
                 return None
-            self._failed_installs.add(job["id"])
-            logger.warning("job %s: requirements not installed: %s", job["id"], exc.reason)
+            self._failed_installs.add(job.id)
+            logger.warning("job %s: requirements not installed: %s", job.id, exc.reason)
             self._event("requirements_failed", generation=self._command_generation(), message=exc.reason)
             return None
 
-    def _profile(self, command: dict) -> None:
+    def _profile(self, command: AgentCommand) -> None:
         """The job waits for its first node's profile of its model function (`plan: auto` sent
         without the model's measures): measure it here, in the job's environment and on its data
         (`runtime.train.node_profile`), and send the profile; a model that cannot run fails the job."""
-        job = command["job"]
-        if job["id"] in self._profiled:
+        job = command.job
+        if job.id in self._profiled:
             return
         python = self._job_python(command)
         if python is None:
             return  # its requirements failed to install: reported once
-        self._profiled.add(job["id"])
+        self._profiled.add(job.id)
         try:
-            profile = run_node_profile(python, job["config"], work_dir=self.config.work_dir,
+            profile = run_node_profile(python, job.config, work_dir=self.config.work_dir,
                                        timeout_s=self.config.profile_timeout_s)
         except ProfileFailed as exc:
-            logger.warning("job %s: the model could not be profiled: %s", job["id"], exc.reason)
+            logger.warning("job %s: the model could not be profiled: %s", job.id, exc.reason)
             self._event("profile_failed", message=exc.reason)
             return
         try:
             self.client.profile(**profile)
         except ControlPlaneError as exc:
             if exc.status != 409:  # 409: planned already (a profile sent before this agent restarted)
-                logger.warning("job %s: the profile was refused: %s", job["id"], exc)
+                logger.warning("job %s: the profile was refused: %s", job.id, exc)
                 self._event("profile_failed", message=f"the control plane refused the profile: {exc}"[:300])
         except Stopped:
             return
 
-    def _prepare(self, command: dict) -> None:
+    def _prepare(self, command: AgentCommand) -> None:
         """The job prepares its data into shards before it trains (`config.data.prepare`): take shares
         of it, one after another, in a thread of their own, so commands and notices are still heard."""
-        job_id = command["job"]["id"]
+        job_id = command.job.id
         if self._preparing is not None and self._preparing[0] == job_id and self._preparing[1].is_alive():
             return
         stop = threading.Event()
@@ -339,8 +339,8 @@ class Agent:
             self._preparing[2].set()
             self._preparing = None
 
-    def _prepare_shares(self, command: dict, stop: threading.Event) -> None:
-        job_id = command["job"]["id"]
+    def _prepare_shares(self, command: AgentCommand, stop: threading.Event) -> None:
+        job_id = command.job.id
         python = self._job_python(command)
         if python is None:
             return  # its requirements failed to install: reported once
@@ -419,12 +419,12 @@ class Agent:
             # The job is over (the control plane fails it), or it dropped this node and went on: a
             # worker restarted as it was would fail again, in a loop.
             return
-        if code != 0 and self.last_command and self.last_command["action"] == "run":
+        if code != 0 and self.last_command and self.last_command.action == "run":
             self._restart.set()
 
     def _command_generation(self) -> int | None:
         """The control plane's generation number of the last command (what the worker runs)."""
-        return ((self.last_command or {}).get("generation") or {}).get("number")
+        return self.last_command.generation_number if self.last_command else None
 
     def _event(self, kind: str, **fields) -> None:
         try:

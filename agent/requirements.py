@@ -20,7 +20,7 @@ import site
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,9 @@ class InstallFailed(Exception):
         self.reason = reason
 
 
-def job_requirements(job: dict[str, Any]) -> list[str]:
-    return list((job.get("config") or {}).get("requirements") or [])
+def job_requirements(config: Mapping[str, Any]) -> list[str]:
+    """The requirements a job's contract (`JobConfig.to_dict()`) lists."""
+    return list(config.get("requirements") or [])
 
 
 def venv_python(venv: Path) -> Path:
@@ -119,16 +120,16 @@ def _run_pip(python: Path, arguments: list[str], *, log_path: Path, on_line: Cal
         raise InstallFailed(_reason(last, code))
 
 
-def job_python(job: dict[str, Any], *, work_dir: Path, fetch: Callable[[str], Path],
+def job_python(job_id: int, config: Mapping[str, Any], *, work_dir: Path, fetch: Callable[[str], Path],
                on_line: Callable[[str], None], stop: threading.Event | None = None) -> str:
     """The python the job's runtime runs on: the agent's own without requirements, else the job's
     venv with them installed (installing now unless an earlier install of the same list finished).
     `fetch(entry)` downloads an `upload:`/`s3://` entry and returns its local path; `on_line` gets
     the installer's output lines. Raises `InstallFailed`."""
-    requirements = job_requirements(job)
+    requirements = job_requirements(config)
     if not requirements:
         return sys.executable
-    venv = Path(work_dir) / f"job-{job['id']}" / "venv"
+    venv = Path(work_dir) / f"job-{job_id}" / "venv"
     python, marker = venv_python(venv), venv / MARKER
     wanted = json.dumps(requirements)
     if python.exists() and marker.is_file() and marker.read_text() == wanted:

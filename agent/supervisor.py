@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.command import AgentCommand
+
 logger = logging.getLogger("spotpipe.agent")
 
 MARKER = "SPOTPIPE "
@@ -76,36 +78,35 @@ class WorkerSupervisor:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def needs_start(self, command: dict) -> bool:
+    def needs_start(self, command: AgentCommand) -> bool:
         """Whether `apply(command)` would start a worker (none runs for the command's job)."""
         with self._lock:
-            return not (self.running() and self.job_id == command["job"]["id"])
+            return not (self.running() and self.job_id == command.job.id)
 
-    def apply(self, command: dict, *, python: str | None = None) -> str:
+    def apply(self, command: AgentCommand, *, python: str | None = None) -> str:
         """Act on a `run` command: hand a new generation to the running worker of the same job, or
         start a worker (on `python`: the job's virtualenv's, default the supervisor's). Returns what
         it did: `started`, `handed`, `unchanged`."""
-        generation = command["generation"]
-        job = command["job"]
+        generation = command.generation
         with self._lock:
-            if self.running() and self.job_id == job["id"]:
-                if self.generation == generation["number"]:
+            if self.running() and self.job_id == command.job.id:
+                if self.generation == generation.number:
                     return "unchanged"
-                write_json_atomic(self.control_path, generation)
-                self.generation = generation["number"]
+                write_json_atomic(self.control_path, generation.to_dict())
+                self.generation = generation.number
                 return "handed"
             self.stop()
             self._start(command, python=python or self.python)
             return "started"
 
-    def hand_over(self, command: dict) -> bool:
+    def hand_over(self, command: AgentCommand) -> bool:
         """Give a non-member (standby) answer's generation to the running worker so it leaves at
         its next iteration boundary. False when no worker runs."""
         with self._lock:
-            if not self.running() or command.get("generation") is None:
+            if not self.running() or command.generation is None:
                 return False
-            write_json_atomic(self.control_path, command["generation"])
-            self.generation = command["generation"]["number"]
+            write_json_atomic(self.control_path, command.generation.to_dict())
+            self.generation = command.generation.number
             return True
 
     def stop_path(self, job_id: int) -> Path:
@@ -130,11 +131,11 @@ class WorkerSupervisor:
             return []
         return [line[:500] for line in text.splitlines()[-lines:]]
 
-    def _start(self, command: dict, *, python: str) -> None:
-        generation = command["generation"]
-        spec = {"job": command["job"], "generation": generation, "assignment": command["assignment"],
-                "instance": command["instance"], "work_dir": str(self.work_dir), "device_index": self.gpu_index}
-        self.stop_path(command["job"]["id"]).unlink(missing_ok=True)  # a stop asked of an earlier run
+    def _start(self, command: AgentCommand, *, python: str) -> None:
+        generation = command.generation.to_dict()
+        spec = {"job": command.job.to_dict(), "generation": generation, "assignment": command.assignment,
+                "instance": command.instance, "work_dir": str(self.work_dir), "device_index": self.gpu_index}
+        self.stop_path(command.job.id).unlink(missing_ok=True)  # a stop asked of an earlier run
         spec_path = self.work_dir / f"spec-{generation['number']}.json"
         write_json_atomic(spec_path, spec)
         write_json_atomic(self.control_path, generation)
@@ -147,7 +148,7 @@ class WorkerSupervisor:
         finally:
             log.close()
         self.generation = generation["number"]
-        self.job_id = command["job"]["id"]
+        self.job_id = command.job.id
         self._reader = threading.Thread(target=self._read, args=(self.proc,), name="worker-stdout", daemon=True)
         self._reader.start()
         logger.info("started worker pid %s for job %s generation %s", self.proc.pid, self.job_id, self.generation)

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from agent.command import CommandGeneration, CommandJob
 from runtime.distributed.published_layout import PublishedLayout
 from runtime.worker_exits import EXIT_FENCED, EXIT_JOB_FAILED
 
@@ -126,12 +127,12 @@ class _Watcher(threading.Thread):
                 text = self.control.read_text()
                 if text != seen:
                     seen = text
-                    generation = json.loads(text)
-                    previous, members = members, {m.get("node") for m in generation.get("membership", [])}
+                    generation = CommandGeneration.from_dict(json.loads(text))
+                    previous, members = members, {m.get("node") for m in generation.membership}
                     if previous is not None:
                         self._forget_unstarted(previous - members)
                     if self.node not in members:
-                        self._leave(f"not a member of generation {generation.get('number')}")
+                        self._leave(f"not a member of generation {generation.number}")
             except (OSError, ValueError):
                 continue
             except Exception:  # the store went away: the worker's own calls will fail and it exits
@@ -143,13 +144,14 @@ def build_worker_spec(spec: dict[str, Any], *, node: int, joining: bool, out_dir
     `node` (`runtime_node()`: differs from the assignment's node after a restart)."""
     from runtime.train.trainer import WorkerSpec
 
-    job, layout = spec["job"], PublishedLayout.from_dict(spec["generation"]["layout"])
+    job = CommandJob.from_dict(spec["job"])
+    layout = PublishedLayout.from_dict(CommandGeneration.from_dict(spec["generation"]).layout)
     # The job's stored contract is the runtime's JobConfig: handed over unchanged.
     return WorkerSpec(
-        job_id=f"job{job['id']}", node=node, rendezvous=layout.rendezvous, config=job["config"],
+        job_id=f"job{job.id}", node=node, rendezvous=layout.rendezvous, config=job.config,
         generation=0, joining=joining, out_dir=str(out_dir),
         # The job's folder in the control plane's artifact store: the final weights go there.
-        export_dir=str(job.get("artifacts") or ""),
+        export_dir=job.artifacts,
         # The agent's --gpu-index: the GPU of this VM a `cuda` job uses (a spec without it: the first).
         device_index=int(spec.get("device_index", 0)),
     )
@@ -161,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", type=Path, required=True)
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())
-    job, generation, assignment = spec["job"], spec["generation"], spec["assignment"]
-    layout = PublishedLayout.from_dict(generation["layout"])
+    # The command's parts the agent wrote (`supervisor._start`), read as the agent read them.
+    job, generation = CommandJob.from_dict(spec["job"]), CommandGeneration.from_dict(spec["generation"])
+    assignment = spec["assignment"]
+    layout = PublishedLayout.from_dict(generation.layout)
     work_dir = Path(spec["work_dir"])
     out_dir = work_dir / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     node = int(assignment["node"])
     initial_nodes = layout.initial_nodes
-    job_id = f"job{job['id']}"
+    job_id = f"job{job.id}"
     store = connect(layout.rendezvous, timeout_s=60)
     coordinator = Coordinator(store, job_id)
     # Which start of this node's worker this is, counted in the job's store (atomic, and it survives
@@ -204,10 +208,10 @@ def main(argv: list[str] | None = None) -> int:
                 emit({"type": "spare", "generation": record["generation"]})
 
     def on_step(record: dict[str, Any]) -> None:
-        emit(metrics_message(record, generation=generation["number"]))
+        emit(metrics_message(record, generation=generation.number))
 
     watcher = _Watcher(args.control, work_dir / "notice", node, coordinator, runtime_node=me,
-                       stop=work_dir / f"stop-{job['id']}")
+                       stop=work_dir / f"stop-{job.id}")
     watcher.start()
     try:
         summary = AgentWorker(worker_spec, on_step).run()

@@ -7,6 +7,7 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
+from agent.command import AgentCommand
 from controlplane.accounts.services import api_token_create
 from controlplane.fleet.models import Instance, InterruptionNotice
 from controlplane.orchestration import services
@@ -72,6 +73,11 @@ def test_commands_long_poll(started):
     assert answer["action"] == "run"
     assert answer["generation"]["number"] == 1
     assert answer["assignment"] == {"instance": instance_id, "rank": 0, "pipeline": 0, "stage": 0, "node": 0}
+    # What the agent reads of these answers, typed: every field it needs is on the wire.
+    idle, run = AgentCommand.from_dict(first), AgentCommand.from_dict(answer)
+    assert (idle.action, idle.generation, idle.job.id, idle.instance) == ("idle", None, job.pk, instance_id)
+    assert (run.action, run.generation_number, run.assignment["node"], run.job.strategy) == ("run", 1, 0, "recycle")
+    assert run.generation.to_dict() == answer["generation"] and run.job.to_dict() == answer["job"]
 
     bad = client.get("/api/v1/agents/commands/", {"wait": 500})
     assert bad.status_code == 400 and "wait" in bad.json()["errors"]

@@ -24,6 +24,7 @@ from controlplane.orchestration.providers.local.metadata import MetadataServer
 from controlplane.orchestration.providers.local.provider import pid_alive
 from runtime.distributed.published_layout import PublishedLayout
 from tests.controlplane.factories import make_job, make_team
+from tests.orchestration.agent_commands import agent_command, wire_generation, wire_job
 from tests.orchestration.conftest import free_port
 from tests.orchestration.fakes import FakeProvider
 
@@ -143,13 +144,16 @@ def test_supervisor_kills_the_worker_when_the_agent_dies(tmp_path: Path):
     import subprocess
     import sys
 
+    command = {"action": "run", "version": "v1", "instance": 1, "provider_instance_id": "i-1",
+               "job": wire_job(1, target_steps=100000), "assignment": {"node": 0},
+               "generation": wire_generation(1, membership=[{"instance": 1}])}
     script = tmp_path / "fake_node.py"
     script.write_text(
         "import sys, time\n"
         "from agent.supervisor import WorkerSupervisor\n"
         f"s = WorkerSupervisor({str(tmp_path / 'w')!r}, worker_module='tests.orchestration.fake_worker')\n"
-        "s.apply({'instance': 1, 'job': {'id': 1, 'target_steps': 100000}, 'assignment': {},\n"
-        "         'generation': {'number': 1, 'membership': [{'instance': 1}]}})\n"
+        "from agent.command import AgentCommand\n"
+        f"s.apply(AgentCommand.from_dict({command!r}))\n"
         "print(s.proc.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -170,7 +174,7 @@ def test_the_agent_reports_a_spare_worker_under_its_commands_generation(tmp_path
     agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1"))
     sent: list[dict] = []
     agent.client.event = lambda **fields: sent.append(fields)
-    agent.last_command = {"action": "run", "generation": {"number": 3}}
+    agent.last_command = agent_command("run", generation=3, assignment={"node": 0})
     agent._on_worker_message({"type": "spare", "generation": 7})
     assert len(sent) == 1 and sent[0]["kind"] == "worker_spare" and sent[0]["generation"] == 3
     assert "runtime generation 7 has no slot" in sent[0]["message"]
@@ -215,9 +219,8 @@ def test_the_agents_gpu_index_reaches_the_workers_spec(tmp_path: Path, monkeypat
                               worker_module="tests.orchestration.fake_worker", gpu_index=2))
     layout = PublishedLayout(strategy="recycle", dp=1, pp=1, slots=[[0]], decision="start",
                              rendezvous="127.0.0.1:1").to_dict()
-    command = {"instance": 1, "job": {"id": 5, "target_steps": 0, "config": {"device": "cuda"}},
-               "assignment": {"node": 0}, "generation": {"number": 1, "membership": [{"instance": 1}],
-                                                         "layout": layout}}
+    command = agent_command("run", job_id=5, target_steps=0, config={"device": "cuda"}, assignment={"node": 0},
+                            generation=1, membership=[{"instance": 1}], layout=layout)
     try:
         assert agent.supervisor.apply(command) == "started"
     finally:

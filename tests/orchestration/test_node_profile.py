@@ -15,6 +15,7 @@ from agent.main import Agent, AgentConfig
 from agent.profile import ProfileFailed, run_node_profile
 from runtime.config import DataSpec, JobConfig, ModelSpec
 from runtime.train.model_check import validate_model
+from tests.orchestration.agent_commands import agent_command
 
 M = "tests.usermodels.models"
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,8 +61,7 @@ def test_the_agent_profiles_once_when_told_to(tmp_path: Path, monkeypatch, path:
     monkeypatch.chdir(ROOT)
     agent = Agent(AgentConfig(control_plane="http://127.0.0.1:9", work_dir=tmp_path, address="127.0.0.1"))
     agent.client = recorder = _Recorder()
-    command = {"action": "profile", "version": "v1", "instance": 1, "generation": None, "assignment": None,
-               "job": {"id": 7, "status": "provisioning", "config": _config(path).to_dict(), "plan": {}}}
+    command = agent_command("profile", job_id=7, status="provisioning", config=_config(path).to_dict())
     agent._apply(command)
     agent._apply(command)  # a repeated command (a long-poll answered again) profiles once
     if profiled:

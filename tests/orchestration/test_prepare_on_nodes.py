@@ -11,10 +11,12 @@ import sys
 import threading
 from pathlib import Path
 
+from agent.command import AgentCommand
 from agent.main import Agent, AgentConfig
 from agent.prepare import run_share
 from runtime.config import DataSpec, JobConfig
 from runtime.data.prepare import prepare
+from tests.orchestration.agent_commands import agent_command
 from tests.runtime.data.test_shards import stream_tokens, write_corpus
 
 
@@ -51,10 +53,9 @@ class _Client:
         self.events.append(event)
 
 
-def _command(source: str, out: str) -> dict:
+def _command(source: str, out: str) -> AgentCommand:
     config = JobConfig(dp=2, pp=1, data=DataSpec(source=source, prepare=out)).to_dict()
-    return {"action": "prepare", "version": "v1", "instance": 1, "generation": None, "assignment": None,
-            "job": {"id": 7, "status": "provisioning", "config": config, "plan": {}}}
+    return agent_command("prepare", job_id=7, status="provisioning", config=config)
 
 
 def _agent(tmp_path: Path, name: str, shares: _Shares) -> Agent:

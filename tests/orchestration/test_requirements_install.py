@@ -19,6 +19,7 @@ import pytest
 from agent.client import ControlPlaneError
 from agent.main import Agent, AgentConfig
 from agent.requirements import InstallFailed, job_python
+from tests.orchestration.agent_commands import agent_command
 from tests.runtime.data.conftest import moto_s3, s3  # noqa: F401 (fixtures: moto's S3 server, a bucket)
 
 UNKNOWN = "upload:" + "0" * 64
@@ -47,13 +48,14 @@ def _no_index(monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
 
 
-def _job(job_id: int, requirements: list[str]) -> dict:
-    return {"id": job_id, "target_steps": 1, "config": {"requirements": requirements}}
+def _job(job_id: int, requirements: list[str]) -> tuple[int, dict]:
+    """A job's id and contract, as `job_python` takes them."""
+    return job_id, {"requirements": requirements}
 
 
 def test_a_job_without_requirements_runs_on_the_agents_python(tmp_path: Path) -> None:
     lines: list[str] = []
-    assert job_python(_job(1, []), work_dir=tmp_path, fetch=lambda e: Path(e), on_line=lines.append) == sys.executable
+    assert job_python(*_job(1, []), work_dir=tmp_path, fetch=lambda e: Path(e), on_line=lines.append) == sys.executable
     assert lines == [] and list(tmp_path.iterdir()) == []
 
 
@@ -72,9 +74,9 @@ def test_the_worker_starts_on_the_jobs_venv_and_a_failed_install_is_reported_onc
     agent.client.download = download
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
 
-    def run(job: dict, generation: int) -> None:
-        agent._apply({"action": "run", "job": job, "generation": {"number": generation}, "instance": 5,
-                      "assignment": {"node": 0}})
+    def run(job: tuple[int, dict], generation: int) -> None:
+        agent._apply(agent_command("run", job_id=job[0], config=job[1], generation=generation, instance=5,
+                                   assignment={"node": 0}))
 
     run(_job(11, [f"upload:{sha}"]), 1)
     try:
@@ -101,16 +103,16 @@ def test_a_broken_wheel_fails_with_pips_message_and_the_venv_is_installed_once(t
     broken, good = make_wheel(tmp_path / "broken", broken=True), make_wheel(tmp_path / "good")
     lines: list[str] = []
     with pytest.raises(InstallFailed) as failed:
-        job_python(_job(3, [UNKNOWN]), work_dir=tmp_path, fetch=lambda e: broken, on_line=lines.append)
+        job_python(*_job(3, [UNKNOWN]), work_dir=tmp_path, fetch=lambda e: broken, on_line=lines.append)
     assert failed.value.reason.startswith("pip install exited with 1: ERROR:")
     assert "invalid wheel" in failed.value.reason and len(failed.value.reason) < 300
     assert any("invalid wheel" in line for line in lines)
 
     # Fixed (another list): installed; the same list again reuses the venv without pip.
-    python = job_python(_job(3, [f"upload:{'1' * 64}"]), work_dir=tmp_path, fetch=lambda e: good, on_line=lines.append)
+    python = job_python(*_job(3, [f"upload:{'1' * 64}"]), work_dir=tmp_path, fetch=lambda e: good, on_line=lines.append)
     started = time.monotonic()
     again: list[str] = []
-    assert job_python(_job(3, [f"upload:{'1' * 64}"]), work_dir=tmp_path, fetch=lambda e: good,
+    assert job_python(*_job(3, [f"upload:{'1' * 64}"]), work_dir=tmp_path, fetch=lambda e: good,
                       on_line=again.append) == python
     assert again == [] and time.monotonic() - started < 5
     # torch comes from the node's environment, the package from the venv.
@@ -126,7 +128,8 @@ def test_an_agent_told_not_to_install_runs_jobs_on_its_own_environment(tmp_path:
                               install_requirements=False))
     sent: list[dict] = []
     agent.client.event = lambda **fields: sent.append(fields)
-    command = {"action": "run", "job": _job(4, ["numpy>=1.26"]), "generation": {"number": 1}}
+    command = agent_command("run", job_id=4, config={"requirements": ["numpy>=1.26"]}, generation=1,
+                            assignment={"node": 0})
     assert agent._job_python(command) == sys.executable
     assert [e["kind"] for e in sent] == ["requirements_output"] and "own environment" in sent[0]["message"]
     assert not (tmp_path / "job-4").exists()

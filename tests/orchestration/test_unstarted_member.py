@@ -17,6 +17,7 @@ from agent.worker_entry import _Watcher
 from runtime.distributed.coordinator import Coordinator, serve
 from runtime.train.reference import train_reference
 from runtime.train.trainer import WorkerSpec, spec_json
+from tests.orchestration.agent_commands import wire_generation
 from tests.orchestration.conftest import wait_for
 from tests.runtime.conftest import small_config
 
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _generation(number: int, nodes: list[int]) -> str:
-    return json.dumps({"number": number, "membership": [{"node": n} for n in nodes]})
+    return json.dumps(wire_generation(number, membership=[{"node": n} for n in nodes]))
 
 
 class _CountedReads:

@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 import torch
 
+from agent.command import AgentCommand
 from agent.supervisor import WorkerSupervisor
 from agent.worker_entry import INCARNATION_STRIDE, runtime_node
 from runtime.config import DeviceTime, JobConfig, ModelSpec
 from runtime.distributed.coordinator import Coordinator, serve
 from runtime.distributed.published_layout import PublishedLayout
 from runtime.train.reference import train_reference
+from tests.orchestration.agent_commands import wire_generation, wire_job
 from tests.orchestration.conftest import wait_for
 from tests.runtime.conftest import small_config
 
@@ -49,10 +51,10 @@ def test_crashed_member_restarted_by_its_agent_rejoins_and_trains_to_the_end(tmp
     config = small_config(strategy="recycle", schedule="fiw", steps=steps, device_time=DeviceTime(forward_ms=4.0))
     store = serve(0)
     # The job's stored contract is the runtime's config: the agent hands it over unchanged.
-    job = {"id": 7, "target_steps": steps, "config": config.to_dict()}
+    job = wire_job(7, target_steps=steps, config=config.to_dict())
     layout = PublishedLayout(strategy="recycle", dp=2, pp=2, slots=[[0, 1], [2, 3]], decision="start",
                              nodes=[(n, n) for n in range(4)], rendezvous=f"127.0.0.1:{store.port}").to_dict()
-    generation = {"number": 1, "layout": layout, "membership": [{"node": n} for n in range(4)]}
+    generation = wire_generation(1, layout=layout, membership=[{"node": n} for n in range(4)])
     messages: dict[int, list[dict]] = {n: [] for n in range(4)}
     exits: dict[int, list[int]] = {n: [] for n in range(4)}
     lock = threading.Lock()
@@ -68,9 +70,10 @@ def test_crashed_member_restarted_by_its_agent_rejoins_and_trains_to_the_end(tmp
 
         return WorkerSupervisor(tmp_path / f"node{node}", on_message=on_message, on_exit=on_exit)
 
-    def command(node: int) -> dict:
-        return {"action": "run", "instance": 100 + node, "job": job, "generation": generation,
-                "assignment": {"node": node}}
+    def command(node: int) -> AgentCommand:
+        return AgentCommand.from_dict({"action": "run", "version": "v1", "instance": 100 + node,
+                                       "provider_instance_id": f"i-{node}", "job": job, "generation": generation,
+                                       "assignment": {"node": node}})
 
     sups = {n: supervisor(n) for n in range(4)}
     try:
@@ -113,10 +116,10 @@ def _one_node_entry_args(tmp_path: Path, job_id: int) -> tuple[Any, list[str]]:
     store = serve(0)
     layout = PublishedLayout(strategy="recycle", dp=1, pp=1, slots=[[0]], decision="start", nodes=[(0, 0)],
                              rendezvous=f"127.0.0.1:{store.port}").to_dict()
-    generation = {"number": 1, "layout": layout, "membership": [{"node": 0}]}
+    generation = wire_generation(1, layout=layout, membership=[{"node": 0}])
     config = JobConfig(model=ModelSpec(kind="mlp", n_layer=2), dp=1, pp=1, microbatches=2, global_batch=4,
                        strategy="recycle", steps=3, seed=1)
-    job = {"id": job_id, "target_steps": 3, "config": config.to_dict()}
+    job = wire_job(job_id, target_steps=3, config=config.to_dict())
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"job": job, "generation": generation, "assignment": {"node": 0},
                                 "instance": 100, "work_dir": str(tmp_path / "node0")}))
