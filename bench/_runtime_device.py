@@ -22,6 +22,7 @@ import torch
 from bench.report import Progress, print_table
 from runtime.config import STRATEGIES as STRATEGY_NAMES
 from runtime.config import JobConfig, ModelSpec
+from runtime.strategies import get_strategy
 from runtime.train.launcher import Fault, RunResult, run_local
 
 STRATEGIES = STRATEGY_NAMES  # runtime/config.py owns the names
@@ -35,7 +36,7 @@ def device_config(strategy: str, *, steps: int, device: str, precision: str) -> 
     DP=2 x PP=2, 4 micro-batches of 4 samples per pipeline."""
     return JobConfig(
         model=MODEL, dp=2, pp=2, microbatches=4, global_batch=32, strategy=strategy,
-        schedule="fiw" if strategy == "recycle" else "1f1b", steps=steps, device=device, precision=precision,
+        schedule=get_strategy(strategy).simulated_schedule, steps=steps, device=device, precision=precision,
         op_timeout_s=5.0, heartbeat_timeout_s=5.0,
         checkpoint_interval=5 if strategy == "checkpoint" else 0,
         checkpoint_dir=tempfile.mkdtemp(prefix="spotpipe-gpu-ckpt-") if strategy == "checkpoint" else "",

@@ -58,7 +58,7 @@ def _config(strategy: str, *, steps: int, emulated: bool, schedule: str | None =
         microbatches=4,
         global_batch=32,
         strategy=strategy,
-        schedule=schedule or ("fiw" if strategy == "recycle" else "1f1b"),
+        schedule=schedule or get_strategy(strategy).simulated_schedule,  # the simulation's, compared below
         steps=steps,
         device_time=DeviceTime(forward_ms=4.0, backward_input_ms=4.0, backward_weight_ms=4.0) if emulated else None,
         op_timeout_s=kw.pop("op_timeout_s", 1.5),
