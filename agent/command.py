@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 ACTIONS = ("idle", "stop", "profile", "prepare", "run", "standby")
-"""What an answer may tell the agent: `run` (a member of the current generation), `standby` (the job
-has a generation without this node), `profile` / `prepare` (the job's first steps on its nodes),
-`stop` (the instance or its job has ended), `idle` (nothing for this node)."""
+"""What an answer may tell the agent (the control plane's API schema takes them from here): `run` (a
+member of the current generation), `standby` (the job has a generation without this node),
+`profile` / `prepare` (the job's first steps on its nodes), `stop` (the instance or its job has
+ended), `idle` (nothing for this node)."""
 
 # Which parts each action needs; a part an action does not need may still come (e.g. `stop` names
 # the ended job).
@@ -108,7 +109,8 @@ class AgentCommand:
     version: str
     """Changes whenever what this node should do may have changed: the agent's next poll sends it."""
     instance: int
-    provider_instance_id: str
+    provider_instance_id: str | None
+    """None only for an instance not attached to a provider VM yet (the model allows it)."""
     action: str
     job: CommandJob | None = None
     generation: CommandGeneration | None = None
@@ -135,7 +137,7 @@ class AgentCommand:
             _get(assignment, "node", int, "assignment.")
         return cls(
             version=_get(wire, "version", str, ""), instance=_get(wire, "instance", int, ""),
-            provider_instance_id=_get(wire, "provider_instance_id", str, ""), action=action,
+            provider_instance_id=_get(wire, "provider_instance_id", (str, type(None)), ""), action=action,
             job=None if wire.get("job") is None else CommandJob.from_dict(wire["job"]),
             generation=None if wire.get("generation") is None else CommandGeneration.from_dict(wire["generation"]),
             assignment=None if assignment is None else dict(assignment),

@@ -67,5 +67,7 @@ def test_an_answer_that_is_not_an_object_is_refused() -> None:
 def test_parts_an_action_does_not_need_may_be_absent() -> None:
     idle = AgentCommand.from_dict({**WIRE, "action": "idle", "job": None, "generation": None, "assignment": None})
     assert idle.job is None and idle.generation_number is None
+    unattached = AgentCommand.from_dict({**WIRE, "provider_instance_id": None})  # the model allows it
+    assert unattached.provider_instance_id is None
     standby = agent_command("standby", generation=3)
     assert standby.assignment is None and standby.generation_number == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from agent.command import ACTIONS
 from controlplane.common.api import JSONObjectField
 from controlplane.common.fields import CharField
 from controlplane.fleet.models import NoticeKind, ProviderKind
@@ -53,7 +54,7 @@ class CommandsSerializer(serializers.Serializer):
     version = CharField()
     instance = serializers.IntegerField()
     provider_instance_id = CharField(allow_null=True)
-    action = serializers.ChoiceField(choices=["run", "standby", "idle", "stop"])
+    action = serializers.ChoiceField(choices=ACTIONS)  # the agent's reading of the answer owns the names
     job = serializers.JSONField(allow_null=True)
     generation = serializers.JSONField(allow_null=True)
     assignment = serializers.JSONField(allow_null=True)
