@@ -21,7 +21,7 @@ class SnsSubscriptionAdmin(admin.ModelAdmin):
 @admin.register(AlertEndpoint)
 class AlertEndpointAdmin(admin.ModelAdmin):
     list_display = ("team", "url", "format", "active", "created_at")
-    exclude = ("signing_secret",)
+    exclude = ("signing_secret", "previous_signing_secret")
 
 
 @admin.register(AlertDelivery)

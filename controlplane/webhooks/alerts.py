@@ -286,6 +286,17 @@ def _destination_refused(url: str) -> str:
     return ""
 
 
+def _without_path(text: str, url: str) -> str:
+    """`text` without `url`'s path and query: for a Slack-style endpoint they are its secret, and
+    requests names them in its errors ("Max retries exceeded with url: /services/...")."""
+    parts = urlsplit(url)
+    secret = parts.path + (f"?{parts.query}" if parts.query else "")
+    for part in (secret, parts.path):
+        if part not in ("", "/"):
+            text = text.replace(part, "/<path>")
+    return text
+
+
 def _signature_headers(endpoint: AlertEndpoint, *, msg_id: str, body: bytes) -> dict[str, str]:
     current, *previous = endpoint.signing_secrets()
     return signing.signed_headers(secret=current, msg_id=msg_id, body=body, extra_secrets=previous)
@@ -310,7 +321,7 @@ def alert_deliver(*, delivery_id: int, post: Callable[..., int] = _post) -> str:
         try:
             status_code = post(delivery.endpoint.url, data=body, headers=headers)
         except requests.RequestException as exc:
-            error = f"{type(exc).__name__}: {exc}"[:300]
+            error = _without_path(f"{type(exc).__name__}: {exc}", delivery.endpoint.url)[:300]
     now = timezone.now()
     delivery.last_status_code, delivery.last_error = status_code, refused or error
     if refused:
@@ -332,6 +343,7 @@ def alert_deliver(*, delivery_id: int, post: Callable[..., int] = _post) -> str:
         outcome = "retry"
     delivery.save(update_fields=["status", "delivered_at", "next_attempt_at", "last_status_code", "last_error"])
     if outcome == "failed":
-        logger.warning("alert %s to %s failed after %d attempts: %s", delivery.message_id, delivery.endpoint.url,
+        logger.warning("alert %s to endpoint %s (%s) failed after %d attempts: %s", delivery.message_id,
+                       delivery.endpoint_id, urlsplit(delivery.endpoint.url).hostname,
                        delivery.attempts, delivery.last_error or delivery.last_status_code)
     return outcome

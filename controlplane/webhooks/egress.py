@@ -25,7 +25,10 @@ from controlplane.tunables import tunable
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # IPv6 prefixes that carry an IPv4 address in their last 32 bits (NAT64): judged by that address.
-_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+# The same for the deprecated IPv4-compatible (::a.b.c.d) and SIIT (::ffff:0:a.b.c.d) forms, which
+# ipaddress counts as global.
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"),
+          ipaddress.ip_network("::/96"), ipaddress.ip_network("::ffff:0:0/96"))
 
 
 class EgressRefused(OSError):
@@ -59,7 +62,9 @@ def address_is_public(address: IPAddress) -> bool:
     inner = _embedded_v4(address)
     if inner is not None:
         return address_is_public(inner)
-    return address.is_global and not address.is_multicast
+    # Reserved and site-local IPv6 (fec0::/10) are global to ipaddress, but never a public host.
+    site_local = isinstance(address, ipaddress.IPv6Address) and address.is_site_local
+    return address.is_global and not (address.is_multicast or address.is_reserved or site_local)
 
 
 def check_address(address: str) -> None:

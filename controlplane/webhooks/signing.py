@@ -84,6 +84,7 @@ def verify(
         raise SignatureError("webhook-signature has no 'v1,<base64>' entry")
     for secret in secrets_:
         expected = sign(secret=secret, msg_id=msg_id, timestamp=ts, body=body).split(",", 1)[1]
-        if any(hmac.compare_digest(expected, candidate) for candidate in offered):
+        # As bytes: compare_digest refuses a str with non-ASCII characters (a TypeError, a 500).
+        if any(hmac.compare_digest(expected.encode(), candidate.encode()) for candidate in offered):
             return
     raise SignatureError("webhook-signature does not match any active secret")

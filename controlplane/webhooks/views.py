@@ -138,7 +138,9 @@ def _auth_eventbridge(request: HttpRequest, team: TeamCredentials) -> None:
         except (binascii.Error, ValueError):
             raise WebhookError(401, "malformed basic Authorization header", field="Authorization") from None
         for cred in basic:
-            if _active(cred) and hmac.compare_digest(cred.username, user) and _check_secret(cred, password):
+            # As bytes: compare_digest refuses a str with non-ASCII characters (a TypeError, a 500).
+            same_user = hmac.compare_digest(cred.username.encode(), user.encode())
+            if _active(cred) and same_user and _check_secret(cred, password):
                 return
     if not offered_any:
         names = sorted({c.header_name for c in team.of(CredentialScheme.API_KEY)})

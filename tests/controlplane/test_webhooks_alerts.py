@@ -140,3 +140,25 @@ def test_gives_up_after_max_attempts(receiver, monkeypatch):
     alerts.alert_endpoint_create(team=team, url=server.url)
     [delivery] = alerts.alert_job_status(job=make_job(team), status="failed")
     assert [alerts.alert_deliver(delivery_id=delivery.pk) for _ in range(3)] == ["retry", "failed", "skipped"]
+
+
+def test_a_failed_alert_never_logs_or_stores_the_urls_secret_path(receiver, monkeypatch, caplog):
+    """A Slack-style endpoint's path is its secret: a refusal and a network error name the endpoint
+    and its host, never the path (requests puts it in its errors)."""
+    monkeypatch.setattr(alerts, "MAX_ATTEMPTS", 1)
+    secret = "T0001/B0002/SlackSecretPathXYZ123"
+    refusing = receiver([404])
+    gone = receiver()
+    gone_url = gone.url
+    gone.close()  # nothing listens there any more: a connection error naming the URL
+    team = make_team()
+    for server_url in (refusing.url, gone_url):
+        alerts.alert_endpoint_create(team=team, url=f"{server_url}/services/{secret}?token=q-secret")
+    deliveries = alerts.alert_job_status(job=make_job(team), status="failed")
+    assert sorted(alerts.alert_deliver(delivery_id=d.pk) for d in deliveries) == ["failed", "failed"]
+    errors = [d.last_error for d in AlertDelivery.objects.all()]
+    assert any("ConnectionError" in e and "/<path>" in e for e in errors), errors
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "failed after 1 attempts" in logged and "127.0.0.1" in logged
+    for text in (logged, *errors):
+        assert "SlackSecretPathXYZ123" not in text and "q-secret" not in text

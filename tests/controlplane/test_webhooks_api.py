@@ -173,6 +173,18 @@ def test_rotating_the_secret_signs_with_both_during_the_grace_period(world):
     assert len(captured["webhook-signature"].split()) == 1
 
 
+def test_the_admin_site_shows_neither_signing_secret(world, client):
+    from django.contrib.auth import get_user_model
+
+    endpoint = alerts.alert_endpoint_create(team=world.team, url="https://hooks.example.com/a")
+    old = endpoint.signing_secret
+    new = alerts.alert_endpoint_rotate_secret(endpoint=endpoint).signing_secret
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw-0123456789"))
+    page = client.get(f"/admin/webhooks/alertendpoint/{endpoint.pk}/change/")
+    assert page.status_code == 200 and "hooks.example.com" in page.content.decode()
+    assert old not in page.content.decode() and new not in page.content.decode()
+
+
 def test_rotation_without_grace_and_bounds(world):
     endpoint = alerts.alert_endpoint_create(team=world.team, url="https://hooks.example.com/a")
     old = endpoint.signing_secret

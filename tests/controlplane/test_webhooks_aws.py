@@ -173,6 +173,10 @@ def test_basic_auth_connection(client, samples, team):
     body = json.dumps(samples["warning"])
     denied = client.post(url, data=body, content_type="application/json", headers={"Authorization": f"Basic {bad}"})
     assert denied.status_code == 401
+    non_ascii = base64.b64encode("é:s3cret-pass".encode()).decode()  # compare_digest refuses such a str
+    stranger = client.post(url, data=body, content_type="application/json",
+                           headers={"Authorization": f"Basic {non_ascii}"})
+    assert stranger.status_code == 401 and "invalid credentials" in stranger.json()["detail"]
     assert InterruptionNotice.objects.count() == 0
     ok = client.post(url, data=body, content_type="application/json", headers={"Authorization": f"Basic {good}"})
     assert ok.status_code == 202

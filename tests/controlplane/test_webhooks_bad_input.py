@@ -139,6 +139,12 @@ def test_forged_signature(client, creds, caplog):
     check(post(client, NOTICE, body, headers=headers), 401, "webhook-signature", "does not match", caplog)
 
 
+def test_non_ascii_signature(client, creds, caplog):
+    body = _generic_body()
+    headers = {**signing.signed_headers(secret=creds["secret"], msg_id="m1", body=body), "webhook-signature": "v1,é"}
+    check(post(client, NOTICE, body, headers=headers), 401, "webhook-signature", "does not match", caplog)
+
+
 def test_tampered_body(client, creds, caplog):
     body = _generic_body()
     headers = signing.signed_headers(secret=creds["secret"], msg_id="m1", body=body)

@@ -47,6 +47,11 @@ def test_enroll_answers(started):
     bad = client.post("/api/v1/agents/enroll/", {"enroll_key": "1.nope", "provider_instance_id": "fake-1"},
                       format="json")
     assert bad.status_code == 403 and "enroll_key" in bad.json()["errors"]
+    # Made-up keys a 500 once answered: a non-ASCII mac, a digit int() refuses, an id past bigint.
+    for made_up in (f"{acquisition.pk}.é", "².abc", "99999999999999999999999.abc"):
+        refused = client.post("/api/v1/agents/enroll/", {"enroll_key": made_up, "provider_instance_id": "fake-1"},
+                              format="json")
+        assert refused.status_code == 403 and "enroll_key" in refused.json()["errors"], made_up
     missing = client.post("/api/v1/agents/enroll/", {"enroll_key": "x"}, format="json")
     assert missing.status_code == 400 and "provider_instance_id" in missing.json()["errors"]
     assert _enroll(client, acquisition, "fake-99").status_code == 409  # not attached (yet)

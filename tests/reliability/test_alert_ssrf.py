@@ -38,6 +38,9 @@ INTERNAL_URLS = [
     "http://[fd00::1]/hook",
     "http://[fe80::1]/hook",
     "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of 169.254.169.254
+    "http://[::127.0.0.1]/hook",  # IPv4-compatible loopback (deprecated, "global" to ipaddress)
+    "http://[::ffff:0:7f00:1]/hook",  # SIIT loopback
+    "http://[fec0::1]/hook",  # site-local
     "http://2130706433/hook",  # 127.0.0.1 written as one number
     "http://0x7f.1/hook",  # 127.0.0.1 in inet_aton's shorthand
     "http://224.0.0.1/hook",  # multicast

@@ -22,7 +22,9 @@ def acquisition_enroll_key(*, acquisition: Acquisition) -> str:
 
 def acquisition_from_enroll_key(*, key: str) -> Acquisition | None:
     acq_id, _, mac = key.partition(".")
-    if not acq_id.isdigit() or not mac:
+    # ASCII only: "²".isdigit() is true but int() refuses it, and compare_digest refuses a str
+    # with non-ASCII characters; either would be a 500 for a made-up key.
+    if not (key.isascii() and acq_id.isdigit() and mac):
         return None
     acquisition = Acquisition.objects.select_related("job").filter(pk=int(acq_id)).first()
     if acquisition is None or not hmac.compare_digest(mac, _key_mac(acquisition.request_token)):
