@@ -21,6 +21,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.storable import unstorable
+
 STRATEGIES = ("none", "checkpoint", "bamboo", "recycle", "oobleck")
 """Strategies the runtime runs (`none`: no fault tolerance, tests and baselines only)."""
 AUTO_STRATEGY = "recycle"
@@ -1031,8 +1033,8 @@ def _check_value(path: str, annotation: str, value: Any) -> Any:
     elif base == "str":
         if not isinstance(value, str):
             raise _type_error(path, "a string", value)
-        if len(value) > 1000 or "\x00" in value:
-            raise _type_error(path, "a string of at most 1,000 characters without NUL", value[:40])
+        if len(value) > 1000 or unstorable(value):
+            raise _type_error(path, "a string of at most 1,000 characters without NUL or lone surrogates", value[:40])
     elif base == "dict[str, Any]":
         if not isinstance(value, dict):
             raise _type_error(path, "a JSON object", value)
@@ -1067,14 +1069,16 @@ def _check_json(path: str, value: Any, *, depth: int) -> None:
                           field=path)
     if isinstance(value, dict):
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise _type_error(path, "an object with string keys", key)
+            if not isinstance(key, str) or unstorable(key):
+                raise _type_error(path, "an object with string keys (no NUL or lone surrogate)", key)
             _check_json(f"{path}.{key}", item, depth=depth + 1)
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _check_json(f"{path}[{i}]", item, depth=depth + 1)
     elif isinstance(value, float) and not math.isfinite(value):
         raise _type_error(path, "a finite number", value)
+    elif isinstance(value, str) and unstorable(value):
+        raise _type_error(path, f"a string without {unstorable(value)}", value[:40])
     elif value is not None and not isinstance(value, str | int | float | bool):
         raise _type_error(path, "JSON (an object, list, string, number, true/false or null)", value)
 

@@ -1,6 +1,7 @@
-"""JSON input every endpoint can store: parsed without a 500 on deep nesting, with no NUL anywhere
-(PostgreSQL refuses U+0000 in text and jsonb, SQLite stores it: the same request must get the same
-answer on both)."""
+"""JSON input every endpoint can store: parsed without a 500 on deep nesting, and refused with a
+400 naming where it holds what no store accepts (`runtime.storable`: a NUL, a lone surrogate,
+nesting deeper than jsonb can encode), so the same request gets the same answer on PostgreSQL and
+SQLite."""
 
 from __future__ import annotations
 
@@ -10,38 +11,20 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 from controlplane.common.errors import DomainError
-
-
-def nul_path(value: Any, root: str) -> str | None:
-    """Where the first NUL is in a parsed JSON value (a key or a string), or None (iterative: a
-    deeply nested value cannot exhaust the stack)."""
-    stack: list[tuple[Any, str]] = [(value, root)]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return path
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if "\x00" in key:
-                    return f"a key of {path}"
-                stack.append((child, key if path == root else f"{path}.{key}"))
-        elif isinstance(item, list):
-            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
-    return None
+from runtime.storable import unstorable_path
 
 
 class StorableJSONParser(JSONParser):
-    """DRF's JSON parser with a 400 for a body nested too deeply for Python's parser and for a NUL
-    character anywhere in it (naming where: `plan.zones[0]`)."""
+    """DRF's JSON parser with a 400 for a body nested too deeply for Python's parser and for
+    anything no store accepts (`runtime.storable`), naming where: `plan.zones[0]`."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
         try:
             value = super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply") from None
-        where = nul_path(value, "body")
-        if where is not None:
-            field = where.removeprefix("a key of ")
-            raise DomainError(f"{where} contains a NUL character", field=field)
+        found = unstorable_path(value, "body")
+        if found is not None:
+            where, what = found
+            raise DomainError(f"{where} contains {what}", field=where.removeprefix("a key of "))
         return value

@@ -12,9 +12,9 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from controlplane.common.json_input import nul_path
 from controlplane.fleet.models import NoticeKind, NoticeSource
 from controlplane.fleet.notices import NoticeDraft
+from runtime.storable import unstorable_path
 
 AWS_SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 AWS_REBALANCE = "EC2 Instance Rebalance Recommendation"
@@ -51,23 +51,24 @@ class BadNotice(Exception):
 
 def parse_json(body: bytes, *, field: str = "body") -> Any:
     """JSON from bytes, or BadNotice saying where it broke. A small body nested thousands deep
-    exhausts the parser's recursion (a 400, not a 500), and a NUL anywhere is refused: PostgreSQL
-    cannot store it in the notice's JSON payload."""
+    exhausts the parser's recursion (a 400, not a 500), and what no store accepts anywhere is
+    refused (`runtime.storable`): the notice's JSON payload is stored."""
     try:
         value = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadNotice(f"malformed JSON: {exc}", field=field) from None
     except RecursionError:
         raise BadNotice("JSON nested too deeply", field=field) from None
-    _refuse_nul(value, field)
+    _refuse_unstorable(value, field)
     return value
 
 
-def _refuse_nul(value: Any, field: str) -> None:
-    """Raise BadNotice naming the first key or string holding a NUL."""
-    where = nul_path(value, field)
-    if where is not None:
-        raise BadNotice(f"{where} contains a NUL character", field=where.removeprefix("a key of "))
+def _refuse_unstorable(value: Any, field: str) -> None:
+    """Raise BadNotice naming the first key or string no store accepts (`runtime.storable`)."""
+    found = unstorable_path(value, field)
+    if found is not None:
+        where, what = found
+        raise BadNotice(f"{where} contains {what}", field=where.removeprefix("a key of "))
 
 
 def _obj(value: Any, field: str) -> dict:

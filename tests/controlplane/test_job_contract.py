@@ -4,6 +4,7 @@ field for a job the runtime could not run. None of the refused requests writes a
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -186,15 +187,34 @@ def test_every_layout_field_of_the_runtime_has_a_request_field():
 @pytest.mark.parametrize(
     "config",
     ['{"a":' * 5000 + "1" + "}" * 5000, '{"model": {"kind": "mlp"}, "checkpoint_dir": "a\\u0000b"}',
-     '{"model": {"kind\\u0000": "mlp"}}'],
-    ids=["nested-5000-deep", "nul-in-a-string", "nul-in-a-key"],
+     '{"model": {"kind\\u0000": "mlp"}}', '{"model": {"kind": "mlp"}, "checkpoint_dir": "a\\ud800b"}',
+     '{"model": {"kind": "mlp", "args\\udfff": 1}}', '{"a":' * 100 + "1" + "}" * 100],
+    ids=["nested-5000-deep", "nul-in-a-string", "nul-in-a-key", "surrogate-in-a-string", "surrogate-in-a-key",
+         "nested-100-deep"],
 )
 def test_hostile_json_gets_a_400_and_writes_nothing(world, config):
     before = (TrainingJob.objects.count(), JobEvent.objects.count())
     body = '{"name": "x", "strategy": "recycle", "target_steps": 5, "budget_usd": "5", "config": ' + config + "}"
     response = world.member_client.post("/api/v1/jobs/", body, content_type="application/json")
     assert response.status_code == 400, response.content
-    assert "nested too deeply" in response.json()["detail"] or "NUL" in response.json()["detail"]
+    assert any(words in response.json()["detail"] for words in ("nested", "NUL", "lone surrogate")), response.json()
+    assert (TrainingJob.objects.count(), JobEvent.objects.count()) == before
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/api/v1/tokens/", {"name": "t", "kind": "\ud800"}),
+    ("/api/v1/jobs/", {"name": "x", "strategy": "\ud800", "target_steps": 5, "budget_usd": "5",
+                       "config": {"model": {"kind": "mlp"}}}),
+    ("/api/v1/jobs/", {"name": "x", "strategy": "recycle", "target_steps": 5, "budget_usd": "5",
+                       "config": {"model": {"kind": "mlp"}, "unknown\ud800": 1}}),
+])
+def test_a_lone_surrogate_echoed_in_an_error_is_a_400_not_a_500(world, path, body):
+    """The 400 that names a bad choice or an unknown key echoes it: a lone surrogate there made the
+    answer itself unrenderable (a 500). The parser refuses it first, naming where."""
+    before = (TrainingJob.objects.count(), JobEvent.objects.count())
+    response = world.admin_client.post(path, json.dumps(body), content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert "lone surrogate" in response.json()["detail"]
     assert (TrainingJob.objects.count(), JobEvent.objects.count()) == before
 
 

@@ -70,6 +70,25 @@ def test_nul_anywhere_in_the_payload_is_a_400(client, creds, warning):
     _refused(_eb(client, creds, event), "detail.note", "NUL")
 
 
+@pytest.mark.parametrize("where", ["instance-id", "note"])
+def test_a_lone_surrogate_is_a_400(client, creds, warning, where):
+    """json.dumps writes "\\ud800" as an escape: it parses to a str no encoder takes (PostgreSQL's
+    jsonb refuses it; on SQLite the stored notice failed every later read of the notices)."""
+    event = copy.deepcopy(warning)
+    event["detail"][where] = "i-0123456789abcdef0\ud800"
+    _refused(_eb(client, creds, event), f"detail.{where}", "lone surrogate")
+
+
+def test_a_body_nested_deeper_than_a_store_encodes_is_a_400(client, creds, warning):
+    """900 levels parse, but encoding them for jsonb recursed past the stack on PostgreSQL."""
+    event = copy.deepcopy(warning)
+    event["detail"]["note"] = json.loads("[" * 900 + "]" * 900)
+    response = _eb(client, creds, event)
+    [field] = response.json()["errors"]
+    assert field.startswith("detail.note[0][0]") and field.endswith("...") and len(field) == 63
+    _refused(response, field, "nested more than 64 levels")
+
+
 @pytest.mark.parametrize(("where", "value", "field"), [
     ("instance-id", "i-" + "0" * 120, "detail.instance-id"),
     ("id", "e" * 500, "id"),
