@@ -103,6 +103,9 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_PUBLIC_URL", "http://127.0.0.1:8000", "the control plane's address as nodes reach it"),
     Tunable("SPOTPIPE_LOCAL_NODES_DIR", _local_nodes_default, "where the local provider keeps its nodes' "
             "folders (default `var/nodes`)"),
+    Tunable("SPOTPIPE_LOCAL_NODE_ENV", [], "further variables of the control plane's environment that local "
+            "nodes, and the jobs' code on them, get (comma-separated names): e.g. credentials scoped to the artifact "
+            "store; the rest of its environment, with its secrets, stays out", kind=list),
     Tunable("SPOTPIPE_LOCAL_CAPACITY", "", "a capacity script for the local provider: a JSON file listing "
             "`{pool, from_s, to_s, error}` windows in which launches into `pool` (`TYPE@ZONE`) fail with `error` "
             "(docs/orchestration.md)"),

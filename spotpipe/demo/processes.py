@@ -156,6 +156,10 @@ class Stack:
     def _start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> None:
         var_dir = str(self.var_dir.resolve())
         env = {**self.env, "SPOTPIPE_VAR_DIR": var_dir, MARK: var_dir, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        # The local nodes the worker starts carry the mark too, so that `sweep` finds them: they get
+        # only the variables named for them (controlplane/orchestration/providers/local/environment.py).
+        named = env.get("SPOTPIPE_LOCAL_NODE_ENV", "")
+        env["SPOTPIPE_LOCAL_NODE_ENV"] = f"{named},{MARK}" if named.strip() else MARK
         self.procs[name] = start(args, log_path=self.log_dir / f"{name}.log", env=env)
 
     def start_web(self, *, host: str, port: int) -> None:

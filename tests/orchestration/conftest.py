@@ -292,6 +292,8 @@ def _mark_children(_session_marker, monkeypatch):
     """Every process a test of this directory starts inherits the session's marker (and only
     those: other test directories' processes are not counted)."""
     monkeypatch.setenv("SPOTPIPE_TEST_SESSION", _session_marker)
+    # Local nodes get only the variables named for them (providers/local/environment.py).
+    monkeypatch.setenv("SPOTPIPE_LOCAL_NODE_ENV", "SPOTPIPE_TEST_SESSION")
 
 
 @pytest.fixture

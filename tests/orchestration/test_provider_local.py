@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -168,3 +169,22 @@ def test_a_local_nodes_agent_installs_job_requirements_as_a_cloud_nodes_does(loc
         time.sleep(0.05)
     assert agent is not None, "the node's agent did not start"
     assert b"--no-requirements" not in agent and b"--work-dir" in agent
+
+
+def test_a_node_and_the_code_on_it_never_get_the_control_planes_secrets(local_provider, monkeypatch):
+    """A team's code runs on a node: the node process (and the agent and workers under it) gets
+    what a process needs and the variables named in SPOTPIPE_LOCAL_NODE_ENV, never the control
+    plane's secret key, database password or cloud keys."""
+    secrets = {"SECRET_KEY": "cp-secret-key", "DATABASE_URL": "postgres://u:db-password@db/x",
+               "AWS_SECRET_ACCESS_KEY": "cp-aws-secret", "SPOTPIPE_METRICS_TOKEN": "cp-metrics-token",
+               "DJANGO_SETTINGS_MODULE": "controlplane.settings"}
+    for name, value in {**secrets, "AWS_ACCESS_KEY_ID": "store-key", "OMP_NUM_THREADS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SPOTPIPE_LOCAL_NODE_ENV", "SPOTPIPE_TEST_SESSION, AWS_ACCESS_KEY_ID")
+    (node,) = local_provider.launch(_request("job-env-acq1", 1))
+    pid = local_provider.node_info_file(node.provider_instance_id)["pid"]
+    environ = dict(entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if entry)
+    assert not set(secrets) & set(environ), sorted(environ)
+    assert not any(value in Path(f"/proc/{pid}/environ").read_text() for value in secrets.values())
+    assert environ["AWS_ACCESS_KEY_ID"] == "store-key" and environ["OMP_NUM_THREADS"] == "1"
+    assert environ["PATH"] == os.environ["PATH"] and environ["SPOTPIPE_ENROLL_KEY"] == "1.x"

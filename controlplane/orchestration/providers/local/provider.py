@@ -41,6 +41,7 @@ from controlplane.orchestration.providers.base import (
     Pool,
     ProviderError,
 )
+from controlplane.orchestration.providers.local.environment import node_environment
 from runtime.planner.capacity_policy import CAPACITY_TYPES, SPOT
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -222,10 +223,9 @@ class LocalProvider:
         record = {"launch": launch, "token": request.client_token, "spawned_at": time.time(),
                   "lifecycle": request.capacity_type}
         (directory / "launch.json").write_text(json.dumps(record))
-        env = {**os.environ, **self.extra_env, "SPOTPIPE_ENROLL_KEY": request.bootstrap.enroll_key,
+        # Not the control plane's environment: a team's code runs on the node (environment.py).
+        env = {**node_environment(os.environ), **self.extra_env, "SPOTPIPE_ENROLL_KEY": request.bootstrap.enroll_key,
                "SPOTPIPE_LOCAL_LAUNCH": launch, "PYTHONUNBUFFERED": "1"}
-        # The node must not inherit the test or worker's Django settings overrides; it talks HTTP only.
-        env.pop("DJANGO_SETTINGS_MODULE", None)
         argv = [self.python, "-m", "controlplane.orchestration.providers.local.node", "--node-dir", str(directory),
                 "--node-id", node_id, "--instance-type", pool.instance_type or LOCAL_INSTANCE_TYPE,
                 "--zone", pool.zone or LOCAL_ZONE, *request.bootstrap.agent_argv()]
