@@ -32,6 +32,7 @@ from controlplane.jobs.models import (
     TrainingJob,
 )
 from controlplane.jobs.packages import unknown_uploads
+from controlplane.jobs.store_access import store_access_errors
 from controlplane.jobs.tracking import job_trackers_create, job_trackers_reopen, tracking_problems
 from controlplane.planning.plans import parse_plan_request
 from controlplane.planning.services import plan_job
@@ -234,6 +235,9 @@ def job_submit(
         raise ValidationError({f"config.requirements[{i}]": [
             f"no package {sha} among your team's uploads; upload it first (POST /api/v1/packages/)"]
             for i, sha in unknown.items()})
+    # Before the data check: what it would ask the store must not tell of other teams' folders.
+    if store_errors := store_access_errors(runtime_config, team=team):
+        raise ValidationError(store_errors)
     data_check = check_data(runtime_config.data)
     if data_check.errors:
         raise ValidationError(data_check.errors)
