@@ -146,6 +146,8 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("SPOTPIPE_METRICS_ROLLUP_PERIOD_S", 60.0, "how often beat folds new notices, instances and "
             "reconfigurations into the metrics roll-up (a scrape counts the rows of the last two periods)",
             kind=float),
+    Tunable("SPOTPIPE_USER_TOKEN_MAX_DAYS", 90, "user API tokens expire within this many days; one created without "
+            "an expiry gets it", kind=int),
     Tunable("SPOTPIPE_AGENT_TOKEN_TTL_S", 86400, "agent tokens expire after this; agents rotate theirs at "
             "half-life", kind=int),
     Tunable("SPOTPIPE_WEB_THREADS", 16, "threads per web worker for everything but held agent polls "

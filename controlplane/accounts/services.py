@@ -14,6 +14,7 @@ from controlplane.accounts.authentication import generate_key, hash_key
 from controlplane.accounts.models import ApiToken, Membership, Role, Team, TokenKind
 from controlplane.common.errors import Conflict, DomainError
 from controlplane.tunables import tunable
+from runtime.storable import unstorable
 
 # An agent token lives a day unless SPOTPIPE_AGENT_TOKEN_TTL_S says otherwise; the agent rotates it
 # at half its life (POST /api/v1/agents/token/), so only a node cut off that long loses it.
@@ -24,15 +25,29 @@ def agent_token_ttl() -> timedelta:
     return timedelta(seconds=float(tunable("SPOTPIPE_AGENT_TOKEN_TTL_S")))
 
 
+def user_token_lifetime() -> timedelta:
+    """The longest a user token lives, and how long one created without an expiry does (setting
+    SPOTPIPE_USER_TOKEN_MAX_DAYS): a forgotten key in a CI system stops working on its own."""
+    return timedelta(days=float(tunable("SPOTPIPE_USER_TOKEN_MAX_DAYS")))
+
+
 @transaction.atomic
 def team_create(*, name: str, slug: str | None = None, admin: Any | None = None) -> Team:
     """Create a team (slug from the name unless given); `admin`, when given, becomes its admin."""
     name = name.strip()
     if not name:
         raise DomainError("team name must not be empty", field="name")
+    for field, value in (("name", name), ("slug", slug or "")):
+        if what := unstorable(value):
+            raise DomainError(f"{field} contains {what}", field=field)
     slug = slugify(slug or name)
     if not slug:
         raise DomainError(f"cannot derive a slug from {name!r}; give one", field="slug")
+    # Checked after slugify: a slug derived from a long name is as long as the name.
+    longest = Team._meta.get_field("slug").max_length
+    if len(slug) > longest:
+        raise DomainError(f"the slug {slug[:20]!r}... is {len(slug)} characters, at most {longest}; give a shorter "
+                          "one", field="slug")
     if Team.objects.filter(slug=slug).exists():
         raise Conflict(f"a team with slug {slug!r} already exists", field="slug")
     team = Team.objects.create(name=name, slug=slug)
@@ -155,6 +170,12 @@ def api_token_create(
             raise DomainError("a user token cannot be bound to an instance", field="instance")
         if not Membership.objects.filter(team=team, user=user).exists():
             raise DomainError(f"{user} is not a member of team {team}", field="user")
+        lifetime = user_token_lifetime()
+        if expires_at is None:
+            expires_at = timezone.now() + lifetime
+        elif expires_at > timezone.now() + lifetime:
+            raise DomainError(f"expires_at is at most {lifetime.days} days from now (SPOTPIPE_USER_TOKEN_MAX_DAYS); "
+                              "without it a token lives that long", field="expires_at")
     elif kind == TokenKind.AGENT:
         if instance is None:
             raise DomainError("an agent token needs an instance", field="instance")
@@ -175,6 +196,8 @@ def api_token_create(
         raise DomainError(f"unknown token kind {kind!r}; expected one of {', '.join(TokenKind.values)}", field="kind")
     if expires_at is not None and expires_at <= timezone.now():
         raise DomainError("expires_at must be in the future", field="expires_at")
+    if what := unstorable(name):
+        raise DomainError(f"name contains {what}", field="name")
     # A collision of 256-bit random keys would be a broken RNG; retry once rather than fail.
     for _ in range(2):
         key = generate_key()

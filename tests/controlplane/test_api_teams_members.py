@@ -75,6 +75,7 @@ def test_only_staff_create_teams():
     ({"name": 7, "admin": "ann"}, "name"),  # string fields take only strings
     ({"name": "T", "admin": 1}, "admin"),
     ({"name": "T", "admin": "ann", "slug": 12}, "slug"),
+    ({"name": "a" * 100, "admin": "ann"}, "slug"),  # a slug derived from a long name is as long (500 once)
 ])
 def test_bad_input_is_400_naming_the_field_and_writes_nothing(staff_client, body, field):
     teams, users, tokens = Team.objects.count(), User.objects.count(), ApiToken.objects.count()

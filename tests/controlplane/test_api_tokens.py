@@ -143,6 +143,31 @@ def test_expired_token_is_refused(world):
     assert token_client(key).get("/api/v1/jobs/").status_code == 401
 
 
+def test_a_user_token_expires_within_its_lifetime_by_default(world, settings):
+    """SPOTPIPE_USER_TOKEN_MAX_DAYS: a token created without an expiry gets it, one asked to live
+    longer is a 400, so a forgotten key stops working on its own."""
+    settings.SPOTPIPE_USER_TOKEN_MAX_DAYS = 30
+    made = world.admin_client.post("/api/v1/tokens/", {"name": "ci"}, format="json")
+    assert made.status_code == 201, made.content
+    expires = ApiToken.objects.get(pk=made.json()["id"]).expires_at
+    assert timedelta(days=29.9) < expires - timezone.now() <= timedelta(days=30)
+    longer = (timezone.now() + timedelta(days=31)).isoformat()
+    refused = world.admin_client.post("/api/v1/tokens/", {"name": "ci", "expires_at": longer}, format="json")
+    assert refused.status_code == 400 and "SPOTPIPE_USER_TOKEN_MAX_DAYS" in refused.json()["errors"]["expires_at"][0]
+    # Rotating keeps the expiry.
+    rotated = world.admin_client.post(f"/api/v1/tokens/{made.json()['id']}/rotate/", {}, format="json")
+    assert ApiToken.objects.get(pk=rotated.json()["id"]).expires_at == expires
+
+
+def test_a_token_name_no_store_accepts_is_a_400(world):
+    from controlplane.accounts.services import api_token_create
+
+    for name in ("ci\x00", "ci\ud800"):
+        with pytest.raises(DomainError) as refused:
+            api_token_create(team=world.team, user=world.admin, name=name)
+        assert refused.value.field == "name"
+
+
 @pytest.mark.parametrize(
     "header",
     ["Token", "Token a b", "Token sp_wrong", "Bearer ", "Token " + "x" * 500],
