@@ -28,6 +28,7 @@ from runtime.config import (
     LayoutError,
     model_preset,
 )
+from runtime.storable import unstorable_path
 
 MODEL_FIELDS = ("n_layer", "n_embd", "n_head", "seq_len", "vocab_size")
 GPT_ONLY = ("n_head", "seq_len", "vocab_size")
@@ -153,8 +154,13 @@ class JobSubmitForm(forms.Form):
             value = json.loads(text)
         except ValueError as exc:
             raise ValidationError(f"not JSON ({exc}); expected an object such as {{\"width\": 512}}") from None
+        except RecursionError:  # a short text nested thousands deep: the parser's stack, not a 500
+            raise ValidationError("nested too deeply; expected a flat object such as {\"width\": 512}") from None
         if not isinstance(value, dict):
             raise ValidationError("expected a JSON object such as {\"width\": 512}")
+        if found := unstorable_path(value, "model_args"):
+            where, what = found
+            raise ValidationError(f"{where} contains {what}")
         return value
 
     def clean_requirements(self) -> list[str]:

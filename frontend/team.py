@@ -30,6 +30,7 @@ from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertEndpoint, AlertFormat
 from frontend.access import admin_team_ids, visible_team_ids
 from frontend.spend import month_so_far
+from runtime.storable import unstorable
 
 
 def _team(request: HttpRequest, slug: str) -> Team:
@@ -99,7 +100,8 @@ def _done(request: HttpRequest, team: Team, error: DomainError | None, success: 
 @_admin_post
 def member_add(request: HttpRequest, team: Team) -> HttpResponse:
     username = request.POST.get("username", "").strip()
-    user = get_user_model().objects.filter(username=username).first()
+    # A name no store accepts is no user's (PostgreSQL would refuse the lookup itself: a 500).
+    user = None if unstorable(username) else get_user_model().objects.filter(username=username).first()
     if user is None:
         return _done(request, team, DomainError(f"no user named {username!r}", field="username"), "")
     try:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane.billing.metering import job_meter
 from controlplane.common.agent_wake import commands_changed
-from controlplane.common.errors import Conflict
+from controlplane.common.errors import Conflict, DomainError
 from controlplane.fleet.locks import lock_job
 from controlplane.fleet.models import Instance
 from controlplane.jobs.admission import admit_or_queue
@@ -38,6 +38,7 @@ from controlplane.planning.plans import parse_plan_request
 from controlplane.planning.services import plan_job
 from runtime.config import JOB_STRATEGIES, LayoutError, alias_field, contract_from_model_spec, each_error
 from runtime.planner.capacity_policy import CAPACITY_POLICIES, DEFAULT_CAPACITY_POLICY, ON_DEMAND, SPOT
+from runtime.storable import unstorable
 
 MAX_BUDGET_USD = Decimal("9999999999.99")  # what budget_usd (12 digits, 2 decimals) can hold
 MAX_METRIC_BATCH = 1000
@@ -277,6 +278,8 @@ def _sync(job: TrainingJob, locked: TrainingJob, fields: list[str]) -> None:
 @transaction.atomic
 def job_cancel(*, job: TrainingJob, user: Any | None = None, reason: str = "") -> TrainingJob:
     """Cancel an active job. A finished, failed or already cancelled job answers Conflict (409)."""
+    if what := unstorable(reason):
+        raise DomainError(f"reason contains {what}", field="reason")
     locked = _lock(job)
     if locked.status not in CANCELLABLE:
         raise Conflict(

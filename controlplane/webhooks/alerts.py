@@ -29,6 +29,7 @@ from controlplane.accounts.models import Team
 from controlplane.common.errors import DomainError
 from controlplane.webhooks import egress, signing
 from controlplane.webhooks.models import AlertDelivery, AlertEndpoint, AlertEvent, AlertFormat, DeliveryStatus
+from runtime.storable import unstorable
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ def alert_url_check(url: str) -> str:
         raise DomainError(f"url is longer than {URL_MAX_LENGTH} characters", field="url")
     if any(ch.isspace() for ch in url):
         raise DomainError("url must not contain whitespace", field="url")
+    if what := unstorable(url):
+        raise DomainError(f"url contains {what}", field="url")
     parts = urlsplit(url)
     if parts.scheme.lower() not in ("http", "https"):
         raise DomainError("url must be http(s): http:// or https://", field="url")

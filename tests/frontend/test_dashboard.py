@@ -382,6 +382,9 @@ def test_submit_a_model_function_with_its_arguments(client_a, world):
         ({"model": "mypkg:build", "model_layers": "4", "model_args": "{width: 64}"}, "model_args", "not JSON"),
         ({"model": "mypkg:build", "model_args": "[64]"}, "model_args", "expected a JSON object"),
         ({"model": "gpt-nano", "model_args": '{"width": 64}'}, "model_args", "model.args is for a user's model"),
+        ({"model": "mypkg:build", "model_layers": "4", "model_args": "[" * 100_000}, "model_args", "nested too deeply"),
+        ({"model": "mypkg:build", "model_layers": "4", "model_args": '{"w": "\\ud800"}'}, "model_args",
+         "lone surrogate"),
         ({"requirements": "numpy\n--index-url=http://evil"}, "requirements", "requirements[1] '--index-url"),
         ({"requirements": "upload:" + "0" * 64}, "requirements", "among your team's uploads"),
         ({"lr_schedule": "linear"}, "lr_schedule", "Select a valid choice"),
@@ -413,6 +416,10 @@ def test_submit_cannot_target_another_team(client_a, world):
 
 def test_cancel_then_resume_from_the_dashboard(client_a, world):
     job = world["a"][2]["running"]
+    refused = client_a.post(reverse("frontend:job-cancel", args=[job.pk]), {"reason": "done\x00"}, follow=True)
+    assert "reason contains a NUL character" in refused.content.decode()
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
     client_a.post(reverse("frontend:job-cancel", args=[job.pk]))
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED

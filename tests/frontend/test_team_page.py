@@ -55,6 +55,21 @@ def test_admin_adds_a_member_creates_and_revokes_a_token_and_adds_an_alert_url(c
     assert not Membership.objects.filter(team=alpha, user=newcomer).exists()
 
 
+def test_a_nul_in_a_form_is_a_message_and_stores_nothing(client, teams):
+    """PostgreSQL refuses U+0000 (a 500 there; SQLite stored it): each form says so instead."""
+    alpha, _, admin, _ = teams
+    client.force_login(admin)
+    tokens, endpoints = ApiToken.objects.count(), AlertEndpoint.objects.count()
+    for name, data, words in [
+        ("team-member-add", {"username": "new\x00comer", "role": "member"}, "no user named"),
+        ("team-token-create", {"name": "c\x00i"}, "name contains a NUL character"),
+        ("team-alert-add", {"url": "https://hooks.example.com/\x00", "format": "slack"}, "url contains a NUL"),
+    ]:
+        page = client.post(reverse(f"frontend:{name}", args=[alpha.slug]), data, follow=True)
+        assert page.status_code == 200 and words in page.content.decode(), name
+    assert (ApiToken.objects.count(), AlertEndpoint.objects.count()) == (tokens, endpoints)
+
+
 def test_a_member_sees_the_team_but_cannot_change_it(client, teams):
     alpha, _, _, member = teams
     client.force_login(member)
