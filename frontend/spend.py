@@ -50,6 +50,7 @@ def _report(request: HttpRequest, slug: str) -> tuple[TeamSpendReport, str] | Js
         return JsonResponse({"detail": f"{field}: {problems[0]}", "errors": form.errors}, status=400)
     first, last = form.cleaned_data["start"], form.cleaned_data["end"]
     start = datetime.combine(first, time.min, tzinfo=UTC)
+    # The midnight after the last day, which spend_window_problem keeps before date.max.
     end = datetime.combine(last, time.min, tzinfo=UTC) + timedelta(days=1)
     return team_spend_report(team=team, start=start, end=end), f"team-{team.slug}-spend-{first}-{last}"
 

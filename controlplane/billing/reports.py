@@ -252,6 +252,8 @@ MAX_SPEND_DAYS = 366
 def spend_window_problem(start: date, end: date) -> str | None:
     """Why [start, end] (UTC days, both included) cannot be a spend report's window, or None: the
     one rule the API and the dashboard's download both apply (the message names `end`)."""
+    if end >= date.max:  # the window runs until the midnight after `end`, which must be a date
+        return f"end must be before {date.max}"
     if end < start:
         return f"end ({end}) must not be before start ({start})"
     if (end - start).days + 1 > MAX_SPEND_DAYS:

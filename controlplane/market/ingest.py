@@ -26,9 +26,10 @@ from typing import Any, TextIO
 from django.db import connections, transaction
 
 from controlplane.common.errors import DomainError
-from controlplane.market.models import SpotPool, SpotPrice
+from controlplane.market.models import InstanceType, SpotPool, SpotPrice, Zone
 from controlplane.market.services import instance_types_ensure, zones_ensure
 from controlplane.tunables import tunable
+from runtime.storable import unstorable
 
 COLUMNS = ("zone", "instance_type", "product", "price", "timestamp")
 # Header names accepted for each column (lower-cased, without `_`), boto3's first.
@@ -147,7 +148,36 @@ def parse_timestamp(text: str) -> datetime:
         raise ValueError(f"timestamp {text!r} is not ISO 8601") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 in its own zone, outside them in UTC
+        raise ValueError(f"timestamp {text!r} is out of range in UTC") from None
+
+
+# The columns each identifier of a row is stored in: it must fit the narrowest (their max_length).
+_IDENTIFIER_COLUMNS = {
+    "zone": ((Zone, "code"), (Zone, "zone_id")),
+    "instance type": ((InstanceType, "name"),),
+    "product": ((SpotPrice, "product"), (SpotPool, "product")),
+}
+
+
+def parse_identifier(what: str, text: str) -> str:
+    """A row's zone, instance type or product (`what`) as stored; raises ValueError naming what is
+    wrong: empty, what no store accepts (`runtime.storable`), unprintable (a control character:
+    refused as in a plan's zone and type names, `planning.plans`) or longer than its columns (a 500
+    on PostgreSQL, stored whole on SQLite)."""
+    if not text:
+        raise ValueError(f"{what} must not be empty")
+    problem = unstorable(text)
+    if problem is not None:
+        raise ValueError(f"{what} contains {problem}")
+    if not text.isprintable():
+        raise ValueError(f"{what} {text[:60]!r} contains a control character or another unprintable one")
+    limit = min(model._meta.get_field(name).max_length for model, name in _IDENTIFIER_COLUMNS[what])
+    if len(text) > limit:
+        raise ValueError(f"{what} is {len(text)} characters long; at most {limit}")
+    return text
 
 
 def normalise_product(text: str) -> str:
@@ -207,11 +237,9 @@ def iter_price_rows(lines: Iterable[str], *, info: ParseInfo | None = None) -> I
             yield BadRow(line=number, reason=f"expected {width} columns, got {len(cells)}")
             continue
         try:
-            zone = cells[positions["zone"]].strip()
-            itype = cells[positions["instance_type"]].strip()
-            product = normalise_product(cells[positions["product"]])
-            if not zone or not itype or not product:
-                raise ValueError("zone, instance type and product must not be empty")
+            zone = parse_identifier("zone", cells[positions["zone"]].strip())
+            itype = parse_identifier("instance type", cells[positions["instance_type"]].strip())
+            product = parse_identifier("product", normalise_product(cells[positions["product"]]))
             price = parse_price(cells[positions["price"]])
             timestamp = parse_timestamp(cells[positions["timestamp"]])
         except ValueError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -38,6 +38,13 @@ MAX_ACTION = 20
 # The dedup key is "<team id>:<cloud>:<event id>[:<resource>]" in 200 characters.
 MAX_EVENT_ID = 120
 MAX_AZURE_EVENT_ID = 60
+
+# Every notice time of every format (`time`, `deadline`, `NotBefore`, ...) is stored in UTC and must
+# fall in [NOTICE_TIMES_FROM, NOTICE_TIMES_UNTIL): anything else is a sender's bug, and near years 1
+# and 9999 the lead-time arithmetic and the stores' conversions overflow (a 500 on SQLite, and on
+# PostgreSQL a stored row that fails every later read of the notices).
+NOTICE_TIMES_FROM = datetime(2000, 1, 1, tzinfo=UTC)
+NOTICE_TIMES_UNTIL = datetime(3000, 1, 1, tzinfo=UTC)
 
 
 class BadNotice(Exception):
@@ -91,13 +98,30 @@ def _str(obj: dict, key: str, field: str | None = None, *, max_length: int = MAX
     return value
 
 
-def _time(value: Any, field: str) -> datetime:
+def _time(value: Any, field: str, *, rfc1123: bool = False) -> datetime:
+    """A notice time, the one rule of every format: an ISO 8601 time with a zone (`rfc1123`: an RFC
+    1123 date, as Azure sends) in UTC, from NOTICE_TIMES_FROM until NOTICE_TIMES_UNTIL."""
+    expected = "an RFC 1123 date" if rfc1123 else "an ISO 8601 time with a zone"
     try:
-        parsed = parse_datetime(value) if isinstance(value, str) else None
-    except ValueError:  # well formed but no such time (month 13, second 60): the sender's fault
+        if not isinstance(value, str):
+            parsed = None
+        elif rfc1123:
+            parsed = parsedate_to_datetime(value)
+            # RFC 5322: "-0000" (and no zone, which the parser reads alike) is a time in UTC.
+            parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        else:
+            parsed = parse_datetime(value)
+    except (ValueError, OverflowError):  # well formed but no such time (month 13, second 60, zone +25:00)
         parsed = None
     if parsed is None or parsed.tzinfo is None:
-        raise BadNotice(f"{field} must be an ISO 8601 time with a zone, got {value!r}", field=field)
+        raise BadNotice(f"{field} must be {expected}, got {value!r}", field=field)
+    try:
+        parsed = parsed.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 in its own zone, outside them in UTC
+        parsed = None
+    if parsed is None or not NOTICE_TIMES_FROM <= parsed < NOTICE_TIMES_UNTIL:
+        raise BadNotice(f"{field} must be from {NOTICE_TIMES_FROM.date()} until {NOTICE_TIMES_UNTIL.date()} "
+                        f"UTC, got {value!r}", field=field)
     return parsed
 
 
@@ -122,7 +146,7 @@ def eventbridge_drafts(event: Any, *, team_id: int, source: str, meta: dict | No
         if action not in AWS_SPOT_ACTIONS:
             raise BadNotice(f"detail.instance-action must be one of terminate, stop, hibernate; got {action!r}",
                             field="detail.instance-action")
-        deadline = event_time + AWS_NOTICE_LEAD
+        deadline = event_time + AWS_NOTICE_LEAD  # cannot overflow: _time bounds event_time
     elif detail_type == AWS_REBALANCE:
         kind, action = NoticeKind.REBALANCE, ""
     else:
@@ -186,12 +210,8 @@ def azure_drafts(body: Any, *, team_id: int) -> list[NoticeDraft]:
         resources = [_str({"name": r}, "name", f"Events[{i}].Resources[{n}]", max_length=MAX_AZURE_EVENT_ID)
                      for n, r in enumerate(resources)]
         deadline = None
-        if event.get("NotBefore"):
-            try:
-                deadline = parsedate_to_datetime(event["NotBefore"])
-            except (TypeError, ValueError):
-                raise BadNotice(f"Events[{i}].NotBefore must be an RFC 1123 date",
-                                field=f"Events[{i}].NotBefore") from None
+        if event.get("NotBefore"):  # "" while no time is set
+            deadline = _time(event["NotBefore"], f"Events[{i}].NotBefore", rfc1123=True)
         for resource in resources:
             drafts.append(NoticeDraft(
                 team_id=team_id, source=NoticeSource.AZURE, kind=NoticeKind.INTERRUPTION,
@@ -214,7 +234,7 @@ def _imds(imds: Any) -> tuple[str, datetime | None, datetime | None]:
             raise BadNotice(f"imds.action must be one of terminate, stop, hibernate; got {action!r}",
                             field="imds.action")
         deadline = _time(imds.get("time"), "imds.time")
-        return action, deadline - AWS_NOTICE_LEAD, deadline
+        return action, deadline - AWS_NOTICE_LEAD, deadline  # cannot overflow: _time bounds deadline
     if "noticeTime" in imds:
         return "rebalance", _time(imds.get("noticeTime"), "imds.noticeTime"), None
     raise BadNotice("imds must be a spot/instance-action body {action, time} or a rebalance body {noticeTime}",

@@ -29,7 +29,9 @@ def _text(max_length: int) -> dict[str, Any]:
             "pattern": rf"^{edge}([^\x00-\x1f\x7f]*{edge})?$"}
 
 
-TIME = {"type": "string", "format": "date-time", "description": "ISO 8601 with a zone."}
+TIME = {"type": "string", "format": "date-time",
+        "description": f"ISO 8601 with a zone, from {formats.NOTICE_TIMES_FROM.date()} until "
+                       f"{formats.NOTICE_TIMES_UNTIL.date()} UTC."}
 
 EVENTBRIDGE_COMMON = {"id": _text(formats.MAX_EVENT_ID), "time": TIME}
 

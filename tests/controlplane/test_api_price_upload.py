@@ -9,6 +9,7 @@ import gzip
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from controlplane.market.ingest import BadRow, iter_price_rows
 from controlplane.market.models import SpotPrice
 from tests.controlplane.api_helpers import make_team_world
 
@@ -82,4 +83,48 @@ def test_only_staff_load_prices():
     plain = make_team_world("plain")
     for client in (plain.admin_client, plain.member_client, plain.agent_client):
         assert client.post(URL, {"file": _file(GOOD)}, format="multipart").status_code == 403
+    assert SpotPrice.objects.count() == 0
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    # Times that do not fit once in UTC (OverflowError: a 500 on both databases).
+    ("use1-az4\tp3.2xlarge\tLinux/UNIX\t0.9\t0001-01-01T00:00:00+05:00", "is out of range in UTC"),
+    ("use1-az4\tp3.2xlarge\tLinux/UNIX\t0.9\t9999-12-31T23:00:00-05:00", "is out of range in UTC"),
+    # Longer than their columns (a 500 on PostgreSQL, stored whole on SQLite): Zone.code and
+    # zone_id 40, InstanceType.name 60, SpotPrice.product 40.
+    ("z" * 41 + "\tp3.2xlarge\tLinux/UNIX\t0.9\t2022-05-31T20:00:00Z", "zone is 41 characters long; at most 40"),
+    ("use1-az4\t" + "t" * 61 + "\tLinux/UNIX\t0.9\t2022-05-31T20:00:00Z",
+     "instance type is 61 characters long; at most 60"),
+    ("use1-az4\tp3.2xlarge\t" + "p" * 41 + "\t0.9\t2022-05-31T20:00:00Z", "product is 41 characters long; at most 40"),
+    # What no store accepts, and control characters.
+    ("use1-az4\x00\tp3.2xlarge\tLinux/UNIX\t0.9\t2022-05-31T20:00:00Z", "zone contains a NUL character"),
+    ("use1-az4\tp3.2xlarge\tLinux\x00UNIX\t0.9\t2022-05-31T20:00:00Z", "product contains a NUL character"),
+    ("use1-az4\tp3.2x\x1blarge\tLinux/UNIX\t0.9\t2022-05-31T20:00:00Z", "instance type 'p3.2x\\x1blarge' contains a "
+                                                                          "control character"),
+])
+def test_rows_the_columns_cannot_hold_are_bad_rows(world, line, reason):
+    lines = [*GOOD, line]
+    response = world.admin_client.post(URL, {"file": _file(lines)}, format="multipart")
+    assert response.status_code == 400, response.content
+    assert "line(s) 4" in response.json()["errors"]["file"][0]
+    assert SpotPrice.objects.count() == 0
+    response = world.admin_client.post(URL, {"file": _file(lines), "skip_bad": "true"}, format="multipart")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["inserted"] == 3 and [row["line"] for row in data["bad_rows"]] == [4]
+    assert reason in data["bad_rows"][0]["reason"]
+    assert SpotPrice.objects.count() == 3
+
+
+def test_a_lone_surrogate_in_a_cell_is_a_bad_row():
+    """A file decodes strictly (an encoded surrogate is not UTF-8: 400 naming `file`), but the
+    parser takes any text: a lone surrogate is refused there too (`runtime.storable`)."""
+    [row] = iter_price_rows(["use1-az4\tp3.2xlarge\tLinux/UNIX\ud800\t0.9\t2022-05-31T20:00:00Z"])
+    assert isinstance(row, BadRow) and row.reason.startswith("product contains a lone surrogate")
+
+
+def test_an_encoded_surrogate_is_not_utf8(world):
+    data = b"use1-az4\tp3.2xlarge\tLinux\xed\xa0\x80UNIX\t0.9\t2022-05-31T20:00:00Z\n"  # U+D800 encoded
+    response = world.admin_client.post(URL, {"file": SimpleUploadedFile("x.tsv", data)}, format="multipart")
+    assert response.status_code == 400 and "not a UTF-8" in response.json()["errors"]["file"][0]
     assert SpotPrice.objects.count() == 0

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.urls import reverse
 
 from controlplane.billing.models import BillingSegment, PriceSource
 from tests.controlplane.api_helpers import make_team_world
@@ -112,3 +113,28 @@ def test_bad_window_is_400_naming_the_field(worlds, params, field):
     response = alpha.member_client.get(f"/api/v1/teams/{alpha.team.pk}/spend/", params)
     assert response.status_code == 400
     assert field in response.json()["errors"]
+
+
+@pytest.mark.parametrize("params", [
+    {"start": "9999-12-01", "end": "9999-12-31"},  # the midnight after `end` overflowed: a 500
+    {"end": "9999-12-31"},
+])
+def test_a_window_ending_on_the_last_date_is_400_naming_end(worlds, client, params):
+    """The API and the dashboard's downloads apply the one window rule (`spend_window_problem`)."""
+    alpha, _, _ = worlds
+    response = alpha.member_client.get(f"/api/v1/teams/{alpha.team.pk}/spend/", params)
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == {"end": ["end must be before 9999-12-31"]}
+    client.force_login(alpha.member)
+    for name in ("frontend:team-spend-csv", "frontend:team-spend-json"):
+        response = client.get(reverse(name, args=[alpha.team.slug]), params)
+        assert response.status_code == 400, response.content
+        assert response.json()["errors"] == {"end": ["end must be before 9999-12-31"]}
+
+
+def test_a_window_near_the_first_date_is_answered(worlds):
+    """The default start, 29 days before `end`, stops at the first date there is."""
+    alpha, _, _ = worlds
+    response = alpha.member_client.get(f"/api/v1/teams/{alpha.team.pk}/spend/", {"end": "0001-01-05"})
+    assert response.status_code == 200, response.content
+    assert [d["day"] for d in response.json()["by_day"]] == [f"0001-01-0{n}" for n in range(1, 6)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from datetime import UTC
 
 import pytest
 
@@ -134,3 +135,59 @@ def test_gcp_message_data_is_checked_after_decoding():
     with pytest.raises(formats.BadNotice) as refused:
         formats.gcp_push_drafts({"message": {"data": data}}, team_id=1)
     assert "NUL" in refused.value.message
+
+
+# --- Notice times: one rule (formats._time) for every format -------------------------------------
+
+
+@pytest.mark.parametrize("when", [
+    "9999-12-31T23:59:00Z",  # + the 2-minute lead overflowed (a 500, retried for 24 hours)
+    "9999-12-31T23:00:00-05:00",  # past year 9999 in UTC
+    "0001-01-01T00:00:00+05:00",  # before year 1 in UTC
+    "1999-12-31T23:59:59Z",  # fits, but no notice is that old
+])
+def test_an_eventbridge_time_out_of_range_is_a_400(client, creds, warning, when):
+    _refused(_eb(client, creds, {**warning, "time": when}), "time", "must be from 2000-01-01 until 3000-01-01 UTC")
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"imds": {"action": "terminate", "time": "0001-01-01T00:01:00Z"}}, "imds.time"),  # - the lead overflowed
+    ({"imds": {"noticeTime": "9999-12-31T23:00:00-05:00"}}, "imds.noticeTime"),
+    ({"action": "terminate", "time": "0001-01-01T00:00:00+05:00"}, "time"),
+    ({"action": "terminate", "deadline": "9999-12-31T23:00:00-05:00"}, "deadline"),
+    ({"action": "terminate", "deadline": "3000-01-01T00:00:00Z"}, "deadline"),
+])
+def test_a_generic_time_out_of_range_is_a_400(client, creds, body, field):
+    response = _signed(client, NOTICE, creds["secret"], {"instance_id": "i-1", **body})
+    _refused(response, field, "must be from 2000-01-01")
+
+
+@pytest.mark.parametrize(("not_before", "words"), [
+    ("Fri, 31 Dec 9999 23:00:00 -0500", "must be from 2000-01-01"),
+    ("Sat, 1 Jan 2000 00:00:00 +0500", "must be from 2000-01-01"),  # 1999 in UTC
+    ("Fri, 20 Nov 2026 14:04:32 +99999999999999999999", "an RFC 1123 date"),  # overflowed while parsed
+    ("Fri, 20 Nov 2026 14:04:32 +2500", "an RFC 1123 date"),
+    ("soon", "an RFC 1123 date"),
+])
+def test_an_azure_not_before_out_of_range_is_a_400(client, creds, not_before, words):
+    body = {"DocumentIncarnation": 1, "Events": [{"EventId": "A1B2", "EventType": "Preempt",
+                                                  "Resources": ["vm-1"], "NotBefore": not_before}]}
+    _refused(_signed(client, AZURE, creds["azure"], body), "Events[0].NotBefore", words)
+
+
+def test_notice_times_are_stored_in_utc(client, creds):
+    """Each format's times come out of formats in UTC, whatever zone the sender wrote."""
+    body = {"instance_id": "i-1", "action": "terminate", "time": "2026-11-20T19:32:00+05:30",
+            "deadline": "2026-11-20T09:04:00-05:00"}
+    [draft] = formats.generic_drafts(body, team_id=1, msg_id="m1")
+    assert (draft.event_time.isoformat(), draft.deadline.isoformat()) == (
+        "2026-11-20T14:02:00+00:00", "2026-11-20T14:04:00+00:00")
+    assert draft.event_time.tzinfo is UTC and draft.deadline.tzinfo is UTC
+    azure = {"Events": [{"EventId": "A1", "EventType": "Preempt", "Resources": ["vm-1"],
+                         "NotBefore": "Fri, 20 Nov 2026 09:04:32 -0500"}]}
+    [draft] = formats.azure_drafts(azure, team_id=1)
+    assert draft.deadline.isoformat() == "2026-11-20T14:04:32+00:00" and draft.deadline.tzinfo is UTC
+    response = _signed(client, NOTICE, creds["secret"], body)
+    assert response.status_code == 202, response.content
+    notice = InterruptionNotice.objects.get()
+    assert notice.deadline.isoformat() == "2026-11-20T14:04:00+00:00"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import date
 
 from rest_framework import serializers
 
@@ -121,7 +121,8 @@ class SpendReportQuery(serializers.Serializer):
         from django.utils import timezone
 
         end = attrs.get("end") or timezone.now().date()
-        start = attrs.get("start") or end - timedelta(days=29)
+        # 29 days before `end`, or the first date there is (`end - 29 days` overflows before it).
+        start = attrs.get("start") or date.fromordinal(max(end.toordinal() - 29, 1))
         problem = spend_window_problem(start, end)
         if problem:
             raise serializers.ValidationError({"end": [problem]})

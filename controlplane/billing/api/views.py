@@ -58,7 +58,8 @@ class TeamSpendReport(APIView):
             (200, "application/json"): TeamSpendReportSerializer,
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="day,job,job_name,hours,cost_usd,"
                                                                              "on_demand_cost_usd and a TOTAL line."),
-            400: OpenApiResponse(description="`start`/`end` not dates, `end` before `start`, or over 366 days."),
+            400: OpenApiResponse(description="`start`/`end` not dates, `end` before `start` or on 9999-12-31, or "
+                                             "over 366 days."),
             401: OpenApiResponse(description="No or a bad token."),
             403: OpenApiResponse(description="Agent tokens."),
             404: OpenApiResponse(description="Not one of your teams."),
@@ -68,6 +69,7 @@ class TeamSpendReport(APIView):
         team = get_object_or_404(Team.objects.filter(pk__in=team_ids_for_request(request)), pk=pk)
         params = validated_query(SpendReportQuery, request)
         start = datetime.combine(params["start"], time.min, tzinfo=UTC)
+        # The midnight after the last day, which spend_window_problem keeps before date.max.
         end = datetime.combine(params["end"], time.min, tzinfo=UTC) + timedelta(days=1)
         report = team_spend_report(team=team, start=start, end=end)
         if getattr(request.accepted_renderer, "format", None) == "csv":
