@@ -9,6 +9,7 @@ import os
 import random
 import re
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +160,11 @@ class ControlPlaneClient:
 
     def event(self, *, kind: str, generation: int | None = None, step: int | None = None,
               code: int | None = None, message: str = "", log_tail: list[str] | None = None) -> None:
+        """Report what a worker did. The id is made once here and every retry of this call sends it:
+        a POST whose answer was lost is sent again, and the control plane must act on it once."""
         self.request("POST", "agents/events/", json={
-            "kind": kind, "generation": generation, "step": step, "code": code, "message": message[:300],
+            "id": uuid.uuid4().hex, "kind": kind, "generation": generation, "step": step, "code": code,
+            "message": message[:300],
             **({"log_tail": log_tail} if log_tail else {}),
         })
 

@@ -59,6 +59,13 @@ REQUIREMENTS_MAX = 64
 """The most entries `requirements` may have."""
 REQUIREMENT_MAX_CHARS = 500
 """The longest one `requirements` entry may be."""
+MAX_SAMPLES = 2**63 - 1
+"""The most samples a job may count (`step * global_batch`): the control plane stores the count in a
+signed 64-bit column (`samples_done`)."""
+MAX_GLOBAL_BATCH = 2**32
+"""The largest `global_batch`. Every step a job can report is below 2**31 (the control plane's step
+columns are 32-bit), so 2**32 samples a step keep `step * global_batch` within MAX_SAMPLES at any step,
+while real jobs' batches (thousands to millions of samples) stay far below it."""
 PACKAGE_SUFFIXES = (".whl", ".tar.gz", ".zip")
 """What a package file (an upload, an `s3://` requirement) may be: a wheel or an sdist archive."""
 UPLOAD_PREFIX = "upload:"
@@ -843,6 +850,9 @@ def _shape_problems(config: JobConfig) -> list[LayoutError]:
                   f"(n_layer={config.model.n_layer} + input + head); expected pp <= {config.model.num_layers}", "pp")
     if config.global_batch < 1:
         found.bad(f"global_batch={config.global_batch} must be at least 1", "global_batch")
+    elif config.global_batch > MAX_GLOBAL_BATCH:
+        found.bad(f"global_batch={config.global_batch} is too large; expected at most {MAX_GLOBAL_BATCH} samples a "
+                  "step (the samples a job counts must fit a 64-bit integer)", "global_batch")
     elif config.num_microbatches >= 1 and config.global_batch % config.num_microbatches:
         found.bad(f"global_batch={config.global_batch} is not divisible by dp*microbatches={config.num_microbatches}; "
                   f"expected a multiple of {config.num_microbatches}", "global_batch")
@@ -859,6 +869,9 @@ def _training_problems(config: JobConfig) -> list[LayoutError]:
     found = _Problems()
     if config.steps < 0:
         found.bad(f"steps={config.steps} must be >= 0", "steps")
+    elif 1 <= config.global_batch <= MAX_GLOBAL_BATCH and config.steps * config.global_batch > MAX_SAMPLES:
+        found.bad(f"steps={config.steps} x global_batch={config.global_batch} samples is more than the "
+                  f"{MAX_SAMPLES} a job can count; expected fewer steps", "steps")
     if config.val_every < 0:
         found.bad(f"val_every={config.val_every} must be >= 0 (0: no validation)", "val_every")
     if config.val_every and not config.data.source:

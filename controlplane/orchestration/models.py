@@ -102,3 +102,20 @@ class UnavailableOffering(models.Model):
 
     def __str__(self) -> str:
         return f"{self.instance_type}@{self.zone or '*'}/{self.capacity_type} until {self.until}"
+
+
+class AgentEventReceipt(models.Model):
+    """An agent event acted on, by the id its agent gave it (`POST /agents/events/`): the agent
+    retries a POST whose answer it lost, so a replay must find this row and act no more. The unique
+    key, not a read first, decides, so two deliveries of one event at the same moment act once."""
+
+    # The unique key below leads with the instance: no separate index to write on every event.
+    instance = models.ForeignKey("fleet.Instance", on_delete=models.CASCADE, related_name="+", db_index=False)
+    event_id = models.CharField(max_length=64)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["instance", "event_id"], name="agent_event_once")]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}: {self.event_id}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
@@ -30,7 +31,7 @@ from controlplane.jobs.services import MAX_METRIC_BATCH
 from controlplane.jobs.spend import job_spend
 from controlplane.jobs.tracking import TRACKERS
 from controlplane.planning.plans import plan_view
-from runtime.config import model_spec_view
+from runtime.config import MAX_SAMPLES, model_spec_view
 
 
 class SpendSerializer(serializers.Serializer):
@@ -260,9 +261,23 @@ class MetricSampleInSerializer(serializers.Serializer):
 
 
 class MetricBatchSerializer(serializers.Serializer):
-    """Input of `POST /jobs/{id}/metrics/`: `{"samples": [...]}` (a bare list is accepted too)."""
+    """Input of `POST /jobs/{id}/metrics/`: `{"samples": [...]}` (a bare list is accepted too), of
+    the job in `context["job"]`."""
 
     samples = MetricSampleInSerializer(many=True, allow_empty=False, max_length=MAX_METRIC_BATCH)
+
+    def validate_samples(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # A job stored before runtime.config bounded global_batch could count more samples than the
+        # 64-bit samples_done holds: the step is refused, not a database error the agent retries forever.
+        job = self.context.get("job")
+        batch = (job.config or {}).get("global_batch") if job is not None else None
+        if not isinstance(batch, int) or batch < 1:
+            return samples
+        errors = [{"step": [f"step {s['step']} x global_batch {batch} samples is more than the {MAX_SAMPLES} a "
+                            "job can count"]} if s["step"] * batch > MAX_SAMPLES else {} for s in samples]
+        if any(errors):
+            raise serializers.ValidationError(errors)
+        return samples
 
 
 class MetricBatchResultSerializer(serializers.Serializer):

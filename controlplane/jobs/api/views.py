@@ -139,7 +139,7 @@ class JobViewSet(TeamScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveM
         body: Any = request.data
         if isinstance(body, list):
             body = {"samples": body}
-        samples = [dict(s) for s in validate_or_400(MetricBatchSerializer(data=body))["samples"]]
+        samples = [dict(s) for s in validate_or_400(MetricBatchSerializer(data=body, context={"job": job}))["samples"]]
         token = agent_token(request)
         if token is not None:
             for index, sample in enumerate(samples):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from agent.command import ACTIONS
@@ -77,7 +78,16 @@ LOG_TAIL_LINES = 20
 """Lines of a crashed worker's log an agent sends (what `end_log` shows of a user_error)."""
 
 
+EVENT_ID_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
+"""An agent event's id: 8 to 64 letters, digits, `-` or `_` (the agent sends a uuid4's 32 hex digits)."""
+
+
 class AgentEventSerializer(serializers.Serializer):
+    id = CharField(
+        required=False, default="", validators=[RegexValidator(
+            EVENT_ID_PATTERN, "expected 8 to 64 letters, digits, '-' or '_'")],
+        help_text="The agent's id of this event, the same on every retry of it: an event is acted on once per "
+                  "instance and id (a replay answers 202 and changes nothing). Without one, every delivery acts.")
     kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started", "worker_spare",
                                             "requirements_output", "requirements_failed", "profile_failed",
                                             "prepare_failed"])

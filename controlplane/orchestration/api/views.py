@@ -26,8 +26,7 @@ from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.api.serializers import InstanceSerializer
 from controlplane.fleet.models import Instance
 from controlplane.jobs.prepare_step import ShareReport
-from controlplane.jobs.services import job_record_event
-from controlplane.orchestration import selectors, services, tasks
+from controlplane.orchestration import selectors, services
 from controlplane.orchestration.api.serializers import (
     AgentEventSerializer,
     AgentNoticeResultSerializer,
@@ -44,7 +43,6 @@ from controlplane.orchestration.api.serializers import (
     UnavailableOfferingListSerializer,
     UnavailableOfferingsQuerySerializer,
 )
-from controlplane.orchestration.enqueue import enqueue
 from controlplane.orchestration.offerings import unavailable_offerings_for_teams
 from controlplane.orchestration.providers.base import ProviderError
 from runtime.config import LayoutError
@@ -216,30 +214,15 @@ class AgentEventView(APIView):
 
     permission_classes = [AgentsOnly]
 
-    @extend_schema(request=AgentEventSerializer, responses={202: None})
+    @extend_schema(request=AgentEventSerializer, responses={
+        202: OpenApiResponse(description="Recorded and acted on, or a replay of an event (same `id`) that was."),
+        400: OpenApiResponse(description="Bad input (`errors.<field>`); nothing is recorded."),
+    })
     def post(self, request: Request) -> Response:
         data = validate_or_400(AgentEventSerializer(data=request.data))
-        instance = _agent_instance(request)
-        if instance.job is not None:
-            job_record_event(
-                job=instance.job, kind=f"agent_{data['kind']}",
-                message=f"instance {instance.pk}: {data['kind']}"
-                + (f" ({data['message']})" if data["message"] else ""),
-                data={"instance": instance.pk, "generation": data["generation"], "step": data["step"],
-                      "code": data["code"], "reason": data["message"],
-                      **({"log_tail": data["log_tail"]} if data["log_tail"] else {})},
-            )
-            if data["kind"] == "worker_exit":
-                failed = services.worker_exit_report(instance=instance, code=data["code"], reason=data["message"],
-                                                     generation=data["generation"], log_tail=data["log_tail"])
-                if not failed:  # a failed job's release is enqueued by job_fail
-                    enqueue(tasks.reconcile_job, instance.job_id)
-            elif data["kind"] == "requirements_failed":
-                services.requirements_failed_report(instance=instance, reason=data["message"])
-            elif data["kind"] == "profile_failed":
-                services.profile_failed_report(instance=instance, reason=data["message"])
-            elif data["kind"] == "prepare_failed":
-                services.prepare_failed_report(instance=instance, reason=data["message"])
+        services.agent_event(instance=_agent_instance(request), kind=data["kind"], event_id=data["id"],
+                             generation=data["generation"], step=data["step"], code=data["code"],
+                             message=data["message"], log_tail=data["log_tail"])
         return Response(status=status.HTTP_202_ACCEPTED)
 
 

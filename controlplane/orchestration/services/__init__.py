@@ -10,6 +10,7 @@ One module per job, each importing what it needs from the others:
 
 - `acquisition`: record a job's missing capacity, launch it, attach the launched nodes;
 - `agents`: a node's enrolment, its agent's commands and notices;
+- `agent_events`: what an agent reports of its workers, acted on once per event;
 - `generations`: the next generation when nodes join or leave, and when a decided leave is applied
   (after its decider's commit; inline in a worker, else by a task);
 - `liveness`: nodes whose heartbeats stopped, or that never enrolled, are lost;
@@ -34,6 +35,7 @@ from controlplane.orchestration.services.acquisition import (
     control_plane_url,
     job_start,
 )
+from controlplane.orchestration.services.agent_events import agent_event
 from controlplane.orchestration.services.agents import (
     agent_commands,
     agent_commands_many,
@@ -86,6 +88,7 @@ __all__ = [
     "agent_commands",
     "agent_commands_many",
     "agent_enroll",
+    "agent_event",
     "agent_notice",
     "awaits_profile",
     "capacity_reconcile",
