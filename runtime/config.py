@@ -76,6 +76,10 @@ FAULT_TOLERANT_STRATEGIES = tuple(s for s in STRATEGIES if s != "none")
 """The strategies a job can survive preemptions with (what the simulator and the planner compare)."""
 LAYOUT_FIELDS = ("dp", "pp", "microbatches", "strategy", "steps")
 """JobConfig fields a job's contract does not set: they come from its plan, strategy and target steps."""
+PLAN_FIELDS = ("auto", "provider", "instance_types", "zones", "regions", "dp", "pp", "nodes", "microbatches",
+               "max_nodes", "replan")
+"""A job's `plan` fields (an API request's, a job file's): its layout, its nodes and where they come from
+(the control plane's `planning.plans.parse_plan_request` reads them all, `spotpipe train` the layout)."""
 
 
 def resolve_strategy(name: str) -> str:
@@ -1017,6 +1021,23 @@ def requirement_problem(entry: str) -> str:
     if requirement.url:
         return f"names a URL; {expected} (upload the file, or put it in S3)"
     return ""
+
+
+def plan_fields_problem(plan: dict[str, Any]) -> LayoutError | None:
+    """A plan's first field that is not one of PLAN_FIELDS (a typo such as `ppp` would otherwise
+    plan dp=1 x pp=1), or None."""
+    unknown = sorted(set(plan) - set(PLAN_FIELDS), key=str)
+    if not unknown:
+        return None
+    return LayoutError(f"unknown plan field(s) {', '.join(map(str, unknown))}; expected some of "
+                       f"{list(PLAN_FIELDS)}"[:300], field=f"plan.{unknown[0]}")
+
+
+def plan_nodes_problem(nodes: int, *, dp: int, pp: int) -> LayoutError | None:
+    """`plan.nodes` fewer than the dp x pp workers it must hold, or None."""
+    if nodes >= dp * pp:
+        return None
+    return LayoutError(f"plan.nodes={nodes} cannot hold dp={dp} x pp={pp} = {dp * pp} workers", field="plan.nodes")
 
 
 def _type_error(path: str, expected: str, value: Any) -> LayoutError:

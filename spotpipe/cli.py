@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write config.json, model.safetensors (GPT-2 names) and the job's tokenizer, so "
                     "transformers.AutoModelForCausalLM.from_pretrained(OUT) loads the trained model.")
     export.add_argument("dir", help="a finished weights folder (spotpipe train --out, or a job's downloaded weights)")
-    export.add_argument("--out", type=Path, help="where to write it (default DIR/hf)")
+    export.add_argument("--out", type=Path, help="where to write it (default DIR/hf); never DIR itself")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace the weights an --out folder already holds (refused without it)")
     return parser
 
 
@@ -152,8 +154,14 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--fail", action="append", default=[], metavar="KIND:RANK@STEP",
                        help="inject a failure: kill:RANK@STEP (SIGKILL) or notice:RANK@STEP (graceful leave); "
                             "repeatable")
-    train.add_argument("--out", type=Path, default=Path("var/train"), help="output folder (default var/train)")
-    train.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
+    train.add_argument("--out", type=Path, default=Path("var/train"),
+                       help="output folder (default var/train); one that holds a run is refused without --overwrite")
+    train.add_argument("--overwrite", action="store_true",
+                       help="train into an --out folder that holds an earlier run: its weights, checkpoints, "
+                            "metrics and logs are removed first")
+    train.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="stop every rank after this many seconds (default: no limit); the last checkpoint "
+                            "and the --init-from to continue from it are printed")
 
     data = sub.add_parser("data", help="prepare a corpus once into shards; list or clear the data caches")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -202,7 +210,7 @@ def run_client(args: argparse.Namespace) -> int:
     if args.command == "export-hf":
         from spotpipe.train import run_export_hf
 
-        return run_export_hf(args.dir, args.out)
+        return run_export_hf(args.dir, args.out, overwrite=args.overwrite)
     if args.command == "sample":
         from spotpipe.sample import run_sample
 
@@ -218,13 +226,26 @@ def run_client(args: argparse.Namespace) -> int:
         lr_min=args.lr_min, clip=args.clip, weight_decay=args.weight_decay, decay_min_dim=args.decay_min_dim,
         betas=args.betas, eps=args.eps, recompute=args.recompute, skip_nonfinite=args.skip_nonfinite,
         precision=args.precision, device=args.device, export=args.export, seq_len=args.seq_len,
-        vocab_size=args.vocab_size, track=args.track,
+        vocab_size=args.vocab_size, track=args.track, overwrite=args.overwrite,
     ))
+
+
+def import_from_here() -> None:
+    """Let a user's `module:function` (a model, a loss, a `py:` dataset) be found in the folder the
+    command runs in, as under `python -m`: the console script's sys.path starts with its own bin
+    folder instead. The ranks a local run starts get this sys.path (multiprocessing sends it)."""
+    try:
+        here = os.getcwd()
+    except OSError:  # the folder was removed under us: nothing to import from it
+        return
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in CLIENT_COMMANDS:
+        import_from_here()
         try:
             return run_client(args)
         except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (train has ended its ranks by now)

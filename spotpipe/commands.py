@@ -129,8 +129,9 @@ def validate_user_model(body: dict[str, Any]) -> dict[str, Any]:
 
 @_guarded
 def jobs(*, out: TextIO = sys.stdout) -> int:
+    listed = _client().jobs()  # before the header: a refusal prints nothing on stdout
     print(f"{'id':>6}  {'status':<12} {'steps':>13}  {'loss':>8}  {'layout':<10} name", file=out)
-    for job in _client().jobs():
+    for job in listed:
         plan = job.get("plan") or {}
         loss = f"{job['last_loss']:.4f}" if job.get("last_loss") is not None else "-"
         layout = f"{plan.get('dp', '?')}x{plan.get('pp', '?')}"

@@ -21,11 +21,18 @@ def run_prepare(source: str, *, tokenizer: str, out: str, shard_bytes: int | Non
     page_bytes = page_bytes or DEFAULT_PAGE_BYTES
     stream = stream if stream is not None else sys.stdout
     errors = errors if errors is not None else sys.stderr
+    if "://" not in out and Path(out).exists() and not Path(out).is_dir():
+        print(f"spotpipe data prepare: --out {out} is a file; expected a folder (new, or one this command prepared "
+              "into) or s3://bucket/prefix/", file=errors)
+        return 2
     try:
         summary = prepare(source, tokenizer=tokenizer, out=out, shard_bytes=shard_bytes, page_bytes=page_bytes,
                           workers=workers, stream=stream, share=parse_share(share) if share else None)
     except DataError as exc:
         print(f"spotpipe data prepare: {exc}", file=errors)
+        return 2
+    except OSError as exc:  # a file it cannot read or write (no permission, a file where a folder goes): one line
+        print(f"spotpipe data prepare: {exc.filename or out}: {exc.strerror or exc}", file=errors)
         return 2
     index = summary.index
     if index is None:

@@ -25,8 +25,9 @@
     pp = 2
 
 `spotpipe submit FILE` sends it to a control plane (which validates it with the same code as any
-request: its 400s are printed as they are); `spotpipe train FILE` runs it here without one. This
-module only reads the file: TOML syntax, the top-level keys and the deadline's forms.
+request: its 400s are printed as they are); `spotpipe train FILE` runs it here without one. Both read
+it here, which checks only the file: TOML syntax, the top-level keys, `target_steps` (a positive
+integer) and the deadline's forms (`DEADLINE_FORMS`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ TOP_LEVEL = ("name", "strategy", "target_steps", "deadline", "budget_usd", "capa
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DEADLINE_FORMS = ('a duration from now ("90s", "30m", "6h", "2d"), an ISO time with an offset '
+                  '("2026-12-01T18:00:00Z") or a TOML datetime with an offset')
 
 
 class JobFileError(ValueError):
@@ -58,15 +61,31 @@ def _deadline(value: Any, *, now: datetime) -> str:
         match = _DURATION.match(value)
         if match:
             return (now + timedelta(seconds=float(match[1]) * _UNIT_S[match[2]])).isoformat()
-        return value  # an ISO time: the control plane parses and checks it
-    raise JobFileError(f"deadline must be a time or a duration such as \"6h\", got {value!r}")
+        try:
+            written = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise JobFileError(f"deadline {value!r} is not a time or a duration; expected {DEADLINE_FORMS}") from None
+        if written.tzinfo is None:
+            raise JobFileError(f"deadline {value!r} has no time zone; write it with an offset, e.g. Z")
+        return value  # sent as written: the control plane checks it is in the future
+    raise JobFileError(f"deadline {value!r} is not a time or a duration; expected {DEADLINE_FORMS}")
+
+
+def _check_steps(body: dict[str, Any]) -> None:
+    """`target_steps`, read the same by `submit` and `train`: a TOML integer, never a string."""
+    if "target_steps" not in body:
+        return
+    steps = body["target_steps"]
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise JobFileError(f"target_steps must be a positive integer (written without quotes), got {steps!r}")
 
 
 def load_job_file(path: str | Path, *, now: datetime | None = None, at_send: bool = False) -> dict[str, Any]:
     """The request body of the job in `path`. Raises `JobFileError` for a file that cannot be read
-    as a job (missing, not TOML, unknown top-level keys). A deadline given as a duration counts from
-    `now`; with `at_send`, it is left as written for `deadline_at_send` (a client's checks may take
-    a while, and the duration counts from the request)."""
+    as a job (missing, not TOML, unknown top-level keys, a `target_steps` or deadline of another
+    form). A deadline given as a duration counts from `now`; with `at_send`, it is left as written
+    for `deadline_at_send` (a client's checks may take a while, and the duration counts from the
+    request)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -86,6 +105,7 @@ def load_job_file(path: str | Path, *, now: datetime | None = None, at_send: boo
                                "expected one of them")
         config["export"] = body.pop("export")
     try:
+        _check_steps(body)
         checked = deadline_at_send(body, now=now or datetime.now(UTC))  # a bad deadline fails here, at once
     except JobFileError as exc:
         raise JobFileError(f"{path}: {exc}") from exc

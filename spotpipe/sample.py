@@ -28,9 +28,14 @@ def run_sample(directory: str, *, prompt: str = "", tokens: int = 200, temperatu
     from runtime.models.hf_gpt2 import is_hf_gpt2, read_config, spec_of_hf
     from runtime.models.load import load_model
 
-    if tokens < 0 or not temperature > 0 or (top_k is not None and top_k < 1):
-        print(f"error: --tokens ({tokens}) must be >= 0, --temperature ({temperature}) > 0 and --top-k ({top_k}) "
-              "at least 1 when given", file=err)
+    wrong = [said for bad, said in ((tokens < 0, f"--tokens {tokens}: expected 0 or more"),
+                                    (not temperature > 0, f"--temperature {temperature:g}: expected a number above 0 "
+                                                          "(lower is more predictable)"),
+                                    (top_k is not None and top_k < 1, f"--top-k {top_k}: expected at least 1"))
+             if bad]
+    for said in wrong:  # each option named on its own line
+        print(f"error: {said}", file=err)
+    if wrong:
         return 2
     try:
         local = local_folder(directory)

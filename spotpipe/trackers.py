@@ -15,6 +15,7 @@ package is missing is one error naming the extra, before any rank starts.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -63,7 +64,17 @@ def default_trackers() -> list[str]:
 
 
 def open_trackers(names: list[str], *, out_dir: Path, config: dict[str, Any], run_name: str) -> list[Tracker]:
-    return [open_tracker(name, out_dir=out_dir, config=config, run_name=run_name) for name in names]
+    """A new run of each tracker; when one cannot open, those already open are closed and its error raised."""
+    opened: list[Tracker] = []
+    try:
+        for name in names:
+            opened.append(open_tracker(name, out_dir=out_dir, config=config, run_name=run_name))
+    except BaseException:
+        for tracker in opened:
+            with contextlib.suppress(Exception):  # the first error is the one to tell
+                tracker.finish({})
+        raise
+    return opened
 
 
 def open_tracker(name: str, *, out_dir: Path, config: dict[str, Any], run_name: str,
@@ -162,9 +173,14 @@ class _WandB:
     def __init__(self, *, out_dir: Path, config: dict[str, Any], run_name: str, run_id: str | None = None) -> None:
         import wandb
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "spotpipe", name=run_name,
-                              dir=str(out_dir), config=None if run_id else config, id=run_id,
-                              resume="allow" if run_id else None, reinit="finish_previous")
+        try:
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "spotpipe", name=run_name,
+                                  dir=str(out_dir), config=None if run_id else config, id=run_id,
+                                  resume="allow" if run_id else None, reinit="finish_previous")
+        except wandb.errors.Error as exc:  # no credentials, a server that refuses: one line, not its traceback
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrackerError(f"tracking 'wandb' cannot open a run ({said}); set WANDB_API_KEY (or run wandb "
+                               "login), or WANDB_MODE=offline to log under OUT/wandb/") from None
         self.run_id = self.run.id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

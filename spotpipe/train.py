@@ -17,11 +17,16 @@ tokens/s, or samples/s when the samples are not token windows), and writes into 
 
 `--init-from DIR` starts from such a folder: with its optimizer state the run continues that job at
 its `steps_done` (`--steps` is the total), with weights only it starts at step 0.
+
+An output folder that already holds a run is refused unless `--overwrite`, which removes that run's
+files first (`run_entries`): two runs' files are never mixed (an old shard index would win over new
+weights). `--timeout` (no limit by default) stops every rank and names the last checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from runtime.checkpointing.durability import CHECKPOINTS
 from runtime.config import (
     BYTE_VOCAB_SIZE,
     MODEL_PRESETS,
@@ -44,15 +50,20 @@ from runtime.config import (
     each_error,
     explicit_layout,
     model_preset,
+    plan_fields_problem,
+    plan_nodes_problem,
     preset_vocabulary,
     resolve_strategy,
 )
+from runtime.models.hf_layout import HF_FOLDER
 from spotpipe.jobfile import JobFileError, load_job_file
 from spotpipe.recoveries import Recoveries, Recovery
 from spotpipe.trackers import TrackerError, check_trackers, default_trackers, open_trackers
 
 _FAIL = re.compile(r"^(kill|notice|stop):(\d+)@(\d+)$")
 POLL_S = 0.5
+RUN_ENTRIES = ("metrics.jsonl", "ranks", "tb", HF_FOLDER, CHECKPOINTS)
+"""What a run writes into its output folder beside its export (`runtime.checkpointing.export.export_files`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -107,11 +118,16 @@ class TrainOptions:
     """`--vocab-size N`: the model's vocabulary (`[config.model] vocab_size`), at least the tokenizer's ids."""
     fails: list[str] = field(default_factory=list)
     out: Path = Path("var/train")
-    timeout_s: float = 3600.0
+    overwrite: bool = False
+    """`--overwrite`: train into an `out` that holds a run, its files removed first."""
+    timeout_s: float | None = None
+    """`--timeout SECONDS`: stop every rank after this long (None: no limit, as training asked for)."""
 
 
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
+TIMED_OUT = 124
+"""Exit status after `--timeout` (as coreutils' `timeout` reports it)."""
 
 
 class TrainError(ValueError):
@@ -132,7 +148,7 @@ def resolve_config(options: TrainOptions) -> JobConfig:
     """The JobConfig of the job file (if any) with the flags applied; raises `JobFileError`,
     `LayoutError` (naming the field) or `TrainError`."""
     body = load_job_file(options.file) if options.file else {}
-    plan = dict(body.get("plan") or {})
+    plan = _plan_fields(body.get("plan"))
     if plan.get("auto") and options.dp is None:
         raise JobFileError(f"{options.file}: plan.auto needs a control plane's pools and prices (spotpipe submit); "
                            "to train here, give plan.dp and plan.pp (or --dp and --pp)")
@@ -185,9 +201,65 @@ def resolve_config(options: TrainOptions) -> JobConfig:
         microbatches=options.microbatches if options.microbatches is not None else plan.get("microbatches"),
         total_microbatches=total,
     )
+    _check_nodes(plan.get("nodes"), dp=layout.get("dp", 1), pp=layout.get("pp", 1))
     strategy = options.strategy or body.get("strategy", "auto")
     steps = options.steps if options.steps is not None else body.get("target_steps", 100)
     return build_job_config(contract, **layout, strategy=resolve_strategy(strategy), steps=steps)
+
+
+def _plan_fields(plan: Any) -> dict[str, Any]:
+    """A job file's `plan` with the control plane's wording for what it refuses: not an object, or
+    a field it does not know (a typo such as `ppp` would otherwise train dp=1 x pp=1)."""
+    if plan is None or plan == "auto":
+        return {"auto": plan == "auto"}
+    if not isinstance(plan, dict):
+        raise LayoutError(f"plan must be \"auto\" or an object, got {plan!r}"[:200], field="plan")
+    if problem := plan_fields_problem(plan):
+        raise problem
+    return dict(plan)
+
+
+def _check_nodes(nodes: Any, *, dp: int, pp: int) -> None:
+    """`plan.nodes`, which this machine honours only as dp x pp: one process per worker, no spares."""
+    if nodes is None:
+        return
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise LayoutError(f"plan.nodes must be a positive integer, got {nodes!r}", field="plan.nodes")
+    if problem := plan_nodes_problem(nodes, dp=dp, pp=pp):
+        raise problem
+    workers = dp * pp
+    if nodes > workers:
+        raise LayoutError(f"plan.nodes={nodes} asks for {nodes - workers} spare node(s); spotpipe train runs one "
+                          f"process per worker (dp={dp} x pp={pp} = {workers}) and no spares; expected nodes = "
+                          f"{workers}, or spotpipe submit for spares", field="plan.nodes")
+
+
+def run_entries(out_dir: Path) -> list[Path]:
+    """The files and folders of a run in `out_dir` (its export and `RUN_ENTRIES`); [] when it holds none."""
+    from runtime.checkpointing.export import export_files
+
+    return export_files(out_dir) + [out_dir / name for name in RUN_ENTRIES if (out_dir / name).exists()]
+
+
+def check_out(options: TrainOptions, config: JobConfig) -> None:
+    """Refuse an output folder that holds a run, unless `--overwrite` (and never one holding the
+    `--init-from` it would clear): raises `TrainError`. Nothing is removed here (`_set_aside` does,
+    once every check has passed)."""
+    out_dir = options.out
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TrainError(f"--out {out_dir} is a file; expected a folder (new, or one holding a run to replace with "
+                         "--overwrite)")
+    held = run_entries(out_dir)
+    if not held:
+        return
+    init = Path(config.init_from).resolve() if config.init_from and "://" not in config.init_from else None
+    if init is not None and init.is_relative_to(out_dir.resolve()):
+        raise TrainError(f"--init-from {config.init_from} is inside --out {out_dir}, whose run a new one would "
+                         f"replace; expected another --out, e.g. {out_dir}-continued")
+    if not options.overwrite:
+        names = ", ".join(p.name for p in held[:4]) + (", ..." if len(held) > 4 else "")
+        raise TrainError(f"--out {out_dir} already holds a run ({names}); expected a new folder, or --overwrite to "
+                         "replace that run (its weights, checkpoints, metrics and logs are removed first)")
 
 
 def _tokenizer_vocabulary(data: dict[str, Any]) -> int | None:
@@ -265,7 +337,11 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
     `out`/`err` default to the streams of the call."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
+        if options.timeout_s is not None and not options.timeout_s > 0:
+            raise TrainError(f"--timeout {options.timeout_s:g}: expected a number of seconds above 0 (or no --timeout: "
+                             "no limit)")
         config = resolve_config(options)
+        check_out(options, config)
         trackers = tracking_of(options)
         faults = [parse_fail(text) for text in options.fails]
         for fault in faults:
@@ -314,9 +390,12 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
     if config.init_from:
         from runtime.checkpointing.export import ExportError
         from runtime.models.load import initial_state
+        from runtime.models.usermodel import meta_layers
 
         try:
-            start = initial_state(config.init_from, config.model).start_step
+            initial = initial_state(config.init_from, config.model)
+            initial.check_fits(dict(enumerate(meta_layers(config))))  # a mismatch would crash every rank mid-run
+            start = initial.start_step
         except (ExportError, OSError) as exc:
             print(f"error: init_from: {exc}", file=err)
             return 2
@@ -327,6 +406,9 @@ def run_train(options: TrainOptions, *, out: TextIO | None = None, err: TextIO |
     try:
         return _launch(config, faults, data, options, out=out, err=err, start=start,
                        trackers=trackers)
+    except TrackerError as exc:  # the tracker's run could not open: nothing of this run is left behind
+        print(f"error: {exc}", file=err)
+        return 2
     except KeyboardInterrupt:
         # run_local has ended every rank it started (its `finally`); one line, no traceback.
         print(f"\ninterrupted: every rank stopped; what was written so far is in {options.out}", file=err)
@@ -340,9 +422,8 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
 
     out_dir = options.out
     ranks = out_dir / "ranks"
-    shutil.rmtree(ranks, ignore_errors=True)  # a previous run's logs here would be read as this run's
-    ranks.mkdir(parents=True)
-    log = MetricsLog(out_dir, config, start=start, trackers=trackers)
+    log = _open_log(out_dir, config, overwrite=options.overwrite, start=start, trackers=trackers)
+    ranks.mkdir()
     name = config.model.path if config.model.kind == USER_MODEL_KIND else config.model.kind
     print(f"training {name} ({config.model.num_layers} layers) on {data.get('source')}: "
           f"dp={config.dp} x pp={config.pp}, {config.steps} steps, strategy {config.strategy}; output in {out_dir}",
@@ -359,8 +440,12 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
 
     watcher = threading.Thread(target=follow, daemon=True)
     watcher.start()
+    timeout_s = options.timeout_s if options.timeout_s is not None else math.inf
+    result = None
     try:
-        result = run_local(config, faults=faults, timeout_s=options.timeout_s, out_dir=ranks, export_dir=out_dir)
+        result = run_local(config, faults=faults, timeout_s=timeout_s, out_dir=ranks, export_dir=out_dir)
+    except TimeoutError:
+        pass  # run_local has ended every rank it started; said below, with where to continue from
     finally:
         done.set()
         watcher.join()
@@ -370,13 +455,20 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
             log.told(recovery)
         log.close({"weights": str(out_dir.resolve())})
     progress.finish(log)
-    failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
-    summary = log.summary(config, data, wall_s=result.wall_s, failed=failed[0] if failed else None)
+    if result is None:
+        failed = [f"timed out after {timeout_s:g} s"]
+    else:
+        failed = [r["reason"] for r in result.records if r.get("event") == "job_failed"]
+    summary = log.summary(config, data, wall_s=result.wall_s if result else timeout_s,
+                          failed=failed[0] if failed else None)
     from runtime.checkpointing.export import ExportError, WeightsFolder, model_entry, write_json
 
     summary["model"] = model_entry(config.model)  # what spotpipe.load_model builds
     summary["init_from"] = config.init_from or None
     write_json(out_dir / "spotpipe.json", summary)
+    if result is None:
+        print(f"error: {timed_out(config, out_dir, timeout_s, steps_done=log.last_step + 1)}", file=err)
+        return TIMED_OUT
     if failed:
         print(f"error: the job failed: {failed[0]}", file=err)
         return 1
@@ -410,6 +502,62 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     return 0
 
 
+def timed_out(config: JobConfig, out_dir: Path, timeout_s: float, *, steps_done: int) -> str:
+    """One line after `--timeout`: how far the run got and how to continue from its last checkpoint."""
+    from runtime.checkpointing.checkpoints import Checkpoints
+
+    said = (f"timed out: the run did not finish within --timeout {timeout_s:g} s ({steps_done} of {config.steps} "
+            "steps done) and every rank was stopped; ")
+    latest = Checkpoints(str(out_dir)).latest()
+    if latest is None:
+        return said + "no checkpoint was written yet to continue from: run it again with a longer --timeout (or none)"
+    checkpoint = out_dir / CHECKPOINTS / f"step-{latest}"
+    return (said + f"its last checkpoint is {checkpoint} (step {latest}): continue with the same options plus "
+            f"--init-from {checkpoint} --out {out_dir}-continued")
+
+
+def _open_log(out_dir: Path, config: JobConfig, *, overwrite: bool, start: int,
+              trackers: list[str] | None) -> MetricsLog:
+    """The run's metrics log and trackers, opened before any rank starts. With `overwrite` the old
+    run's files are set aside first and removed once the trackers are open; a tracker that cannot
+    open (`TrackerError`) leaves the folder as it was (the old run put back, nothing of this one)."""
+    created = not out_dir.exists()
+    aside = _set_aside(out_dir) if overwrite else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    before = set(out_dir.iterdir())
+    try:
+        log = MetricsLog(out_dir, config, start=start, trackers=trackers)
+    except TrackerError:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        else:
+            for path in set(out_dir.iterdir()) - before:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            if aside is not None:
+                for path in aside.iterdir():
+                    path.rename(out_dir / path.name)
+                aside.rmdir()
+        raise
+    if aside is not None:
+        shutil.rmtree(aside)
+    return log
+
+
+def _set_aside(out_dir: Path) -> Path | None:
+    """Move the run in `out_dir` (`run_entries`) into a hidden folder there; None when it holds none."""
+    entries = run_entries(out_dir)
+    if not entries:
+        return None
+    aside = out_dir / f".spotpipe-replaced-{os.urandom(4).hex()}"
+    aside.mkdir()
+    for path in entries:
+        path.rename(aside / path.name)
+    return aside
+
+
 def tracking_of(options: TrainOptions) -> list[str] | None:
     """`--track` (else the job file's `tracking`), each known and installed; None: the default."""
     names = options.track if options.track is not None else (
@@ -421,15 +569,16 @@ def tracking_of(options: TrainOptions) -> list[str] | None:
     return check_trackers(names)
 
 
-def run_export_hf(directory: str, target: Path | None, *, out: TextIO | None = None,
+def run_export_hf(directory: str, target: Path | None, *, overwrite: bool = False, out: TextIO | None = None,
                   err: TextIO | None = None) -> int:
-    """`spotpipe export-hf DIR [--out OUT]`: 0 when written, 2 when DIR cannot be exported."""
+    """`spotpipe export-hf DIR [--out OUT] [--overwrite]`: 0 when written, 2 when DIR cannot be
+    exported or OUT would lose weights (`write_hf_folder`)."""
     out, err = out or sys.stdout, err or sys.stderr
     from runtime.checkpointing.export import ExportError
     from runtime.train.hf_folder import write_hf_folder
 
     try:
-        written = write_hf_folder(directory, target)
+        written = write_hf_folder(directory, target, overwrite=overwrite)
     except (ExportError, OSError) as exc:
         print(f"error: {exc}", file=err)
         return 2
@@ -450,14 +599,15 @@ class MetricsLog:
     def __init__(self, out_dir: Path, config: JobConfig, *, start: int = 0, trackers: list[str] | None = None,
                  run_name: str = "") -> None:
         self.config = config
+        # The trackers first: one that cannot open leaves no file of this run behind.
+        self.trackers = open_trackers(trackers if trackers is not None else default_trackers(), out_dir=out_dir,
+                                      config=config.to_dict(), run_name=run_name or out_dir.name)
         self.path = out_dir / "metrics.jsonl"
         self.path.write_text("")
         self.steps: dict[int, dict[str, Any]] = {}
         self.start = start  # the first step this run trains (init_from continues a job there)
         self.written = start - 1
         self._offsets: dict[Path, int] = {}
-        self.trackers = open_trackers(trackers if trackers is not None else default_trackers(), out_dir=out_dir,
-                                      config=config.to_dict(), run_name=run_name or out_dir.name)
         self.tracking: list[dict[str, Any]] = []
         self.tokens_per_sample = config.tokens_per_sample
         self.recoveries = Recoveries()

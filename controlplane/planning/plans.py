@@ -19,7 +19,7 @@ from controlplane.fleet.models import ProviderKind
 from controlplane.market.local_pool import LOCAL_INSTANCE_TYPE, LOCAL_REGION, LOCAL_ZONE, LOCAL_ZONES
 from controlplane.market.zones import ZONE_ID_PREFIX_TO_REGION, pool_region, region_of_zone
 from controlplane.tunables import tunable
-from runtime.config import LayoutError
+from runtime.config import LayoutError, plan_fields_problem, plan_nodes_problem
 
 MAX_PLAN_NODES = 4096
 PROFILE_PENDING = "pending"
@@ -141,10 +141,6 @@ def _names(data: dict[str, Any], name: str) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-PLAN_FIELDS = ("auto", "provider", "instance_types", "zones", "regions", "dp", "pp", "nodes", "microbatches",
-               "max_nodes", "replan")
-
-
 def _check_places(ask: PlanAsk) -> None:
     """Zones and regions the provider has: an unknown one is a LayoutError naming the field and the
     value (a 400), never a launch that fails later."""
@@ -190,12 +186,8 @@ def parse_plan_request(value: Any) -> PlanAsk:
         value = {"auto": True}
     if not isinstance(value, dict):
         raise LayoutError(f"plan must be \"auto\" or an object, got {value!r}"[:200], field="plan")
-    unknown = sorted(set(value) - set(PLAN_FIELDS))
-    if unknown:
-        raise LayoutError(
-            f"unknown plan field(s) {', '.join(map(str, unknown))}; expected some of {list(PLAN_FIELDS)}"[:300],
-            field=f"plan.{unknown[0]}",
-        )
+    if problem := plan_fields_problem(value):
+        raise problem
     auto, replan = value.get("auto", False), value.get("replan", False)
     for name, flag in (("auto", auto), ("replan", replan)):
         if not isinstance(flag, bool):
@@ -225,9 +217,8 @@ def parse_plan_request(value: Any) -> PlanAsk:
     else:
         ask.dp = ask.dp or 1
         ask.pp = ask.pp or 1
-        if ask.nodes is not None and ask.nodes < ask.dp * ask.pp:
-            raise LayoutError(f"plan.nodes={ask.nodes} cannot hold dp={ask.dp} x pp={ask.pp} = {ask.dp * ask.pp} "
-                              "workers", field="plan.nodes")
+        if ask.nodes is not None and (problem := plan_nodes_problem(ask.nodes, dp=ask.dp, pp=ask.pp)):
+            raise problem
         if ask.dp * ask.pp > MAX_PLAN_NODES:
             raise LayoutError(f"dp x pp = {ask.dp * ask.pp} is over {MAX_PLAN_NODES} nodes", field="plan.dp")
     return ask

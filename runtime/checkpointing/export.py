@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -137,12 +138,15 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _atomic_write(path: Path, write: Any) -> None:
-    """`write(tmp_path)`, then rename over `path`: readers see the old file or the whole new one."""
+    """`write(tmp_path)`, then rename over `path`: readers see the old file or the whole new one.
+    The file gets the mode the user's umask gives any new file (mkstemp's, and safetensors', is 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
-    os.close(fd)
+    tmp = path.parent / f".tmp-{path.name}-{os.urandom(8).hex()}"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
+        mode = os.stat(tmp).st_mode & 0o777  # 0666 less the umask, read without changing the process's umask
         write(tmp)
+        os.chmod(tmp, mode)  # a writer that replaced the file (safetensors) made it 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -248,6 +252,20 @@ def distributed_plans(layers: Mapping[int, nn.Module], writers: Mapping[int, int
 
 # --- reading -------------------------------------------------------------------------------------
 
+_WEIGHTS_FILE = rf"(?:{MODEL}|{OPTIMIZER})(?:-\d+-of-\d+)?\.safetensors(?:\.index\.json)?"
+_EXPORT_FILE = re.compile(rf"{_WEIGHTS_FILE}|\.tmp-(?:{_WEIGHTS_FILE}|{re.escape(INFO)})-.+")
+"""A weights file of an export, or one being written (`_atomic_write`'s temporary name)."""
+
+
+def export_files(directory: str | Path) -> list[Path]:
+    """The files of an export at the top of local folder `directory`: spotpipe.json and the model
+    and optimizer weights (single files, shards, indexes, half-written ones); [] when it holds none.
+    What a new export there must not be mixed with (an old index would win over new shards)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name == INFO or (p.is_file() and _EXPORT_FILE.fullmatch(p.name)))
+
 
 def local_folder(directory: str | Path) -> Path:
     """A local folder of `directory`: itself, or an `s3://bucket/prefix` downloaded to a temporary folder."""
@@ -326,6 +344,16 @@ class WeightsFolder:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.tensors(self.weight_map)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape, from the files' headers (no tensor is read)."""
+        from safetensors import safe_open
+
+        out: dict[str, tuple[int, ...]] = {}
+        for name in sorted(set(self.weight_map.values())):
+            with safe_open(str(self.directory / name), framework="pt") as fh:
+                out.update({key: tuple(fh.get_slice(key).get_shape()) for key in fh.keys()})  # noqa: SIM118
+        return out
 
 
 def read_info(directory: str | Path) -> dict[str, Any]:
@@ -494,6 +522,25 @@ class InitialState:
             return []
         info = read_info(self.local)
         return [int(s) for s in info.get("skipped_steps_at", []) if int(s) < self.start_step]
+
+    def check_fits(self, layers: Mapping[int, nn.Module]) -> None:
+        """Refuse weights that do not fit the model whose layers are `layers` (meta ones do: only
+        names and shapes are read), before any process starts: `ExportError` naming the keys the
+        folder lacks and the first shapes that differ. A folder in another layout was checked by
+        its reader (`foreign`)."""
+        if not isinstance(self.weights, WeightsFolder):
+            return
+        found = self.weights.shapes()
+        expected = {key: tuple(t.shape) for i, module in layers.items() for key, t in layer_tensors(i, module).items()}
+        missing = [key for key in expected if key not in found]
+        differ = [f"{key} is {found[key]}, the model's {shape}" for key, shape in expected.items()
+                  if key in found and found[key] != shape]
+        if missing or differ:
+            problems = ([f"it lacks {missing[:3]}{' and more' if len(missing) > 3 else ''}"] if missing else [])
+            problems += [f"{', '.join(differ[:3])}{' and more' if len(differ) > 3 else ''}"] if differ else []
+            raise ExportError(f"init_from {self.directory} holds weights of another model ({'; '.join(problems)}); "
+                              "expected a weights folder of this model (the same model function or preset, "
+                              "with the same arguments)")
 
     def apply(self, state: Any) -> None:
         """Load layer `state.index`'s parameters (and moments and version) into a `LayerState`."""

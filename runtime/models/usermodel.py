@@ -63,7 +63,8 @@ def load_function(location: str, *, what: str = "model function", field: str = "
         module = importlib.import_module(module_name)
     except Exception as exc:  # anything the module raises at import time is the user's to see
         raise ModelError(f"{field} {location!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc}); "
-                         f"expected a module importable here and on every node (installed, or on PYTHONPATH)",
+                         "expected a module importable here and on every node (installed or on PYTHONPATH; for "
+                         "spotpipe here, also a .py file in the folder it runs from)",
                          field=field) from None
     function = getattr(module, name, None)
     if not callable(function):
@@ -213,6 +214,7 @@ def dry_forward(config: JobConfig, layers: list[nn.Module], x: torch.Tensor, y: 
                                  "tensor between layers (what a stage sends to the next and differentiates)")
             shapes.append((tuple(out.shape), out.dtype))
     if y is not None and config.model.kind == USER_MODEL_KIND:
+        _check_output_width(config, layers, out, y)
         loss = loss_for(config.model)
         try:
             value = loss(out, y.to("meta"))
@@ -224,6 +226,25 @@ def dry_forward(config: JobConfig, layers: list[nn.Module], x: torch.Tensor, y: 
             raise ModelError(f"the loss ({config.model.loss or 'cross-entropy'}) returns {_describe(value)}; "
                              "expected a scalar tensor", field="model.loss")
     return shapes
+
+
+def _check_output_width(config: JobConfig, layers: list[nn.Module], out: Any, y: torch.Tensor) -> None:
+    """The default cross-entropy takes the targets as indices into the last layer's output, which
+    the meta device does not bound-check: a language model's last layer must be `vocab_size` wide,
+    and any model's wider than its largest target (else every rank fails at its first step)."""
+    if config.model.loss or not isinstance(out, torch.Tensor) or y.is_floating_point() or not out.dim():
+        return
+    width, spec, last = out.shape[-1], config.model, _layer_name(layers, len(layers) - 1)
+    if spec.is_language_model and spec.vocab_size and width != spec.vocab_size:
+        raise ModelError(f"model function {spec.path}: its last layer, {last}, outputs {width} values per position, "
+                         f"but the model's vocab_size is {spec.vocab_size}; expected logits over the vocabulary: a "
+                         f"last layer {spec.vocab_size} wide", field="model.vocab_size")
+    largest = int(y.max()) if y.numel() and not y.is_meta else -1
+    if largest >= width:
+        raise ModelError(f"model function {spec.path}: its last layer, {last}, outputs {width} values in its last "
+                         f"dimension, but the data's targets go up to {largest}; expected the cross-entropy's "
+                         f"classes: a last layer at least {largest + 1} wide (or a loss of your own, model.loss)",
+                         field="model.path")
 
 
 def meta_layers(config: JobConfig) -> list[nn.Module]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from runtime.checkpointing.export import (
     WeightsFolder,
     _atomic_write,
+    export_files,
     model_of_info,
     read_info,
     spec_of_entry,
@@ -20,11 +21,13 @@ from runtime.models.hf_gpt2 import HFWeightsError, hf_config, hf_state
 from runtime.models.hf_layout import CONFIG, HF_FILES, HF_FOLDER, HF_WEIGHTS, TOKENIZER, TOKENIZER_CONFIG
 
 
-def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Path:
+def write_hf_folder(directory: str | Path, out: str | Path | None = None, *, overwrite: bool = False) -> Path:
     """Write the Hugging Face GPT-2 folder of a finished gpt-preset weights folder `directory`:
     config.json, model.safetensors and the tokenizer the job trained with (tokenizer.json and
     tokenizer_config.json), so `transformers.AutoModelForCausalLM.from_pretrained(out)` loads it.
-    `out` defaults to `directory/hf`; config.json is written last, so a folder with one is complete."""
+    `out` defaults to `directory/hf`; config.json is written last, so a folder with one is complete.
+    `out` is never `directory` itself; one holding other weights is refused unless `overwrite`,
+    which removes them first (`_clear_target`)."""
     from safetensors.torch import save_file
 
     info = read_info(directory)
@@ -35,6 +38,7 @@ def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Pat
                              "nn.Sequential with load_state_dict(strict=True): docs/runtime.md)")
     spec = spec_of_entry(entry)
     target = Path(out) if out is not None else Path(directory) / HF_FOLDER
+    _clear_target(Path(directory), target, overwrite=overwrite)
     target.mkdir(parents=True, exist_ok=True)
     (target / CONFIG).unlink(missing_ok=True)  # incomplete until written again, last
     tokenizer = info.get("tokenizer") or "byte"
@@ -53,6 +57,24 @@ def write_hf_folder(directory: str | Path, out: str | Path | None = None) -> Pat
     _atomic_write(target / HF_WEIGHTS, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     write_json(target / CONFIG, hf_config(spec))
     return target
+
+
+def _clear_target(source: Path, target: Path, *, overwrite: bool) -> None:
+    """Refuse a target that would lose weights: the source folder itself (always), or a folder
+    holding an export or another Hugging Face folder (unless `overwrite`: those files are removed,
+    so two models' files are never mixed). The source's own `hf/` is rewritten from the same weights."""
+    if target.resolve() == source.resolve():
+        raise HFWeightsError(f"the Hugging Face folder {target} is the weights folder {source} itself: its "
+                             f"model.safetensors would be replaced; expected another folder, e.g. {source / HF_FOLDER} "
+                             "(the default)")
+    held = {*export_files(target), *(target / n for n in HF_FILES if (target / n).is_file())}
+    if target.resolve() == (source / HF_FOLDER).resolve():
+        held -= {target / n for n in HF_FILES}
+    if held and not overwrite:
+        raise HFWeightsError(f"{target} already holds weights ({', '.join(sorted(p.name for p in held))}); expected "
+                             "a new folder, or --overwrite to replace them")
+    for path in held:
+        path.unlink()
 
 
 def write_hf_beside(directory: str) -> str:

@@ -113,3 +113,42 @@ def test_export_hf_of_a_folder_without_a_gpt_is_refused(tmp_path: Path) -> None:
     err = io.StringIO()
     assert run_export_hf(str(tmp_path), None, out=io.StringIO(), err=err) == 2
     assert "holds a 'mlp' model" in err.getvalue()
+
+
+def _gpt_folder(folder: Path) -> Path:
+    """A gpt preset's weights folder as a run leaves it (weights and spotpipe.json), without training."""
+    from runtime.checkpointing.export import export_model
+    from runtime.config import ModelSpec
+    from runtime.models.model import build_model
+
+    spec = ModelSpec(kind="gpt", n_layer=1, n_embd=16, n_head=2, seq_len=16, vocab_size=256)
+    export_model(folder, build_model(spec, 0), spec=spec, info={"tokenizer": "byte"})
+    return folder
+
+
+def test_export_hf_never_writes_over_the_weights_folder_nor_another_runs_weights(tmp_path: Path) -> None:
+    source, other = _gpt_folder(tmp_path / "run"), _gpt_folder(tmp_path / "other")
+    (other / "notes.txt").write_text("mine")
+    kept = {p: p.read_bytes() for folder in (source, other) for p in folder.iterdir()}
+
+    def export(target: Path | None, **kw) -> tuple[int, str]:
+        err = io.StringIO()
+        return run_export_hf(str(source), target, out=io.StringIO(), err=err, **kw), err.getvalue()
+
+    for overwrite in (False, True):  # the folder itself: never, --overwrite or not
+        code, err = export(source, overwrite=overwrite)
+        assert code == 2 and f"the Hugging Face folder {source} is the weights folder {source} itself" in err, err
+    code, err = export(other)
+    assert code == 2 and f"{other} already holds weights (model.safetensors, spotpipe.json)" in err, err
+    assert "--overwrite" in err
+    assert {p: p.read_bytes() for folder in (source, other) for p in folder.iterdir()} == kept
+    assert export(None) == (0, "") and export(None) == (0, "")  # DIR/hf: rewritten from the same weights
+    code, _ = export(other, overwrite=True)  # replaced whole: no spotpipe.json left to describe other weights
+    assert code == 0 and sorted(p.name for p in other.iterdir()) == [
+        "config.json", "model.safetensors", "notes.txt", "tokenizer.json", "tokenizer_config.json"]
+    assert (other / "model.safetensors").read_bytes() == (source / "hf" / "model.safetensors").read_bytes()
+    code, err = export(tmp_path / "copy")
+    assert code == 0 and export(tmp_path / "copy")[0] == 2  # another Hugging Face folder: --overwrite replaces it
+    assert export(tmp_path / "copy", overwrite=True) == (0, "")
+    assert {p: p.read_bytes() for p in source.iterdir() if p.is_file()} == {
+        p: v for p, v in kept.items() if p.parent == source}  # the source's own weights, untouched throughout

@@ -196,3 +196,148 @@ def test_data_prepare_trains_on_the_prepared_shards_with_the_losses_of_the_sourc
     losses = [[json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
               for run in ("a", "b", "c")]
     assert losses[0] == losses[1] == losses[2]  # the shards give the source's samples, bit for bit
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(240)
+def test_an_out_folder_holding_a_run_is_refused_and_overwrite_replaces_that_run_whole(tmp_path: Path) -> None:
+    """A sharded run, then a single-file one into the same folder: refused (nothing touched), then
+    with --overwrite the old index, shards, optimizer state and checkpoints are gone, so the new
+    weights are the ones that load (an old index would have won over them)."""
+    out_dir = tmp_path / "run"
+    job = _job_file(tmp_path, "checkpoint_interval = 2\n")
+    code, _, err = _train(TrainOptions(file=job, data=f"text:{CORPUS}", pp=2, microbatches=2, steps=5, out=out_dir))
+    assert code == 0, err
+    assert (out_dir / "model.safetensors.index.json").is_file()
+    assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    (out_dir / "notes.txt").write_text("mine")  # not the run's: kept
+    before = _files(out_dir)
+    code, _, err = _train(TrainOptions(file=job, data=f"text:{CORPUS}", steps=3, out=out_dir))
+    assert code == 2 and f"error: --out {out_dir} already holds a run (" in err and "--overwrite" in err, err
+    assert _files(out_dir) == before  # refused: nothing removed, nothing written
+    code, _, err = _train(TrainOptions(file=job, data=f"text:{CORPUS}", steps=3, out=out_dir, overwrite=True))
+    assert code == 0, err
+    names = sorted(p.name for p in out_dir.iterdir())
+    assert "model.safetensors" in names and (out_dir / "notes.txt").read_text() == "mine"
+    assert not [n for n in names if "index" in n or "-of-" in n or n.startswith(".")], names
+    assert sorted(p.name for p in (out_dir / "checkpoints").iterdir()) == ["step-2"]  # this run's only
+    assert json.loads((out_dir / "spotpipe.json").read_text())["steps_done"] == 3
+    assert set(spotpipe.load_model(out_dir).state_dict()) == set(
+        spotpipe.load_model(out_dir / "checkpoints" / "step-2").state_dict())
+
+
+def test_init_from_inside_the_out_folder_it_would_replace_is_refused(tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    (out_dir / "checkpoints" / "step-2").mkdir(parents=True)
+    (out_dir / "metrics.jsonl").write_text("")
+    for overwrite in (False, True):
+        code, _, err = _train(TrainOptions(file=_job_file(tmp_path), init_from=str(out_dir / "checkpoints" / "step-2"),
+                                           out=out_dir, overwrite=overwrite))
+        assert code == 2 and "is inside --out" in err and f"expected another --out, e.g. {out_dir}-continued" in err
+        assert (out_dir / "checkpoints" / "step-2").is_dir() and (out_dir / "metrics.jsonl").is_file()
+
+
+@pytest.mark.parametrize(("plan", "message"), [
+    ("ppp = 2\n", "error: plan.ppp: unknown plan field(s) ppp; expected some of ['auto', 'provider'"),
+    ("dp = 2\npp = 2\nnodes = 2\n", "error: plan.nodes: plan.nodes=2 cannot hold dp=2 x pp=2 = 4 workers"),
+    ("dp = 1\npp = 1\nnodes = 3\n", "plan.nodes=3 asks for 2 spare node(s); spotpipe train runs one process per "
+                                    "worker (dp=1 x pp=1 = 1) and no spares"),
+    ("nodes = true\n", "plan.nodes must be a positive integer, got True"),
+])
+def test_a_plan_train_cannot_honour_is_refused_as_submit_refuses_it(tmp_path: Path, plan: str, message: str) -> None:
+    path = _job_file(tmp_path)
+    path.write_text(path.read_text().replace("[plan]\ndp = 1\npp = 1\n", f"[plan]\n{plan}"))
+    code, _, err = _train(TrainOptions(file=path, out=tmp_path / "out"))
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_init_from_weights_of_another_model_is_refused_before_any_process_starts(tmp_path: Path) -> None:
+    from runtime.checkpointing.export import export_model
+    from runtime.config import ModelSpec
+    from runtime.models.model import build_model
+
+    other = ModelSpec(kind="gpt", n_layer=2, n_embd=32, n_head=2, seq_len=16, vocab_size=256)  # the job's is 16 wide
+    export_model(tmp_path / "other", build_model(other, 0), spec=other)
+    code, _, err = _train(TrainOptions(file=_job_file(tmp_path), data=f"text:{CORPUS}",
+                                       init_from=str(tmp_path / "other"), out=tmp_path / "out"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"error: init_from: init_from {tmp_path / 'other'} holds weights of another model (0.wte.weight is " \
+           "(256, 32), the model's (256, 16)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_timeout_is_one_line_naming_the_last_checkpoint_and_how_to_continue(tmp_path: Path, monkeypatch) -> None:
+    """The launcher gives up (`TimeoutError`, its ranks ended) after a checkpoint was written: one
+    line, exit status 124, the checkpoint and the --init-from that continues from it."""
+    import runtime.train.launcher
+
+    out_dir = tmp_path / "out"
+
+    def times_out(config: object, *, out_dir: Path, export_dir: Path, **kwargs: object) -> None:
+        step = Path(export_dir) / "checkpoints" / "step-3"
+        step.mkdir(parents=True)
+        (step / "model.safetensors").write_bytes(b"")  # what marks a checkpoint complete
+        raise TimeoutError("job did not finish within 5.0s; still running: [0]")
+
+    monkeypatch.setattr(runtime.train.launcher, "run_local", times_out)
+    code, _, err = _train(TrainOptions(file=_job_file(tmp_path), data=f"text:{CORPUS}", timeout_s=5, out=out_dir))
+    assert code == 124 and err.count("\n") == 1 and "Traceback" not in err, err
+    checkpoint = out_dir / "checkpoints" / "step-3"
+    assert err == (f"error: timed out: the run did not finish within --timeout 5 s (0 of 2 steps done) and every rank "
+                   f"was stopped; its last checkpoint is {checkpoint} (step 3): continue with the same options plus "
+                   f"--init-from {checkpoint} --out {out_dir}-continued\n")
+    assert json.loads((out_dir / "spotpipe.json").read_text())["failed"] == "timed out after 5 s"
+
+
+@pytest.mark.runtime
+@pytest.mark.timeout(120)
+def test_a_run_longer_than_its_timeout_stops_with_one_line(tmp_path: Path) -> None:
+    code, _, err = _train(TrainOptions(file=_job_file(tmp_path), data=f"text:{CORPUS}", steps=1_000_000,
+                                       timeout_s=2, out=tmp_path / "out"))
+    assert code == 124 and err.count("\n") == 1 and err.startswith("error: timed out: the run did not finish within "
+                                                                   "--timeout 2 s ("), err
+
+
+def test_the_timeout_is_no_limit_unless_asked_for() -> None:
+    from spotpipe.cli import build_parser
+
+    assert build_parser().parse_args(["train"]).timeout is None and TrainOptions().timeout_s is None
+    code, _, err = _train(TrainOptions(timeout_s=0))
+    assert code == 2 and "--timeout 0: expected a number of seconds above 0" in err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("old_run", [False, True])
+def test_wandb_without_credentials_is_one_line_and_leaves_the_folder_as_it_was(tmp_path: Path, old_run: bool) -> None:
+    """A process of its own, as the user runs it (wandb keeps its settings per process: a run
+    opened offline earlier in this one would let the next open offline too)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), NETRC=str(tmp_path / "home" / ".netrc"),  # no wandb login
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out_dir = tmp_path / "out"
+    if old_run:  # --overwrite of an earlier run: it is put back when the new one cannot start
+        (out_dir / "ranks").mkdir(parents=True)
+        (out_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+        (out_dir / "model.safetensors").write_bytes(b"old weights")
+    before = _files(out_dir) if old_run else None
+    command = [sys.executable, "-m", "spotpipe.cli", "train", str(_job_file(tmp_path)), "--data", f"text:{CORPUS}",
+               "--track", "wandb", "--out", str(out_dir), *(["--overwrite"] if old_run else [])]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    err = done.stderr
+    assert done.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "error: tracking 'wandb' cannot open a run (" in err and "set WANDB_API_KEY" in err
+    assert "WANDB_MODE=offline" in err
+    if old_run:
+        assert _files(out_dir) == before and sorted(p.name for p in out_dir.iterdir()) == [
+            "metrics.jsonl", "model.safetensors", "ranks"]
+    else:
+        assert not out_dir.exists()

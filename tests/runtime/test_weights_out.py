@@ -241,3 +241,19 @@ def test_weights_of_a_run_with_a_kill_load_equal_the_reference_and_continue_with
     assert cli_main(["sample", str(second), "--prompt", "import ", "--tokens", "20"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("import ") and len(printed.encode()) >= len("import ") + 1
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)])
+def test_weights_and_their_info_get_the_users_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    """Like any file the user writes: not mkstemp's (nor safetensors') 0600 whatever the umask."""
+    import os
+
+    spec = ModelSpec(kind="mlp", n_layer=1, n_embd=8)
+    old = os.umask(umask)
+    try:
+        export_model(tmp_path, build_model(spec, 0), spec=spec, max_shard_bytes=64)  # several shards and an index
+    finally:
+        os.umask(old)
+    written = sorted(tmp_path.iterdir())
+    assert {p.name for p in written} >= {INFO, "model.safetensors.index.json"} and len(written) > 3
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: oct(mode) for p in written}

@@ -233,6 +233,25 @@ def test_bad_model_is_one_message_and_starts_nothing(tmp_path: Path, options: di
     assert not (out_dir / "ranks").exists()  # no rank was started
 
 
+def test_a_last_layer_narrower_than_the_vocabulary_or_the_classes_is_refused_before_anything_runs(
+        tmp_path: Path) -> None:
+    """The default cross-entropy indexes the last layer's output by the targets, which the dry
+    forward on the meta device does not bound-check: checked here, naming the model and both numbers."""
+    from tests.runtime.test_train_command import CORPUS
+
+    code, _, err = _train(model=f"{M}:narrow_lm", data=f"text:{CORPUS}", global_batch=4, steps=2,
+                          out=tmp_path / "lm")
+    assert code == 2 and err.count("error:") == 1, err
+    assert (f"error: model.vocab_size: model function {M}:narrow_lm: its last layer, layer 2 (Linear), outputs 10 "
+            "values per position, but the model's vocab_size is 256; expected logits over the vocabulary") in err
+    code, _, err = _train(**{**CNN, "model_args": '{"channels": 4, "classes": 1}'}, global_batch=8, steps=2,
+                          out=tmp_path / "cnn")
+    assert code == 2 and err.count("error:") == 1, err
+    assert f"model function {M}:cnn: its last layer, layer 3 (Linear), outputs 1 values in its last dimension, " \
+           "but the data's targets go up to " in err  # (the largest of the micro-batch checked)
+    assert not (tmp_path / "lm").exists() and not (tmp_path / "cnn").exists()  # nothing started, nothing written
+
+
 @pytest.mark.parametrize(("args", "message"), [
     ("x", "model.args must be a JSON object"),
     ({"a": float("nan")}, "model.args.a must be a finite number"),
