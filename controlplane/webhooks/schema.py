@@ -29,9 +29,10 @@ def _text(max_length: int) -> dict[str, Any]:
             "pattern": rf"^{edge}([^\x00-\x1f\x7f]*{edge})?$"}
 
 
-TIME = {"type": "string", "format": "date-time",
-        "description": f"ISO 8601 with a zone, from {formats.NOTICE_TIMES_FROM.date()} until "
-                       f"{formats.NOTICE_TIMES_UNTIL.date()} UTC."}
+_YEARS = formats.NOTICE_YEARS
+assert (_YEARS[0], _YEARS[-1]) == (2000, 2999), "the pattern below states these years"
+TIME = {"type": "string", "format": "date-time", "pattern": "^2[0-9]{3}-",
+        "description": f"ISO 8601 with a zone, in the years {_YEARS[0]}-{_YEARS[-1]}."}
 
 EVENTBRIDGE_COMMON = {"id": _text(formats.MAX_EVENT_ID), "time": TIME}
 

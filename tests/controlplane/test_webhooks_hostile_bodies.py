@@ -147,7 +147,14 @@ def test_gcp_message_data_is_checked_after_decoding():
     "1999-12-31T23:59:59Z",  # fits, but no notice is that old
 ])
 def test_an_eventbridge_time_out_of_range_is_a_400(client, creds, warning, when):
-    _refused(_eb(client, creds, {**warning, "time": when}), "time", "must be from 2000-01-01 until 3000-01-01 UTC")
+    _refused(_eb(client, creds, {**warning, "time": when}), "time", "must be a time in the years 2000-2999")
+
+
+def test_a_time_in_those_years_is_stored_in_utc(client, creds, warning):
+    """The years are the sender's, as the schema's pattern states them: 2000-01-01 at +05:00 is
+    1999 in UTC and accepted."""
+    assert _eb(client, creds, {**warning, "time": "2000-01-01T00:00:00+05:00"}).status_code == 202
+    assert InterruptionNotice.objects.get().event_time.isoformat() == "1999-12-31T19:00:00+00:00"
 
 
 @pytest.mark.parametrize(("body", "field"), [
@@ -159,12 +166,12 @@ def test_an_eventbridge_time_out_of_range_is_a_400(client, creds, warning, when)
 ])
 def test_a_generic_time_out_of_range_is_a_400(client, creds, body, field):
     response = _signed(client, NOTICE, creds["secret"], {"instance_id": "i-1", **body})
-    _refused(response, field, "must be from 2000-01-01")
+    _refused(response, field, "must be a time in the years 2000-2999")
 
 
 @pytest.mark.parametrize(("not_before", "words"), [
-    ("Fri, 31 Dec 9999 23:00:00 -0500", "must be from 2000-01-01"),
-    ("Sat, 1 Jan 2000 00:00:00 +0500", "must be from 2000-01-01"),  # 1999 in UTC
+    ("Fri, 31 Dec 9999 23:00:00 -0500", "must be a time in the years 2000-2999"),
+    ("Fri, 31 Dec 1999 23:00:00 -0500", "must be a time in the years 2000-2999"),  # 2000 in UTC: as written
     ("Fri, 20 Nov 2026 14:04:32 +99999999999999999999", "an RFC 1123 date"),  # overflowed while parsed
     ("Fri, 20 Nov 2026 14:04:32 +2500", "an RFC 1123 date"),
     ("soon", "an RFC 1123 date"),
