@@ -14,11 +14,11 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from agent.client import ControlPlaneClient
-from controlplane.fleet.models import Instance
 from controlplane.jobs.models import JobEvent, JobStatus
 from controlplane.orchestration import services
 from controlplane.orchestration.providers import set_provider
 from tests.controlplane.factories import make_job, make_team
+from tests.orchestration.enrolment import enrol_every_node
 from tests.orchestration.fakes import FakeProvider
 
 EVENTS = "/api/v1/agents/events/"
@@ -33,15 +33,7 @@ def _running_job() -> tuple:
                    plan={"dp": 1, "pp": 2, "provider": "local"})
     acquisition = services.job_start(job=job)
     services.acquisition_launch(acquisition=acquisition)
-    key = services.acquisition_enroll_key(acquisition=acquisition)
-    clients = []
-    for instance in Instance.objects.filter(job=job).order_by("id"):
-        client = APIClient()
-        answer = client.post("/api/v1/agents/enroll/", {"enroll_key": key,
-                                                          "provider_instance_id": instance.provider_instance_id},
-                             format="json").json()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {answer['token']}")
-        clients.append(client)
+    clients = enrol_every_node(job, acquisition)
     services.job_grow(job=job)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING

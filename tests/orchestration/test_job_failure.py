@@ -8,15 +8,14 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from rest_framework.test import APIClient
 
-from controlplane.fleet.models import Instance
 from controlplane.jobs.models import JobStatus, MetricSample
 from controlplane.orchestration import services
 from controlplane.orchestration.providers import set_provider
 from controlplane.webhooks.alerts import alert_endpoint_create
 from controlplane.webhooks.models import AlertDelivery
 from tests.controlplane.factories import make_job, make_team
+from tests.orchestration.enrolment import enrol_every_node
 from tests.orchestration.fakes import FakeProvider
 
 pytestmark = pytest.mark.django_db
@@ -32,15 +31,7 @@ def running(settings):
     alert_endpoint_create(team=job.team, url="http://127.0.0.1:9/hook")
     acquisition = services.job_start(job=job)
     services.acquisition_launch(acquisition=acquisition)
-    key = services.acquisition_enroll_key(acquisition=acquisition)
-    clients = []
-    for instance in Instance.objects.filter(job=job).order_by("id"):
-        client = APIClient()
-        answer = client.post("/api/v1/agents/enroll/", {"enroll_key": key,
-                                                          "provider_instance_id": instance.provider_instance_id},
-                             format="json").json()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {answer['token']}")
-        clients.append(client)
+    clients = enrol_every_node(job, acquisition)
     services.job_grow(job=job)
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING
