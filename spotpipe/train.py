@@ -441,11 +441,10 @@ def _launch(config: JobConfig, faults: list, data: dict[str, Any], options: Trai
     watcher = threading.Thread(target=follow, daemon=True)
     watcher.start()
     timeout_s = options.timeout_s if options.timeout_s is not None else math.inf
-    result = None
     try:
         result = run_local(config, faults=faults, timeout_s=timeout_s, out_dir=ranks, export_dir=out_dir)
-    except TimeoutError:
-        pass  # run_local has ended every rank it started; said below, with where to continue from
+    except TimeoutError:  # run_local has ended every rank it started; said below, with where to continue from
+        result = None
     finally:
         done.set()
         watcher.join()
