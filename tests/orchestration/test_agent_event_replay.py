@@ -75,6 +75,23 @@ def test_an_event_without_an_id_from_an_older_agent_still_acts(running):
     assert _crashes(job) == 2 and job.status == JobStatus.FAILED  # no id, nothing to tell a replay by
 
 
+def test_only_the_events_that_act_keep_a_receipt(running):
+    """A generation at 1,024 nodes brings 1,024 `generation_applied`: they only go on the timeline,
+    so they skip the receipt (a replay of one is a second timeline row, nothing more)."""
+    from controlplane.orchestration.models import AgentEventReceipt
+    from controlplane.orchestration.services.agent_events import ACTING_KINDS
+
+    job, client = running
+    assert {"worker_exit", "requirements_failed", "profile_failed", "prepare_failed"} == ACTING_KINDS
+    applied = {"kind": "generation_applied", "generation": 1, "id": "applied-event-0001"}
+    for _ in range(2):
+        assert client.post(EVENTS, applied, format="json").status_code == 202
+    assert JobEvent.objects.filter(job=job, kind="agent_generation_applied").count() == 2
+    assert not AgentEventReceipt.objects.exists()
+    assert client.post(EVENTS, {**CRASH, "id": "crash-event-0001"}, format="json").status_code == 202
+    assert AgentEventReceipt.objects.count() == 1
+
+
 @pytest.mark.parametrize("bad", ["", "short", "x" * 65, "has space1", "dots.are.not.ok", "é-not-ascii-1", 12345678,
                                  None])
 def test_a_bad_event_id_is_refused_and_writes_nothing(running, bad):

@@ -86,8 +86,9 @@ class AgentEventSerializer(serializers.Serializer):
     id = CharField(
         required=False, default="", validators=[RegexValidator(
             EVENT_ID_PATTERN, "expected 8 to 64 letters, digits, '-' or '_'")],
-        help_text="The agent's id of this event, the same on every retry of it: an event is acted on once per "
-                  "instance and id (a replay answers 202 and changes nothing). Without one, every delivery acts.")
+        help_text="The agent's id of this event, the same on every retry of it: an event that acts (a worker exit, "
+                  "a failed install, profile or prepare) acts once per instance and id (a replay answers 202 and "
+                  "changes nothing). Without one, every delivery acts.")
     kind = serializers.ChoiceField(choices=["worker_exit", "generation_applied", "worker_started", "worker_spare",
                                             "requirements_output", "requirements_failed", "profile_failed",
                                             "prepare_failed"])
